@@ -1,0 +1,46 @@
+# neuron-helm-chart: a Kubernetes stack for AWS Neuron accelerators.
+# Quick start: `make setup` then `make test`; `make demo` runs the stack on a simulated node.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+VENV      := .venv
+BIN       := $(VENV)/bin
+PYTHON    := $(BIN)/python
+SRC_DIRS  := $(wildcard libs/*/src services/*/src)
+PY_DIRS   := $(wildcard libs services tests bench)
+DEMO_ROOT ?= $(CURDIR)/.run/demo-node
+DEMO_INSTANCE_TYPE ?= trn1.32xlarge
+
+export PATH := $(CURDIR)/$(BIN):$(PATH)
+
+.PHONY: help setup test lint typecheck unit bench demo protos clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+
+setup: ## install everything the project needs (idempotent; seconds when nothing changed)
+	@tools/setup.sh
+
+test: lint typecheck unit ## ruff, mypy --strict on src/, pytest over libs, services and tests
+
+lint: ## ruff lint and format check
+	$(BIN)/ruff check $(PY_DIRS)
+	$(BIN)/ruff format --check $(PY_DIRS)
+
+typecheck: ## mypy --strict over every package's src/
+	$(BIN)/mypy $(SRC_DIRS)
+
+unit: ## pytest over libs, services and tests
+	$(BIN)/pytest -q
+
+bench: ## run the benchmarks in bench/ and print their figures
+	$(PYTHON) bench/run.py
+
+demo: ## create a simulated Neuron node and show what the stack discovers on it
+	$(BIN)/neuron-sim create --instance-type $(DEMO_INSTANCE_TYPE) --root $(DEMO_ROOT) --force
+	$(BIN)/neuron-inventory --root $(DEMO_ROOT)
+
+clean: ## remove the virtualenv and runtime state (the tool cache outside the clone stays)
+	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache .hypothesis

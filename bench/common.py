@@ -1,0 +1,87 @@
+"""Shared benchmark helpers: timing percentiles, process memory and CPU, and a result table."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import psutil
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    value: float
+    unit: str
+    target: float | None = None  # None: reported, no target
+    higher_is_better: bool = False
+
+    @property
+    def met(self) -> bool | None:
+        if self.target is None:
+            return None
+        return self.value >= self.target if self.higher_is_better else self.value <= self.target
+
+
+def percentile(samples: list[float], p: float) -> float:
+    ordered = sorted(samples)
+    if not ordered:
+        return float("nan")
+    k = (len(ordered) - 1) * p / 100
+    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+
+
+def time_calls(fn: Callable[[], object], repeat: int, warmup: int = 3) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return samples
+
+
+def summary_ms(samples: list[float]) -> tuple[float, float, float]:
+    return (
+        statistics.median(samples) * 1000,
+        percentile(samples, 99) * 1000,
+        max(samples) * 1000,
+    )
+
+
+def rss_mb(pid: int) -> float:
+    return float(psutil.Process(pid).memory_info().rss) / 2**20
+
+
+def idle_cpu_percent(pid: int, seconds: float = 10.0) -> float:
+    """CPU used by a process (and its children) over a quiet window, in percent of one core."""
+    proc = psutil.Process(pid)
+
+    def cpu() -> float:
+        total = proc.cpu_times()
+        used = total.user + total.system
+        for child in proc.children(recursive=True):
+            try:
+                t = child.cpu_times()
+                used += t.user + t.system
+            except psutil.NoSuchProcess:
+                pass
+        return used
+
+    start, t0 = cpu(), time.monotonic()
+    time.sleep(seconds)
+    return (cpu() - start) / (time.monotonic() - t0) * 100
+
+
+def print_figures(title: str, figures: list[Figure]) -> None:
+    print(f"\n== {title}")
+    for f in figures:
+        target = ""
+        if f.target is not None:
+            op = ">=" if f.higher_is_better else "<="
+            target = f"  target {op} {f.target:g} {f.unit}  {'ok' if f.met else 'MISSED'}"
+        print(f"  {f.name:<58} {f.value:>10.3f} {f.unit:<6}{target}")

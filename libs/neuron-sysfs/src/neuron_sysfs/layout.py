@@ -1,0 +1,166 @@
+"""Where the Neuron driver puts things, relative to a host root.
+
+Names follow `aws-neuron-driver` (`neuron_cdev.c`, `neuron_sysfs_metrics.c`), see
+`shared/reference/neuron-stack.md` section 3. Everything else in this package builds paths
+through here, so a layout fact is written once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+
+DEVICES_DIR = "sys/devices/virtual/neuron_device"
+CLASS_DIR = "sys/class/neuron_device"
+DEV_DIR = "dev"
+LNC_CONFIG_FILE = "opt/aws/neuron/logical_nc_config"
+DMI_PRODUCT_NAME = "sys/class/dmi/id/product_name"
+PCI_DEVICES_DIR = "sys/bus/pci/devices"
+KMSG_FILE = "dev/kmsg"
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+
+NEURON_PCI_VENDOR = 0x1D0F
+
+DEVICE_NAME_RE = re.compile(r"^neuron(\d+)$")
+CORE_DIR_RE = re.compile(r"^neuron_core(\d+)$")
+
+# Per-core execution status counters: stats/status/<name>/{total,present}.
+STATUS_NAMES: tuple[str, ...] = (
+    "success",
+    "failure",
+    "timeout",
+    "exec_bad_input",
+    "hw_error",
+    "execute_completed_with_error",
+    "execute_completed_with_num_error",
+    "generic_error",
+    "resource_error",
+    "resource_nc_error",
+    "execute_failed_to_queue",
+    "invalid_error",
+    "unsupported_neff_version",
+    "oob_error",
+    "hw_collectives_error",
+    "hw_hbm_ue_error",
+    "hw_nc_ue_error",
+    "hw_dma_abort_error",
+    "execute_sw_nq_overflow",
+    "execute_sw_semaphore_error",
+    "execute_sw_event_error",
+    "execute_sw_psum_collision",
+    "execute_sw_sequencer_fatal",
+    "hw_repairable_hbm_ue_error",
+)
+
+# The sysfs user guide documents older names for some statuses; drivers in the field still
+# write them. Both map to one canonical name so dashboards see one series.
+LEGACY_STATUS_NAMES: Mapping[str, str] = MappingProxyType(
+    {
+        "infer_completed_with_error": "execute_completed_with_error",
+        "infer_completed_with_num_error": "execute_completed_with_num_error",
+        "infer_failed_to_queue": "execute_failed_to_queue",
+        "infer_timeout": "timeout",
+        "infer_bad_input": "exec_bad_input",
+        "infer_success": "success",
+        "infer_failure": "failure",
+    }
+)
+
+STATUS_FIELDS: tuple[str, ...] = ("total", "present")
+
+HOST_MEM_CATEGORIES: tuple[str, ...] = (
+    "dma_buffers",
+    "tensors",
+    "constants",
+    "application_memory",
+    "driver_memory",
+    "notifications",
+    "dma_rings",
+    "uncategorized",
+)
+
+DEVICE_MEM_CATEGORIES: tuple[str, ...] = (
+    "model_code",
+    "tensors",
+    "constants",
+    "model_shared_scratchpad",
+    "runtime_memory",
+    "driver_memory",
+    "collectives",
+    "nonshared_scratchpad",
+    "notifications",
+    "dma_rings",
+    "uncategorized",
+)
+
+MEM_FIELDS: tuple[str, ...] = ("total", "present", "peak")
+
+HARDWARE_COUNTERS: tuple[str, ...] = (
+    "sram_ecc_uncorrected",
+    "mem_ecc_uncorrected",
+    "mem_ecc_repairable_uncorrected",
+)
+
+OTHER_INFO: tuple[str, ...] = (
+    "model_load_count",
+    "reset_req_count",
+    "reset_fail_count",
+    "inference_count",
+    "flop_count",
+    "nc_time_in_use",
+)
+
+
+def canonical_status(name: str) -> str:
+    return LEGACY_STATUS_NAMES.get(name, name)
+
+
+def device_dir(root: Path, index: int) -> Path:
+    return root / DEVICES_DIR / f"neuron{index}"
+
+
+def class_link(root: Path, index: int) -> Path:
+    return root / CLASS_DIR / f"neuron{index}"
+
+
+def dev_node(root: Path, index: int) -> Path:
+    return root / DEV_DIR / f"neuron{index}"
+
+
+def dev_node_in_container(index: int) -> str:
+    """The path a container sees: always /dev/neuronN, whatever the host root is."""
+    return f"/dev/neuron{index}"
+
+
+def core_dir(device: Path, local_core: int) -> Path:
+    return device / f"neuron_core{local_core}"
+
+
+def status_file(core: Path, status: str, field: str) -> Path:
+    return core / "stats" / "status" / status / field
+
+
+def core_device_mem_file(core: Path, category: str, field: str) -> Path:
+    return core / "stats" / "memory_usage" / "device_mem" / category / field
+
+
+def core_mem_total_file(core: Path, location: str, field: str) -> Path:
+    return core / "stats" / "memory_usage" / location / field
+
+
+def core_other_info_file(core: Path, name: str) -> Path:
+    return core / "stats" / "other_info" / name
+
+
+def device_host_mem_file(device: Path, category: str, field: str) -> Path:
+    return device / "stats" / "memory_usage" / "host_mem" / category / field
+
+
+def hardware_counter_file(device: Path, name: str) -> Path:
+    return device / "stats" / "hardware" / name
+
+
+def power_file(device: Path) -> Path:
+    return device / "stats" / "power" / "utilization"

@@ -1,0 +1,100 @@
+"""Pure parsers for the driver's attribute formats. No I/O, so they are tested exhaustively.
+
+Each raises `ValueError` with a message that quotes what it saw; callers turn that into a
+`ScanIssue` with the file's path.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+_INT_RE = re.compile(r"^[+-]?\d+$")
+_SERIAL_RE = re.compile(r"^[0-9a-f]{16}$")
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 40 else text[:40] + "...")
+
+
+def parse_int(text: str) -> int:
+    """A driver integer attribute: decimal, optional trailing newline (core_count has none)."""
+    stripped = text.strip()
+    if not _INT_RE.match(stripped):
+        raise ValueError(f"expected an integer, found {_shown(text)}")
+    return int(stripped)
+
+
+def parse_counter(text: str) -> int:
+    value = parse_int(text)
+    if value < 0:
+        raise ValueError(f"a counter cannot be negative, found {_shown(text)}")
+    return value
+
+
+def parse_core_count(text: str) -> int:
+    value = parse_int(text)
+    if value <= 0:
+        raise ValueError(f"core_count must be positive, found {_shown(text)}")
+    return value
+
+
+def parse_connected_devices(text: str) -> tuple[int, ...]:
+    """`connected_devices` is a comma-and-space list, e.g. ``"1, 3, 4\\n"``; empty means none."""
+    stripped = text.strip()
+    if not stripped:
+        return ()
+    result: list[int] = []
+    for part in stripped.split(","):
+        item = part.strip()
+        if not item.isdigit():
+            raise ValueError(f"expected a list of device indices like '1, 3, 4', found {_shown(text)}")
+        result.append(int(item))
+    return tuple(result)
+
+
+def parse_lnc(text: str) -> int:
+    try:
+        value = parse_int(text)
+    except ValueError:
+        value = 0
+    if value not in (1, 2):
+        raise ValueError(f"the logical NeuronCore config must be 1 or 2, found {_shown(text)}")
+    return value
+
+
+def parse_serial_number(text: str) -> str | None:
+    """`%016llx`; the driver writes an empty value when it could not read the serial."""
+    stripped = text.strip()
+    if not stripped:
+        return None
+    if not _SERIAL_RE.match(stripped):
+        raise ValueError(f"expected 16 hex digits, found {_shown(text)}")
+    return stripped
+
+
+@dataclass(frozen=True, slots=True)
+class PowerReading:
+    """`stats/power/utilization`: `<status>,<timestamp>,<min_power>,<max_power>,<avg_power>`.
+
+    The power figures are the driver's utilisation figures for the last sampling window,
+    in percent of the device's maximum power; status 0 means the sample is valid.
+    """
+
+    status: int
+    timestamp: int
+    min_power: int
+    max_power: int
+    avg_power: int
+
+    @property
+    def valid(self) -> bool:
+        return self.status == 0
+
+
+def parse_power_utilization(text: str) -> PowerReading:
+    parts = [p.strip() for p in text.strip().split(",")]
+    if len(parts) != 5 or not all(_INT_RE.match(p) for p in parts):
+        raise ValueError(f"expected '<status>,<timestamp>,<min>,<max>,<avg>', found {_shown(text)}")
+    status, timestamp, lo, hi, avg = (int(p) for p in parts)
+    return PowerReading(status, timestamp, lo, hi, avg)

