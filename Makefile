@@ -42,5 +42,8 @@ demo: ## create a simulated Neuron node and show what the stack discovers on it
 	$(BIN)/neuron-sim create --instance-type $(DEMO_INSTANCE_TYPE) --root $(DEMO_ROOT) --force
 	$(BIN)/neuron-inventory --root $(DEMO_ROOT)
 
+protos: ## regenerate libs/kubelet-api from the pinned k8s.io/kubelet module's .proto files
+	PYTHON=$(CURDIR)/$(PYTHON) libs/kubelet-api/regenerate.sh
+
 clean: ## remove the virtualenv and runtime state (the tool cache outside the clone stays)
 	rm -rf $(VENV) .run .pytest_cache .mypy_cache .ruff_cache .hypothesis

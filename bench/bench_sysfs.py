@@ -7,6 +7,7 @@ import tempfile
 from pathlib import Path
 
 from common import Figure, summary_ms, time_calls
+
 from neuron_sysfs import sim
 from neuron_sysfs.counters import CounterReader
 from neuron_sysfs.inventory import scan

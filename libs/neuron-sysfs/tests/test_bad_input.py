@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+
 from neuron_sysfs import inventory as inventory_mod
 from neuron_sysfs import layout, sim
 from neuron_sysfs.attrs import IssueLog

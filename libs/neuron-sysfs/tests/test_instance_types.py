@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import pytest
+
 from neuron_sysfs.errors import UnknownInstanceTypeError
 from neuron_sysfs.instance_types import INSTANCE_TYPES, TopologyKind, get_instance_type, guess_instance_type
 

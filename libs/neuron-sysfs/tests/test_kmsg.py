@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from neuron_sysfs.kmsg import (
     KERN_ERR,
     format_hw_error,

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from neuron_sysfs.parse import (
     parse_connected_devices,
     parse_core_count,

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from neuron_sysfs import sim
 from neuron_sysfs.instance_types import INSTANCE_TYPES
 from neuron_sysfs.inventory import InstanceTypeSource, TopologySource, scan

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from neuron_sysfs import layout, sim
 from neuron_sysfs.inventory import scan
 from neuron_sysfs.kmsg import parse_hw_error, parse_record

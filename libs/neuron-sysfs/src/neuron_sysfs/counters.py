@@ -76,11 +76,13 @@ class CounterReader:
         *,
         power: bool = True,
         status_names: Collection[str] | None = None,
+        status_fields: Collection[str] = layout.STATUS_FIELDS,
     ) -> None:
         self.inventory = inventory
         self._device_dirs = {d.index: d.sysfs_path for d in inventory.devices}
         self._plan: list[tuple[bytes, CounterKey]] = []
         self._power: list[tuple[int, Path]] = []
+        self._status_fields = tuple(f for f in layout.STATUS_FIELDS if f in status_fields)
         wanted = frozenset(kinds)
         for dev in inventory.devices:
             ddir = Path(dev.sysfs_path)
@@ -123,7 +125,7 @@ class CounterReader:
                 name = layout.canonical_status(raw_name)
                 if status_names is not None and name not in status_names:
                     continue
-                for fld in layout.STATUS_FIELDS:
+                for fld in self._status_fields:
                     self._add(layout.status_file(cdir, raw_name, fld), CounterKind.STATUS, device, core, name, fld)
         if CounterKind.CORE_DEVICE_MEM in wanted:
             for cat in layout.DEVICE_MEM_CATEGORIES:

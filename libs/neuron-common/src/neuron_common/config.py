@@ -1,0 +1,95 @@
+"""Command-line flags, each with an environment-variable twin, validated at start.
+
+Precedence: flag, then environment variable, then default. `--help` names the variable and
+the default; a bad value from either source stops the service with a message that says
+which source it came from.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+
+class EnvArgumentParser(argparse.ArgumentParser):
+    def __init__(self, *args: Any, env_prefix: str, env: Mapping[str, str] | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.env_prefix = env_prefix
+        self.env = os.environ if env is None else env
+        self._from_env: dict[str, str] = {}
+
+    def env_name(self, flag: str) -> str:
+        return self.env_prefix + flag.lstrip("-").replace("-", "_").upper()
+
+    def add_flag(
+        self,
+        flag: str,
+        *,
+        default: Any,
+        help: str,
+        type: Callable[[str], Any] = str,
+        choices: Any = None,
+        env_name: str | None = None,
+    ) -> None:
+        """A flag whose default comes from its environment variable when that is set."""
+        name = env_name or self.env_name(flag)
+        dest = flag.lstrip("-").replace("-", "_")
+        if name in self.env:
+            raw = self.env[name]
+            try:
+                value = type(raw)
+            except (TypeError, ValueError, argparse.ArgumentTypeError) as exc:
+                self.error(f"environment variable {name}={raw!r} is invalid for {flag}: {exc}")
+            if choices is not None and value not in choices:
+                self.error(f"environment variable {name}={raw!r} must be one of {', '.join(map(str, choices))}")
+            default = value
+            self._from_env[dest] = name
+        self.add_argument(flag, default=default, type=type, choices=choices, help=f"{help} [env {name}]")
+
+    def add_bool_flag(self, flag: str, *, default: bool, help: str) -> None:
+        name = self.env_name(flag)
+        if name in self.env:
+            raw = self.env[name].strip().lower()
+            if raw not in ("1", "0", "true", "false", "yes", "no"):
+                self.error(f"environment variable {name}={self.env[name]!r} must be true or false")
+            default = raw in ("1", "true", "yes")
+        self.add_argument(flag, default=default, action=argparse.BooleanOptionalAction, help=f"{help} [env {name}]")
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+
+
+def positive_float(text: str) -> float:
+    value = _float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
+    return value
+
+
+def listen_address(text: str) -> tuple[str, int]:
+    """`host:port` (IPv6 as `[::1]:port`); port 0 picks a free one."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected host:port (e.g. 0.0.0.0:9100), got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def log_level(text: str) -> str:
+    value = text.lower()
+    if value not in ("debug", "info", "warning", "error"):
+        raise argparse.ArgumentTypeError(f"must be debug, info, warning or error, got {text!r}")
+    return value

@@ -1,0 +1,105 @@
+"""Reads the kubelet's PodResources `List` on a timer, off any request path.
+
+The kubelet rate-limits this API node-wide (100 QPS, burst 10) and answers
+`RESOURCE_EXHAUSTED` past that, so callers read the cached `latest` snapshot; the poller
+backs off on that code, and retries quickly (bounded by the interval) when the kubelet is
+away, e.g. restarting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+
+from kubelet_api.podresources_client import Holding, PodResourcesClient, allocatable_ids, flatten
+from neuron_common.backoff import Backoff
+from neuron_common.lifecycle import wait_any
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PodResourcesSnapshot:
+    holdings: tuple[Holding, ...]
+    allocatable: dict[str, set[str]] | None  # resource -> healthy device IDs; None when not asked
+    fetched_at: float  # time.monotonic() when the answer arrived
+    started_at: float  # time.monotonic() when the call was made
+    fetched_wall: float = field(default_factory=time.time)
+
+
+class PodResourcesPoller:
+    def __init__(
+        self,
+        client: PodResourcesClient,
+        interval: float,
+        *,
+        with_allocatable: bool = False,
+        on_update: Callable[[PodResourcesSnapshot], None] | None = None,
+        max_backoff: float = 60.0,
+    ) -> None:
+        self.client = client
+        self.interval = interval
+        self.with_allocatable = with_allocatable
+        self.on_update = on_update
+        self.latest: PodResourcesSnapshot | None = None
+        self.up = False
+        self.errors: Counter[str] = Counter()
+        self._retry = Backoff(initial=0.2, maximum=interval)
+        self._exhausted = Backoff(initial=interval, maximum=max_backoff)
+        self._wake = asyncio.Event()
+
+    def poke(self) -> None:
+        """Read again now (e.g. after an allocation), instead of at the next tick."""
+        self._wake.set()
+
+    async def refresh(self) -> bool:
+        started = time.monotonic()
+        try:
+            listed = await self.client.list()
+            allocatable = allocatable_ids(await self.client.get_allocatable()) if self.with_allocatable else None
+        except grpc.aio.AioRpcError as exc:
+            self._failed(exc.code().name, exc.details() or "")
+            return False
+        except (OSError, grpc.RpcError) as exc:
+            self._failed("UNAVAILABLE", str(exc))
+            return False
+        if not self.up:
+            log.info("PodResources API reachable", extra={"socket": self.client.socket_path})
+        self.up = True
+        self._retry.reset()
+        self._exhausted.reset()
+        self.latest = PodResourcesSnapshot(tuple(flatten(listed)), allocatable, time.monotonic(), started)
+        if self.on_update is not None:
+            self.on_update(self.latest)
+        return True
+
+    def _failed(self, code: str, detail: str) -> None:
+        self.errors[code] += 1
+        if self.up or self.errors[code] == 1:
+            log.warning(
+                "PodResources %s failed: %s",
+                "List",
+                detail or code,
+                extra={"code": code, "socket": self.client.socket_path},
+            )
+        self.up = False
+        self._last_code = code
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            ok = await self.refresh()
+            if ok:
+                delay = self.interval
+            elif getattr(self, "_last_code", "") == "RESOURCE_EXHAUSTED":
+                delay = self._exhausted.next_delay()
+            else:
+                delay = self._retry.next_delay()
+            self._wake.clear()
+            await wait_any(stop, self._wake, timeout=delay)
+        await self.client.close()

@@ -1,0 +1,70 @@
+"""The extended resources the stack advertises and the device IDs it gives them.
+
+One place for the naming, because the device plugin writes these IDs and the exporter
+reads them back out of the kubelet's PodResources API.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass
+
+DEFAULT_PREFIX = "aws.amazon.com"
+
+
+class Kind(enum.StrEnum):
+    DEVICE = "device"  # whole Neuron devices
+    CORE = "core"  # logical NeuronCores
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    name: str  # the part after the prefix: neuron, neuroncore, neurondevice
+    kind: Kind
+    prefix: str = DEFAULT_PREFIX
+
+    @property
+    def full_name(self) -> str:
+        return f"{self.prefix}/{self.name}"
+
+    @property
+    def socket_name(self) -> str:
+        return f"neuron-{self.name}.sock"
+
+
+def neuron(prefix: str = DEFAULT_PREFIX) -> Resource:
+    return Resource("neuron", Kind.DEVICE, prefix)
+
+
+def neuroncore(prefix: str = DEFAULT_PREFIX) -> Resource:
+    return Resource("neuroncore", Kind.CORE, prefix)
+
+
+def neurondevice(prefix: str = DEFAULT_PREFIX) -> Resource:
+    """Deprecated alias of `neuron` (removed upstream in Neuron 2.20), for old manifests."""
+    return Resource("neurondevice", Kind.DEVICE, prefix)
+
+
+def device_id(index: int) -> str:
+    return f"neuron{index}"
+
+
+def core_id(global_index: int) -> str:
+    return f"neuroncore{global_index}"
+
+
+_ID_RE = re.compile(r"^(neuroncore|neuron)(\d+)$")
+
+
+def parse_id(value: str) -> tuple[Kind, int] | None:
+    """`neuron3` -> (DEVICE, 3); `neuroncore12` -> (CORE, 12); anything else -> None."""
+    match = _ID_RE.match(value)
+    if match is None:
+        return None
+    return (Kind.CORE if match.group(1) == "neuroncore" else Kind.DEVICE), int(match.group(2))
+
+
+def is_valid_prefix(prefix: str) -> bool:
+    # the kubelet rejects names that are not <dns-subdomain>/<name> or that use kubernetes.io
+    return bool(re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", prefix)) and "kubernetes.io" not in prefix

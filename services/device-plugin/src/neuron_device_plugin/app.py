@@ -1,0 +1,117 @@
+"""Wiring: state, one server and registrar per resource, the monitors, the HTTP endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from kubelet_api.podresources_client import PodResourcesClient
+from neuron_common.http import HealthServer
+from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
+from neuron_device_plugin import cdi
+from neuron_device_plugin.config import Config
+from neuron_device_plugin.metrics import PluginMetrics
+from neuron_device_plugin.monitor import HealthMonitor, KmsgWatcher
+from neuron_device_plugin.registration import Registrar, ResourceServer
+from neuron_device_plugin.server import DevicePluginServicer
+from neuron_device_plugin.state import PluginState
+from neuron_sysfs.inventory import scan
+
+log = logging.getLogger(__name__)
+
+
+class Plugin:
+    def __init__(self, config: Config, stop: asyncio.Event) -> None:
+        self.config = config
+        self.stop = stop
+        self.metrics = PluginMetrics()
+        inventory = scan(config.host_root)
+        log.info(
+            "discovered %d Neuron device(s), %d logical core(s)",
+            len(inventory.devices),
+            len(inventory.cores),
+            extra={
+                "instance_type": inventory.instance_type_name,
+                "logical_nc_config": inventory.lnc.value,
+                "host_root": str(config.host_root),
+            },
+        )
+        self.state = PluginState(
+            inventory,
+            config.resources,
+            self.metrics,
+            quiet_period=config.health_quiet_period,
+            pending_ttl=config.pending_ttl,
+        )
+        self.poller = PodResourcesPoller(
+            PodResourcesClient(config.pod_resources_socket), config.holdings_interval, on_update=self._on_holdings
+        )
+        self.registrars: list[Registrar] = []
+        for resource in config.resources:
+
+            def factory(resource=resource) -> DevicePluginServicer:  # type: ignore[no-untyped-def]
+                return DevicePluginServicer(
+                    resource,
+                    self.state,
+                    self.metrics,
+                    self.stop,
+                    host_dev_root=config.host_dev_root,
+                    cdi=config.cdi,
+                    on_allocated=self.poller.poke,
+                )
+
+            server = ResourceServer(resource, config.device_plugin_path, factory)
+            self.registrars.append(
+                Registrar(
+                    server, config.kubelet_socket, self.metrics, register_timeout=config.register_timeout, poll=0.1
+                )
+            )
+        self.monitor = HealthMonitor(
+            self.state, self.metrics, config.host_root, config.health_interval, config.verdict_dir
+        )
+        host, port = config.listen
+        self.http = HealthServer(host, port, self.metrics.registry, ready=self.ready)
+
+    def _on_holdings(self, snapshot: PodResourcesSnapshot) -> None:
+        self.metrics.podresources_up.set(1)
+        self.state.set_kubelet_holdings(snapshot.holdings, snapshot.started_at)
+
+    def ready(self) -> tuple[bool, str]:
+        missing = [r.resource.full_name for r in self.registrars if not r.registered]
+        if missing:
+            return False, "not registered with the kubelet: " + ", ".join(missing)
+        return True, "registered: " + ", ".join(r.resource.full_name for r in self.registrars)
+
+    async def run(self) -> int:
+        if self.config.cdi:
+            path = cdi.write_spec(
+                self.config.cdi_spec_dir, self.config.resource_prefix, self.state.known, self.config.host_dev_root
+            )
+            log.info("wrote CDI spec %s", path)
+        await self.http.start()
+        tasks = [asyncio.create_task(r.run(self.stop), name=f"registrar {r.resource.name}") for r in self.registrars]
+        tasks.append(asyncio.create_task(self.monitor.run(self.stop), name="health"))
+        tasks.append(asyncio.create_task(self._poll_holdings(), name="holdings"))
+        if self.config.kmsg_path is not None:
+            tasks.append(
+                asyncio.create_task(
+                    KmsgWatcher(self.state, self.metrics, self.config.kmsg_path).run(self.stop), name="kmsg"
+                )
+            )
+        await self.stop.wait()
+        log.info("stopping: unregistering and closing the plugin sockets")
+        # Registrars stop their servers with a grace period, so RPCs in flight complete.
+        done, pending = await asyncio.wait(tasks, timeout=10)
+        for task in pending:
+            task.cancel()
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                log.error("task %s failed: %s", task.get_name(), task.exception())
+        with contextlib.suppress(Exception):
+            await self.http.stop()
+        return 0
+
+    async def _poll_holdings(self) -> None:
+        await self.poller.run(self.stop)
+        self.metrics.podresources_up.set(0)

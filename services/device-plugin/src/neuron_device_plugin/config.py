@@ -1,0 +1,171 @@
+"""Flags of `neuron-device-plugin`, each with a `NEURON_DP_*` environment twin."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import kubelet_api
+from neuron_common import resources
+from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_float
+
+DEFAULT_LISTEN = "0.0.0.0:9841"
+
+
+@dataclass(frozen=True)
+class Config:
+    host_root: Path
+    host_dev_root: Path  # the root the container runtime resolves DeviceSpec host paths against
+    device_plugin_path: Path
+    pod_resources_socket: str
+    listen: tuple[str, int]
+    log_level: str
+    resource_prefix: str
+    neurondevice_alias: bool
+    health_interval: float
+    health_quiet_period: float
+    holdings_interval: float
+    pending_ttl: float
+    kmsg_path: Path | None
+    cdi: bool
+    cdi_spec_dir: Path
+    verdict_dir: Path | None
+    register_timeout: float
+
+    @property
+    def resources(self) -> list[resources.Resource]:
+        result = [resources.neuron(self.resource_prefix), resources.neuroncore(self.resource_prefix)]
+        if self.neurondevice_alias:
+            result.append(resources.neurondevice(self.resource_prefix))
+        return result
+
+    @property
+    def kubelet_socket(self) -> Path:
+        return self.device_plugin_path / kubelet_api.KUBELET_SOCKET_NAME
+
+
+def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
+    p = EnvArgumentParser(
+        prog="neuron-device-plugin",
+        description="Kubelet device plugin for AWS Neuron: advertises whole devices (<prefix>/neuron) and "
+        "logical NeuronCores (<prefix>/neuroncore), allocates them topology-aware and reports their health.",
+        env_prefix="NEURON_DP_",
+        env=env,
+    )
+    p.add_flag(
+        "--host-root",
+        default="/",
+        type=Path,
+        help="host root where sys/, dev/ and opt/aws/ are found (a simulated node's root in tests)",
+    )
+    p.add_flag(
+        "--host-dev-root",
+        default="",
+        help="root the container runtime resolves /dev/neuronN against, "
+        "when the plugin sees the host under another path (e.g. --host-root=/host, --host-dev-root=/); "
+        "default: --host-root",
+    )
+    p.add_flag(
+        "--device-plugin-path",
+        default=kubelet_api.DEVICE_PLUGIN_PATH,
+        type=Path,
+        help="the kubelet's device-plugins directory (kubelet.sock and plugin sockets)",
+    )
+    p.add_flag(
+        "--pod-resources-socket",
+        default=kubelet_api.POD_RESOURCES_SOCKET,
+        help="the kubelet's PodResources socket, read to learn current holdings",
+    )
+    p.add_flag("--listen", default=DEFAULT_LISTEN, type=listen_address, help="address of /healthz, /readyz, /metrics")
+    p.add_flag("--log-level", default="info", type=log_level, help="debug, info, warning or error")
+    p.add_flag("--resource-prefix", default=resources.DEFAULT_PREFIX, help="extended resource prefix")
+    p.add_bool_flag(
+        "--neurondevice-alias",
+        default=False,
+        help="also advertise the deprecated <prefix>/neurondevice (whole devices)",
+    )
+    p.add_flag(
+        "--health-interval",
+        default=0.5,
+        type=positive_float,
+        help="seconds between reads of the error counters and device presence",
+    )
+    p.add_flag(
+        "--health-quiet-period",
+        default=300.0,
+        type=positive_float,
+        help="seconds without a new error before a device with a recoverable error is Healthy again",
+    )
+    p.add_flag(
+        "--holdings-interval",
+        default=5.0,
+        type=positive_float,
+        help="seconds between PodResources List calls (also called after each allocation)",
+    )
+    p.add_flag(
+        "--pending-ttl",
+        default=60.0,
+        type=positive_float,
+        help="seconds an own allocation counts as held before the kubelet's List confirms it",
+    )
+    p.add_flag(
+        "--kmsg-path",
+        default="",
+        help="kernel log to watch for NEURON_HW_ERR lines; default <host-root>/dev/kmsg; 'none' disables",
+    )
+    p.add_bool_flag(
+        "--cdi",
+        default=False,
+        help="return CDI device names (and write a CDI spec) instead of "
+        "device nodes; the container runtime must have CDI enabled",
+    )
+    p.add_flag("--cdi-spec-dir", default="/var/run/cdi", type=Path, help="where the CDI spec is written")
+    p.add_flag(
+        "--verdict-dir",
+        default="",
+        help="directory of per-device verdicts published by "
+        "neuron-problem-detector; a device it marks unhealthy is reported Unhealthy; '' disables",
+    )
+    p.add_flag(
+        "--register-timeout",
+        default=10.0,
+        type=positive_float,
+        help="seconds to wait for the kubelet to answer Register",
+    )
+    return p
+
+
+def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
+    p = parser(env)
+    a = p.parse_args(argv)
+    if not resources.is_valid_prefix(a.resource_prefix):
+        p.error(f"--resource-prefix {a.resource_prefix!r} is not a valid DNS subdomain outside kubernetes.io")
+    if a.health_quiet_period < a.health_interval:
+        p.error("--health-quiet-period must be at least --health-interval")
+    kmsg: Path | None
+    if a.kmsg_path == "none":
+        kmsg = None
+    elif a.kmsg_path:
+        kmsg = Path(a.kmsg_path)
+    else:
+        kmsg = a.host_root / "dev" / "kmsg"
+    return Config(
+        host_root=a.host_root,
+        host_dev_root=Path(a.host_dev_root) if a.host_dev_root else a.host_root,
+        device_plugin_path=a.device_plugin_path,
+        pod_resources_socket=a.pod_resources_socket,
+        listen=a.listen,
+        log_level=a.log_level,
+        resource_prefix=a.resource_prefix,
+        neurondevice_alias=a.neurondevice_alias,
+        health_interval=a.health_interval,
+        health_quiet_period=a.health_quiet_period,
+        holdings_interval=a.holdings_interval,
+        pending_ttl=a.pending_ttl,
+        kmsg_path=kmsg,
+        cdi=a.cdi,
+        cdi_spec_dir=a.cdi_spec_dir,
+        verdict_dir=Path(a.verdict_dir) if a.verdict_dir else None,
+        register_timeout=a.register_timeout,
+    )

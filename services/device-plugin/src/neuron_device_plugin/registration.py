@@ -1,0 +1,179 @@
+"""Serve first, then register; and do it again whenever the kubelet restarts.
+
+The kubelet dials the plugin back inside `Register` (10 s timeout) and calls
+`GetDevicePluginOptions` before answering, so the plugin's socket must be served before it
+registers. When the kubelet restarts it deletes every socket in the directory but its own
+and recreates `kubelet.sock`; a plugin registering in the kubelet's first seconds can lose
+its socket to that cleanup after registering. So the watcher checks, every `poll` seconds,
+that the plugin's socket is still the one it created and that `kubelet.sock` is the one it
+registered with; otherwise it restarts the server and registers again, with back-off while
+no kubelet answers. It never exits for that.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+from grpc import aio
+
+from kubelet_api import DEVICE_PLUGIN_VERSION
+from kubelet_api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from neuron_common.backoff import Backoff
+from neuron_common.lifecycle import sleep_or_stop
+from neuron_common.resources import Resource
+from neuron_device_plugin.metrics import PluginMetrics
+
+log = logging.getLogger(__name__)
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except OSError:
+        return None
+
+
+class ResourceServer:
+    """One gRPC server on `<dir>/<socket>` for one resource."""
+
+    def __init__(
+        self, resource: Resource, directory: Path, servicer_factory: Callable[[], api_pb2_grpc.DevicePluginServicer]
+    ):
+        self.resource = resource
+        self.socket = directory / resource.socket_name
+        self._factory = servicer_factory
+        self._server: aio.Server | None = None
+        self.inode: int | None = None
+
+    async def start(self) -> None:
+        await self.stop(grace=0)
+        if self.socket.exists() or self.socket.is_symlink():
+            self.socket.unlink()  # a stale socket from a previous run refuses bind
+        server = aio.server(options=[("grpc.so_reuseport", 0)])
+        api_pb2_grpc.add_DevicePluginServicer_to_server(self._factory(), server)
+        server.add_insecure_port(f"unix://{self.socket}")
+        await server.start()
+        self._server = server
+        self.inode = _inode(self.socket)
+
+    def intact(self) -> bool:
+        return self._server is not None and self.inode is not None and _inode(self.socket) == self.inode
+
+    async def stop(self, grace: float | None = 2.0) -> None:
+        if self._server is not None:
+            await self._server.stop(grace)
+            self._server = None
+        if self.inode is not None and _inode(self.socket) == self.inode:
+            self.socket.unlink(missing_ok=True)
+        self.inode = None
+
+
+async def register(kubelet_socket: Path, resource: Resource, timeout: float) -> None:  # noqa: ASYNC109 - a gRPC deadline
+    async with aio.insecure_channel(
+        f"unix://{kubelet_socket}", options=[("grpc.default_authority", "localhost")]
+    ) as ch:
+        stub = api_pb2_grpc.RegistrationStub(ch)
+        request = api_pb2.RegisterRequest(
+            version=DEVICE_PLUGIN_VERSION,
+            endpoint=resource.socket_name,
+            resource_name=resource.full_name,
+            options=api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True),
+        )
+        await stub.Register(request, timeout=timeout, wait_for_ready=True)
+
+
+class Registrar:
+    def __init__(
+        self,
+        server: ResourceServer,
+        kubelet_socket: Path,
+        metrics: PluginMetrics,
+        *,
+        register_timeout: float = 10.0,
+        poll: float = 0.05,
+    ) -> None:
+        self.server = server
+        self.kubelet_socket = kubelet_socket
+        self.metrics = metrics
+        self.register_timeout = register_timeout
+        self.poll = poll
+        self.registered = False
+        self._kubelet_inode: int | None = None
+        self._backoff = Backoff(initial=0.05, maximum=10.0)
+        self._failures_logged = 0
+        self.registered_event = asyncio.Event()  # set at each successful registration (tests, benchmarks)
+
+    @property
+    def resource(self) -> Resource:
+        return self.server.resource
+
+    def _needs_work(self) -> str | None:
+        if not self.server.intact():
+            return "plugin socket missing or replaced"
+        if not self.registered:
+            return "not registered"
+        if _inode(self.kubelet_socket) != self._kubelet_inode:
+            return "kubelet.sock was recreated (kubelet restarted)"
+        return None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        name = self.resource.full_name
+        directory = self.server.socket.parent
+        first = True
+        while not stop.is_set():
+            why = self._needs_work()
+            if why is None:
+                await sleep_or_stop(stop, self.poll)
+                continue
+            if self.registered:
+                log.warning("re-registering %s: %s", name, why, extra={"resource": name})
+                self.registered = False
+                self.metrics.registered.labels(name).set(0)
+            if not directory.is_dir():
+                if self._failures_logged == 0:
+                    log.warning("device-plugins directory %s does not exist; waiting for the kubelet", directory)
+                self._failures_logged += 1
+                await sleep_or_stop(stop, self._backoff.next_delay())
+                continue
+            try:
+                if not self.server.intact():
+                    if not first:
+                        self.metrics.server_restarts.labels(name).inc()
+                    await self.server.start()
+                    first = False
+                kubelet_inode = _inode(self.kubelet_socket)
+                if kubelet_inode is None:
+                    raise FileNotFoundError(f"{self.kubelet_socket} does not exist")
+                await register(self.kubelet_socket, self.resource, self.register_timeout)
+            except (grpc.RpcError, OSError) as exc:
+                self.metrics.registration_failures.labels(name).inc()
+                detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+                if self._failures_logged % 20 == 0:  # every 20th, so a long kubelet outage stays readable
+                    log.warning(
+                        "registering %s with the kubelet failed (attempt %d): %s; retrying",
+                        name,
+                        self._failures_logged + 1,
+                        detail,
+                        extra={"resource": name},
+                    )
+                self._failures_logged += 1
+                await sleep_or_stop(stop, self._backoff.next_delay())
+                continue
+            self._kubelet_inode = kubelet_inode
+            self.registered = True
+            self._backoff.reset()
+            self._failures_logged = 0
+            self.metrics.registrations.labels(name).inc()
+            self.metrics.registered.labels(name).set(1)
+            self.registered_event.set()
+            log.info(
+                "registered %s with the kubelet", name, extra={"resource": name, "socket": str(self.server.socket)}
+            )
+        self.registered = False
+        self.metrics.registered.labels(name).set(0)
+        await self.server.stop()

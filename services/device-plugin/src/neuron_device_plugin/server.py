@@ -1,0 +1,180 @@
+"""The v1beta1 DevicePlugin service for one resource."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import grpc
+
+from kubelet_api import HEALTHY, UNHEALTHY
+from kubelet_api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
+from neuron_common import resources
+from neuron_common.lifecycle import wait_any
+from neuron_common.resources import Kind, Resource
+from neuron_device_plugin.allocator import choose_cores, choose_devices
+from neuron_device_plugin.cdi import cdi_name
+from neuron_device_plugin.metrics import PluginMetrics
+from neuron_device_plugin.state import AdvertisedId, AllocationRefused, PluginState
+
+log = logging.getLogger(__name__)
+
+
+def to_proto(ids: list[AdvertisedId]) -> list[api_pb2.Device]:
+    devices = []
+    for a in ids:
+        topology = api_pb2.TopologyInfo(nodes=[api_pb2.NUMANode(ID=a.numa_node)]) if a.numa_node is not None else None
+        devices.append(api_pb2.Device(ID=a.id, health=HEALTHY if a.healthy else UNHEALTHY, topology=topology))
+    return devices
+
+
+class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
+    def __init__(
+        self,
+        resource: Resource,
+        state: PluginState,
+        metrics: PluginMetrics,
+        stop: asyncio.Event,
+        *,
+        host_dev_root: Path,
+        cdi: bool = False,
+        on_allocated: Callable[[], None] | None = None,
+    ) -> None:
+        self.resource = resource
+        self.state = state
+        self.metrics = metrics
+        self.stop = stop
+        self.host_dev_root = host_dev_root
+        self.cdi = cdi
+        self.on_allocated = on_allocated
+        self.streams = 0
+
+    async def GetDevicePluginOptions(  # the gRPC method name
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[api_pb2.Empty, api_pb2.DevicePluginOptions]
+    ) -> api_pb2.DevicePluginOptions:
+        return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
+
+    async def ListAndWatch(
+        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[api_pb2.Empty, api_pb2.ListAndWatchResponse]
+    ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
+        self.streams += 1
+        log.info("kubelet opened ListAndWatch", extra={"resource": self.resource.full_name})
+        last: list[AdvertisedId] | None = None
+        try:
+            while not self.stop.is_set():
+                changed = self.state.changed
+                current = self.state.advertised(self.resource)
+                if current != last:
+                    yield api_pb2.ListAndWatchResponse(devices=to_proto(current))
+                    last = current
+                await wait_any(changed, self.stop)
+        finally:
+            self.streams -= 1
+            log.info("ListAndWatch ended", extra={"resource": self.resource.full_name})
+
+    async def GetPreferredAllocation(
+        self,
+        request: api_pb2.PreferredAllocationRequest,
+        context: grpc.aio.ServicerContext[api_pb2.PreferredAllocationRequest, api_pb2.PreferredAllocationResponse],
+    ) -> api_pb2.PreferredAllocationResponse:
+        responses = []
+        holdings_free = {a.id for a in self.state.advertised(self.resource) if a.healthy}
+        for req in request.container_requests:
+            must = self._indices(req.must_include_deviceIDs)
+            # Drop what was handed out through another resource since the kubelet last looked.
+            available = self._indices(i for i in req.available_deviceIDs if i in holdings_free)
+            size = req.allocation_size
+            if self.resource.kind is Kind.DEVICE:
+                choice = choose_devices(self.state.topology, available, must, size)
+                ids = [resources.device_id(i) for i in choice.ids]
+            else:
+                choice = choose_cores(self.state.topology, available, must, size)
+                ids = [resources.core_id(i) for i in choice.ids]
+            if not choice.valid:
+                self.metrics.preferred_invalid.labels(self.resource.full_name).inc()
+                log.warning(
+                    "no topology-valid set of %d for %s: %s; preferring the best available %s",
+                    size,
+                    self.resource.full_name,
+                    choice.reason,
+                    ",".join(ids),
+                    extra={"resource": self.resource.full_name, "size": size},
+                )
+            responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
+        return api_pb2.PreferredAllocationResponse(container_responses=responses)
+
+    def _indices(self, ids: object) -> list[int]:
+        out = []
+        for raw in ids:  # type: ignore[attr-defined]
+            parsed = resources.parse_id(raw)
+            if parsed is not None and parsed[0] is self.resource.kind:
+                out.append(parsed[1])
+        return out
+
+    async def Allocate(
+        self,
+        request: api_pb2.AllocateRequest,
+        context: grpc.aio.ServicerContext[api_pb2.AllocateRequest, api_pb2.AllocateResponse],
+    ) -> api_pb2.AllocateResponse:
+        responses = []
+        allocated: list[list[int]] = []
+        for req in request.container_requests:
+            try:
+                indices = self.state.check_allocation(self.resource, req.devices_ids)
+            except AllocationRefused as exc:
+                self.metrics.allocation_errors.labels(self.resource.full_name, exc.reason).inc()
+                log.warning(
+                    "refused Allocate: %s",
+                    exc,
+                    extra={"resource": self.resource.full_name, "ids": ",".join(req.devices_ids)},
+                )
+                code = (
+                    grpc.StatusCode.INVALID_ARGUMENT
+                    if exc.reason == "unknown_id"
+                    else grpc.StatusCode.FAILED_PRECONDITION
+                )
+                await context.abort(code, str(exc))
+            responses.append(self._response(indices))
+            allocated.append(indices)
+        # Recorded only once every container's request passed: a refused call holds nothing.
+        for indices in allocated:
+            self.state.record_allocation(self.resource, indices)
+            self.metrics.allocations.labels(self.resource.full_name).inc()
+        if self.on_allocated is not None:
+            self.on_allocated()
+        return api_pb2.AllocateResponse(container_responses=responses)
+
+    def _response(self, indices: list[int]) -> api_pb2.ContainerAllocateResponse:
+        devices = self.state.devices_of(self.resource, indices)
+        cores = self.state.visible_cores(self.resource, indices)
+        envs = {"NEURON_RT_VISIBLE_CORES": ",".join(map(str, cores))}
+        lnc = self.state.lnc_env
+        if lnc is not None:
+            envs["NEURON_LOGICAL_NC_CONFIG"] = lnc
+        response = api_pb2.ContainerAllocateResponse(envs=envs)
+        if self.cdi:
+            response.cdi_devices.extend(api_pb2.CDIDevice(name=cdi_name(self.resource.prefix, d)) for d in devices)
+        else:
+            response.devices.extend(
+                api_pb2.DeviceSpec(
+                    container_path=f"/dev/neuron{d}",
+                    host_path=str(self.host_dev_root / "dev" / f"neuron{d}"),
+                    permissions="rw",
+                )
+                for d in devices
+            )
+        log.info(
+            "allocated %s",
+            ",".join(f"neuron{d}" for d in devices),
+            extra={"resource": self.resource.full_name, "visible_cores": envs["NEURON_RT_VISIBLE_CORES"]},
+        )
+        return response
+
+    async def PreStartContainer(
+        self,
+        request: api_pb2.PreStartContainerRequest,
+        context: grpc.aio.ServicerContext[api_pb2.PreStartContainerRequest, api_pb2.PreStartContainerResponse],
+    ) -> api_pb2.PreStartContainerResponse:
+        return api_pb2.PreStartContainerResponse()

@@ -1,0 +1,291 @@
+"""What the plugin advertises, in one place: devices and cores, their health, who holds what.
+
+Every input (a rescan, a health finding, a PodResources list, an allocation) goes through
+here; any change wakes the ListAndWatch streams, which send the complete list again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from kubelet_api import HEALTHY, UNHEALTHY
+from kubelet_api.podresources_client import Holding
+from neuron_common import resources
+from neuron_common.resources import Kind, Resource
+from neuron_device_plugin.allocator import Topology
+from neuron_device_plugin.health import Finding, HealthTracker, Verdict
+from neuron_device_plugin.holdings import Holdings, build_holdings, conflicts, describe
+from neuron_device_plugin.metrics import PluginMetrics
+from neuron_sysfs.instance_types import TopologyKind
+from neuron_sysfs.inventory import InstanceTypeSource, NodeInventory
+from neuron_sysfs.lnc import LncSource
+
+log = logging.getLogger(__name__)
+
+# The kubelet records an allocation right after Allocate returns; a List made this long after
+# a hand-out that does not show it means the hand-out did not stick.
+LIST_GRACE = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class AdvertisedId:
+    id: str
+    healthy: bool
+    numa_node: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class KnownDevice:
+    index: int
+    numa_node: int | None
+    cores: tuple[int, ...]
+
+
+class AllocationRefused(Exception):
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason  # unknown_id / conflict / unhealthy (a metric label)
+
+
+def topology_from(inventory: NodeInventory) -> Topology:
+    cores_per_device = max(inventory.logical_cores_per_device, 1)
+    it = inventory.instance_type
+    if it is not None:
+        return Topology(it.topology, it.devices, dict(inventory.adjacency), cores_per_device, it.torus_shape)
+    count = max((d.index for d in inventory.devices), default=-1) + 1
+    # Unknown instance type: only one device or all of them are known to be valid groups.
+    return Topology(TopologyKind.SINGLE, count, dict(inventory.adjacency), cores_per_device, None)
+
+
+class PluginState:
+    def __init__(
+        self,
+        inventory: NodeInventory,
+        plugin_resources: Iterable[Resource],
+        metrics: PluginMetrics,
+        *,
+        quiet_period: float,
+        pending_ttl: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.metrics = metrics
+        self.clock = clock
+        self.resources = {r.full_name: r for r in plugin_resources}
+        self.health = HealthTracker(quiet_period)
+        self.pending_ttl = pending_ttl
+        self.external: dict[int, str] = {}  # device -> reason, from the problem detector's verdicts
+        self._kubelet: list[Holding] = []
+        self._pending: list[tuple[float, Resource, int]] = []
+        self._event = asyncio.Event()
+        self._last_verdicts: dict[int, Verdict] = {}
+        self.known: dict[int, KnownDevice] = {}
+        self.present: dict[int, bool] = {}
+        self.inventory = inventory
+        self.topology = topology_from(inventory)
+        self.set_inventory(inventory)
+
+    # -- change notification -------------------------------------------------------------------
+    @property
+    def changed(self) -> asyncio.Event:
+        """Set (and replaced) on every change: await it, then read the lists again."""
+        return self._event
+
+    def notify(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+
+    # -- inputs ----------------------------------------------------------------------------------
+    def set_inventory(self, inventory: NodeInventory) -> None:
+        self.inventory = inventory
+        topology = topology_from(inventory)
+        if topology.cores_per_device != self.topology.cores_per_device and self.known:
+            log.warning(
+                "logical cores per device changed from %d to %d; core IDs are renumbered",
+                self.topology.cores_per_device,
+                topology.cores_per_device,
+            )
+            self.known.clear()
+        self.topology = topology
+        expected: set[int] = set()
+        it = inventory.instance_type
+        if it is not None and inventory.instance_type_source is InstanceTypeSource.DMI:
+            expected = set(range(it.devices))  # a device missing at start is reported, not ignored
+        present = {d.index for d in inventory.devices}
+        for dev in inventory.devices:
+            self.known[dev.index] = KnownDevice(dev.index, dev.numa_node, topology_cores(topology, dev.index))
+        for index in expected - present:
+            previous = self.known.get(index)
+            numa = previous.numa_node if previous else None
+            self.known.setdefault(index, KnownDevice(index, numa, topology_cores(topology, index)))
+        self.present = {i: i in present for i in self.known}
+        self.health.observe_presence(self.present, self.clock())
+        self.refresh_health()
+        self.notify()
+
+    def observe(self, findings: Iterable[Finding]) -> None:
+        now = self.clock()
+        any_finding = False
+        for finding in findings:
+            if finding.device not in self.known:
+                log.warning("error reported for unknown device %d: %s", finding.device, finding.reason)
+                continue
+            self.health.observe(finding, now)
+            any_finding = True
+        if any_finding:
+            self.refresh_health()
+
+    def set_external_verdicts(self, unhealthy: dict[int, str]) -> None:
+        if unhealthy != self.external:
+            self.external = dict(unhealthy)
+            self.refresh_health()
+
+    def refresh_health(self) -> bool:
+        """Recompute verdicts; log and count transitions; wake the streams if anything changed."""
+        now = self.clock()
+        verdicts = {}
+        for index in self.known:
+            verdict = self.health.verdict(index, now)
+            if verdict.healthy and index in self.external:
+                verdict = Verdict(False, f"problem detector: {self.external[index]}", False)
+            verdicts[index] = verdict
+        changed = False
+        for index, verdict in verdicts.items():
+            before = self._last_verdicts.get(index)
+            if before is None or before.healthy != verdict.healthy:
+                if before is not None or not verdict.healthy:
+                    to = "healthy" if verdict.healthy else "unhealthy"
+                    log.warning(
+                        "device %d is now %s%s",
+                        index,
+                        to,
+                        f": {verdict.reason}" if verdict.reason else "",
+                        extra={"device": index, "health": to, "reason": verdict.reason, "permanent": verdict.permanent},
+                    )
+                    self.metrics.health_transitions.labels(str(index), to).inc()
+                changed = True
+        self._last_verdicts = verdicts
+        if changed:
+            self.notify()
+        return changed
+
+    def set_kubelet_holdings(self, holdings: Iterable[Holding], started_at: float) -> None:
+        """A List answer. Own hand-outs stay counted until a List made after them settles
+        them: either it reports them (the kubelet tracks them from here on), or it was made
+        `LIST_GRACE` seconds after them and does not (the pod is gone, or its admission
+        failed)."""
+        new = [h for h in holdings if h.resource in self.resources]
+        reported = {(h.resource, h.device_id) for h in new}
+        before = len(self._pending)
+        self._pending = [
+            (t, r, i)
+            for t, r, i in self._pending
+            if t > started_at or ((r.full_name, _id_for(r, i)) not in reported and t > started_at - LIST_GRACE)
+        ]
+        changed = new != self._kubelet or len(self._pending) != before
+        self._kubelet = new
+        if changed:
+            self.notify()
+
+    def record_allocation(self, resource: Resource, indices: Iterable[int]) -> None:
+        now = self.clock()
+        self._pending.extend((now, resource, i) for i in indices)
+        self.notify()
+
+    def expire_pending(self) -> None:
+        now = self.clock()
+        before = len(self._pending)
+        self._pending = [(t, r, i) for t, r, i in self._pending if now - t < self.pending_ttl]
+        if len(self._pending) != before:
+            log.info(
+                "%d own allocation(s) were never confirmed by the kubelet and expired", before - len(self._pending)
+            )
+            self.notify()
+
+    # -- views -----------------------------------------------------------------------------------
+    def holdings(self) -> Holdings:
+        entries: list[tuple[Resource, int, str]] = []
+        for h in self._kubelet:
+            resource = self.resources[h.resource]
+            parsed = resources.parse_id(h.device_id)
+            if parsed is not None and parsed[0] is resource.kind:
+                entries.append((resource, parsed[1], f"{h.namespace}/{h.pod}/{h.container}"))
+        entries.extend((r, i, "a pending allocation") for _, r, i in self._pending)
+        return build_holdings(entries)
+
+    def verdict(self, device: int) -> Verdict:
+        return self._last_verdicts.get(device, Verdict(True, "", False))
+
+    def advertised(self, resource: Resource) -> list[AdvertisedId]:
+        holdings = self.holdings()
+        result: list[AdvertisedId] = []
+        for index in sorted(self.known):
+            dev = self.known[index]
+            healthy = self.verdict(index).healthy
+            if resource.kind is Kind.DEVICE:
+                free = not conflicts(resource, index, holdings, dev.cores, None)
+                result.append(AdvertisedId(resources.device_id(index), healthy and free, dev.numa_node))
+            else:
+                for core in dev.cores:
+                    free = not conflicts(resource, core, holdings, (), index)
+                    result.append(AdvertisedId(resources.core_id(core), healthy and free, dev.numa_node))
+        for health in (HEALTHY, UNHEALTHY):
+            count = sum(1 for a in result if a.healthy == (health == HEALTHY))
+            self.metrics.devices.labels(resource.full_name, health).set(count)
+        return result
+
+    def check_allocation(self, resource: Resource, ids: Iterable[str]) -> list[int]:
+        """The indices behind `ids`, or AllocationRefused naming the first problem found."""
+        indices: list[int] = []
+        holdings = self.holdings()
+        for raw in ids:
+            parsed = resources.parse_id(raw)
+            if parsed is None or parsed[0] is not resource.kind:
+                raise AllocationRefused("unknown_id", f"unknown device ID {raw!r} for {resource.full_name}")
+            index = parsed[1]
+            device = index if resource.kind is Kind.DEVICE else self.topology.device_of(index)
+            known = self.known.get(device)
+            if known is None or (resource.kind is Kind.CORE and index not in known.cores):
+                raise AllocationRefused("unknown_id", f"unknown device ID {raw!r} for {resource.full_name}")
+            held = conflicts(resource, index, holdings, known.cores, device if resource.kind is Kind.CORE else None)
+            if held:
+                raise AllocationRefused(
+                    "conflict",
+                    f"{raw} is the same silicon already held by {describe(held)}; refusing to share it. "
+                    "Request either whole devices or cores on a node, or wait for the holder to finish.",
+                )
+            verdict = self.verdict(device)
+            if not verdict.healthy:
+                raise AllocationRefused("unhealthy", f"{raw} is on unhealthy device neuron{device}: {verdict.reason}")
+            indices.append(index)
+        return indices
+
+    def visible_cores(self, resource: Resource, indices: Iterable[int]) -> list[int]:
+        if resource.kind is Kind.CORE:
+            return sorted(indices)
+        return sorted(c for d in indices for c in self.known[d].cores)
+
+    def devices_of(self, resource: Resource, indices: Iterable[int]) -> list[int]:
+        if resource.kind is Kind.DEVICE:
+            return sorted(set(indices))
+        return sorted({self.topology.device_of(c) for c in indices})
+
+    @property
+    def lnc_env(self) -> str | None:
+        lnc = self.inventory.lnc
+        return None if lnc.source is LncSource.DEFAULT else str(lnc.value)
+
+    def numa_of(self, device: int) -> int | None:
+        dev = self.known.get(device)
+        return dev.numa_node if dev else None
+
+
+def topology_cores(topology: Topology, device: int) -> tuple[int, ...]:
+    return tuple(topology.cores_of(device))
+
+
+def _id_for(resource: Resource, index: int) -> str:
+    return resources.device_id(index) if resource.kind is Kind.DEVICE else resources.core_id(index)

@@ -1,0 +1,94 @@
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from standins.kubelet import FakeKubelet
+
+from neuron_device_plugin import config as config_mod
+from neuron_device_plugin.app import Plugin
+from neuron_sysfs import sim
+
+
+@pytest.fixture
+def short_tmp() -> Path:
+    """Unix socket paths must stay under 108 bytes: pytest's tmp_path can be longer."""
+    path = Path(tempfile.mkdtemp(prefix="ndp-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else "/tmp"))
+    yield path  # type: ignore[misc]
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class Harness:
+    root: Path
+    plugin_dir: Path
+    kubelet: FakeKubelet
+    plugin: Plugin
+    stop: asyncio.Event
+    task: asyncio.Task[int]
+
+    async def shutdown(self) -> int:
+        self.stop.set()
+        return await asyncio.wait_for(self.task, 15)
+
+
+@pytest.fixture
+async def start_plugin(short_tmp: Path) -> AsyncIterator[Callable[..., object]]:
+    harnesses: list[Harness] = []
+
+    async def _start(
+        instance_type: str = "trn1.32xlarge",
+        *args: str,
+        lnc: int | None = None,
+        kubelet: bool = True,
+        wait: bool = True,
+    ) -> Harness:
+        root = short_tmp / f"node{len(harnesses)}"
+        sim.create(root, instance_type, lnc)
+        plugin_dir = short_tmp / f"dp{len(harnesses)}"
+        fake = FakeKubelet(plugin_dir, short_tmp / f"pr{len(harnesses)}")
+        if kubelet:
+            await fake.start()
+        cfg = config_mod.parse(
+            [
+                "--host-root",
+                str(root),
+                "--device-plugin-path",
+                str(plugin_dir),
+                "--pod-resources-socket",
+                str(fake.pod_resources_socket),
+                "--listen",
+                "127.0.0.1:0",
+                "--health-interval",
+                "0.05",
+                "--health-quiet-period",
+                "1",
+                "--holdings-interval",
+                "0.2",
+                *args,
+            ],
+            env={},
+        )
+        stop = asyncio.Event()
+        plugin = Plugin(cfg, stop)
+        task = asyncio.create_task(plugin.run())
+        h = Harness(root, plugin_dir, fake, plugin, stop, task)
+        harnesses.append(h)
+        if kubelet and wait:
+            await fake.wait_registered([r.full_name for r in cfg.resources])
+        return h
+
+    yield _start
+    for h in harnesses:
+        if not h.task.done():
+            h.stop.set()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(h.task, 15)
+        await h.kubelet.stop()

@@ -1,0 +1,356 @@
+"""The plugin against the protocol-faithful kubelet stand-in (tests/standins/kubelet.py).
+
+STAND-IN: the real kubelet runs in the cluster tests; here its device manager is emulated
+over the real gRPC contracts on unix sockets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import aiohttp
+import grpc
+import pytest
+from grpc import aio
+from standins.kubelet import AdmissionError
+
+from kubelet_api import HEALTHY, UNHEALTHY
+from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
+from kubelet_api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from neuron_device_plugin.allocator import Topology, exhaustive_devices
+from neuron_sysfs import sim
+from neuron_sysfs.instance_types import INSTANCE_TYPES
+
+NEURON = "aws.amazon.com/neuron"
+NEURONCORE = "aws.amazon.com/neuroncore"
+
+EXPECTED = {  # instance type: (devices, logical cores) with the default logical-core setting
+    "inf1.24xlarge": (16, 64),
+    "inf2.48xlarge": (12, 24),
+    "trn1.32xlarge": (16, 32),
+    "trn2.48xlarge": (16, 64),
+}
+
+
+async def eventually(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.02)
+
+
+@pytest.mark.parametrize("instance_type", sorted(EXPECTED))
+async def test_registers_both_resources_with_counts_and_numa(start_plugin, instance_type: str) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin(instance_type)
+    devices, cores = EXPECTED[instance_type]
+    assert h.kubelet.capacity(NEURON) == devices
+    assert h.kubelet.capacity(NEURONCORE) == cores
+    assert len(h.kubelet.healthy(NEURON)) == devices
+    assert set(h.kubelet.registrations) == {NEURON, NEURONCORE}
+    neuron15 = h.kubelet.endpoints[NEURON].devices[f"neuron{devices - 1}"]
+    assert [n.ID for n in neuron15.topology.nodes] == [1]  # second socket
+    assert h.kubelet.endpoints[NEURON].options.get_preferred_allocation_available
+    assert not h.kubelet.endpoints[NEURON].options.pre_start_required
+
+
+async def test_trn2_lnc1_has_128_cores(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("trn2.48xlarge", lnc=1)
+    assert h.kubelet.capacity(NEURONCORE) == 128
+
+
+async def test_allocate_devices_every_size_topology_valid(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("trn1.32xlarge")
+    it = INSTANCE_TYPES["trn1.32xlarge"]
+    topo = Topology(it.topology, 16, it.adjacency(), 2, it.torus_shape)
+    for size in (1, 4, 8, 16):
+        response = await h.kubelet.allocate(NEURON, size, pod=f"p{size}")
+        got = sorted(int(d.container_path.removeprefix("/dev/neuron")) for d in response.devices)
+        assert tuple(got) in exhaustive_devices(topo, range(16), size)
+        for spec in response.devices:
+            assert spec.host_path == str(h.root / "dev" / spec.container_path.removeprefix("/dev/"))
+            assert spec.permissions == "rw"
+        cores = [int(c) for c in response.envs["NEURON_RT_VISIBLE_CORES"].split(",")]
+        assert cores == [c for d in got for c in (2 * d, 2 * d + 1)]
+        assert "NEURON_LOGICAL_NC_CONFIG" not in response.envs  # not set on this node
+        h.kubelet.release(f"p{size}")
+        await asyncio.sleep(0.3)  # the plugin's next List sees the release
+
+
+async def test_allocate_cores_two_on_one_device(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("trn2.48xlarge", lnc=2)
+    response = await h.kubelet.allocate(NEURONCORE, 2)
+    [spec] = response.devices
+    assert spec.container_path == "/dev/neuron0"
+    assert response.envs["NEURON_RT_VISIBLE_CORES"] == "0,1"
+    assert response.envs["NEURON_LOGICAL_NC_CONFIG"] == "2"  # set in the node's config file
+
+
+async def test_every_core_size_on_inf1(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("inf1.6xlarge")  # 4 devices x 4 cores
+    for size in range(1, 17):
+        response = await h.kubelet.allocate(NEURONCORE, size, pod=f"p{size}")
+        cores = [int(c) for c in response.envs["NEURON_RT_VISIBLE_CORES"].split(",")]
+        assert len(cores) == size
+        assert len(response.devices) == -(-size // 4)  # fewest devices
+        h.kubelet.release(f"p{size}")
+        await asyncio.sleep(0.25)
+
+
+async def test_multi_container_and_sidecar_pods(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("inf2.48xlarge")
+    init = await h.kubelet.allocate(NEURONCORE, 1, pod="p", container="init")
+    a = await h.kubelet.allocate(NEURONCORE, 1, pod="p", container="app")
+    b = await h.kubelet.allocate(NEURONCORE, 1, pod="p", container="sidecar")
+    seen = [r.envs["NEURON_RT_VISIBLE_CORES"] for r in (init, a, b)]
+    assert len(set(seen)) == 3
+    # an app container reusing its init container's core (the kubelet passes it as must-include)
+    reused = await h.kubelet.allocate(NEURONCORE, 2, pod="p", container="app2", reuse=[f"neuroncore{seen[0]}"])
+    assert seen[0] in reused.envs["NEURON_RT_VISIBLE_CORES"].split(",")
+
+
+async def test_cores_of_a_held_device_are_not_offered_and_are_refused(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("trn1.32xlarge")
+    response = await h.kubelet.allocate(NEURON, 1, pod="whole")
+    device = int(response.devices[0].container_path.removeprefix("/dev/neuron"))
+    held_cores = {f"neuroncore{2 * device}", f"neuroncore{2 * device + 1}"}
+    # the pending hand-out counts at once, before the kubelet's List confirms it
+    await eventually(lambda: not (held_cores & h.kubelet.healthy(NEURONCORE)))
+    assert len(h.kubelet.healthy(NEURONCORE)) == 30
+    assert h.kubelet.capacity(NEURONCORE) == 32  # capacity stays: the silicon exists
+
+    # a kubelet that raced (not yet updated) asks for those cores: refused, not shared, and
+    # once the kubelet's List reports the holder, the refusal names it
+    await eventually(lambda: any("whole" in h.owner for hs in h.plugin.state.holdings().devices.values() for h in hs))
+    stub = h.kubelet.endpoints[NEURONCORE].stub
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Allocate(
+            dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=sorted(held_cores))])
+        )
+    assert err.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "default/whole/main (as aws.amazon.com/neuron)" in (err.value.details() or "")
+
+    # and the other way round: a device with a core held is not offered as a whole device
+    core_resp = await h.kubelet.allocate(NEURONCORE, 1, pod="one-core")
+    core = int(core_resp.envs["NEURON_RT_VISIBLE_CORES"])
+    await eventually(lambda: f"neuron{core // 2}" not in h.kubelet.healthy(NEURON))
+    # releasing gives everything back once the kubelet's List no longer shows the pods
+    h.kubelet.release("whole")
+    h.kubelet.release("one-core")
+    await eventually(lambda: len(h.kubelet.healthy(NEURONCORE)) == 32 and len(h.kubelet.healthy(NEURON)) == 16)
+
+
+async def test_unknown_and_unhealthy_ids_are_refused(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("inf2.24xlarge")
+    stub = h.kubelet.endpoints[NEURON].stub
+    for bad in (["neuron99"], ["neuroncore1"], ["gpu0"]):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Allocate(dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=bad)]))
+        assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        assert f"unknown device ID {bad[0]!r}" in (err.value.details() or "")
+    sim.bump_counter(h.root, 2, "mem_ecc_uncorrected")
+    await eventually(lambda: "neuron2" not in h.kubelet.healthy(NEURON))
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.Allocate(
+            dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=["neuron2"])])
+        )
+    assert "unhealthy device neuron2: counter mem_ecc_uncorrected +1" in (err.value.details() or "")
+
+
+async def test_more_than_free_is_refused_by_admission(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("inf2.24xlarge")
+    await h.kubelet.allocate(NEURON, 4, pod="a")
+    with pytest.raises(AdmissionError, match="Requested: 4, Available: 2"):
+        await h.kubelet.allocate(NEURON, 4, pod="b")
+
+
+class TestHealth:
+    async def test_transient_error_flips_and_recovers(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
+        h = await start_plugin("trn1.32xlarge")
+        sim.bump_counter(h.root, 5, "mem_ecc_repairable_uncorrected")
+        await eventually(lambda: "neuron5" not in h.kubelet.healthy(NEURON))
+        assert {"neuroncore10", "neuroncore11"}.isdisjoint(h.kubelet.healthy(NEURONCORE))  # cores follow
+        assert h.kubelet.capacity(NEURON) == 16
+        await eventually(lambda: "neuron5" in h.kubelet.healthy(NEURON), timeout=5)  # quiet period 1 s
+
+    async def test_permanent_error_never_recovers(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
+        h = await start_plugin("trn1.32xlarge")
+        sim.bump_counter(h.root, 3, "sram_ecc_uncorrected")
+        await eventually(lambda: "neuron3" not in h.kubelet.healthy(NEURON))
+        await asyncio.sleep(2.0)
+        assert "neuron3" not in h.kubelet.healthy(NEURON)
+
+    async def test_kernel_line_marks_the_named_device(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
+        h = await start_plugin("trn2.48xlarge")
+        sim.inject_hw_error(h.root, "NC_UNCORRECTABLE_ERROR", 7, 1)
+        await eventually(lambda: "neuron7" not in h.kubelet.healthy(NEURON))
+        assert len(h.kubelet.healthy(NEURON)) == 15
+        assert h.plugin.state.verdict(7).reason == "kernel NC_UNCORRECTABLE_ERROR nc-id=1"
+
+    async def test_core_status_counter(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
+        h = await start_plugin("trn2.48xlarge", lnc=1)
+        sim.bump_counter(h.root, 9, "hw_dma_abort_error", core=3)
+        await eventually(lambda: "neuron9" not in h.kubelet.healthy(NEURON))
+        assert not {f"neuroncore{72 + i}" for i in range(8)} & h.kubelet.healthy(NEURONCORE)
+
+    async def test_vanished_device_is_unhealthy_not_dropped(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
+        h = await start_plugin("inf2.48xlarge")
+        sim.vanish(h.root, 4)
+        await eventually(lambda: "neuron4" not in h.kubelet.healthy(NEURON))
+        assert h.kubelet.capacity(NEURON) == 12
+        sim.restore(h.root, 4)
+        await eventually(lambda: "neuron4" in h.kubelet.healthy(NEURON), timeout=5)
+
+    async def test_problem_detector_verdict(self, start_plugin, short_tmp) -> None:  # type: ignore[no-untyped-def]
+        from neuron_common.verdicts import boot_id, clear_verdict, write_verdict
+
+        verdicts = short_tmp / "verdicts"
+        h = await start_plugin("trn1.32xlarge", "--verdict-dir", str(verdicts))
+        write_verdict(verdicts, 6, "NeuronHasError_DMA_ERROR", "from the detector", boot_id(h.root))
+        await eventually(lambda: "neuron6" not in h.kubelet.healthy(NEURON))
+        write_verdict(verdicts, 7, "NeuronHasError_DMA_ERROR", "from an earlier boot", "another-boot")
+        await asyncio.sleep(0.3)
+        assert "neuron7" in h.kubelet.healthy(NEURON)
+        clear_verdict(verdicts, 6)
+        await eventually(lambda: "neuron6" in h.kubelet.healthy(NEURON))
+
+
+async def test_malformed_sysfs_still_serves(start_plugin, short_tmp) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("trn1.32xlarge", wait=False)
+    await h.kubelet.wait_registered([NEURON, NEURONCORE])
+    (h.root / "sys/devices/virtual/neuron_device/neuron2/stats/hardware/mem_ecc_uncorrected").write_text("garbage\n")
+    (h.root / "sys/devices/virtual/neuron_device/neuron2/connected_devices").write_text("?\n")
+    await asyncio.sleep(0.3)
+    assert len(h.kubelet.healthy(NEURON)) == 16
+    assert h.plugin.metrics.errors.labels("health_tick")._value.get() == 0
+
+
+async def test_kubelet_restarts_100_times(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("trn1.32xlarge")
+    for _ in range(100):
+        await h.kubelet.restart()
+        await h.kubelet.wait_registered([NEURON, NEURONCORE], timeout=5)
+        assert len(h.kubelet.healthy(NEURONCORE)) == 32
+    assert h.kubelet.registrations.count(NEURON) >= 101
+
+
+async def test_socket_removed_by_a_late_cleanup(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    """The kubelet's start-up cleanup deletes a socket the plugin registered in its first seconds."""
+    h = await start_plugin("trn1.2xlarge")
+    before = h.kubelet.registrations.count(NEURON)
+    (h.plugin_dir / "neuron-neuron.sock").unlink()
+    await eventually(lambda: h.kubelet.registrations.count(NEURON) > before)
+    assert (h.plugin_dir / "neuron-neuron.sock").is_socket()
+
+
+async def test_waits_for_a_missing_device_plugin_directory(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("trn1.2xlarge", kubelet=False)
+    await asyncio.sleep(0.5)
+    assert not h.task.done()
+    assert not h.plugin.ready()[0]
+    await h.kubelet.start()  # creates the directory and kubelet.sock
+    await h.kubelet.wait_registered([NEURON, NEURONCORE], timeout=15)
+    assert h.plugin.ready()[0]
+
+
+async def test_kubelet_that_never_answers(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    import socket
+
+    h = await start_plugin("trn1.2xlarge", "--register-timeout", "0.3", kubelet=False)
+    h.plugin_dir.mkdir(parents=True, exist_ok=True)
+    dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    dead.bind(str(h.plugin_dir / "kubelet.sock"))  # bound, never listening: connects are refused
+    try:
+        await asyncio.sleep(1.5)
+        assert not h.task.done()
+        assert h.plugin.metrics.registration_failures.labels(NEURON)._value.get() >= 1
+        assert not h.plugin.ready()[0]
+    finally:
+        dead.close()
+
+
+async def test_http_endpoints(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("trn1.2xlarge")
+    port = h.plugin.http.bound_port
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"http://127.0.0.1:{port}/healthz") as r:
+            assert r.status == 200
+        async with session.get(f"http://127.0.0.1:{port}/readyz") as r:
+            assert r.status == 200
+            assert "aws.amazon.com/neuroncore" in await r.text()
+        await h.kubelet.allocate(NEURON, 1)
+        await eventually(lambda: not h.kubelet.healthy(NEURONCORE))
+        async with session.get(f"http://127.0.0.1:{port}/metrics") as r:
+            text = await r.text()
+    assert 'neuron_device_plugin_registrations_total{resource="aws.amazon.com/neuron"}' in text
+    assert 'neuron_device_plugin_allocations_total{resource="aws.amazon.com/neuron"} 1.0' in text
+    # the single device is held as a whole, so its two cores are not allocatable
+    assert 'neuron_device_plugin_devices{health="Unhealthy",resource="aws.amazon.com/neuroncore"} 2.0' in text
+
+
+async def test_64_concurrent_allocates_never_share(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("trn2.48xlarge", lnc=1)
+    stub = h.kubelet.endpoints[NEURONCORE].stub
+    ids = [f"neuroncore{2 * i}" for i in range(64)]
+
+    async def one(core: str) -> dp.AllocateResponse:
+        return await stub.Allocate(
+            dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=[core])])
+        )
+
+    results = await asyncio.gather(*(one(c) for c in ids))
+    assert sorted(r.container_responses[0].envs["NEURON_RT_VISIBLE_CORES"] for r in results) == sorted(
+        str(2 * i) for i in range(64)
+    )
+    # every one of those is now held: the whole devices are not offered any more
+    await eventually(lambda: not h.kubelet.healthy(NEURON))
+
+
+async def test_neurondevice_alias_and_prefix(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("inf2.xlarge", "--neurondevice-alias", "--resource-prefix", "example.com", wait=False)
+    await h.kubelet.wait_registered(["example.com/neuron", "example.com/neuroncore", "example.com/neurondevice"])
+    await h.kubelet.allocate("example.com/neurondevice", 1)
+    await eventually(lambda: not h.kubelet.healthy("example.com/neuron"))  # same silicon as the alias
+
+
+async def test_cdi_mode(start_plugin, short_tmp) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    h = await start_plugin("inf2.24xlarge", "--cdi", "--cdi-spec-dir", str(short_tmp / "cdi"))
+    spec = json.loads((short_tmp / "cdi" / "aws.amazon.com-neuron.json").read_text())
+    assert spec["kind"] == "aws.amazon.com/neuron"
+    assert [d["name"] for d in spec["devices"]] == [f"neuron{i}" for i in range(6)]
+    response = await h.kubelet.allocate(NEURON, 2)
+    assert sorted(d.name for d in response.cdi_devices) == [
+        "aws.amazon.com/neuron=neuron0",
+        "aws.amazon.com/neuron=neuron1",
+    ]
+    assert not response.devices
+
+
+async def test_shutdown_removes_sockets(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("trn1.2xlarge")
+    assert await h.shutdown() == 0
+    assert not (h.plugin_dir / "neuron-neuron.sock").exists()
+    await eventually(lambda: not h.kubelet.healthy(NEURON))  # the kubelet sees the stream end
+
+
+async def test_list_and_watch_sends_complete_lists(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("inf2.24xlarge")
+    async with aio.insecure_channel(f"unix://{h.plugin_dir / 'neuron-neuron.sock'}") as ch:
+        stub = dp_grpc.DevicePluginStub(ch)
+        stream = stub.ListAndWatch(dp.Empty())
+        first = await stream.read()
+        assert [d.ID for d in first.devices] == [f"neuron{i}" for i in range(6)]
+        sim.bump_counter(h.root, 1, "mem_ecc_uncorrected")
+        second = await asyncio.wait_for(stream.read(), 3)
+        assert len(second.devices) == 6
+        assert {d.ID: d.health for d in second.devices}["neuron1"] == UNHEALTHY
+        assert sum(d.health == HEALTHY for d in second.devices) == 5
+        stream.cancel()
+
+
+def test_socket_paths_short_enough(short_tmp) -> None:  # type: ignore[no-untyped-def]
+    assert len(str(short_tmp / "dp0" / "neuron-neuroncore.sock")) < 100
+    assert os.path.isdir(short_tmp)
