@@ -365,3 +365,31 @@ def socket_inode(path: Path) -> int | None:
         return os.stat(path).st_ino
     except OSError:
         return None
+
+
+async def _serve(plugin_dir: Path, pod_resources_dir: Path) -> None:
+    kubelet = FakeKubelet(plugin_dir, pod_resources_dir)
+    await kubelet.start()
+    print(f"kubelet stand-in: Registration on {kubelet.socket}, PodResources on {kubelet.pod_resources_socket}")
+    seen: dict[str, tuple[int, int]] = {}
+    try:
+        while True:
+            for name, endpoint in kubelet.endpoints.items():
+                state = (len(endpoint.devices), len(kubelet.healthy(name)))
+                if seen.get(name) != state:
+                    seen[name] = state
+                    print(f"{name}: capacity {state[0]}, allocatable {state[1]}", flush=True)
+            await asyncio.sleep(0.2)
+    finally:
+        await kubelet.stop()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Run the kubelet stand-in and print what plugins advertise.")
+    parser.add_argument("--dir", type=Path, required=True, help="device-plugins directory to serve kubelet.sock in")
+    parser.add_argument("--pod-resources-dir", type=Path, help="default: <dir>/../pod-resources")
+    args = parser.parse_args()
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_serve(args.dir, args.pod_resources_dir or args.dir.parent / "pod-resources"))

@@ -48,9 +48,17 @@ def allocatable_ids(response: api_pb2.AllocatableResourcesResponse) -> dict[str,
 
 class PodResourcesClient:
     def __init__(
-        self, socket_path: str, *, timeout: float = 5.0, max_message_bytes: int = POD_RESOURCES_MAX_MESSAGE_BYTES
+        self,
+        socket_path: str,
+        *,
+        timeout: float = 5.0,
+        max_message_bytes: int = POD_RESOURCES_MAX_MESSAGE_BYTES,
+        keep_open: bool = True,
     ) -> None:
+        """`keep_open=False` dials for each call: for callers that poll every few seconds, an
+        idle gRPC channel's timers cost more CPU than a unix-socket dial."""
         self.socket_path = socket_path
+        self.keep_open = keep_open
         self.timeout = timeout
         self._max_message_bytes = max_message_bytes
         self._channel: aio.Channel | None = None
@@ -89,6 +97,9 @@ class PodResourcesClient:
         except grpc.RpcError:
             await self.close()  # re-dial next time: the kubelet may have restarted
             raise
+        finally:
+            if not self.keep_open:
+                await self.close()
 
     async def get_allocatable(self) -> api_pb2.AllocatableResourcesResponse:
         stub = await self._ensure()
@@ -97,6 +108,9 @@ class PodResourcesClient:
         except grpc.RpcError:
             await self.close()
             raise
+        finally:
+            if not self.keep_open:
+                await self.close()
 
     async def close(self) -> None:
         if self._channel is not None:

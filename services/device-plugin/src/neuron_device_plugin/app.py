@@ -9,7 +9,7 @@ import logging
 from kubelet_api.podresources_client import PodResourcesClient
 from neuron_common.http import HealthServer
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
-from neuron_device_plugin import cdi
+from neuron_device_plugin import cdi, registration
 from neuron_device_plugin.config import Config
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_device_plugin.monitor import HealthMonitor, KmsgWatcher
@@ -45,7 +45,9 @@ class Plugin:
             pending_ttl=config.pending_ttl,
         )
         self.poller = PodResourcesPoller(
-            PodResourcesClient(config.pod_resources_socket), config.holdings_interval, on_update=self._on_holdings
+            PodResourcesClient(config.pod_resources_socket, keep_open=False),
+            config.holdings_interval,
+            on_update=self._on_holdings,
         )
         self.registrars: list[Registrar] = []
         for resource in config.resources:
@@ -58,14 +60,11 @@ class Plugin:
                     self.stop,
                     host_dev_root=config.host_dev_root,
                     cdi=config.cdi,
-                    on_allocated=self.poller.poke,
                 )
 
             server = ResourceServer(resource, config.device_plugin_path, factory)
             self.registrars.append(
-                Registrar(
-                    server, config.kubelet_socket, self.metrics, register_timeout=config.register_timeout, poll=0.1
-                )
+                Registrar(server, config.kubelet_socket, self.metrics, register_timeout=config.register_timeout)
             )
         self.monitor = HealthMonitor(
             self.state, self.metrics, config.host_root, config.health_interval, config.verdict_dir
@@ -90,7 +89,7 @@ class Plugin:
             )
             log.info("wrote CDI spec %s", path)
         await self.http.start()
-        tasks = [asyncio.create_task(r.run(self.stop), name=f"registrar {r.resource.name}") for r in self.registrars]
+        tasks = [asyncio.create_task(registration.watch(self.registrars, self.stop), name="registration")]
         tasks.append(asyncio.create_task(self.monitor.run(self.stop), name="health"))
         tasks.append(asyncio.create_task(self._poll_holdings(), name="holdings"))
         if self.config.kmsg_path is not None:

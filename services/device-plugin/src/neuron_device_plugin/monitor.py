@@ -19,6 +19,7 @@ from neuron_sysfs.kmsg import parse_hw_error
 
 log = logging.getLogger(__name__)
 
+STATUS_EVERY = 4
 WATCHED_STATUSES = frozenset(
     {"hw_nc_ue_error", "hw_hbm_ue_error", "hw_dma_abort_error", "hw_repairable_hbm_ue_error", "hw_collectives_error"}
 )
@@ -41,34 +42,39 @@ class HealthMonitor:
         self.host_root = host_root
         self.interval = interval
         self.verdict_dir = verdict_dir
-        self._reader = self._make_reader()
         self._previous: dict[CounterKey, int] | None = None
         self._present = tuple(d.index for d in state.inventory.devices)
+        self._ticks = 0
+        self._make_readers()
 
-    def _make_reader(self) -> CounterReader:
-        return CounterReader(
+    def _make_readers(self) -> None:
+        # The device error counters are few and read every tick; the per-core status counters
+        # are many (5 a core) and read every `STATUS_EVERY` ticks, to keep idle CPU low.
+        self._hardware = CounterReader(self.state.inventory, kinds={CounterKind.HARDWARE}, power=False)
+        self._status = CounterReader(
             self.state.inventory,
-            kinds={CounterKind.HARDWARE, CounterKind.STATUS},
+            kinds={CounterKind.STATUS},
             power=False,
             status_names=WATCHED_STATUSES,
             status_fields=("total",),
         )
 
     def tick(self) -> None:
-        indices, _ = list_device_indices(self.host_root)
-        present = tuple(
-            i for i in indices if (self.host_root / "sys/devices/virtual/neuron_device" / f"neuron{i}").is_dir()
-        )
+        indices, _ = list_device_indices(self.host_root)  # the driver drops a vanished device's class link
+        present = tuple(indices)
         if present != self._present:
             log.info("Neuron devices changed: %s -> %s; rescanning", list(self._present), list(present))
             self._present = present
             self.state.set_inventory(scan(self.host_root))
-            self._reader = self._make_reader()
-        snapshot = self._reader.read()
-        # a vanished device's counters are simply absent: keep its previous values for the diff
+            self._make_readers()
+        values = dict(self._hardware.read().values)
+        if self._ticks % STATUS_EVERY == 0:
+            values.update(self._status.read().values)
+        self._ticks += 1
+        # a counter not read this tick (vanished device, slower cadence) keeps its last value
         current = dict(self._previous or {})
-        current.update(snapshot.values)
-        self.state.observe(counter_findings(self._previous, snapshot.values))
+        current.update(values)
+        self.state.observe(counter_findings(self._previous, values))
         self._previous = current
         if self.verdict_dir is not None:
             self.state.set_external_verdicts(read_verdicts(self.verdict_dir, self.host_root))
@@ -98,7 +104,9 @@ class KmsgWatcher:
     async def run(self, stop: asyncio.Event) -> None:
         warned = False
         while not stop.is_set():
-            follower = KmsgFollower(str(self.path), lookback=None)
+            # The problem detector is the prompt reader of the kernel log; here it is a second
+            # source, polled gently.
+            follower = KmsgFollower(str(self.path), lookback=None, poll_interval=1.0)
             try:
                 async for item in follower.follow(stop):
                     if isinstance(item, Malformed):

@@ -95,17 +95,16 @@ class Registrar:
         metrics: PluginMetrics,
         *,
         register_timeout: float = 10.0,
-        poll: float = 0.05,
     ) -> None:
         self.server = server
         self.kubelet_socket = kubelet_socket
         self.metrics = metrics
         self.register_timeout = register_timeout
-        self.poll = poll
         self.registered = False
         self._kubelet_inode: int | None = None
         self._backoff = Backoff(initial=0.05, maximum=10.0)
         self._failures_logged = 0
+        self._started_once = False
         self.registered_event = asyncio.Event()  # set at each successful registration (tests, benchmarks)
 
     @property
@@ -121,59 +120,76 @@ class Registrar:
             return "kubelet.sock was recreated (kubelet restarted)"
         return None
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def step(self) -> float | None:
+        """One check; when something is wrong, one attempt to put it right. Returns the delay
+        before the next attempt after a failure, None when all is well."""
         name = self.resource.full_name
         directory = self.server.socket.parent
-        first = True
-        while not stop.is_set():
-            why = self._needs_work()
-            if why is None:
-                await sleep_or_stop(stop, self.poll)
-                continue
-            if self.registered:
-                log.warning("re-registering %s: %s", name, why, extra={"resource": name})
-                self.registered = False
-                self.metrics.registered.labels(name).set(0)
-            if not directory.is_dir():
-                if self._failures_logged == 0:
-                    log.warning("device-plugins directory %s does not exist; waiting for the kubelet", directory)
-                self._failures_logged += 1
-                await sleep_or_stop(stop, self._backoff.next_delay())
-                continue
-            try:
-                if not self.server.intact():
-                    if not first:
-                        self.metrics.server_restarts.labels(name).inc()
-                    await self.server.start()
-                    first = False
-                kubelet_inode = _inode(self.kubelet_socket)
-                if kubelet_inode is None:
-                    raise FileNotFoundError(f"{self.kubelet_socket} does not exist")
-                await register(self.kubelet_socket, self.resource, self.register_timeout)
-            except (grpc.RpcError, OSError) as exc:
-                self.metrics.registration_failures.labels(name).inc()
-                detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
-                if self._failures_logged % 20 == 0:  # every 20th, so a long kubelet outage stays readable
-                    log.warning(
-                        "registering %s with the kubelet failed (attempt %d): %s; retrying",
-                        name,
-                        self._failures_logged + 1,
-                        detail,
-                        extra={"resource": name},
-                    )
-                self._failures_logged += 1
-                await sleep_or_stop(stop, self._backoff.next_delay())
-                continue
-            self._kubelet_inode = kubelet_inode
-            self.registered = True
-            self._backoff.reset()
-            self._failures_logged = 0
-            self.metrics.registrations.labels(name).inc()
-            self.metrics.registered.labels(name).set(1)
-            self.registered_event.set()
-            log.info(
-                "registered %s with the kubelet", name, extra={"resource": name, "socket": str(self.server.socket)}
-            )
+        why = self._needs_work()
+        if why is None:
+            return None
+        if self.registered:
+            log.warning("re-registering %s: %s", name, why, extra={"resource": name})
+            self.registered = False
+            self.metrics.registered.labels(name).set(0)
+        if not directory.is_dir():
+            if self._failures_logged == 0:
+                log.warning("device-plugins directory %s does not exist; waiting for the kubelet", directory)
+            self._failures_logged += 1
+            return self._backoff.next_delay()
+        try:
+            if not self.server.intact():
+                if self._started_once:
+                    self.metrics.server_restarts.labels(name).inc()
+                await self.server.start()
+                self._started_once = True
+            kubelet_inode = _inode(self.kubelet_socket)
+            if kubelet_inode is None:
+                raise FileNotFoundError(f"{self.kubelet_socket} does not exist")
+            await register(self.kubelet_socket, self.resource, self.register_timeout)
+        except (grpc.RpcError, OSError) as exc:
+            self.metrics.registration_failures.labels(name).inc()
+            detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
+            if self._failures_logged % 20 == 0:  # every 20th, so a long kubelet outage stays readable
+                log.warning(
+                    "registering %s with the kubelet failed (attempt %d): %s; retrying",
+                    name,
+                    self._failures_logged + 1,
+                    detail,
+                    extra={"resource": name},
+                )
+            self._failures_logged += 1
+            return self._backoff.next_delay()
+        self._kubelet_inode = kubelet_inode
+        self.registered = True
+        self._backoff.reset()
+        self._failures_logged = 0
+        self.metrics.registrations.labels(name).inc()
+        self.metrics.registered.labels(name).set(1)
+        self.registered_event.set()
+        log.info("registered %s with the kubelet", name, extra={"resource": name, "socket": str(self.server.socket)})
+        return None
+
+    async def close(self) -> None:
+        name = self.resource.full_name
         self.registered = False
         self.metrics.registered.labels(name).set(0)
         await self.server.stop()
+
+
+async def watch(registrars: list[Registrar], stop: asyncio.Event, poll: float = 0.2) -> None:
+    """One loop for every resource: a timer wakeup costs more CPU than the checks it runs."""
+    retry_at = {id(r): 0.0 for r in registrars}
+    loop = asyncio.get_running_loop()
+    try:
+        while not stop.is_set():
+            now = loop.time()
+            due = [r for r in registrars if retry_at[id(r)] <= now]
+            delays = await asyncio.gather(*(r.step() for r in due))
+            for r, delay in zip(due, delays, strict=True):
+                retry_at[id(r)] = now + delay if delay is not None else 0.0
+            pending = [t for t in retry_at.values() if t > now]
+            wait = min([poll, *(t - loop.time() for t in pending)])
+            await sleep_or_stop(stop, max(wait, 0.01))
+    finally:
+        await asyncio.gather(*(r.close() for r in registrars))

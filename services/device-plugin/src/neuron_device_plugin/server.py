@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import grpc
@@ -40,7 +40,6 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         *,
         host_dev_root: Path,
         cdi: bool = False,
-        on_allocated: Callable[[], None] | None = None,
     ) -> None:
         self.resource = resource
         self.state = state
@@ -48,7 +47,6 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.stop = stop
         self.host_dev_root = host_dev_root
         self.cdi = cdi
-        self.on_allocated = on_allocated
         self.streams = 0
 
     async def GetDevicePluginOptions(  # the gRPC method name
@@ -142,8 +140,6 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         for indices in allocated:
             self.state.record_allocation(self.resource, indices)
             self.metrics.allocations.labels(self.resource.full_name).inc()
-        if self.on_allocated is not None:
-            self.on_allocated()
         return api_pb2.AllocateResponse(container_responses=responses)
 
     def _response(self, indices: list[int]) -> api_pb2.ContainerAllocateResponse:

@@ -79,7 +79,8 @@ class PluginState:
         self.pending_ttl = pending_ttl
         self.external: dict[int, str] = {}  # device -> reason, from the problem detector's verdicts
         self._kubelet: list[Holding] = []
-        self._pending: list[tuple[float, Resource, int]] = []
+        self._pending: dict[tuple[str, int], tuple[float, Resource]] = {}
+        self._holdings: Holdings | None = None  # cached until the next change
         self._event = asyncio.Event()
         self._last_verdicts: dict[int, Verdict] = {}
         self.known: dict[int, KnownDevice] = {}
@@ -95,6 +96,7 @@ class PluginState:
         return self._event
 
     def notify(self) -> None:
+        self._holdings = None
         event, self._event = self._event, asyncio.Event()
         event.set()
 
@@ -180,25 +182,29 @@ class PluginState:
         new = [h for h in holdings if h.resource in self.resources]
         reported = {(h.resource, h.device_id) for h in new}
         before = len(self._pending)
-        self._pending = [
-            (t, r, i)
-            for t, r, i in self._pending
-            if t > started_at or ((r.full_name, _id_for(r, i)) not in reported and t > started_at - LIST_GRACE)
-        ]
-        changed = new != self._kubelet or len(self._pending) != before
-        self._kubelet = new
-        if changed:
+        self._pending = {
+            key: (t, r)
+            for key, (t, r) in self._pending.items()
+            if t > started_at or ((key[0], _id_for(r, key[1])) not in reported and t > started_at - LIST_GRACE)
+        }
+        if new != self._kubelet or len(self._pending) != before:
+            self._kubelet = new
             self.notify()
 
     def record_allocation(self, resource: Resource, indices: Iterable[int]) -> None:
         now = self.clock()
-        self._pending.extend((now, resource, i) for i in indices)
-        self.notify()
+        added = False
+        for i in indices:
+            key = (resource.full_name, i)
+            added = added or key not in self._pending
+            self._pending[key] = (now, resource)
+        if added:  # the same IDs again (a retried admission) change nothing advertised
+            self.notify()
 
     def expire_pending(self) -> None:
         now = self.clock()
         before = len(self._pending)
-        self._pending = [(t, r, i) for t, r, i in self._pending if now - t < self.pending_ttl]
+        self._pending = {k: (t, r) for k, (t, r) in self._pending.items() if now - t < self.pending_ttl}
         if len(self._pending) != before:
             log.info(
                 "%d own allocation(s) were never confirmed by the kubelet and expired", before - len(self._pending)
@@ -207,13 +213,18 @@ class PluginState:
 
     # -- views -----------------------------------------------------------------------------------
     def holdings(self) -> Holdings:
+        if self._holdings is None:
+            self._holdings = self._build_holdings()
+        return self._holdings
+
+    def _build_holdings(self) -> Holdings:
         entries: list[tuple[Resource, int, str]] = []
         for h in self._kubelet:
             resource = self.resources[h.resource]
             parsed = resources.parse_id(h.device_id)
             if parsed is not None and parsed[0] is resource.kind:
                 entries.append((resource, parsed[1], f"{h.namespace}/{h.pod}/{h.container}"))
-        entries.extend((r, i, "a pending allocation") for _, r, i in self._pending)
+        entries.extend((r, i, "a pending allocation") for (_, i), (_, r) in self._pending.items())
         return build_holdings(entries)
 
     def verdict(self, device: int) -> Verdict:
