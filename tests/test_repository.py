@@ -67,3 +67,12 @@ def test_no_package_registry_host_is_written_down() -> None:
             continue
         for host in hosts:
             assert host not in text, f"{path} names {host}"
+
+
+def test_setup_installs_every_package_libs_first() -> None:
+    setup = (REPO / "tools/setup.sh").read_text()
+    listed = re.search(r"^packages=\((.*)\)$", setup, re.M)
+    assert listed is not None
+    libs = listed.group(1).split()
+    assert sorted(libs) == sorted(str(p.parent.relative_to(REPO)) for p in REPO.glob("libs/*/pyproject.toml"))
+    assert "for svc in services/*/" in setup

@@ -29,7 +29,10 @@ PY="${PYTHON:-python3}"
 "$PY" -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ is required"'
 [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PY" -m venv "$VENV"; }
 
-mapfile -t packages < <(ls -d libs/*/pyproject.toml services/*/pyproject.toml 2>/dev/null | xargs -n1 dirname)
+# Dependency order matters: pip 23 cannot resolve an editable that a later editable in the same
+# command provides (neuron-common needs neuron-sysfs and kubelet-api listed before it).
+packages=(libs/neuron-sysfs libs/kubelet-api libs/neuron-common)
+for svc in services/*/; do [ -f "$svc/pyproject.toml" ] && packages+=("${svc%/}"); done
 stamp_src=$(cat constraints.txt requirements-dev.txt "${packages[@]/%//pyproject.toml}" | sha256sum | cut -c1-16)
 if [ "$(cat "$VENV/.setup-stamp" 2>/dev/null)" != "$stamp_src" ]; then
   log "installing Python packages (${#packages[@]} project packages, pinned by constraints.txt)"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import os
 import time
-from collections.abc import Collection, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -77,12 +77,16 @@ class CounterReader:
         power: bool = True,
         status_names: Collection[str] | None = None,
         status_fields: Collection[str] = layout.STATUS_FIELDS,
+        select: Callable[[CounterKey], bool] | None = None,
     ) -> None:
+        """`kinds`, `status_names` and `status_fields` narrow what is read; `select`, when
+        given, keeps only the counters it accepts (e.g. only `present` memory figures)."""
         self.inventory = inventory
         self._device_dirs = {d.index: d.sysfs_path for d in inventory.devices}
         self._plan: list[tuple[bytes, CounterKey]] = []
         self._power: list[tuple[int, Path]] = []
         self._status_fields = tuple(f for f in layout.STATUS_FIELDS if f in status_fields)
+        self._select = select
         wanted = frozenset(kinds)
         for dev in inventory.devices:
             ddir = Path(dev.sysfs_path)
@@ -113,7 +117,9 @@ class CounterReader:
                 self._plan_core(layout.core_dir(ddir, core), dev.index, core, wanted, status_names)
 
     def _add(self, path: Path, kind: CounterKind, device: int, core: int, name: str, fld: str) -> None:
-        self._plan.append((os.fsencode(path), CounterKey(kind, device, core, name, fld)))
+        key = CounterKey(kind, device, core, name, fld)
+        if self._select is None or self._select(key):
+            self._plan.append((os.fsencode(path), key))
 
     def _plan_core(
         self, cdir: Path, device: int, core: int, wanted: frozenset[CounterKind], status_names: Collection[str] | None

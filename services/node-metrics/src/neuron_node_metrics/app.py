@@ -1,0 +1,146 @@
+"""Wiring: the attribution timer, the collectors, the HTTP endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
+
+from kubelet_api.podresources_client import PodResourcesClient
+from neuron_common.http import HealthServer
+from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
+from neuron_common.resources import Kind
+from neuron_node_metrics import __version__
+from neuron_node_metrics.attribution import Attribution, attribute
+from neuron_node_metrics.catalogue import ALL_FAMILIES
+from neuron_node_metrics.collector import NeuronCollector
+from neuron_node_metrics.config import Config
+from neuron_sysfs.inventory import NodeInventory
+
+log = logging.getLogger(__name__)
+
+
+class Exporter:
+    def __init__(self, config: Config, stop: asyncio.Event) -> None:
+        self.config = config
+        self.stop = stop
+        self._attribution = Attribution()
+        self._allocatable: dict[str, int] | None = None
+        self.last_scrape_seconds = 0.0
+        self.scrapes = 0
+        self.poller = PodResourcesPoller(
+            PodResourcesClient(config.pod_resources_socket, keep_open=False),
+            config.attribution_interval,
+            with_allocatable=True,
+            on_update=self._on_podresources,
+        )
+        self.collector = NeuronCollector(
+            config.host_root,
+            config.metrics,
+            lambda: self._attribution,
+            naming=config.naming,
+            resources_capacity=self._capacity,
+            allocatable=lambda: self._allocatable,
+        )
+        inv = self.collector.inventory
+        log.info(
+            "exporting %d Neuron device(s), %d logical core(s)",
+            len(inv.devices),
+            len(inv.cores),
+            extra={"instance_type": inv.instance_type_name, "host_root": str(config.host_root)},
+        )
+        # /metrics renders the Neuron collector's text directly (see collector.py); `registry`
+        # holds both collectors for anyone who wants prometheus-client's own exposition.
+        self.self_registry = CollectorRegistry(auto_describe=False)
+        self.self_registry.register(_SelfCollector(self))
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+        self.registry.register(_SelfCollector(self))
+        host, port = config.listen
+        self.http = HealthServer(host, port, self.registry, ready=self.ready, metrics_handler=self.metrics)
+
+    def _capacity(self, inv: NodeInventory) -> dict[str, int]:
+        return {
+            r.full_name: len(inv.devices) if r.kind is Kind.DEVICE else len(inv.cores)
+            for r in self.config.resources
+            if r.name != "neurondevice"
+        }
+
+    def _on_podresources(self, snapshot: PodResourcesSnapshot) -> None:
+        self._attribution = attribute(
+            snapshot.holdings,
+            self.config.resources,
+            self.collector.cores_of_device,
+            max_owners=self.config.max_attributed_containers,
+            max_label_length=self.config.max_label_length,
+        )
+        if self._attribution.dropped:
+            log.warning(
+                "%d container(s) left unattributed: --max-attributed-containers=%d reached",
+                self._attribution.dropped,
+                self.config.max_attributed_containers,
+            )
+        if snapshot.allocatable is not None:
+            self._allocatable = {name: len(ids) for name, ids in snapshot.allocatable.items()}
+
+    def attribution_age(self) -> float:
+        latest = self.poller.latest
+        return -1.0 if latest is None else time.monotonic() - latest.fetched_at
+
+    def ready(self) -> tuple[bool, str]:
+        devices = len(self.collector.inventory.devices)
+        pr = "up" if self.poller.up else "down (metrics are served without pod labels)"
+        return True, f"exporting {devices} device(s); PodResources {pr}"
+
+    async def metrics(self, _: web.Request) -> web.Response:
+        started = time.perf_counter()
+        body = self.collector.render().encode() + generate_latest(self.self_registry)
+        self.last_scrape_seconds = time.perf_counter() - started
+        self.scrapes += 1
+        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def run(self) -> int:
+        await self.http.start()
+        poller = asyncio.create_task(self.poller.run(self.stop), name="attribution")
+        await self.stop.wait()
+        log.info("stopping")
+        await asyncio.wait([poller], timeout=10)
+        await self.http.stop()
+        return 0
+
+
+class _SelfCollector(Collector):
+    def __init__(self, exporter: Exporter) -> None:
+        self.e = exporter
+
+    def collect(self) -> Iterator[Metric]:
+        e = self.e
+
+        def single(name: str, value: float, labels: dict[str, str] | None = None) -> Metric:
+            f = ALL_FAMILIES[name]
+            m = Metric(f.base_name, f.help, "counter" if f.type == "counter" else "gauge")
+            m.samples.append(Sample(name, labels or {}, value))
+            return m
+
+        yield single("neuron_exporter_scrape_duration_seconds", e.last_scrape_seconds)
+        yield single("neuron_exporter_scrapes_total", e.scrapes)
+        yield single("neuron_exporter_attribution_age_seconds", e.attribution_age())
+        yield single("neuron_exporter_podresources_up", 1 if e.poller.up else 0)
+        yield single("neuron_exporter_attribution_dropped_containers", e._attribution.dropped)
+        yield single("neuron_exporter_build_info", 1, {"version": __version__})
+        for name, tally, label in (
+            ("neuron_exporter_read_errors_total", e.collector.read_errors, "kind"),
+            ("neuron_exporter_podresources_errors_total", e.poller.errors, "code"),
+        ):
+            f = ALL_FAMILIES[name]
+            m = Metric(f.base_name, f.help, "counter")
+            for key, count in sorted(tally.items()):
+                m.samples.append(Sample(name, {label: key}, count))
+            yield m

@@ -1,0 +1,74 @@
+"""Which container holds which device and core, from the kubelet's PodResources `List`. Pure.
+
+A `neuron` (or `neurondevice`) holding covers the device and every logical core on it; a
+`neuroncore` holding covers that core. A device's own series (memory, ECC, power) name a
+container only when one container holds all of it or all its held cores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from kubelet_api.podresources_client import Holding
+from neuron_common.resources import Kind, Resource, parse_id
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    namespace: str
+    pod: str
+    container: str
+
+
+@dataclass(frozen=True)
+class Attribution:
+    cores: Mapping[int, Owner] = field(default_factory=dict)  # global logical core -> owner
+    devices: Mapping[int, Owner] = field(default_factory=dict)  # device -> sole owner
+    allocated: Mapping[str, int] = field(default_factory=dict)  # resource full name -> IDs held
+    dropped: int = 0  # owners beyond the cap, left unattributed
+
+
+def attribute(
+    holdings: Iterable[Holding],
+    resources: Iterable[Resource],
+    cores_of_device: Mapping[int, tuple[int, ...]],
+    *,
+    max_owners: int,
+    max_label_length: int = 128,
+) -> Attribution:
+    by_name = {r.full_name: r for r in resources}
+    core_owner: dict[int, Owner] = {}
+    device_owners: dict[int, set[Owner]] = {}
+    allocated: dict[str, int] = {}
+    owners_seen: dict[Owner, None] = {}
+    dropped: set[Owner] = set()
+    for h in holdings:
+        resource = by_name.get(h.resource)
+        if resource is None:
+            continue
+        parsed = parse_id(h.device_id)
+        if parsed is None or parsed[0] is not resource.kind:
+            continue
+        allocated[h.resource] = allocated.get(h.resource, 0) + 1
+        owner = Owner(*(v[:max_label_length] for v in (h.namespace, h.pod, h.container)))
+        if owner not in owners_seen:
+            if len(owners_seen) >= max_owners:
+                dropped.add(owner)
+                continue
+            owners_seen[owner] = None
+        elif owner in dropped:
+            continue
+        index = parsed[1]
+        if resource.kind is Kind.DEVICE:
+            for core in cores_of_device.get(index, ()):
+                core_owner[core] = owner
+            device_owners.setdefault(index, set()).add(owner)
+        else:
+            core_owner[index] = owner
+            for device, cores in cores_of_device.items():
+                if index in cores:
+                    device_owners.setdefault(device, set()).add(owner)
+                    break
+    devices = {d: next(iter(o)) for d, o in device_owners.items() if len(o) == 1}
+    return Attribution(core_owner, devices, allocated, len(dropped))

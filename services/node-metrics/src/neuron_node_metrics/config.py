@@ -1,0 +1,123 @@
+"""Flags of `neuron-node-metrics`, each with a `NEURON_METRICS_*` environment twin."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import kubelet_api
+from neuron_common import resources
+from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_float
+from neuron_node_metrics.catalogue import FAMILIES
+
+DEFAULT_PORT = 9840
+DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
+
+
+@dataclass(frozen=True)
+class Config:
+    host_root: Path
+    pod_resources_socket: str
+    listen: tuple[str, int]
+    attribution_interval: float
+    log_level: str
+    resource_prefix: str
+    metrics: frozenset[str]  # native family names to export
+    naming: str  # "native" or "neuron-monitor"
+    max_attributed_containers: int
+    max_label_length: int
+
+    @property
+    def resources(self) -> list[resources.Resource]:
+        p = self.resource_prefix
+        return [resources.neuron(p), resources.neuroncore(p), resources.neurondevice(p)]
+
+
+def _positive_int(text: str) -> int:
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+    return value
+
+
+def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
+    p = EnvArgumentParser(
+        prog="neuron-node-metrics",
+        description="Prometheus exporter of the AWS Neuron driver's counters, with pod, namespace and container "
+        "labels from the kubelet's PodResources API.",
+        env_prefix="NEURON_METRICS_",
+        env=env,
+    )
+    p.add_flag("--host-root", default="/", type=Path, help="host root where sys/ and opt/aws/ are found")
+    p.add_flag(
+        "--pod-resources-socket",
+        default=kubelet_api.POD_RESOURCES_SOCKET,
+        help="the kubelet's PodResources socket (mount its directory: the socket is recreated on restart)",
+    )
+    p.add_flag("--listen", default=DEFAULT_LISTEN, type=listen_address, help="address of /metrics, /healthz, /readyz")
+    p.add_flag(
+        "--attribution-interval",
+        default=10.0,
+        type=positive_float,
+        help="seconds between PodResources reads (never on the scrape path)",
+    )
+    p.add_flag("--log-level", default="info", type=log_level, help="debug, info, warning or error")
+    p.add_flag("--resource-prefix", default=resources.DEFAULT_PREFIX, help="extended resource prefix")
+    p.add_flag(
+        "--metrics",
+        default="all",
+        help="comma-separated metric families to export (names as in "
+        "--list-metrics), or 'all'; families left out are not read from sysfs either",
+    )
+    p.add_flag(
+        "--naming",
+        default="native",
+        choices=("native", "neuron-monitor"),
+        help="'neuron-monitor' renames the families neuron-monitor also has, for migrating dashboards",
+    )
+    p.add_flag(
+        "--max-attributed-containers",
+        default=512,
+        type=_positive_int,
+        help="cap on distinct pod/namespace/container label sets; holders beyond it stay unattributed",
+    )
+    p.add_flag("--max-label-length", default=128, type=_positive_int, help="longer label values are cut")
+    p.add_argument("--list-metrics", action="store_true", help="print the metric families as a Markdown table and exit")
+    return p
+
+
+def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config | None:
+    p = parser(env)
+    a = p.parse_args(argv)
+    if a.list_metrics:
+        return None
+    if a.metrics.strip() == "all":
+        metrics = frozenset(FAMILIES)
+    else:
+        metrics = frozenset(m.strip() for m in a.metrics.split(",") if m.strip())
+        unknown = sorted(metrics - set(FAMILIES))
+        if unknown:
+            p.error(
+                f"--metrics: unknown famil{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
+                f"known: {', '.join(FAMILIES)}"
+            )
+    if not resources.is_valid_prefix(a.resource_prefix):
+        p.error(f"--resource-prefix {a.resource_prefix!r} is not a valid DNS subdomain outside kubernetes.io")
+    return Config(
+        host_root=a.host_root,
+        pod_resources_socket=a.pod_resources_socket,
+        listen=a.listen,
+        attribution_interval=a.attribution_interval,
+        log_level=a.log_level,
+        resource_prefix=a.resource_prefix,
+        metrics=metrics,
+        naming=a.naming,
+        max_attributed_containers=a.max_attributed_containers,
+        max_label_length=a.max_label_length,
+    )

@@ -1,0 +1,46 @@
+from __future__ import annotations
+
+from kubelet_api.podresources_client import Holding
+from neuron_common import resources
+from neuron_node_metrics.attribution import Owner, attribute
+
+RES = [resources.neuron(), resources.neuroncore(), resources.neurondevice()]
+CORES = {0: (0, 1), 1: (2, 3), 2: (4, 5)}
+
+
+def h(pod: str, resource: str, device_id: str, container: str = "c", ns: str = "ns") -> Holding:
+    return Holding(ns, pod, container, f"aws.amazon.com/{resource}", device_id)
+
+
+def test_a_device_holding_covers_its_cores_and_the_device() -> None:
+    a = attribute([h("p", "neuron", "neuron1")], RES, CORES, max_owners=10)
+    assert a.cores == {2: Owner("ns", "p", "c"), 3: Owner("ns", "p", "c")}
+    assert a.devices == {1: Owner("ns", "p", "c")}
+    assert a.allocated == {"aws.amazon.com/neuron": 1}
+
+
+def test_core_holdings_and_shared_devices() -> None:
+    a = attribute([h("p", "neuroncore", "neuroncore4"), h("q", "neuroncore", "neuroncore5")], RES, CORES, max_owners=10)
+    assert a.cores == {4: Owner("ns", "p", "c"), 5: Owner("ns", "q", "c")}
+    assert a.devices == {}  # two holders: the device's own series stay unattributed
+    b = attribute([h("p", "neuroncore", "neuroncore4"), h("p", "neuroncore", "neuroncore5")], RES, CORES, max_owners=10)
+    assert b.devices == {2: Owner("ns", "p", "c")}
+
+
+def test_foreign_resources_and_bad_ids_are_ignored() -> None:
+    holdings = [
+        Holding("ns", "p", "c", "nvidia.com/gpu", "GPU-1"),
+        h("p", "neuroncore", "neuron1"),  # a device ID under the core resource
+        h("p", "neuron", "garbage"),
+    ]
+    a = attribute(holdings, RES, CORES, max_owners=10)
+    assert (a.cores, a.devices, a.allocated) == ({}, {}, {})
+
+
+def test_cap_on_owners_and_label_length() -> None:
+    holdings = [h(f"pod{i}", "neuroncore", f"neuroncore{i}") for i in range(6)]
+    a = attribute(holdings, RES, CORES, max_owners=4)
+    assert len(a.cores) == 4
+    assert a.dropped == 2
+    long = attribute([h("x" * 300, "neuron", "neuron0")], RES, CORES, max_owners=4, max_label_length=63)
+    assert long.devices[0].pod == "x" * 63

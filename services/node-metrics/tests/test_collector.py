@@ -1,0 +1,140 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from neuron_node_metrics.attribution import Attribution, Owner
+from neuron_node_metrics.catalogue import FAMILIES
+from neuron_node_metrics.collector import NeuronCollector
+from neuron_sysfs import layout, sim
+
+ALL = frozenset(FAMILIES)
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+    }
+
+
+def find(text: str, name: str, **labels: str) -> list[float]:
+    return [v for (n, ls), v in samples(text).items() if n == name and set(labels.items()) <= ls]
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Path:
+    sim.create(tmp_path, "trn2.48xlarge", lnc=2)
+    return tmp_path
+
+
+def collector(root: Path, attribution: Attribution | None = None, **kw: object) -> NeuronCollector:
+    return NeuronCollector(root, kw.pop("families", ALL), lambda: attribution or Attribution(), **kw)  # type: ignore[arg-type]
+
+
+def test_render_and_collect_agree(node: Path) -> None:
+    owner = Owner("ml", 'we"ird\\pod', "main")
+    c = collector(node, Attribution({4: owner, 5: owner}, {2: owner}))
+    sim.bump_counter(node, 2, "success", core=3, by=5)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(c)
+    assert samples(c.render()) == samples(generate_latest(registry).decode())
+
+
+def test_logical_cores_sum_their_physical_cores(node: Path) -> None:
+    c = collector(node)
+    sim.bump_counter(node, 1, "success", core=2, by=3)  # physical cores 2 and 3 form logical core 1 of device 1
+    sim.bump_counter(node, 1, "success", core=3, by=4)
+    text = c.render()
+    assert find(text, "neuron_core_execution_status_total", device="1", core="5", status="success") == [7]
+    assert len(find(text, "neuron_core_execution_status_total", status="success")) == 64
+
+
+def test_attribution_labels(node: Path) -> None:
+    owner = Owner("ml", "trainer-0", "main")
+    c = collector(node, Attribution({8: owner}, {}, {"aws.amazon.com/neuroncore": 1}))
+    text = c.render()
+    assert find(text, "neuron_core_execution_status_total", core="8", status="success", pod="trainer-0") == [0]
+    assert find(text, "neuron_core_execution_status_total", core="9", status="success", pod="") == [0]
+    assert find(text, "neuron_core_allocation_info", core="8", namespace="ml", container="main") == [1]
+
+
+def test_hardware_ecc_power_memory_info(node: Path) -> None:
+    c = collector(node)
+    sim.bump_counter(node, 3, "mem_ecc_uncorrected", by=2)
+    sim.bump_counter(node, 3, "hw_nc_ue_error", core=0)
+    sim.set_power(node, 3, 10, 80, 45)
+    sim.set_power(node, 4, 1, 2, 3, status=1)  # an invalid sample
+    sim.set_memory(node, 3, "tensors", 1024, core=1)
+    sim.set_memory(node, 3, "dma_buffers", 77)
+    text = c.render()
+    assert find(text, "neuron_device_ecc_errors_total", device="3", type="mem_uncorrected") == [2]
+    assert find(text, "neuron_device_hardware_errors_total", device="3", kind="hw_nc_ue_error") == [1]
+    assert find(text, "neuron_device_power_utilization_ratio", device="3", stat="avg") == [0.45]
+    assert find(text, "neuron_device_power_utilization_ratio", device="4") == []
+    assert find(text, "neuron_core_memory_used_bytes", core="12", category="tensors") == [1024]
+    assert find(text, "neuron_device_host_memory_used_bytes", device="3", category="dma_buffers") == [77]
+    assert find(text, "neuron_device_memory_total_bytes", device="3") == [96 * 2**30]
+    [info] = find(text, "neuron_device_info", device="3", family="Trn2", instance_type="trn2.48xlarge", numa_node="0")
+    assert info == 1
+    assert find(text, "neuron_logical_core_config") == [2]
+
+
+def test_garbage_and_vanishing_files_skip_series_not_the_scrape(node: Path) -> None:
+    c = collector(node)
+    before = len(samples(c.render()))
+    sim.set_counter_raw(node, 0, "success", "lots\n", core=0)
+    text = c.render()
+    assert find(text, "neuron_core_execution_status_total", core="0", status="success") == []
+    assert len(samples(text)) == before - 1
+    assert c.read_errors["malformed"] == 1
+    sim.vanish(node, 5)
+    text = c.render()  # the inventory is rescanned: device 5 is gone, the rest still served
+    assert find(text, "neuron_device_info", device="5") == []
+    assert find(text, "neuron_device_info", device="6") == [1]
+
+
+def test_allowlist_prunes_reading(node: Path) -> None:
+    full = collector(node)
+    lean = collector(node, families=frozenset({"neuron_device_ecc_errors_total", "neuron_device_info"}))
+    assert lean.reader.file_count < full.reader.file_count / 50
+    names = {n for n, _ in samples(lean.render())}
+    assert names == {"neuron_device_ecc_errors_total", "neuron_device_info"}
+
+
+def test_neuron_monitor_naming(node: Path) -> None:
+    c = collector(node, naming="neuron-monitor")
+    sim.set_memory(node, 0, "model_code", 4096, core=0)
+    sim.bump_counter(node, 0, "success", core=0, by=2)
+    text = c.render()
+    assert find(text, "neuroncore_memory_usage_model_code", neuroncore="0", memory_location="device") == [4096]
+    assert find(text, "execution_status_total", neuroncore="0", status_type="completed") == [2]
+    assert find(text, "hardware_ecc_events_total", neuron_device_index="0", event_type="sram_ecc_uncorrected") == [0]
+    [hw] = [ls for (n, ls), _ in samples(text).items() if n == "neuron_hardware_info"]
+    assert ("neuron_device_count", "16") in hw
+    assert ("logical_neuroncore_config", "2") in hw
+
+
+def test_resource_counts(node: Path) -> None:
+    c = collector(
+        node,
+        Attribution({}, {}, {"aws.amazon.com/neuron": 2}),
+        resources_capacity=lambda inv: {"aws.amazon.com/neuron": len(inv.devices)},
+        allocatable=lambda: {"aws.amazon.com/neuron": 13},
+    )
+    text = c.render()
+    assert find(text, "neuron_resource_capacity") == [16]
+    assert find(text, "neuron_resource_allocatable") == [13]
+    assert find(text, "neuron_resource_allocated") == [2]
+    assert find(text, "neuron_resource_unhealthy") == [3]
+
+
+def test_no_driver(tmp_path: Path) -> None:
+    c = collector(tmp_path)
+    text = c.render()
+    assert find(text, "neuron_device_info") == []
+    assert (tmp_path / layout.CLASS_DIR).exists() is False

@@ -1,0 +1,193 @@
+"""The exporter over HTTP with the kubelet stand-in's PodResources server.
+
+STAND-IN: tests/standins/kubelet.py serves the real podresources/v1 gRPC on a unix socket
+(rate limit and restart behaviour included); the real kubelet is used in the cluster tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from standins.kubelet import Allocation, FakeKubelet
+
+from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
+from neuron_node_metrics import config as config_mod
+from neuron_node_metrics.app import Exporter
+from neuron_node_metrics.catalogue import markdown_table
+from neuron_sysfs import sim
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture
+async def env() -> AsyncIterator[tuple[Path, FakeKubelet]]:
+    work = Path(tempfile.mkdtemp(prefix="nm-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
+    sim.create(work / "node", "trn2.48xlarge")
+    kubelet = FakeKubelet(work / "dp", work / "pr")
+    yield work, kubelet
+    await kubelet.stop()
+    shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def running(work: Path, kubelet: FakeKubelet, *args: str) -> AsyncIterator[Exporter]:
+    cfg = config_mod.parse(
+        ["--host-root", str(work / "node"), "--pod-resources-socket", str(kubelet.pod_resources_socket),
+         "--listen", "127.0.0.1:0", "--attribution-interval", "0.2", *args],
+        env={},
+    )  # fmt: skip
+    assert cfg is not None
+    stop = asyncio.Event()
+    exporter = Exporter(cfg, stop)
+    task = asyncio.create_task(exporter.run())
+    await asyncio.sleep(0.1)
+    try:
+        yield exporter
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+async def scrape(exporter: Exporter, path: str = "/metrics") -> tuple[int, str]:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{exporter.http.bound_port}{path}") as r:
+        return r.status, await r.text()
+
+
+def values(text: str, name: str, **labels: str) -> list[float]:
+    return [
+        s.value
+        for fam in text_string_to_metric_families(text)
+        for s in fam.samples
+        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
+    ]
+
+
+def hold(kubelet: FakeKubelet, pod: str, resource: str, ids: list[str]) -> None:
+    kubelet.allocations.append(
+        Allocation("ml", pod, "main", f"aws.amazon.com/{resource}", ids, dp.ContainerAllocateResponse())
+    )
+
+
+async def test_pod_labels_within_one_attribution_period(env) -> None:  # type: ignore[no-untyped-def]
+    work, kubelet = env
+    await kubelet.start()
+    async with running(work, kubelet) as exporter:
+        hold(kubelet, "trainer-0", "neuroncore", ["neuroncore8", "neuroncore9"])
+        hold(kubelet, "infer-0", "neuron", ["neuron5"])
+        await asyncio.sleep(0.5)
+        status, text = await scrape(exporter)
+    assert status == 200
+    assert values(text, "neuron_core_execution_status_total", core="8", status="success", pod="trainer-0") == [0]
+    assert values(text, "neuron_core_allocation_info", core="21", pod="infer-0") == [1]  # device 5's cores 20-23
+    assert values(text, "neuron_device_ecc_errors_total", device="5", type="mem_uncorrected", pod="infer-0") == [0]
+    assert values(text, "neuron_exporter_podresources_up") == [1]
+    assert values(text, "neuron_resource_allocated", resource="aws.amazon.com/neuroncore") == [2]
+    assert 0 <= values(text, "neuron_exporter_attribution_age_seconds")[0] < 1
+
+
+async def test_podresources_down_still_serves_device_metrics(env) -> None:  # type: ignore[no-untyped-def]
+    work, kubelet = env  # never started: no socket
+    async with running(work, kubelet) as exporter:
+        await asyncio.sleep(0.5)
+        status, text = await scrape(exporter)
+        ready_status, ready = await scrape(exporter, "/readyz")
+    assert status == 200
+    assert len(values(text, "neuron_core_execution_status_total", status="success")) == 64
+    assert set(values(text, "neuron_exporter_podresources_up")) == {0}
+    assert values(text, "neuron_exporter_attribution_age_seconds") == [-1]
+    assert values(text, "neuron_exporter_podresources_errors_total", code="UNAVAILABLE")[0] >= 1
+    assert values(text, "neuron_resource_allocatable") == []  # unknown, not zero
+    assert all(
+        s.labels["pod"] == "" for f in text_string_to_metric_families(text) for s in f.samples if "pod" in s.labels
+    )
+    assert ready_status == 200
+    assert "PodResources down" in ready
+
+
+async def test_reconnects_after_a_kubelet_restart(env) -> None:  # type: ignore[no-untyped-def]
+    work, kubelet = env
+    await kubelet.start()
+    async with running(work, kubelet) as exporter:
+        await asyncio.sleep(0.4)
+        hold(kubelet, "p", "neuroncore", ["neuroncore3"])
+        allocations = list(kubelet.allocations)
+        await kubelet.stop()  # the socket goes away; a new one (new inode) comes back
+        await asyncio.sleep(0.5)
+        assert not exporter.poller.up
+        await kubelet.start()
+        kubelet.allocations = allocations  # the kubelet restores allocations from its checkpoint
+        await asyncio.sleep(1.5)
+        _, text = await scrape(exporter)
+    assert values(text, "neuron_exporter_podresources_up") == [1]
+    assert values(text, "neuron_core_allocation_info", core="3", pod="p") == [1]
+
+
+async def test_backs_off_when_rate_limited(env) -> None:  # type: ignore[no-untyped-def]
+    work, kubelet = env
+    kubelet.bucket.qps, kubelet.bucket.burst, kubelet.bucket.tokens = 0.0, 0, 0.0
+    await kubelet.start()
+    async with running(work, kubelet) as exporter:
+        await asyncio.sleep(1.5)
+        _, text = await scrape(exporter)
+        attempts = exporter.poller.errors["RESOURCE_EXHAUSTED"]
+    assert values(text, "neuron_exporter_podresources_errors_total", code="RESOURCE_EXHAUSTED")[0] >= 1
+    assert attempts <= 6  # backed off from the 0.2 s interval, not hammering the kubelet
+
+
+async def test_healthz_and_garbage(env) -> None:  # type: ignore[no-untyped-def]
+    work, kubelet = env
+    await kubelet.start()
+    async with running(work, kubelet, "--metrics", "neuron_device_ecc_errors_total") as exporter:
+        sim.set_counter_raw(work / "node", 2, "mem_ecc_uncorrected", "not a number\n")
+        status, text = await scrape(exporter)
+        health, _ = await scrape(exporter, "/healthz")
+    assert (status, health) == (200, 200)
+    assert values(text, "neuron_device_ecc_errors_total", device="2", type="mem_uncorrected") == []
+    assert len(values(text, "neuron_device_ecc_errors_total")) == 16 * 3 - 1
+    assert values(text, "neuron_exporter_read_errors_total", kind="malformed") == [1]
+    assert values(text, "neuron_core_execution_status_total") == []  # not in --metrics
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "neuron_node_metrics", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=30,
+        check=False,
+    )
+
+
+def test_cli_help_list_and_validation() -> None:
+    out = run_cli("--help")
+    assert out.returncode == 0
+    assert "NEURON_METRICS_ATTRIBUTION_INTERVAL" in out.stdout
+    assert "0.0.0.0:9840" in out.stdout
+    listed = run_cli("--list-metrics")
+    assert listed.stdout.strip() == markdown_table()
+    bad = run_cli("--metrics", "neuron_core_execution_status_total,nonsense")
+    assert bad.returncode == 2
+    assert "unknown family nonsense" in bad.stderr
+    bad = run_cli(env={"NEURON_METRICS_NAMING": "dcgm"})
+    assert bad.returncode == 2
+    assert "NEURON_METRICS_NAMING='dcgm' must be one of native, neuron-monitor" in bad.stderr
+
+
+def test_readme_metric_table_is_generated_from_the_code() -> None:
+    readme = (REPO / "README.md").read_text()
+    begin, end = "<!-- metrics:begin (neuron-node-metrics --list-metrics) -->", "<!-- metrics:end -->"
+    assert begin in readme, "README.md lacks the generated metric table"
+    table = readme.split(begin, 1)[1].split(end, 1)[0].strip()
+    assert table == markdown_table(), "README.md's metric table is stale: paste `neuron-node-metrics --list-metrics`"
