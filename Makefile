@@ -15,7 +15,7 @@ DEMO_INSTANCE_TYPE ?= trn1.32xlarge
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup test lint typecheck unit bench demo protos clean
+.PHONY: help setup test lint typecheck unit bench demo protos dashboards clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -41,6 +41,9 @@ bench: ## run the benchmarks in bench/ and print their figures
 demo: ## create a simulated Neuron node and show what the stack discovers on it
 	$(BIN)/neuron-sim create --instance-type $(DEMO_INSTANCE_TYPE) --root $(DEMO_ROOT) --force
 	$(BIN)/neuron-inventory --root $(DEMO_ROOT)
+
+dashboards: ## regenerate the Grafana dashboards from tools/dashboards.py
+	$(PYTHON) tools/dashboards.py
 
 protos: ## regenerate libs/kubelet-api from the pinned k8s.io/kubelet module's .proto files
 	PYTHON=$(CURDIR)/$(PYTHON) libs/kubelet-api/regenerate.sh

@@ -1,0 +1,115 @@
+"""neuron-node-metrics, run as its own process, on a simulated trn2.48xlarge with --lnc 1
+(16 devices, 128 cores) and 128 attributed pods (kubelet stand-in's PodResources).
+
+Targets (issue 4): scrape p50 <= 2x the floor (reading the same files in a tight loop, in
+this run) and p99 <= 100 ms; resident memory <= 60 MB; idle CPU <= 0.5 % of a core.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import aiohttp
+import psutil
+from common import Figure, idle_cpu_percent, percentile, rss_mb, time_calls
+from standins.kubelet import Allocation, FakeKubelet
+
+from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
+from neuron_node_metrics.attribution import Attribution
+from neuron_node_metrics.catalogue import FAMILIES
+from neuron_node_metrics.collector import NeuronCollector
+from neuron_sysfs import sim
+
+TITLE = "neuron-node-metrics on a simulated trn2.48xlarge, LNC=1, 128 attributed pods"
+
+
+def _floor(root: Path) -> tuple[float, int]:
+    paths = NeuronCollector(root, frozenset(FAMILIES), Attribution).reader.paths()
+
+    def read_all() -> None:
+        for p in paths:
+            fd = os.open(p, os.O_RDONLY)
+            os.read(fd, 4096)
+            os.close(fd)
+
+    samples = time_calls(read_all, repeat=40)
+    return percentile(samples, 50), len(paths)
+
+
+async def _measure(root: Path, work: Path) -> list[Figure]:
+    kubelet = FakeKubelet(work / "dp", work / "pr")
+    for core in range(128):
+        kubelet.allocations.append(
+            Allocation(f"team-{core % 8}", f"worker-{core}", "main", "aws.amazon.com/neuroncore",
+                       [f"neuroncore{core}"], dp.ContainerAllocateResponse())
+        )  # fmt: skip
+    await kubelet.start()
+    port = 19840
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "neuron_node_metrics", "--host-root", str(root),
+         "--pod-resources-socket", str(kubelet.pod_resources_socket), "--listen", f"127.0.0.1:{port}",
+         "--log-level", "warning"],
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    figures: list[Figure] = []
+    try:
+        url = f"http://127.0.0.1:{port}/metrics"
+        async with aiohttp.ClientSession() as session:
+            for _ in range(100):
+                try:
+                    async with session.get(url) as r:
+                        text = await r.text()
+                    if 'pod="worker-127"' in text:
+                        break
+                except aiohttp.ClientError:
+                    pass
+                await asyncio.sleep(0.2)
+            series = sum(1 for line in text.splitlines() if not line.startswith("#"))
+            ps = psutil.Process(proc.pid)
+            cpu_before = sum(ps.cpu_times()[:2])
+            samples = []
+            for _ in range(100):
+                t0 = time.perf_counter()
+                async with session.get(url) as r:
+                    await r.read()
+                samples.append(time.perf_counter() - t0)
+            cpu_per_scrape = (sum(ps.cpu_times()[:2]) - cpu_before) / 100
+        floor_p50, files = _floor(root)
+        p50, p99 = percentile(samples, 50), percentile(samples, 99)
+        figures += [
+            Figure(f"series per scrape ({files} files read)", series, "count"),
+            Figure("floor: read the same files, tight loop, p50", floor_p50 * 1e3, "ms"),
+            Figure("scrape p50 (HTTP, end to end)", p50 * 1e3, "ms"),
+            Figure("scrape p50 / floor p50", p50 / floor_p50, "x", 2.0),
+            Figure("scrape p99 (HTTP, end to end)", p99 * 1e3, "ms", 100),
+            Figure("CPU seconds per scrape", cpu_per_scrape, "s"),
+            Figure("resident memory after 100 scrapes", rss_mb(proc.pid), "MB", 60),
+        ]
+        cpu = await asyncio.get_running_loop().run_in_executor(None, idle_cpu_percent, proc.pid, 20.0)
+        figures.append(Figure("idle CPU (20 s, no scrapes; attribution every 10 s)", cpu, "%", 0.5))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        await kubelet.stop()
+    return figures
+
+
+def run() -> list[Figure]:
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    work = Path(tempfile.mkdtemp(prefix="bench-nm-", dir=base))
+    try:
+        root = work / "node"
+        sim.create(root, "trn2.48xlarge", lnc=1)
+        return asyncio.run(_measure(root, work))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
