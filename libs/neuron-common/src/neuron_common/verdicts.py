@@ -81,3 +81,14 @@ def read_verdicts(directory: Path, host_root: Path) -> dict[int, str]:
         if not healthy:
             result[device] = reason
     return result
+
+
+def clear_all(directory: Path) -> int:
+    """Remove every verdict, whatever boot it is from (the detector's start on a new boot)."""
+    try:
+        names = [n for n in os.listdir(directory) if _NAME.match(n)]
+    except OSError:
+        return 0
+    for name in names:
+        (directory / name).unlink(missing_ok=True)
+    return len(names)

@@ -1,0 +1,33 @@
+"""`neuron-problem-detector` entry point."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+
+from neuron_common import lifecycle, logs
+from neuron_problem_detector import config as config_mod
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    config = config_mod.parse(argv)
+    logs.configure("neuron-problem-detector", config.log_level)
+    from neuron_problem_detector.rules import RulesError, load
+
+    try:
+        load(config.rules)  # a bad rules file is a clear error at start, not a crash later
+    except RulesError as exc:
+        print(f"neuron-problem-detector: error: {exc}", file=sys.stderr)
+        return 2
+
+    async def run(stop: asyncio.Event) -> int:
+        from neuron_problem_detector.app import Detector
+
+        return await Detector(config, stop).run()
+
+    return lifecycle.run(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,238 @@
+"""Wiring: rules, saved state, the kernel-log and counter sources, the reporter, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from kubernetes import client
+from kubernetes import config as kubeconfig
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from neuron_common import verdicts
+from neuron_common.http import HealthServer
+from neuron_common.kmsg_follow import KmsgFollower, Malformed
+from neuron_common.lifecycle import sleep_or_stop
+from neuron_problem_detector import rules as rules_mod
+from neuron_problem_detector.config import Config
+from neuron_problem_detector.detector import Problem, load_state, save_state, wall_now
+from neuron_problem_detector.reporter import Reporter
+from neuron_problem_detector.rules import Match, Rules
+from neuron_sysfs.counters import CounterKind, CounterReader
+from neuron_sysfs.inventory import list_device_indices, scan
+
+log = logging.getLogger(__name__)
+
+
+class Metrics:
+    def __init__(self, rules: Rules) -> None:
+        self.registry = r = CollectorRegistry()
+        # node-problem-detector's own names, so its dashboards and alerts work unchanged
+        self.problem_counter = Counter("problem_counter", "Problems seen, by reason", ["reason"], registry=r)
+        self.problem_gauge = Gauge(
+            "problem_gauge",
+            "1 while a condition is set by this reason (at most one reason per type)",
+            ["type", "reason"],
+            registry=r,
+        )
+        for c in rules.conditions:
+            for reason in rules.reasons_of(c.type):
+                self.problem_gauge.labels(c.type, reason).set(0)
+        self.kmsg_records = Counter("neuron_npd_kmsg_records", "Kernel log records read", registry=r)
+        self.kmsg_malformed = Counter(
+            "neuron_npd_kmsg_malformed", "Kernel log records that could not be parsed", registry=r
+        )
+        self.api_up = Gauge("neuron_npd_api_up", "1 when the last API server call succeeded", registry=r)
+        self.pending_events = Gauge("neuron_npd_pending_events", "Events waiting for the API server", registry=r)
+        self.dropped_events = Gauge(
+            "neuron_npd_dropped_events", "Events dropped while the API server was away", registry=r
+        )
+        self.active_problems = Gauge("neuron_npd_active_problems", "Problems currently setting a condition", registry=r)
+
+
+class Detector:
+    def __init__(self, config: Config, stop: asyncio.Event, api: client.CoreV1Api | None = None) -> None:
+        self.config = config
+        self.stop = stop
+        self.rules = rules_mod.load(config.rules)
+        self.metrics = Metrics(self.rules)
+        self.state, warning = load_state(config.state_file)
+        if warning:
+            log.warning(warning)
+        boot = verdicts.boot_id(config.host_root)
+        if self.state.new_boot(boot):
+            log.info("first start on this boot: no problem carried over", extra={"boot_id": boot})
+            if config.verdict_dir is not None:
+                verdicts.clear_all(config.verdict_dir)
+        elif self.state.problems:
+            log.warning(
+                "restarted on the same boot: keeping %d problem(s)", len(self.state.problems),
+                extra={"problems": ", ".join(sorted(self.state.problems))},
+            )  # fmt: skip
+        if api is None:
+            if config.kubeconfig:
+                kubeconfig.load_kube_config(config_file=config.kubeconfig)  # type: ignore[no-untyped-call]
+            else:
+                kubeconfig.load_incluster_config()  # type: ignore[no-untyped-call]
+            api = client.CoreV1Api()
+        self.reporter = Reporter(
+            api,
+            config.node_name,
+            self.rules.source,
+            event_namespace=config.event_namespace,
+            heartbeat=config.heartbeat,
+            max_pending=config.max_pending_events,
+            taint=config.taint,
+            cordon=config.cordon,
+        )
+        self._publish()
+        host, port = config.listen
+        self.http = HealthServer(host, port, self.metrics.registry, live=self.live, ready=self.ready)
+        self._kmsg_ok = False
+        self._counters_previous: dict[tuple[int, str], int] | None = None
+
+    # -- health ------------------------------------------------------------------------------------
+    def live(self) -> tuple[bool, str]:
+        return True, "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        api = "reachable" if self.reporter.api_up else "unreachable (state is kept and delivered when it returns)"
+        kmsg = "following" if self._kmsg_ok else "not readable"
+        return True, f"kernel log {kmsg}; API server {api}; {len(self.state.problems)} active problem(s)"
+
+    # -- changes -------------------------------------------------------------------------------------
+    def handle(self, matches: list[Match]) -> None:
+        changed = False
+        for m in matches:
+            self.metrics.problem_counter.labels(m.rule.reason).inc()
+            where = f"neuron{m.device}" if m.device is not None else "Neuron"
+            extra = "".join(f" {k}={v}" for k, v in (("nc-id", m.core), ("serial", m.serial)) if v is not None)
+            self.reporter.event(m.rule.reason, f"{where}{extra}: {m.detail}"[:1024])
+            problem = self.state.add(m, wall_now())
+            if problem is not None:
+                changed = True
+                log.warning(
+                    "%s",
+                    problem.message,
+                    extra={"reason": problem.reason, "device": problem.device, "condition": problem.condition},
+                )
+        if changed:
+            self._publish()
+
+    def cleared(self, gone: list[Problem], why: str) -> None:
+        if not gone:
+            return
+        for p in gone:
+            log.info("%s cleared: %s", p.message, why, extra={"reason": p.reason, "device": p.device})
+            self.reporter.event(f"{p.reason}Cleared", f"{p.message} cleared: {why}", warning=False)
+        self._publish()
+
+    def _publish(self) -> None:
+        """Push the state everywhere it shows: file, conditions, verdicts, metrics."""
+        try:
+            save_state(self.config.state_file, self.state)
+        except OSError as exc:
+            log.error("cannot save state to %s: %s", self.config.state_file, exc)
+        conditions = self.state.conditions(self.rules, wall_now())
+        self.reporter.set_conditions(conditions)
+        for c in conditions:
+            for reason in self.rules.reasons_of(c.type):
+                self.metrics.problem_gauge.labels(c.type, reason).set(
+                    1 if c.status == "True" and c.reason == reason else 0
+                )
+        self.metrics.active_problems.set(len(self.state.problems))
+        if self.config.verdict_dir is not None:
+            unhealthy = self.state.unhealthy_devices()
+            try:
+                for device, problem in unhealthy.items():
+                    verdicts.write_verdict(
+                        self.config.verdict_dir, device, problem.reason, problem.message, self.state.boot_id
+                    )
+                for device in set(verdicts.read_verdicts(self.config.verdict_dir, self.config.host_root)) - set(
+                    unhealthy
+                ):
+                    verdicts.clear_verdict(self.config.verdict_dir, device)
+            except OSError as exc:
+                log.error("cannot write device verdicts to %s: %s", self.config.verdict_dir, exc)
+
+    # -- sources ---------------------------------------------------------------------------------------
+    async def follow_kmsg(self) -> None:
+        warned = False
+        while not self.stop.is_set():
+            follower = KmsgFollower(str(self.config.kmsg_path), lookback=self.config.lookback, poll_interval=0.1)
+            try:
+                async for item in follower.follow(self.stop):
+                    self._kmsg_ok = True
+                    if isinstance(item, Malformed):
+                        self.metrics.kmsg_malformed.inc()
+                        continue
+                    self.metrics.kmsg_records.inc()
+                    if item.seq <= self.state.last_seq:
+                        continue  # handled before a restart on this boot
+                    self.state.last_seq = item.seq
+                    matches = rules_mod.match_message(self.rules, item.message)
+                    if matches:
+                        self.handle(matches)
+            except OSError as exc:
+                self._kmsg_ok = False
+                if not warned:
+                    log.error(
+                        "cannot read the kernel log %s: %s (reading /dev/kmsg needs CAP_SYSLOG where "
+                        "kernel.dmesg_restrict=1); retrying every 10 s",
+                        self.config.kmsg_path,
+                        exc.strerror or exc,
+                    )
+                    warned = True
+                await sleep_or_stop(self.stop, 10)
+
+    async def watch_counters(self) -> None:
+        inventory = scan(self.config.host_root)
+        reader = CounterReader(inventory, kinds={CounterKind.HARDWARE}, power=False)
+        present = tuple(d.index for d in inventory.devices)
+        while not self.stop.is_set():
+            indices, _ = list_device_indices(self.config.host_root)
+            if tuple(indices) != present:
+                present = tuple(indices)
+                inventory = scan(self.config.host_root)
+                reader = CounterReader(inventory, kinds={CounterKind.HARDWARE}, power=False)
+            snapshot = reader.read()
+            current = {(k.device, k.name): v for k, v in snapshot.values.items()}
+            previous = self._counters_previous
+            if previous is not None:
+                reset = rules_mod.counters_reset(previous, current)
+                if reset:
+                    self.cleared(self.state.clear_devices(reset), "the driver's counters were reset (driver reloaded)")
+            matches = rules_mod.match_counters(self.rules, previous, current)
+            if matches:
+                self.handle(matches)
+            self._counters_previous = {**(previous or {}), **current}
+            self.cleared(self.state.expire(wall_now()), "clearAfter passed")
+            await sleep_or_stop(self.stop, self.config.counter_interval)
+
+    async def report_metrics(self) -> None:
+        while not self.stop.is_set():
+            self.metrics.api_up.set(1 if self.reporter.api_up else 0)
+            self.metrics.pending_events.set(len(self.reporter.pending))
+            self.metrics.dropped_events.set(self.reporter.dropped_events)
+            await sleep_or_stop(self.stop, 5)
+
+    async def run(self) -> int:
+        await self.http.start()
+        log.info(
+            "watching %s and the driver's counters for node %s", self.config.kmsg_path, self.config.node_name,
+            extra={"rules": str(self.config.rules), "conditions": ",".join(c.type for c in self.rules.conditions)},
+        )  # fmt: skip
+        tasks = [
+            asyncio.create_task(self.follow_kmsg(), name="kmsg"),
+            asyncio.create_task(self.watch_counters(), name="counters"),
+            asyncio.create_task(self.reporter.run(self.stop), name="reporter"),
+            asyncio.create_task(self.report_metrics(), name="metrics"),
+        ]
+        await self.stop.wait()
+        log.info("stopping: saving state")
+        _, pending = await asyncio.wait(tasks, timeout=10)
+        for task in pending:
+            task.cancel()
+        save_state(self.config.state_file, self.state)
+        await self.http.stop()
+        return 0

@@ -1,0 +1,112 @@
+"""Flags of `neuron-problem-detector`, each with a `NEURON_NPD_*` environment twin."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from neuron_common.config import EnvArgumentParser, listen_address, log_level, non_negative_float, positive_float
+from neuron_problem_detector.rules import DEFAULT_RULES
+
+DEFAULT_LISTEN = "0.0.0.0:9842"
+
+
+@dataclass(frozen=True)
+class Config:
+    host_root: Path
+    kmsg_path: Path
+    node_name: str
+    kubeconfig: str | None
+    rules: Path
+    listen: tuple[str, int]
+    log_level: str
+    lookback: float
+    counter_interval: float
+    heartbeat: float
+    state_file: Path
+    verdict_dir: Path | None
+    event_namespace: str
+    max_pending_events: int
+    taint: bool
+    cordon: bool
+
+
+def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
+    p = EnvArgumentParser(
+        prog="neuron-problem-detector",
+        description="Watches the kernel log and the Neuron driver's counters for hardware errors and reports them "
+        "as a NodeCondition (NeuronHealth), Events and metrics; conditions clear on a new boot or when the "
+        "driver's counters reset.",
+        env_prefix="NEURON_NPD_",
+        env=env,
+    )
+    p.add_flag("--host-root", default="/", type=Path, help="host root where sys/, dev/ and proc/ are found")
+    p.add_flag("--kmsg-path", default="", help="kernel log to follow (default <host-root>/dev/kmsg)")
+    p.add_flag("--node-name", default="", help="this node's name (default $NODE_NAME)")
+    p.add_flag("--kubeconfig", default="", help="kubeconfig file; default: the in-cluster service account")
+    p.add_flag("--rules", default=str(DEFAULT_RULES), type=Path, help="rules file (YAML)")
+    p.add_flag("--listen", default=DEFAULT_LISTEN, type=listen_address, help="address of /healthz, /readyz, /metrics")
+    p.add_flag("--log-level", default="info", type=log_level, help="debug, info, warning or error")
+    p.add_flag(
+        "--lookback",
+        default=300.0,
+        type=non_negative_float,
+        help="seconds of kernel log history to replay at start (lines already handled on this boot are skipped)",
+    )
+    p.add_flag(
+        "--counter-interval", default=5.0, type=positive_float, help="seconds between reads of the driver's counters"
+    )
+    p.add_flag(
+        "--heartbeat", default=60.0, type=positive_float, help="seconds between re-sends of unchanged conditions"
+    )
+    p.add_flag(
+        "--state-file",
+        default="/var/lib/neuron-problem-detector/state.json",
+        type=Path,
+        help="where the detector keeps its problems across restarts (a host path)",
+    )
+    p.add_flag(
+        "--verdict-dir",
+        default="/var/lib/neuron-problem-detector/verdicts",
+        help="per-device verdicts for the device plugin (a host path); '' disables",
+    )
+    p.add_flag("--event-namespace", default="default", help="namespace of the Events on the Node")
+    p.add_flag("--max-pending-events", default=1000, type=int, help="Events kept while the API server is unreachable")
+    p.add_bool_flag(
+        "--taint", default=False, help="taint the node aws.amazon.com/neuron-unhealthy:NoSchedule while unhealthy"
+    )
+    p.add_bool_flag("--cordon", default=False, help="cordon the node while unhealthy (never drains)")
+    return p
+
+
+def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
+    environ = os.environ if env is None else env
+    p = parser(env)
+    a = p.parse_args(argv)
+    node = a.node_name or environ.get("NODE_NAME", "")
+    if not node:
+        p.error(
+            "the node's name is needed: pass --node-name or set NODE_NAME (the chart sets it from the downward API)"
+        )
+    if a.max_pending_events < 1:
+        p.error("--max-pending-events must be at least 1")
+    return Config(
+        host_root=a.host_root,
+        kmsg_path=Path(a.kmsg_path) if a.kmsg_path else a.host_root / "dev" / "kmsg",
+        node_name=node,
+        kubeconfig=a.kubeconfig or None,
+        rules=a.rules,
+        listen=a.listen,
+        log_level=a.log_level,
+        lookback=a.lookback,
+        counter_interval=a.counter_interval,
+        heartbeat=a.heartbeat,
+        state_file=a.state_file,
+        verdict_dir=Path(a.verdict_dir) if a.verdict_dir else None,
+        event_namespace=a.event_namespace,
+        max_pending_events=a.max_pending_events,
+        taint=a.taint,
+        cordon=a.cordon,
+    )

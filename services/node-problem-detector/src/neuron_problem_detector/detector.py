@@ -1,0 +1,169 @@
+"""What the detector believes: active problems and the conditions they imply. Pure.
+
+Problems are keyed by (condition, reason, device), so the same error seen again (a kernel
+line replayed by the look-back, a counter that keeps growing) is one problem. They live
+until the node boots again, the device's counters go back down (the driver was reloaded,
+its errors are gone), or a rule's `clearAfter` passes. The state is saved to a small file
+on a host path so a restarted detector on the same boot keeps its conditions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from neuron_problem_detector.rules import Match, Rules
+
+MESSAGE_LIMIT = 1024  # the API server keeps condition messages short; so do we
+
+
+@dataclass(frozen=True)
+class Problem:
+    condition: str
+    reason: str
+    device: int | None
+    message: str
+    since: float  # wall clock seconds
+    from_counter: bool = False
+    clear_after: float | None = None
+
+    @property
+    def key(self) -> str:
+        return f"{self.condition}/{self.reason}/{'' if self.device is None else self.device}"
+
+
+@dataclass(frozen=True)
+class ConditionStatus:
+    type: str
+    status: str  # "True" or "False"
+    reason: str
+    message: str
+    last_transition: float  # wall clock seconds
+
+
+@dataclass
+class DetectorState:
+    boot_id: str | None = None
+    last_seq: int = -1  # highest kernel log sequence number handled on this boot
+    problems: dict[str, Problem] = field(default_factory=dict)
+    transitions: dict[str, float] = field(default_factory=dict)  # condition type -> last change
+    statuses: dict[str, str] = field(default_factory=dict)  # condition type -> last status
+
+    # -- changes ---------------------------------------------------------------------------------
+    def add(self, match: Match, now: float) -> Problem | None:
+        """A permanent match becomes a problem; returns it when it is new."""
+        rule = match.rule
+        if not rule.permanent or rule.condition is None:
+            return None
+        where = f"neuron{match.device}" if match.device is not None else "a Neuron device"
+        extra = "".join(f" {k}={v}" for k, v in (("nc-id", match.core), ("serial", match.serial)) if v is not None)
+        problem = Problem(
+            rule.condition,
+            rule.reason,
+            match.device,
+            f"{where}: {rule.reason}{extra}",
+            now,
+            from_counter=rule.counter is not None,
+            clear_after=rule.clear_after,
+        )
+        if problem.key in self.problems:
+            return None
+        self.problems[problem.key] = problem
+        return problem
+
+    def clear_devices(self, devices: set[int]) -> list[Problem]:
+        """The driver was reloaded on these devices: their counter-based problems are gone."""
+        gone = [p for p in self.problems.values() if p.from_counter and p.device in devices]
+        for p in gone:
+            del self.problems[p.key]
+        return gone
+
+    def expire(self, now: float) -> list[Problem]:
+        gone = [p for p in self.problems.values() if p.clear_after is not None and now - p.since >= p.clear_after]
+        for p in gone:
+            del self.problems[p.key]
+        return gone
+
+    def new_boot(self, boot_id: str | None) -> bool:
+        """True when this is another boot than the saved state's: everything is forgotten."""
+        if boot_id == self.boot_id:
+            return False
+        self.boot_id = boot_id
+        self.problems.clear()
+        self.last_seq = -1
+        return True
+
+    # -- views -----------------------------------------------------------------------------------
+    def conditions(self, rules: Rules, now: float) -> list[ConditionStatus]:
+        result = []
+        for c in rules.conditions:
+            active = sorted((p for p in self.problems.values() if p.condition == c.type), key=lambda p: p.since)
+            status = "True" if active else "False"
+            if self.statuses.get(c.type) != status:
+                self.statuses[c.type] = status
+                self.transitions[c.type] = now
+            if active:
+                message = "; ".join(p.message for p in active)
+                if len(message) > MESSAGE_LIMIT:
+                    message = message[: MESSAGE_LIMIT - 3] + "..."
+                result.append(ConditionStatus(c.type, status, active[-1].reason, message, self.transitions[c.type]))
+            else:
+                result.append(
+                    ConditionStatus(c.type, status, c.healthy_reason, c.healthy_message, self.transitions[c.type])
+                )
+        return result
+
+    def unhealthy_devices(self) -> dict[int, Problem]:
+        latest: dict[int, Problem] = {}
+        for p in sorted(self.problems.values(), key=lambda p: p.since):
+            if p.device is not None:
+                latest[p.device] = p
+        return latest
+
+    # -- persistence -----------------------------------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "boot_id": self.boot_id,
+                "last_seq": self.last_seq,
+                "problems": [asdict(p) for p in self.problems.values()],
+                "transitions": self.transitions,
+                "statuses": self.statuses,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> DetectorState:
+        data: dict[str, Any] = json.loads(text)
+        state = cls(boot_id=data.get("boot_id"), last_seq=int(data.get("last_seq", -1)))
+        for raw in data.get("problems", []):
+            p = Problem(**raw)
+            state.problems[p.key] = p
+        state.transitions = {str(k): float(v) for k, v in data.get("transitions", {}).items()}
+        state.statuses = {str(k): str(v) for k, v in data.get("statuses", {}).items()}
+        return state
+
+
+def load_state(path: Path) -> tuple[DetectorState, str | None]:
+    """The saved state, or a fresh one and why (missing is normal; unreadable is said)."""
+    try:
+        return DetectorState.from_json(path.read_text()), None
+    except FileNotFoundError:
+        return DetectorState(), None
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        return DetectorState(), f"state file {path} is unreadable ({exc}); starting afresh"
+
+
+def save_state(path: Path, state: DetectorState) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(state.to_json())
+    os.replace(tmp, path)
+
+
+def wall_now() -> float:
+    return time.time()

@@ -1,0 +1,261 @@
+"""Talks to the API server: NodeConditions, Events, and optional remediation.
+
+- Conditions go to `nodes/<name>/status` as a strategic merge patch, which merges the
+  conditions list by `type`, so the kubelet's own conditions survive (a JSON merge patch
+  would replace the whole list). `lastTransitionTime` changes only with the status; the
+  heartbeat re-sends the conditions every `heartbeat` seconds.
+- Events are on the Node (involvedObject the node), de-duplicated (a repeat within ten
+  minutes bumps `count` on the existing Event) and rate-limited (a token bucket).
+- While the API server is unreachable the latest desired conditions and up to
+  `max_pending` Events are kept in memory (the oldest Events are dropped first, counted) and
+  delivered with back-off when it returns.
+- Remediation (off by default): a `NoSchedule` taint and/or cordon while a condition is True,
+  removed when it clears; a cordon the detector did not make is never undone; never a drain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from neuron_common.backoff import Backoff
+from neuron_problem_detector.detector import ConditionStatus
+
+log = logging.getLogger(__name__)
+
+TAINT_KEY = "aws.amazon.com/neuron-unhealthy"
+CORDON_ANNOTATION = "neuron.aws/cordoned-by"
+SELF = "neuron-problem-detector"
+STRATEGIC = "application/strategic-merge-patch+json"
+MERGE = "application/merge-patch+json"
+DEDUPE_WINDOW = 600.0
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class PendingEvent:
+    reason: str
+    message: str
+    type: str  # Normal or Warning
+    first: float
+    last: float
+    count: int = 1
+
+    @property
+    def key(self) -> str:
+        return hashlib.sha256(f"{self.reason}\0{self.message}".encode()).hexdigest()[:16]
+
+
+class TokenBucket:
+    def __init__(self, burst: int, per_second: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.burst, self.rate, self.clock = burst, per_second, clock
+        self.tokens = float(burst)
+        self.last = clock()
+
+    def take(self) -> bool:
+        now = self.clock()
+        self.tokens = min(self.burst, self.tokens + (now - self.last) * self.rate)
+        self.last = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
+class Reporter:
+    def __init__(
+        self,
+        api: client.CoreV1Api,
+        node: str,
+        source: str,
+        *,
+        event_namespace: str = "default",
+        heartbeat: float = 60.0,
+        max_pending: int = 1000,
+        taint: bool = False,
+        cordon: bool = False,
+        event_burst: int = 25,
+        event_rate: float = 0.1,
+        request_timeout: float = 5.0,
+    ) -> None:
+        self.api = api
+        self.node = node
+        self.source = source
+        self.event_namespace = event_namespace
+        self.heartbeat = heartbeat
+        self.taint, self.cordon = taint, cordon
+        self.timeout = request_timeout
+        self.desired: dict[str, ConditionStatus] = {}
+        self.pending: deque[PendingEvent] = deque(maxlen=max_pending)
+        self.dropped_events = 0
+        self.sent: dict[str, tuple[str, float, int]] = {}  # key -> (event name, last sent, count)
+        self.bucket = TokenBucket(event_burst, event_rate)
+        self.api_up = False
+        self.api_errors: dict[str, int] = {}
+        self.synced_conditions: dict[str, ConditionStatus] = {}
+        self._last_heartbeat = 0.0
+        self._node_uid: str | None = None
+        self._remediated: bool | None = None
+        self._backoff = Backoff(initial=0.5, maximum=30.0)
+        self.wake = asyncio.Event()
+
+    # -- inputs ----------------------------------------------------------------------------------
+    def set_conditions(self, conditions: list[ConditionStatus]) -> None:
+        new = {c.type: c for c in conditions}
+        if new != self.desired:
+            self.desired = new
+            self.wake.set()
+
+    def event(self, reason: str, message: str, warning: bool = True) -> None:
+        now = time.time()
+        for pending in self.pending:
+            if pending.reason == reason and pending.message == message:
+                pending.count += 1
+                pending.last = now
+                return
+        if len(self.pending) == self.pending.maxlen:
+            self.dropped_events += 1
+        self.pending.append(PendingEvent(reason, message, "Warning" if warning else "Normal", now, now))
+        self.wake.set()
+
+    # -- API calls (blocking; run in a thread) -----------------------------------------------------
+    def _read_node(self) -> Any:
+        return self.api.read_node(self.node, _request_timeout=self.timeout)
+
+    def current_conditions(self) -> dict[str, Any]:
+        node = self._read_node()
+        self._node_uid = node.metadata.uid
+        return {c.type: c for c in (node.status.conditions or [])}
+
+    def _patch_conditions(self) -> None:
+        now = rfc3339(time.time())
+        body = {
+            "status": {
+                "conditions": [
+                    {
+                        "type": c.type,
+                        "status": c.status,
+                        "reason": c.reason,
+                        "message": c.message,
+                        "lastTransitionTime": rfc3339(c.last_transition),
+                        "lastHeartbeatTime": now,
+                    }
+                    for c in self.desired.values()
+                ]
+            }
+        }
+        self.api.patch_node_status(self.node, body, _content_type=STRATEGIC, _request_timeout=self.timeout)
+
+    def _send_event(self, e: PendingEvent) -> None:
+        previous = self.sent.get(e.key)
+        if previous is not None and time.time() - previous[1] < DEDUPE_WINDOW:
+            name, _, count = previous
+            body = {"count": count + e.count, "lastTimestamp": rfc3339(e.last), "message": e.message}
+            self.api.patch_namespaced_event(
+                name, self.event_namespace, body, _content_type=MERGE, _request_timeout=self.timeout
+            )
+            self.sent[e.key] = (name, time.time(), count + e.count)
+            return
+        name = f"{self.node}.{e.key}.{int(e.first * 1000):x}"
+        event = client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=name, namespace=self.event_namespace),
+            involved_object=client.V1ObjectReference(kind="Node", name=self.node, uid=self._node_uid, api_version="v1"),
+            reason=e.reason,
+            message=e.message,
+            type=e.type,
+            count=e.count,
+            first_timestamp=datetime.fromtimestamp(e.first, UTC),
+            last_timestamp=datetime.fromtimestamp(e.last, UTC),
+            source=client.V1EventSource(component=self.source, host=self.node),
+            reporting_component=self.source,
+            reporting_instance=self.node,
+        )
+        self.api.create_namespaced_event(self.event_namespace, event, _request_timeout=self.timeout)
+        self.sent[e.key] = (name, time.time(), e.count)
+
+    def _remediate(self, unhealthy: bool) -> None:
+        node = self._read_node()
+        taints = list(node.spec.taints or [])
+        has_taint = any(t.key == TAINT_KEY for t in taints)
+        annotations = dict(node.metadata.annotations or {})
+        patch: dict[str, Any] = {"metadata": {"resourceVersion": node.metadata.resource_version}}
+        if self.taint and unhealthy and not has_taint:
+            taints.append(client.V1Taint(key=TAINT_KEY, value="true", effect="NoSchedule"))
+            patch.setdefault("spec", {})["taints"] = [self.api.api_client.sanitize_for_serialization(t) for t in taints]
+        if has_taint and not unhealthy:
+            kept = [t for t in taints if t.key != TAINT_KEY]
+            patch.setdefault("spec", {})["taints"] = [self.api.api_client.sanitize_for_serialization(t) for t in kept]
+        if self.cordon and unhealthy and not node.spec.unschedulable:
+            patch.setdefault("spec", {})["unschedulable"] = True
+            patch["metadata"]["annotations"] = {CORDON_ANNOTATION: SELF}
+        if not unhealthy and annotations.get(CORDON_ANNOTATION) == SELF:
+            patch.setdefault("spec", {})["unschedulable"] = False  # only a cordon we made is undone
+            patch["metadata"]["annotations"] = {CORDON_ANNOTATION: None}
+        if "spec" in patch or "annotations" in patch["metadata"]:
+            # resourceVersion makes this a compare-and-swap: a concurrent change fails with 409
+            self.api.patch_node(self.node, patch, _content_type=MERGE, _request_timeout=self.timeout)
+            log.warning(
+                "remediation: node %s %s",
+                self.node,
+                "tainted/cordoned" if unhealthy else "taint/cordon removed",
+                extra={"taint": self.taint, "cordon": self.cordon},
+            )
+
+    # -- the loop --------------------------------------------------------------------------------
+    async def sync_once(self) -> bool:
+        """One attempt to bring the API server up to date; False when it failed."""
+        try:
+            if self._node_uid is None:
+                await asyncio.to_thread(self.current_conditions)
+            due = time.monotonic() - self._last_heartbeat >= self.heartbeat
+            if self.desired and (self.desired != self.synced_conditions or due):
+                await asyncio.to_thread(self._patch_conditions)
+                self.synced_conditions = dict(self.desired)
+                self._last_heartbeat = time.monotonic()
+            while self.pending and self.bucket.take():
+                event = self.pending[0]
+                await asyncio.to_thread(self._send_event, event)
+                self.pending.popleft()
+            if self.taint or self.cordon:
+                unhealthy = any(c.status == "True" for c in self.desired.values())
+                if unhealthy != self._remediated:
+                    await asyncio.to_thread(self._remediate, unhealthy)
+                    self._remediated = unhealthy
+        except (ApiException, OSError, Exception) as exc:  # urllib3 raises its own; all mean "try again"
+            kind = type(exc).__name__ if not isinstance(exc, ApiException) else f"HTTP {exc.status}"
+            self.api_errors[kind] = self.api_errors.get(kind, 0) + 1
+            if self.api_up or sum(self.api_errors.values()) == 1:
+                log.warning("API server call failed (%s): %s; keeping state and retrying", kind, str(exc)[:300])
+            self.api_up = False
+            return False
+        if not self.api_up:
+            log.info("API server reachable; node %s is up to date", self.node)
+        self.api_up = True
+        self._backoff.reset()
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        from neuron_common.lifecycle import wait_any
+
+        while not stop.is_set():
+            self.wake.clear()
+            ok = await self.sync_once()
+            if ok:
+                until_heartbeat = self.heartbeat - (time.monotonic() - self._last_heartbeat)
+                delay = min(max(until_heartbeat, 0.05), 1.0 if self.pending else self.heartbeat)
+            else:
+                delay = self._backoff.next_delay()
+            await wait_any(stop, self.wake if ok else stop, timeout=delay)

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from neuron_problem_detector import rules
+from neuron_problem_detector.detector import DetectorState, load_state, save_state
+
+DEFAULT = rules.load(rules.DEFAULT_RULES)
+
+
+def match(line: str) -> rules.Match:
+    [m] = rules.match_message(DEFAULT, line)
+    return m
+
+
+def test_problem_sets_condition_once_and_transition_time_is_stable() -> None:
+    s = DetectorState(boot_id="b1")
+    [healthy] = s.conditions(DEFAULT, now=100)
+    assert (healthy.status, healthy.reason, healthy.last_transition) == ("False", "NeuronHasNoError", 100)
+    assert s.add(match("NEURON_HW_ERR=DMA_ERROR nd-id=2 nc-id=0"), now=200) is not None
+    assert s.add(match("NEURON_HW_ERR=DMA_ERROR nd-id=2 nc-id=1"), now=210) is None  # same device, same reason
+    [c] = s.conditions(DEFAULT, now=220)
+    assert (c.status, c.reason, c.last_transition) == ("True", "NeuronHasError_DMA_ERROR", 220)
+    s.add(match("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=4 nc-id=1 serial-num=0123456789abcdef"), now=230)
+    [c] = s.conditions(DEFAULT, now=240)
+    assert (c.reason, c.last_transition) == ("NeuronHasError_HBM_UNCORRECTABLE_ERROR", 220)
+    assert (
+        c.message
+        == "neuron2: NeuronHasError_DMA_ERROR nc-id=0; neuron4: NeuronHasError_HBM_UNCORRECTABLE_ERROR nc-id=1 serial=0123456789abcdef"
+    )
+    assert set(s.unhealthy_devices()) == {2, 4}
+
+
+def test_temporary_matches_are_no_problem() -> None:
+    s = DetectorState()
+    assert s.add(match("DMA completion timeout on nd03"), now=1) is None
+    assert s.problems == {}
+
+
+def test_counter_problems_clear_when_the_driver_resets() -> None:
+    s = DetectorState()
+    [m] = rules.match_counters(DEFAULT, None, {(1, "mem_ecc_uncorrected"): 2})
+    s.add(m, now=1)
+    s.add(match("NEURON_HW_ERR=DMA_ERROR nd-id=1"), now=2)
+    gone = s.clear_devices({1})
+    assert [p.reason for p in gone] == ["NeuronHasError_HBM_UNCORRECTABLE_ERROR"]
+    assert [p.reason for p in s.problems.values()] == ["NeuronHasError_DMA_ERROR"]  # a kernel line waits for a reboot
+
+
+def test_clear_after_and_new_boot() -> None:
+    r = rules.parse({"conditions": [{"type": "NeuronHealth", "reason": "Ok"}],
+                     "rules": [{"type": "permanent", "condition": "NeuronHealth", "reason": "Hang",
+                                "pattern": "HANG", "clearAfter": 60}]})  # fmt: skip
+    s = DetectorState(boot_id="b1")
+    [m] = rules.match_message(r, "HANG nd-id=0")
+    s.add(m, now=0)
+    assert s.expire(now=59) == []
+    assert len(s.expire(now=60)) == 1
+    s.add(m, now=100)
+    assert not s.new_boot("b1")
+    assert s.problems
+    assert s.new_boot("b2")
+    assert s.problems == {}
+    assert s.last_seq == -1
+
+
+def test_state_round_trip_and_garbage(tmp_path: Path) -> None:
+    s = DetectorState(boot_id="b1", last_seq=41)
+    s.add(match("NEURON_HW_ERR=NC_UNCORRECTABLE_ERROR nd-id=7 nc-id=3"), now=5)
+    s.conditions(DEFAULT, now=6)
+    path = tmp_path / "state" / "state.json"
+    save_state(path, s)
+    loaded, warning = load_state(path)
+    assert warning is None
+    assert (loaded.boot_id, loaded.last_seq, list(loaded.problems)) == ("b1", 41, list(s.problems))
+    assert loaded.conditions(DEFAULT, now=99)[0].last_transition == 6
+    path.write_text("{not json")
+    fresh, warning = load_state(path)
+    assert fresh.problems == {}
+    assert warning is not None
+    assert "unreadable" in warning

@@ -1,0 +1,244 @@
+"""The detector end to end on a simulated node against the API-server stand-in.
+
+STAND-IN: tests/standins/apiserver.py implements the Node and Event endpoints the detector
+uses, with the real server's strategic-merge semantics; the real kube-apiserver is used by
+the cluster tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import aiohttp
+import pytest
+from kubernetes import client
+from kubernetes import config as kubeconfig
+from standins.apiserver import FakeApiServer
+
+from neuron_common import verdicts
+from neuron_problem_detector import config as config_mod
+from neuron_problem_detector.app import Detector
+from neuron_sysfs import sim
+from neuron_sysfs.kmsg import KERN_ERR, format_record
+
+NODE = "sim-node-1"
+
+
+@pytest.fixture
+async def api() -> AsyncIterator[FakeApiServer]:
+    server = FakeApiServer(NODE)
+    await server.up()
+    yield server
+    await server.down()
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Path:
+    sim.create(tmp_path / "node", "trn1.32xlarge")
+    return tmp_path / "node"
+
+
+@contextlib.asynccontextmanager
+async def running(tmp_path: Path, node: Path, api: FakeApiServer, *args: str) -> AsyncIterator[Detector]:
+    cfg = config_mod.parse(
+        ["--host-root", str(node), "--node-name", NODE, "--kubeconfig", str(api.kubeconfig(tmp_path / "kubeconfig")),
+         "--listen", "127.0.0.1:0", "--counter-interval", "0.1", "--heartbeat", "3600",
+         "--state-file", str(tmp_path / "state.json"), "--verdict-dir", str(tmp_path / "verdicts"), *args],
+        env={},
+    )  # fmt: skip
+    kubeconfig.load_kube_config(config_file=cfg.kubeconfig)
+    stop = asyncio.Event()
+    detector = Detector(cfg, stop, client.CoreV1Api())
+    task = asyncio.create_task(detector.run())
+    try:
+        yield detector
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
+
+
+async def eventually(predicate: Callable[[], object], timeout: float = 8.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError("condition not met in time")
+        await asyncio.sleep(0.05)
+
+
+def status(api: FakeApiServer) -> tuple[str, str] | None:
+    c = api.condition(NODE, "NeuronHealth")
+    return None if c is None else (c["status"], c["reason"])
+
+
+@pytest.mark.parametrize(
+    "kind", ["SRAM_UNCORRECTABLE_ERROR", "NC_UNCORRECTABLE_ERROR", "HBM_UNCORRECTABLE_ERROR", "DMA_ERROR",
+             "HBM_REPAIRABLE_UNCORRECTABLE_ERROR"],
+)  # fmt: skip
+async def test_each_error_kind(tmp_path: Path, node: Path, api: FakeApiServer, kind: str) -> None:
+    async with running(tmp_path, node, api) as det:
+        await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
+        sim.inject_hw_error(node, kind, 5, 1)
+        await eventually(lambda: status(api) == ("True", f"NeuronHasError_{kind}"))
+        await eventually(api.event_list)
+        metrics = await scrape(det)
+    [event] = api.event_list()
+    assert event["involvedObject"]["kind"] == "Node"
+    assert event["involvedObject"]["name"] == NODE
+    assert event["reason"] == f"NeuronHasError_{kind}"
+    assert f"neuron5 nc-id=1 serial={sim.serial_for('trn1.32xlarge', 5)}" in event["message"]
+    assert event["type"] == "Warning"
+    assert api.condition(NODE, "Ready") is not None  # the kubelet's condition survived the patch
+    assert all(ct == "application/strategic-merge-patch+json" for m, p, ct in api.requests if p.endswith("/status"))
+    assert (tmp_path / "verdicts" / "neuron5.json").exists()
+    assert f'problem_gauge{{reason="NeuronHasError_{kind}",type="NeuronHealth"}} 1.0' in metrics
+    assert f'problem_counter_total{{reason="NeuronHasError_{kind}"}} 1.0' in metrics
+
+
+async def scrape(det: Detector) -> str:
+    async with aiohttp.ClientSession() as s, s.get(f"http://127.0.0.1:{det.http.bound_port}/metrics") as r:
+        return await r.text()
+
+
+async def test_counters_growing(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
+    async with running(tmp_path, node, api):
+        await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
+        sim.bump_counter(node, 9, "mem_ecc_uncorrected", by=2)
+        await eventually(lambda: status(api) == ("True", "NeuronHasError_HBM_UNCORRECTABLE_ERROR"))
+        assert "rose from 0 to 2" in api.event_list()[0]["message"]
+        # the driver is reloaded: its counters start again from zero, the problem is gone
+        sim.set_counter_raw(node, 9, "mem_ecc_uncorrected", "0\n")
+        await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
+        await eventually(lambda: any(e["reason"].endswith("Cleared") for e in api.event_list()))
+    assert not (tmp_path / "verdicts" / "neuron9.json").exists()
+
+
+async def test_flood_of_unrelated_lines_and_garbage(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
+    async with running(tmp_path, node, api) as det:
+        await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
+        sim.append_kmsg_many(node, [f"eth0: unrelated message {i}" for i in range(100_000)])
+        sim.append_raw_kmsg(node, "complete garbage without a header\n\x00\x01;;\n")
+        sim.inject_hw_error(node, "NC_UNCORRECTABLE_ERROR", 2, 0)
+        await eventually(lambda: status(api) == ("True", "NeuronHasError_NC_UNCORRECTABLE_ERROR"), timeout=30)
+        metrics = await scrape(det)
+    assert len(api.event_list()) == 1  # the unrelated lines made no Event
+    assert "neuron_npd_kmsg_malformed_total 2.0" in metrics
+    assert det.metrics.kmsg_records._value.get() >= 100_001
+
+
+async def test_temporary_rule_is_an_event_only(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
+    async with running(tmp_path, node, api):
+        await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
+        for _ in range(3):
+            sim.append_kmsg(node, "neuron:ndma: DMA completion timeout on nd04 queue 1", KERN_ERR)
+        await eventually(lambda: api.event_list() and api.event_list()[0].get("count", 1) >= 2)
+        await asyncio.sleep(0.3)
+    events = api.event_list()
+    assert [e["reason"] for e in events] == ["NeuronDMACompletionTimeout"]  # de-duplicated into one
+    assert status(api) == ("False", "NeuronHasNoError")
+
+
+async def test_api_server_down_for_a_while(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
+    async with running(tmp_path, node, api) as det:
+        await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
+        await api.down()
+        sim.inject_hw_error(node, "SRAM_UNCORRECTABLE_ERROR", 0, 0)
+        sim.append_kmsg(node, "neuron: nd01: reset request 3 failed", KERN_ERR)
+        await eventually(lambda: not det.reporter.api_up)
+        await asyncio.sleep(1.0)
+        assert len(det.reporter.pending) == 2  # kept, bounded, waiting
+        await api.up()
+        await eventually(lambda: status(api) == ("True", "NeuronHasError_SRAM_UNCORRECTABLE_ERROR"), timeout=40)
+        await eventually(lambda: len(api.event_list()) == 2, timeout=40)
+    assert {e["reason"] for e in api.event_list()} == {"NeuronHasError_SRAM_UNCORRECTABLE_ERROR", "NeuronResetFailed"}
+
+
+async def test_restart_on_the_same_boot_and_after_a_reboot(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
+    async with running(tmp_path, node, api):
+        sim.inject_hw_error(node, "HBM_UNCORRECTABLE_ERROR", 3, 0)
+        await eventually(lambda: status(api) == ("True", "NeuronHasError_HBM_UNCORRECTABLE_ERROR"))
+    transition = api.condition(NODE, "NeuronHealth")["lastTransitionTime"]  # type: ignore[index]
+    # restart on the same boot, with no look-back: the True is kept from the state file
+    async with running(tmp_path, node, api, "--lookback", "0"):
+        await asyncio.sleep(0.5)
+        assert status(api) == ("True", "NeuronHasError_HBM_UNCORRECTABLE_ERROR")
+        assert api.condition(NODE, "NeuronHealth")["lastTransitionTime"] == transition  # type: ignore[index]
+    assert len(api.event_list()) == 1  # the replayed line was not reported twice
+    # the node reboots: a new boot id, a fresh kernel log; the stale True is cleared at start
+    sim.reboot(node)
+    async with running(tmp_path, node, api):
+        await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
+    assert not (tmp_path / "verdicts" / "neuron3.json").exists()
+
+
+@pytest.mark.parametrize("remediation", [["--taint", "--cordon"], []])
+async def test_remediation_on_and_off(tmp_path: Path, node: Path, api: FakeApiServer, remediation: list[str]) -> None:
+    async with running(tmp_path, node, api, *remediation):
+        sim.bump_counter(node, 1, "sram_ecc_uncorrected")
+        await eventually(lambda: status(api) == ("True", "NeuronHasError_SRAM_UNCORRECTABLE_ERROR"))
+        await asyncio.sleep(0.5)
+        spec = api.nodes[NODE]["spec"]
+        if remediation:
+            assert spec["taints"] == [
+                {"key": "aws.amazon.com/neuron-unhealthy", "value": "true", "effect": "NoSchedule"}
+            ]
+            assert spec["unschedulable"] is True
+        else:
+            assert "taints" not in spec
+            assert "unschedulable" not in spec
+        sim.set_counter_raw(node, 1, "sram_ecc_uncorrected", "0\n")
+        await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
+        await asyncio.sleep(0.5)
+    spec = api.nodes[NODE]["spec"]
+    assert spec.get("taints", []) == []
+    assert not spec.get("unschedulable", False)
+
+
+async def test_an_admins_cordon_is_left_alone(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
+    api.nodes[NODE]["spec"]["unschedulable"] = True  # cordoned by someone else
+    async with running(tmp_path, node, api, "--cordon"):
+        sim.bump_counter(node, 1, "sram_ecc_uncorrected")
+        await eventually(lambda: status(api) == ("True", "NeuronHasError_SRAM_UNCORRECTABLE_ERROR"))
+        sim.set_counter_raw(node, 1, "sram_ecc_uncorrected", "0\n")
+        await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
+        await asyncio.sleep(0.5)
+    assert api.nodes[NODE]["spec"]["unschedulable"] is True
+
+
+async def test_verdicts_reach_the_device_plugin_format(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
+    async with running(tmp_path, node, api):
+        sim.inject_hw_error(node, "DMA_ERROR", 11, 0)
+        await eventually((tmp_path / "verdicts" / "neuron11.json").exists)
+    assert verdicts.read_verdicts(tmp_path / "verdicts", node) == {11: "NeuronHasError_DMA_ERROR"}
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "neuron_problem_detector", *args],
+        capture_output=True, text=True, timeout=30, check=False,
+        env={k: v for k, v in {**os.environ, **(env or {})}.items() if k != "NODE_NAME" or env},
+    )  # fmt: skip
+
+
+def test_cli_errors(tmp_path: Path) -> None:
+    out = run_cli("--help")
+    assert out.returncode == 0
+    assert "NEURON_NPD_KMSG_PATH" in out.stdout
+    out = run_cli()
+    assert out.returncode == 2
+    assert "pass --node-name or set NODE_NAME" in out.stderr
+    bad = tmp_path / "rules.yaml"
+    bad.write_text("conditions: []\nrules: []\n")
+    out = run_cli("--node-name", "n", "--rules", str(bad))
+    assert out.returncode == 2
+    assert "conditions: must be a non-empty list" in out.stderr
+
+
+def test_kmsg_records_format_used_by_the_flood() -> None:
+    assert format_record(KERN_ERR, 1, 2, "x") == "3,1,2,-;x\n"
