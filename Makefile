@@ -15,7 +15,7 @@ DEMO_INSTANCE_TYPE ?= trn1.32xlarge
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup test lint typecheck unit bench demo protos dashboards clean
+.PHONY: help setup test lint typecheck unit bench demo protos dashboards clean cluster-up cluster-down cluster-test
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -23,7 +23,7 @@ help: ## list the targets
 setup: ## install everything the project needs (idempotent; seconds when nothing changed)
 	@tools/setup.sh
 
-test: lint typecheck unit ## ruff, mypy --strict on src/, pytest over libs, services and tests
+test: lint typecheck unit cluster-test ## ruff, mypy --strict on src/, pytest, then the real-cluster tests
 
 lint: ## ruff lint and format check
 	$(BIN)/ruff check $(PY_DIRS)
@@ -34,6 +34,16 @@ typecheck: ## mypy --strict over every package's src/
 
 unit: ## pytest over libs, services and tests
 	$(BIN)/pytest -q
+
+cluster-up: ## start the real single-node cluster (etcd, API server, kubelet, containerd) on this machine
+	tests/cluster/up.sh
+
+cluster-down: ## stop it and remove what it mounted and made
+	tests/cluster/down.sh
+
+cluster-test: ## bring the cluster up, run the cluster-backed tests, bring it down
+	tests/cluster/up.sh
+	status=0; $(BIN)/pytest -q -m cluster tests/cluster || status=$$?; tests/cluster/down.sh; exit $$status
 
 bench: ## run the benchmarks in bench/ and print their figures
 	$(PYTHON) bench/run.py

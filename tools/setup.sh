@@ -69,4 +69,7 @@ ln -sf "$tools_dir/helm" "$VENV/bin/helm"
 ln -sf "$tools_dir/kubectl" "$VENV/bin/kubectl"
 "$VENV/bin/helm" version --short | grep -q '^v4\.' || { echo "helm in $tools_dir is not Helm 4" >&2; exit 1; }
 
+# --- Kubernetes binaries for the test cluster, built from the pinned Go module (cached) -------
+tests/cluster/build-k8s.sh
+
 log "done: $("$VENV/bin/helm" version --short), kubectl $("$VENV/bin/kubectl" version --client -o json | "$VENV/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])')"

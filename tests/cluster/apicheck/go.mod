@@ -1,0 +1,3 @@
+module neuron-helm-chart/apicheck
+
+go 1.26

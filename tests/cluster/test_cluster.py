@@ -1,0 +1,215 @@
+"""On the real single-node cluster (make cluster-up): the node, a pod, the API from a pod, and
+the device plugin against the real kubelet (as a host process; the chart deploys it later).
+
+Runs only with `-m cluster` (make cluster-test / make test), after cluster-up.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR", REPO / ".run/cluster"))
+KUBECONFIG = CLUSTER_DIR / "admin.kubeconfig"
+NODE = os.environ.get("NODE_NAME", "neuron-sim-node")
+SIM_ROOT = Path(os.environ.get("SIM_ROOT", "/var/lib/neuron-sim/node"))
+CTR_SOCK = CLUSTER_DIR / "containerd/containerd.sock"
+PAUSE = "registry.k8s.io/pause:3.10"
+
+pytestmark = pytest.mark.cluster
+
+
+def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> str:
+    out = subprocess.run(
+        [str(REPO / ".venv/bin/kubectl"), "--kubeconfig", str(KUBECONFIG), *args],
+        input=stdin, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    if check and out.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)}: {out.stderr}")
+    return out.stdout
+
+
+def node() -> dict:  # type: ignore[type-arg]
+    return json.loads(kubectl("get", "node", NODE, "-o", "json"))  # type: ignore[no-any-return]
+
+
+def eventually(predicate: Callable[[], object], timeout: float = 60, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if predicate():
+                return
+        except (AssertionError, KeyError, json.JSONDecodeError):
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} not met in {timeout}s")
+        time.sleep(0.5)
+
+
+def pod_manifest(name: str, resources: dict[str, int] | None = None) -> str:
+    limits = json.dumps({"limits": resources}) if resources else "{}"
+    return f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  restartPolicy: Never
+  containers: [{{name: main, image: {PAUSE}, imagePullPolicy: Never, resources: {limits}}}]
+"""
+
+
+def container_spec(pod: str) -> dict:  # type: ignore[type-arg]
+    cid = kubectl("get", "pod", pod, "-o", "jsonpath={.status.containerStatuses[0].containerID}").removeprefix(
+        "containerd://"
+    )
+    out = subprocess.run(
+        ["ctr", "--address", str(CTR_SOCK), "-n", "k8s.io", "containers", "info", cid],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout)["Spec"]  # type: ignore[no-any-return]
+
+
+def test_node_is_ready_with_the_instance_type_label() -> None:
+    n = node()
+    ready = {c["type"]: c["status"] for c in n["status"]["conditions"]}["Ready"]
+    assert ready == "True"
+    assert n["metadata"]["labels"]["node.kubernetes.io/instance-type"] == "trn1.32xlarge"
+
+
+def test_a_pod_runs_and_logs_are_readable() -> None:
+    kubectl("delete", "pod", "smoke", "--ignore-not-found", "--wait=true")
+    kubectl("apply", "-f", "-", stdin=pod_manifest("smoke"))
+    eventually(
+        lambda: kubectl("get", "pod", "smoke", "-o", "jsonpath={.status.phase}") == "Running", what="pod running"
+    )
+    kubectl("logs", "smoke")  # needs the API server to reach the kubelet by the node's name
+    kubectl("delete", "pod", "smoke", "--wait=false")
+
+
+def test_a_pod_reaches_the_api_server() -> None:
+    kubectl("delete", "pod", "apicheck-test", "--ignore-not-found", "--wait=true")
+    kubectl(
+        "run",
+        "apicheck-test",
+        "--image=localhost/neuron-test/apicheck:1",
+        "--image-pull-policy=Never",
+        "--restart=Never",
+    )
+    eventually(
+        lambda: kubectl("get", "pod", "apicheck-test", "-o", "jsonpath={.status.phase}") == "Succeeded", what="apicheck"
+    )
+    assert '"major": "1"' in kubectl("logs", "apicheck-test")
+    kubectl("delete", "pod", "apicheck-test", "--wait=false")
+
+
+@pytest.fixture(scope="module")
+def device_plugin() -> Iterator[subprocess.Popen[bytes]]:
+    # No plugin yet: the kubelet reports 0 (or nothing) once a previous plugin's stream ended.
+    # Starting before that, a pod could be scheduled on the stale figure and fail admission.
+    eventually(
+        lambda: node()["status"]["allocatable"].get("aws.amazon.com/neuron", "0") == "0", 60, "no stale allocatable"
+    )
+    log = (CLUSTER_DIR / "logs" / "device-plugin-test.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "neuron_device_plugin", "--host-root", str(SIM_ROOT),
+         "--pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock",
+         "--listen", "127.0.0.1:19841", "--kmsg-path", "none", "--health-quiet-period", "2"],
+        stdout=log, stderr=log,
+    )  # fmt: skip
+    try:
+        eventually(lambda: readyz() == 200, what="plugin registered")
+        eventually(lambda: node()["status"]["allocatable"].get("aws.amazon.com/neuron") == "16", 60, "allocatable")
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+        for pod in ("cores", "too-many", "devices4"):
+            kubectl("delete", "pod", pod, "--ignore-not-found", "--wait=false", check=False)
+
+
+def readyz() -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:19841/readyz", timeout=2) as r:
+            return int(r.status)
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+def test_real_kubelet_allocatable(device_plugin: subprocess.Popen[bytes]) -> None:
+    allocatable = node()["status"]["allocatable"]
+    assert (allocatable["aws.amazon.com/neuron"], allocatable["aws.amazon.com/neuroncore"]) == ("16", "32")
+
+
+def test_pod_with_two_cores_gets_its_device_and_env(device_plugin: subprocess.Popen[bytes]) -> None:
+    kubectl("apply", "-f", "-", stdin=pod_manifest("cores", {"aws.amazon.com/neuroncore": 2}))
+    eventually(lambda: kubectl("get", "pod", "cores", "-o", "jsonpath={.status.phase}") == "Running", 120, "cores pod")
+    spec = container_spec("cores")
+    env = dict(e.split("=", 1) for e in spec["process"]["env"])
+    cores = [int(c) for c in env["NEURON_RT_VISIBLE_CORES"].split(",")]
+    assert len(cores) == 2
+    assert cores[1] == cores[0] + 1
+    [device] = spec["linux"]["devices"]
+    assert device["path"] == f"/dev/neuron{cores[0] // 2}"
+    assert (device["type"], device["major"], device["minor"]) == ("c", 241, cores[0] // 2)
+    # the device whose cores are held is not offered whole: allocatable neuron drops to 15
+    eventually(lambda: node()["status"]["allocatable"]["aws.amazon.com/neuron"] == "15", 60, "cross-resource holding")
+    kubectl("delete", "pod", "cores", "--wait=true")
+    eventually(lambda: node()["status"]["allocatable"]["aws.amazon.com/neuron"] == "16", 60, "released")
+
+
+def test_a_pod_asking_for_more_than_is_free_stays_pending(device_plugin: subprocess.Popen[bytes]) -> None:
+    kubectl("apply", "-f", "-", stdin=pod_manifest("too-many", {"aws.amazon.com/neuron": 17}))
+    time.sleep(5)
+    assert kubectl("get", "pod", "too-many", "-o", "jsonpath={.status.phase}") == "Pending"
+    kubectl("delete", "pod", "too-many", "--wait=false")
+
+
+def test_four_devices_are_a_torus_row(device_plugin: subprocess.Popen[bytes]) -> None:
+    kubectl("apply", "-f", "-", stdin=pod_manifest("devices4", {"aws.amazon.com/neuron": 4}))
+    eventually(lambda: kubectl("get", "pod", "devices4", "-o", "jsonpath={.status.phase}") == "Running", 120, "pod")
+    devices = sorted(d["minor"] for d in container_spec("devices4")["linux"]["devices"])
+    assert devices in ([0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15])
+    kubectl("delete", "pod", "devices4", "--wait=true")
+
+
+def test_kubelet_restart_reregisters(device_plugin: subprocess.Popen[bytes]) -> None:
+    pid = int((CLUSTER_DIR / "kubelet.pid").read_text())
+    os.kill(pid, signal.SIGTERM)
+    time.sleep(2)
+    subprocess.run([str(REPO / "tests/cluster/up.sh")], check=True, capture_output=True, timeout=300)
+    # Proof of re-registration: a new pod is admitted with cores after the restart.
+    kubectl("delete", "pod", "after-restart", "--ignore-not-found", "--wait=true")
+    kubectl("apply", "-f", "-", stdin=pod_manifest("after-restart", {"aws.amazon.com/neuroncore": 1}))
+    eventually(
+        lambda: kubectl("get", "pod", "after-restart", "-o", "jsonpath={.status.phase}") == "Running",
+        180,
+        "pod after restart",
+    )
+    eventually(lambda: node()["status"]["allocatable"].get("aws.amazon.com/neuroncore") == "32", 60, "allocatable back")
+    assert device_plugin.poll() is None  # the plugin rode it out
+    kubectl("delete", "pod", "after-restart", "--wait=false")
+
+
+def test_a_vanished_device_leaves_allocatable(device_plugin: subprocess.Popen[bytes]) -> None:
+    from neuron_sysfs import sim
+
+    before = int(node()["status"]["allocatable"]["aws.amazon.com/neuron"])
+    sim.vanish(SIM_ROOT, 15)
+    try:
+        eventually(lambda: int(node()["status"]["allocatable"]["aws.amazon.com/neuron"]) == before - 1, 60, "unhealthy")
+        assert node()["status"]["capacity"]["aws.amazon.com/neuron"] == "16"
+    finally:
+        sim.restore(SIM_ROOT, 15)
+    eventually(lambda: int(node()["status"]["allocatable"]["aws.amazon.com/neuron"]) == before, 90, "device 15 back")

@@ -1,0 +1,248 @@
+#!/usr/bin/env bash
+# `make cluster-up`: a real single-node Kubernetes on this machine, for tests and the demo.
+# etcd, kube-apiserver, kube-controller-manager, kube-scheduler (built from the pinned release by
+# build-k8s.sh), containerd with runc, a bridge CNI, and a kubelet registered as a Neuron node
+# (node.kubernetes.io/instance-type) over a simulated Neuron node with real character devices.
+# Idempotent: components already running are left alone. Everything is on 127.0.0.1 or unix
+# sockets; runtime state lives in $CLUSTER_DIR (default .run/cluster, untracked).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+REPO=$PWD
+CLUSTER_DIR="${CLUSTER_DIR:-$REPO/.run/cluster}"
+K8S_VERSION=$(sed -n 's/^require k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p' tests/cluster/k8s/go.mod)
+BIN="${XDG_CACHE_HOME:-$HOME/.cache}/neuron-helm-chart/k8s/$K8S_VERSION/bin"
+NODE_NAME="${NODE_NAME:-neuron-sim-node}"
+INSTANCE_TYPE="${INSTANCE_TYPE:-trn1.32xlarge}"
+SIM_ROOT="${SIM_ROOT:-/var/lib/neuron-sim/node}"
+POD_CIDR=10.88.0.0/16
+PAUSE_IMAGE=registry.k8s.io/pause:3.10
+APICHECK_IMAGE=localhost/neuron-test/apicheck:1
+PY="$REPO/.venv/bin/python"
+
+log() { printf '[cluster-up] %s\n' "$*"; }
+die() { printf '[cluster-up] error: %s\n' "$*" >&2; exit 1; }
+[ "$(id -u)" -eq 0 ] || die "needs root (containerd, runc, the kubelet and device nodes)"
+for b in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
+  [ -x "$BIN/$b" ] || { log "building Kubernetes $K8S_VERSION (cached afterwards)"; tests/cluster/build-k8s.sh; break; }
+done
+for cmd in etcd containerd runc ctr openssl curl gcc; do command -v "$cmd" >/dev/null || die "$cmd missing: run make setup"; done
+
+mkdir -p "$CLUSTER_DIR"/{pki,logs,etcd,containerd/root,containerd/state,cni/net.d,kubelet}
+PKI="$CLUSTER_DIR/pki"
+running() { [ -f "$CLUSTER_DIR/$1.pid" ] && kill -0 "$(cat "$CLUSTER_DIR/$1.pid")" 2>/dev/null; }
+start() {  # name, command...
+  local name=$1; shift
+  if running "$name"; then return; fi
+  log "starting $name"
+  setsid "$@" >"$CLUSTER_DIR/logs/$name.log" 2>&1 < /dev/null &
+  echo $! > "$CLUSTER_DIR/$name.pid"
+}
+wait_for() {  # description, seconds, command...
+  local what=$1 seconds=$2; shift 2
+  for _ in $(seq 1 $((seconds * 5))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
+  die "$what did not come up in ${seconds}s (see $CLUSTER_DIR/logs)"
+}
+
+# --- certificates ------------------------------------------------------------------------------
+cert() {  # name, subject, extensions (or "")
+  local name=$1 subj=$2 ext=$3
+  [ -f "$PKI/$name.crt" ] && return
+  openssl genrsa -out "$PKI/$name.key" 2048 2>/dev/null
+  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
+  if [ -n "$ext" ]; then printf '%s\n' "$ext" > "$PKI/$name.ext"; extarg=(-extfile "$PKI/$name.ext"); else extarg=(); fi
+  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial -days 365 \
+    -out "$PKI/$name.crt" "${extarg[@]}" 2>/dev/null
+}
+if [ ! -f "$PKI/ca.crt" ]; then
+  openssl genrsa -out "$PKI/ca.key" 2048 2>/dev/null
+  openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=neuron-test-ca" -days 365 -out "$PKI/ca.crt" 2>/dev/null
+fi
+cert apiserver "/CN=kube-apiserver" "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,IP:10.88.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
+extendedKeyUsage=serverAuth"
+cert admin "/O=system:masters/CN=admin" "extendedKeyUsage=clientAuth"
+cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "extendedKeyUsage=clientAuth"
+cert controller-manager "/CN=system:kube-controller-manager" "extendedKeyUsage=clientAuth"
+cert scheduler "/CN=system:kube-scheduler" "extendedKeyUsage=clientAuth"
+cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "extendedKeyUsage=clientAuth"
+cert kubelet-serving "/CN=$NODE_NAME" "subjectAltName=IP:127.0.0.1,DNS:$NODE_NAME,DNS:localhost
+extendedKeyUsage=serverAuth"
+[ -f "$PKI/sa.key" ] || { openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null; openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null; }
+
+kubeconfig() {  # name, cert
+  cat > "$CLUSTER_DIR/$1.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: neuron-test
+  cluster: {server: "https://127.0.0.1:6443", certificate-authority: "$PKI/ca.crt"}
+users:
+- name: $1
+  user: {client-certificate: "$PKI/$2.crt", client-key: "$PKI/$2.key"}
+contexts:
+- name: neuron-test
+  context: {cluster: neuron-test, user: $1}
+current-context: neuron-test
+EOF
+}
+kubeconfig admin admin
+kubeconfig controller-manager controller-manager
+kubeconfig scheduler scheduler
+kubeconfig kubelet kubelet
+KUBECTL=("$REPO/.venv/bin/kubectl" --kubeconfig "$CLUSTER_DIR/admin.kubeconfig")
+
+# --- the node's name resolves to this machine (kubectl logs/exec dial the node by name) -------
+grep -qE "^127\.0\.0\.1[[:space:]].*\b$NODE_NAME\b" /etc/hosts || echo "127.0.0.1 $NODE_NAME  # neuron-helm-chart test cluster" >> /etc/hosts
+
+# --- control plane ------------------------------------------------------------------------------
+start etcd etcd --name neuron-test --data-dir "$CLUSTER_DIR/etcd" \
+  --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+  --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+  --initial-cluster neuron-test=http://127.0.0.1:2380
+wait_for etcd 30 curl -sf http://127.0.0.1:2379/health
+
+start kube-apiserver "$BIN/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
+  --bind-address=0.0.0.0 --advertise-address=10.88.0.1 --secure-port=6443 \
+  --service-cluster-ip-range=10.96.0.0/24 --authorization-mode=Node,RBAC \
+  --client-ca-file="$PKI/ca.crt" --tls-cert-file="$PKI/apiserver.crt" --tls-private-key-file="$PKI/apiserver.key" \
+  --kubelet-client-certificate="$PKI/apiserver-kubelet-client.crt" --kubelet-client-key="$PKI/apiserver-kubelet-client.key" \
+  --kubelet-certificate-authority="$PKI/ca.crt" --kubelet-preferred-address-types=Hostname,InternalIP \
+  --service-account-issuer=https://kubernetes.default.svc --service-account-key-file="$PKI/sa.pub" \
+  --service-account-signing-key-file="$PKI/sa.key" --allow-privileged=true \
+  --enable-admission-plugins=NodeRestriction --endpoint-reconciler-type=none
+wait_for kube-apiserver 90 "${KUBECTL[@]}" get --raw /readyz
+
+start kube-controller-manager "$BIN/kube-controller-manager" --kubeconfig="$CLUSTER_DIR/controller-manager.kubeconfig" \
+  --authentication-kubeconfig="$CLUSTER_DIR/controller-manager.kubeconfig" \
+  --authorization-kubeconfig="$CLUSTER_DIR/controller-manager.kubeconfig" \
+  --service-account-private-key-file="$PKI/sa.key" --root-ca-file="$PKI/ca.crt" \
+  --use-service-account-credentials=true --leader-elect=false --bind-address=127.0.0.1 \
+  --cluster-signing-cert-file="$PKI/ca.crt" --cluster-signing-key-file="$PKI/ca.key" \
+  --controllers='*,-nodeipam,-route,-service-lb-controller,-cloud-node-lifecycle'
+start kube-scheduler "$BIN/kube-scheduler" --kubeconfig="$CLUSTER_DIR/scheduler.kubeconfig" \
+  --authentication-kubeconfig="$CLUSTER_DIR/scheduler.kubeconfig" --authorization-kubeconfig="$CLUSTER_DIR/scheduler.kubeconfig" \
+  --leader-elect=false --bind-address=127.0.0.1
+
+# The `kubernetes` Service's endpoint: the API server on the pod bridge's host address.
+"${KUBECTL[@]}" apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Endpoints
+metadata: {name: kubernetes, namespace: default}
+subsets: [{addresses: [{ip: 10.88.0.1}], ports: [{name: https, port: 6443, protocol: TCP}]}]
+EOF
+
+# --- the simulated Neuron node, with real character devices ------------------------------------
+if [ ! -e "$SIM_ROOT/.neuron-sim/state.json" ]; then
+  log "creating a simulated $INSTANCE_TYPE at $SIM_ROOT"
+  "$REPO/.venv/bin/neuron-sim" create --instance-type "$INSTANCE_TYPE" --root "$SIM_ROOT" --char-devices
+fi
+
+# --- containerd, runc, CNI ----------------------------------------------------------------------
+CTR_SOCK="$CLUSTER_DIR/containerd/containerd.sock"
+cat > "$CLUSTER_DIR/containerd/config.toml" <<EOF
+version = 2
+root = "$CLUSTER_DIR/containerd/root"
+state = "$CLUSTER_DIR/containerd/state"
+[grpc]
+  address = "$CTR_SOCK"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        SystemdCgroup = false
+        BinaryName = "$(command -v runc)"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$CLUSTER_DIR/cni/net.d"
+EOF
+cat > "$CLUSTER_DIR/cni/net.d/10-neuron-test.conflist" <<EOF
+{"cniVersion": "1.0.0", "name": "neuron-test", "plugins": [
+  {"type": "bridge", "bridge": "neuron0br", "isGateway": true, "ipMasq": true,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR", "gateway": "10.88.0.1"}]],
+            "routes": [{"dst": "0.0.0.0/0"}]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+EOF
+# The bridge (and its address, where the API server is advertised) exists before any pod.
+ip link show neuron0br >/dev/null 2>&1 || ip link add neuron0br type bridge
+ip addr show dev neuron0br | grep -q 10.88.0.1/16 || ip addr add 10.88.0.1/16 dev neuron0br
+ip link set neuron0br up
+start containerd containerd --config "$CLUSTER_DIR/containerd/config.toml"
+wait_for containerd 30 ctr --address "$CTR_SOCK" version
+
+# --- the pause image, built locally (no registry here) ------------------------------------------
+if ! ctr --address "$CTR_SOCK" -n k8s.io images ls -q | grep -qx "$PAUSE_IMAGE"; then
+  log "building $PAUSE_IMAGE"
+  "$PY" tests/cluster/pause_image.py "$CLUSTER_DIR/pause.tar" "$PAUSE_IMAGE"
+  ctr --address "$CTR_SOCK" -n k8s.io images import "$CLUSTER_DIR/pause.tar" >/dev/null
+fi
+
+if ! ctr --address "$CTR_SOCK" -n k8s.io images ls -q | grep -qx "$APICHECK_IMAGE"; then
+  log "building $APICHECK_IMAGE"
+  "$PY" tests/cluster/pause_image.py "$CLUSTER_DIR/apicheck.tar" "$APICHECK_IMAGE" apicheck
+  ctr --address "$CTR_SOCK" -n k8s.io images import "$CLUSTER_DIR/apicheck.tar" >/dev/null
+fi
+
+# --- kube-proxy: the `kubernetes` Service (10.96.0.1:443) reaches the API server from pods ----
+start kube-proxy "$BIN/kube-proxy" --kubeconfig="$CLUSTER_DIR/admin.kubeconfig" --hostname-override="$NODE_NAME" \
+  --cluster-cidr="$POD_CIDR" --proxy-mode=iptables --conntrack-max-per-core=0 --metrics-bind-address=127.0.0.1:10249 \
+  --healthz-bind-address=127.0.0.1:10256
+
+# --- kubelet --------------------------------------------------------------------------------------
+cat > "$CLUSTER_DIR/kubelet/config.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: 127.0.0.1
+port: 10250
+readOnlyPort: 0
+failCgroupV1: false
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://$CTR_SOCK
+failSwapOn: false
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: "$PKI/ca.crt"}
+authorization: {mode: Webhook}
+tlsCertFile: "$PKI/kubelet-serving.crt"
+tlsPrivateKeyFile: "$PKI/kubelet-serving.key"
+clusterDomain: cluster.local
+resolvConf: /etc/resolv.conf
+evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
+imageGCHighThresholdPercent: 100
+serializeImagePulls: false
+localStorageCapacityIsolation: false
+podPidsLimit: -1
+EOF
+start kubelet "$BIN/kubelet" --config="$CLUSTER_DIR/kubelet/config.yaml" --kubeconfig="$CLUSTER_DIR/kubelet.kubeconfig" \
+  --hostname-override="$NODE_NAME" \
+  --node-labels="node.kubernetes.io/instance-type=$INSTANCE_TYPE" --v=1
+wait_for "node $NODE_NAME Ready" 120 bash -c \
+  "'${KUBECTL[0]}' --kubeconfig '$CLUSTER_DIR/admin.kubeconfig' get node '$NODE_NAME' -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
+# --- readiness: a pod reaches the API server through the kubernetes Service -------------------
+wait_for "kube-proxy's rule for the kubernetes Service" 60 bash -c "iptables -t nat -S KUBE-SERVICES | grep -q 10.96.0.1/32"
+probe() {
+  "${KUBECTL[@]}" delete pod apicheck --ignore-not-found --wait=true >/dev/null
+  "${KUBECTL[@]}" run apicheck --image="$APICHECK_IMAGE" --image-pull-policy=Never --restart=Never >/dev/null
+  for _ in $(seq 1 150); do
+    case $("${KUBECTL[@]}" get pod apicheck -o jsonpath='{.status.phase}' 2>/dev/null) in
+      Succeeded) return 0 ;;
+      Failed) return 1 ;;
+    esac
+    sleep 0.2
+  done
+  return 1
+}
+wait_for "the default service account" 60 "${KUBECTL[@]}" get serviceaccount default
+ok=0
+for attempt in 1 2 3 4 5; do
+  if probe; then ok=1; break; fi
+  log "in-cluster API probe failed (attempt $attempt): $("${KUBECTL[@]}" logs apicheck 2>&1 | tail -c 300)"
+  sleep 2
+done
+[ "$ok" = 1 ] || die "no pod could reach the API server through the kubernetes Service"
+log "$("${KUBECTL[@]}" logs apicheck | tr -d '\n' | head -c 120)"
+"${KUBECTL[@]}" delete pod apicheck --wait=false >/dev/null
+log "node $NODE_NAME is Ready; kubeconfig: $CLUSTER_DIR/admin.kubeconfig"
