@@ -15,7 +15,7 @@ DEMO_INSTANCE_TYPE ?= trn1.32xlarge
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup test lint typecheck unit bench demo protos dashboards clean cluster-up cluster-down cluster-test
+.PHONY: help setup test lint typecheck unit bench demo protos dashboards clean cluster-up cluster-down cluster-test images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -41,8 +41,12 @@ cluster-up: ## start the real single-node cluster (etcd, API server, kubelet, co
 cluster-down: ## stop it and remove what it mounted and made
 	tests/cluster/down.sh
 
-cluster-test: ## bring the cluster up, run the cluster-backed tests, bring it down
+images: ## build every service image with podman and import it into the cluster's containerd
+	tests/cluster/images.sh
+
+cluster-test: ## bring the cluster up, build and import the images, run the cluster-backed tests, bring it down
 	tests/cluster/up.sh
+	tests/cluster/images.sh
 	status=0; $(BIN)/pytest -q -m cluster tests/cluster || status=$$?; tests/cluster/down.sh; exit $$status
 
 bench: ## run the benchmarks in bench/ and print their figures

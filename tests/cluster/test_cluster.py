@@ -48,7 +48,7 @@ def eventually(predicate: Callable[[], object], timeout: float = 60, what: str =
         try:
             if predicate():
                 return
-        except (AssertionError, KeyError, json.JSONDecodeError):
+        except (AssertionError, KeyError, OSError, json.JSONDecodeError):
             pass
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not met in {timeout}s")
@@ -132,7 +132,7 @@ def device_plugin() -> Iterator[subprocess.Popen[bytes]]:
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(20)
-        for pod in ("cores", "too-many", "devices4"):
+        for pod in ("cores", "too-many", "devices4", "after-restart", "exporter"):
             kubectl("delete", "pod", pod, "--ignore-not-found", "--wait=false", check=False)
 
 
@@ -199,17 +199,75 @@ def test_kubelet_restart_reregisters(device_plugin: subprocess.Popen[bytes]) -> 
     )
     eventually(lambda: node()["status"]["allocatable"].get("aws.amazon.com/neuroncore") == "32", 60, "allocatable back")
     assert device_plugin.poll() is None  # the plugin rode it out
-    kubectl("delete", "pod", "after-restart", "--wait=false")
+    kubectl("delete", "pod", "after-restart", "--wait=true")
 
 
 def test_a_vanished_device_leaves_allocatable(device_plugin: subprocess.Popen[bytes]) -> None:
     from neuron_sysfs import sim
 
-    before = int(node()["status"]["allocatable"]["aws.amazon.com/neuron"])
+    # start from nothing held: every pod of the earlier tests is gone
+    eventually(lambda: node()["status"]["allocatable"]["aws.amazon.com/neuron"] == "16", 90, "all devices free")
     sim.vanish(SIM_ROOT, 15)
     try:
-        eventually(lambda: int(node()["status"]["allocatable"]["aws.amazon.com/neuron"]) == before - 1, 60, "unhealthy")
+        eventually(lambda: node()["status"]["allocatable"]["aws.amazon.com/neuron"] == "15", 60, "device 15 unhealthy")
         assert node()["status"]["capacity"]["aws.amazon.com/neuron"] == "16"
     finally:
         sim.restore(SIM_ROOT, 15)
-    eventually(lambda: int(node()["status"]["allocatable"]["aws.amazon.com/neuron"]) == before, 90, "device 15 back")
+    eventually(lambda: node()["status"]["allocatable"]["aws.amazon.com/neuron"] == "16", 90, "device 15 back")
+
+
+def test_project_images_are_in_containerd() -> None:
+    listed = subprocess.run(
+        ["ctr", "--address", str(CTR_SOCK), "-n", "k8s.io", "images", "ls", "-q"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for svc in ("device-plugin", "node-metrics", "node-problem-detector"):
+        assert any(ref.startswith(f"localhost/neuron-helm-chart/{svc}:") for ref in listed), svc
+
+
+def test_the_exporter_image_runs_as_a_pod_over_the_simulated_node() -> None:
+    version = next(
+        line.split('"')[1]
+        for line in (REPO / "services/node-metrics/pyproject.toml").read_text().splitlines()
+        if line.startswith("version")
+    )
+    manifest = f"""
+apiVersion: v1
+kind: Pod
+metadata: {{name: exporter, namespace: default}}
+spec:
+  hostNetwork: true
+  containers:
+  - name: exporter
+    image: localhost/neuron-helm-chart/node-metrics:{version}
+    imagePullPolicy: Never
+    args: [--host-root, {SIM_ROOT}, --listen, "127.0.0.1:19850", --pod-resources-socket, /var/lib/kubelet/pod-resources/kubelet.sock]
+    securityContext: {{readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}
+    volumeMounts:
+    - {{name: sim, mountPath: {SIM_ROOT}, readOnly: true}}
+    - {{name: pod-resources, mountPath: /var/lib/kubelet/pod-resources, readOnly: true}}
+  volumes:
+  - {{name: sim, hostPath: {{path: {SIM_ROOT}}}}}
+  - {{name: pod-resources, hostPath: {{path: /var/lib/kubelet/pod-resources}}}}
+"""
+    import urllib.request
+
+    kubectl("delete", "pod", "exporter", "--ignore-not-found", "--wait=true")
+    kubectl("apply", "-f", "-", stdin=manifest)
+    try:
+        eventually(
+            lambda: kubectl("get", "pod", "exporter", "-o", "jsonpath={.status.phase}") == "Running", 120, "exporter"
+        )
+
+        def scrape() -> str:
+            with urllib.request.urlopen("http://127.0.0.1:19850/metrics", timeout=5) as r:
+                return str(r.read().decode())
+
+        eventually(lambda: "neuron_exporter_podresources_up 1" in scrape(), 60, "exporter attribution up")
+        text = scrape()
+        assert 'neuron_device_info{device="15"' in text
+        assert 'instance_type="trn1.32xlarge"' in text
+    finally:
+        kubectl("delete", "pod", "exporter", "--wait=false", check=False)
