@@ -10,8 +10,6 @@ BIN       := $(VENV)/bin
 PYTHON    := $(BIN)/python
 SRC_DIRS  := $(wildcard libs/*/src services/*/src)
 PY_DIRS   := $(wildcard libs services tests bench)
-DEMO_ROOT ?= $(CURDIR)/.run/demo-node
-DEMO_INSTANCE_TYPE ?= trn1.32xlarge
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
@@ -52,9 +50,8 @@ cluster-test: ## bring the cluster up, build and import the images, run the clus
 bench: ## run the benchmarks in bench/ and print their figures
 	$(PYTHON) bench/run.py
 
-demo: ## create a simulated Neuron node and show what the stack discovers on it
-	$(BIN)/neuron-sim create --instance-type $(DEMO_INSTANCE_TYPE) --root $(DEMO_ROOT) --force
-	$(BIN)/neuron-inventory --root $(DEMO_ROOT)
+demo: ## the stack on the real cluster over a simulated trn1.32xlarge: capacity, a pod, its metrics, a hardware error
+	tools/demo.sh
 
 dashboards: ## regenerate the Grafana dashboards from tools/dashboards.py
 	$(PYTHON) tools/dashboards.py

@@ -271,3 +271,47 @@ spec:
         assert 'instance_type="trn1.32xlarge"' in text
     finally:
         kubectl("delete", "pod", "exporter", "--wait=false", check=False)
+
+
+def test_problem_detector_against_the_real_api_server(tmp_path: Path) -> None:
+    """The detector's strategic merge patch on a real API server: NeuronHealth set, the
+    kubelet's own conditions intact, an Event on the Node; then cleared by a new boot."""
+    from neuron_sysfs import sim
+
+    state = tmp_path / "npd"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "neuron_problem_detector", "--host-root", str(SIM_ROOT), "--node-name", NODE,
+         "--kubeconfig", str(KUBECONFIG), "--listen", "127.0.0.1:0", "--state-file", str(state / "state.json"),
+         "--verdict-dir", str(state / "verdicts"), "--lookback", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    def neuron_health() -> tuple[str, str] | None:
+        for c in node()["status"]["conditions"]:
+            if c["type"] == "NeuronHealth":
+                return c["status"], c["reason"]
+        return None
+
+    try:
+        eventually(lambda: neuron_health() == ("False", "NeuronHasNoError"), 60, "healthy condition")
+        sim.inject_hw_error(SIM_ROOT, "HBM_UNCORRECTABLE_ERROR", 6, 1)
+        eventually(lambda: neuron_health() == ("True", "NeuronHasError_HBM_UNCORRECTABLE_ERROR"), 30, "condition")
+        types = {c["type"] for c in node()["status"]["conditions"]}
+        assert {"Ready", "MemoryPressure", "DiskPressure", "PIDPressure"} <= types  # the kubelet's survived
+        events = json.loads(kubectl("get", "events", "-n", "default", "-o", "json"))["items"]
+        [event] = [
+            e for e in events if e["reason"] == "NeuronHasError_HBM_UNCORRECTABLE_ERROR" and "neuron6" in e["message"]
+        ]
+        assert event["involvedObject"]["kind"] == "Node"
+        assert event["involvedObject"]["name"] == NODE
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    # a new boot: the restarted detector clears the stale True
+    sim.reboot(SIM_ROOT)
+    proc = subprocess.Popen(proc.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        eventually(lambda: neuron_health() == ("False", "NeuronHasNoError"), 60, "cleared after reboot")
+    finally:
+        proc.terminate()
+        proc.wait(20)
