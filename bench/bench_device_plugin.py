@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from common import Figure, idle_cpu_percent, percentile, rss_mb
+from common import Figure, idle_cpu, percentile, rss_mb, stop_process, work_dir
 from grpc import aio
 from standins.kubelet import FakeKubelet
 
@@ -108,24 +106,16 @@ async def _measure(root: Path, work: Path) -> list[Figure]:
 
         await asyncio.sleep(2)
         figures.append(Figure("resident memory after the run", rss_mb(proc.pid), "MB", 60))
-        cpu = await asyncio.get_running_loop().run_in_executor(None, idle_cpu_percent, proc.pid, 20.0)
+        cpu = await idle_cpu(proc.pid)
         figures.append(Figure("idle CPU (20 s, no calls)", cpu, "%", 0.5))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
         await kubelet.stop()
     return figures
 
 
 def run() -> list[Figure]:
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    work = Path(tempfile.mkdtemp(prefix="bench-dp-", dir=base))
-    try:
+    with work_dir("bench-dp-") as work:
         root = work / "node"
         sim.create(root, "trn1.32xlarge")
         return asyncio.run(_measure(root, work))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)

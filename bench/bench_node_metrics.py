@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 import psutil
-from common import Figure, idle_cpu_percent, percentile, rss_mb, time_calls
+from common import Figure, idle_cpu, percentile, rss_mb, stop_process, time_calls, work_dir
 from standins.kubelet import Allocation, FakeKubelet
 
 from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
@@ -92,24 +90,16 @@ async def _measure(root: Path, work: Path) -> list[Figure]:
             Figure("CPU seconds per scrape", cpu_per_scrape, "s"),
             Figure("resident memory after 100 scrapes", rss_mb(proc.pid), "MB", 60),
         ]
-        cpu = await asyncio.get_running_loop().run_in_executor(None, idle_cpu_percent, proc.pid, 20.0)
+        cpu = await idle_cpu(proc.pid)
         figures.append(Figure("idle CPU (20 s, no scrapes; attribution every 10 s)", cpu, "%", 0.5))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
         await kubelet.stop()
     return figures
 
 
 def run() -> list[Figure]:
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    work = Path(tempfile.mkdtemp(prefix="bench-nm-", dir=base))
-    try:
+    with work_dir("bench-nm-") as work:
         root = work / "node"
         sim.create(root, "trn2.48xlarge", lnc=1)
         return asyncio.run(_measure(root, work))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)

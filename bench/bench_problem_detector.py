@@ -8,15 +8,12 @@ parsing >= 50,000 lines/s; resident memory <= 100 MB (with where it goes); idle 
 from __future__ import annotations
 
 import asyncio
-import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from common import Figure, idle_cpu_percent, percentile, rss_mb
+from common import Figure, idle_cpu, percentile, rss_mb, stop_process, work_dir
 from standins.apiserver import FakeApiServer
 
 from neuron_problem_detector import rules as rules_mod
@@ -93,14 +90,10 @@ async def _measure(work: Path) -> list[Figure]:
         figures.append(Figure("kernel line to condition visible p99", percentile(latencies, 99) * 1e3, "ms", 1000))
         await asyncio.sleep(1)
         figures.append(Figure("resident memory (running detector)", rss_mb(proc.pid), "MB", 100))
-        cpu = await asyncio.get_running_loop().run_in_executor(None, idle_cpu_percent, proc.pid, 20.0)
+        cpu = await idle_cpu(proc.pid)
         figures.append(Figure("idle CPU (20 s, quiet kernel log)", cpu, "%", 0.5))
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_process(proc)
         await api.down()
     return figures
 
@@ -108,9 +101,5 @@ async def _measure(work: Path) -> list[Figure]:
 def run() -> list[Figure]:
     figures = [Figure("parsing and matching kernel lines", _parse_rate(), "lines/s", 50_000, higher_is_better=True)]
     figures += _import_cost()
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    work = Path(tempfile.mkdtemp(prefix="bench-npd-", dir=base))
-    try:
+    with work_dir("bench-npd-") as work:
         return figures + asyncio.run(_measure(work))
-    finally:
-        shutil.rmtree(work, ignore_errors=True)

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import shutil
 import statistics
+import subprocess
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import psutil
 
@@ -85,3 +91,30 @@ def print_figures(title: str, figures: list[Figure]) -> None:
             op = ">=" if f.higher_is_better else "<="
             target = f"  target {op} {f.target:g} {f.unit}  {'ok' if f.met else 'MISSED'}"
         print(f"  {f.name:<58} {f.value:>10.3f} {f.unit:<6}{target}")
+
+
+async def idle_cpu(pid: int, seconds: float = 20.0) -> float:
+    """`idle_cpu_percent` without blocking the event loop that serves the stand-ins."""
+    import asyncio
+
+    return await asyncio.get_running_loop().run_in_executor(None, idle_cpu_percent, pid, seconds)
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ten seconds."""
+    proc.terminate()
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@contextlib.contextmanager
+def work_dir(prefix: str) -> Iterator[Path]:
+    """A scratch directory on tmpfs when there is one (simulated nodes are thousands of files)."""
+    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

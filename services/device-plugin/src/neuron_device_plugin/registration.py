@@ -4,10 +4,10 @@ The kubelet dials the plugin back inside `Register` (10 s timeout) and calls
 `GetDevicePluginOptions` before answering, so the plugin's socket must be served before it
 registers. When the kubelet restarts it deletes every socket in the directory but its own
 and recreates `kubelet.sock`; a plugin registering in the kubelet's first seconds can lose
-its socket to that cleanup after registering. So the watcher checks, every `poll` seconds,
-that the plugin's socket is still the one it created and that `kubelet.sock` is the one it
-registered with; otherwise it restarts the server and registers again, with back-off while
-no kubelet answers. It never exits for that.
+its socket to that cleanup after registering. So the watcher checks, whenever the directory
+changes (inotify), that the plugin's socket is still the one it created and that
+`kubelet.sock` is the one it registered with; otherwise it restarts the server and registers
+again, with back-off while no kubelet answers. It never exits for that.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from grpc import aio
 from kubelet_api import DEVICE_PLUGIN_VERSION
 from kubelet_api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from neuron_common.backoff import Backoff
-from neuron_common.lifecycle import sleep_or_stop
+from neuron_common.inotify import DirectoryWatch
 from neuron_common.resources import Resource
 from neuron_device_plugin.metrics import PluginMetrics
 
@@ -177,10 +177,13 @@ class Registrar:
         await self.server.stop()
 
 
-async def watch(registrars: list[Registrar], stop: asyncio.Event, poll: float = 0.2) -> None:
-    """One loop for every resource: a timer wakeup costs more CPU than the checks it runs."""
+async def watch(registrars: list[Registrar], stop: asyncio.Event, resync: float = 5.0) -> None:
+    """One loop for every resource, woken by inotify when the device-plugins directory changes
+    (a socket deleted, kubelet.sock recreated), by a retry falling due, or every `resync`
+    seconds as a safety net. Without inotify it polls every 0.2 s."""
     retry_at = {id(r): 0.0 for r in registrars}
     loop = asyncio.get_running_loop()
+    directory = DirectoryWatch(registrars[0].server.socket.parent)
     try:
         while not stop.is_set():
             now = loop.time()
@@ -188,8 +191,13 @@ async def watch(registrars: list[Registrar], stop: asyncio.Event, poll: float = 
             delays = await asyncio.gather(*(r.step() for r in due))
             for r, delay in zip(due, delays, strict=True):
                 retry_at[id(r)] = now + delay if delay is not None else 0.0
-            pending = [t for t in retry_at.values() if t > now]
-            wait = min([poll, *(t - loop.time() for t in pending)])
-            await sleep_or_stop(stop, max(wait, 0.01))
+            pending = [t - loop.time() for t in retry_at.values() if t > now]
+            timeout = max(min([resync, *pending]), 0.01)
+            changed = asyncio.ensure_future(directory.wait(timeout))
+            stopped = asyncio.ensure_future(stop.wait())
+            await asyncio.wait([changed, stopped], return_when=asyncio.FIRST_COMPLETED)
+            changed.cancel()
+            stopped.cancel()
     finally:
+        directory.close()
         await asyncio.gather(*(r.close() for r in registrars))

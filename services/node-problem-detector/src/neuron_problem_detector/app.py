@@ -159,7 +159,8 @@ class Detector:
     async def follow_kmsg(self) -> None:
         warned = False
         while not self.stop.is_set():
-            follower = KmsgFollower(str(self.config.kmsg_path), lookback=self.config.lookback, poll_interval=0.1)
+            # /dev/kmsg wakes the loop itself; a kernel-log *file* (a simulated node) is polled
+            follower = KmsgFollower(str(self.config.kmsg_path), lookback=self.config.lookback, poll_interval=0.25)
             try:
                 async for item in follower.follow(self.stop):
                     self._kmsg_ok = True
