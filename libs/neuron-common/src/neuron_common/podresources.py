@@ -52,11 +52,6 @@ class PodResourcesPoller:
         self.errors: Counter[str] = Counter()
         self._retry = Backoff(initial=0.2, maximum=interval)
         self._exhausted = Backoff(initial=interval, maximum=max_backoff)
-        self._wake = asyncio.Event()
-
-    def poke(self) -> None:
-        """Read again now (e.g. after an allocation), instead of at the next tick."""
-        self._wake.set()
 
     async def refresh(self) -> bool:
         started = time.monotonic()
@@ -100,6 +95,5 @@ class PodResourcesPoller:
                 delay = self._exhausted.next_delay()
             else:
                 delay = self._retry.next_delay()
-            self._wake.clear()
-            await wait_any(stop, self._wake, timeout=delay)
+            await wait_any(stop, timeout=delay)
         await self.client.close()

@@ -129,11 +129,6 @@ def dev_node(root: Path, index: int) -> Path:
     return root / DEV_DIR / f"neuron{index}"
 
 
-def dev_node_in_container(index: int) -> str:
-    """The path a container sees: always /dev/neuronN, whatever the host root is."""
-    return f"/dev/neuron{index}"
-
-
 def core_dir(device: Path, local_core: int) -> Path:
     return device / f"neuron_core{local_core}"
 

@@ -289,10 +289,6 @@ class PluginState:
         lnc = self.inventory.lnc
         return None if lnc.source is LncSource.DEFAULT else str(lnc.value)
 
-    def numa_of(self, device: int) -> int | None:
-        dev = self.known.get(device)
-        return dev.numa_node if dev else None
-
 
 def topology_cores(topology: Topology, device: int) -> tuple[int, ...]:
     return tuple(topology.cores_of(device))

@@ -10,7 +10,7 @@ non-zero on this boot or grows by at least `threshold`).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -220,7 +220,3 @@ def match_counters(
 def counters_reset(previous: Mapping[tuple[int, str], int], current: Mapping[tuple[int, str], int]) -> set[int]:
     """Devices whose counters went back down: the driver was reloaded, its errors are gone."""
     return {device for (device, name), value in current.items() if value < previous.get((device, name), 0)}
-
-
-def describe(rules: Iterable[Rule]) -> str:
-    return ", ".join(sorted({r.reason for r in rules}))
