@@ -190,3 +190,19 @@ def test_char_devices(tmp_path: Path) -> None:
     assert os.major(st.st_rdev) == sim.SIM_CHAR_MAJOR
     assert os.minor(st.st_rdev) == 4
     assert scan(tmp_path, env={}).device(4).dev_node_present  # type: ignore[union-attr]
+
+
+def test_tracker_rescans_only_when_the_listed_devices_change(make_node) -> None:  # type: ignore[no-untyped-def]
+    from neuron_sysfs.inventory import InventoryTracker
+
+    root = make_node("inf2.24xlarge")
+    tracker = InventoryTracker(root)
+    first = tracker.inventory
+    assert tracker.refresh() is False
+    assert tracker.inventory is first
+    sim.vanish(root, 2)
+    assert tracker.refresh() is True
+    assert [d.index for d in tracker.inventory.devices] == [0, 1, 3, 4, 5]
+    assert tracker.refresh() is False
+    shutil.rmtree(layout.device_dir(root, 4))  # listed (class link left behind) but unreadable
+    assert tracker.refresh() is False  # not a change of the listing: no rescan on every call

@@ -16,7 +16,7 @@ from types import MappingProxyType
 from typing import Any, TypeVar
 
 from neuron_sysfs import layout
-from neuron_sysfs.attrs import ISSUE_LOG, read_text
+from neuron_sysfs.attrs import ISSUE_LOG, log, read_text
 from neuron_sysfs.errors import IssueKind, ScanIssue, SysfsError
 from neuron_sysfs.instance_types import INSTANCE_TYPES, InstanceType, guess_instance_type
 from neuron_sysfs.lnc import LncSetting, resolve_lnc
@@ -230,6 +230,36 @@ def scan(root: str | Path = "/", env: Mapping[str, str] | None = None) -> NodeIn
         topology_source=topo_source,
         issues=tuple(issues),
     )
+
+
+class InventoryTracker:
+    """The latest inventory, rescanned only when the set of listed devices changes.
+
+    `refresh()` costs one directory listing, cheap enough for every health tick or scrape. It
+    compares the *listed* indices (the driver drops a vanished device's class link), so a
+    device that is listed but unreadable does not cause a rescan on every call.
+    """
+
+    def __init__(self, root: str | Path, inventory: NodeInventory | None = None) -> None:
+        self.root = Path(root)
+        if inventory is None:
+            indices, _ = list_device_indices(self.root)
+            inventory = scan(self.root)
+            self._listed = tuple(indices)
+        else:
+            self._listed = tuple(d.index for d in inventory.devices)
+        self.inventory = inventory
+
+    def refresh(self) -> bool:
+        """Rescan when the devices changed; True when `inventory` is new."""
+        indices, _ = list_device_indices(self.root)
+        listed = tuple(indices)
+        if listed == self._listed:
+            return False
+        log.info("Neuron devices changed: %s -> %s; rescanning", list(self._listed), list(listed))
+        self._listed = listed
+        self.inventory = scan(self.root)
+        return True
 
 
 def _attr(path: Path, parse: Callable[[str], T], issues: list[ScanIssue], device_dir: Path) -> T | None:

@@ -14,7 +14,7 @@ from neuron_device_plugin.health import Finding, counter_findings, hw_error_seve
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_device_plugin.state import PluginState
 from neuron_sysfs.counters import CounterKey, CounterKind, CounterReader
-from neuron_sysfs.inventory import list_device_indices, scan
+from neuron_sysfs.inventory import InventoryTracker
 from neuron_sysfs.kmsg import parse_hw_error
 
 log = logging.getLogger(__name__)
@@ -43,7 +43,7 @@ class HealthMonitor:
         self.interval = interval
         self.verdict_dir = verdict_dir
         self._previous: dict[CounterKey, int] | None = None
-        self._present = tuple(d.index for d in state.inventory.devices)
+        self._tracker = InventoryTracker(host_root, state.inventory)
         self._ticks = 0
         self._make_readers()
 
@@ -60,12 +60,8 @@ class HealthMonitor:
         )
 
     def tick(self) -> None:
-        indices, _ = list_device_indices(self.host_root)  # the driver drops a vanished device's class link
-        present = tuple(indices)
-        if present != self._present:
-            log.info("Neuron devices changed: %s -> %s; rescanning", list(self._present), list(present))
-            self._present = present
-            self.state.set_inventory(scan(self.host_root))
+        if self._tracker.refresh():
+            self.state.set_inventory(self._tracker.inventory)
             self._make_readers()
         values = dict(self._hardware.read().values)
         if self._ticks % STATUS_EVERY == 0:

@@ -25,7 +25,7 @@ from prometheus_client.samples import Sample
 from neuron_node_metrics.attribution import Attribution, Owner
 from neuron_node_metrics.catalogue import FAMILIES, NEURON_MONITOR_STATUS
 from neuron_sysfs.counters import CounterKey, CounterKind, CounterReader
-from neuron_sysfs.inventory import NodeInventory, list_device_indices, scan
+from neuron_sysfs.inventory import InventoryTracker, NodeInventory
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,8 @@ class NeuronCollector(Collector):
         self.read_errors: Tally[str] = Tally()
         self._kinds = set().union(*(_NEEDS.get(f, set()) for f in families))
         self._owner_cache: tuple[Attribution | None, dict[int, str], dict[int, str]] = (None, {}, {})
-        self.inventory = scan(host_root)
+        self._tracker = InventoryTracker(host_root)
+        self.inventory = self._tracker.inventory
         self._build()
 
     # -- per inventory ------------------------------------------------------------------------
@@ -143,7 +144,6 @@ class NeuronCollector(Collector):
         self.reader = CounterReader(
             inv, kinds=self._kinds, power="neuron_device_power_utilization_ratio" in self.families, select=_wanted
         )
-        self._present = tuple(d.index for d in inv.devices)
         self._logical: dict[tuple[int, int], int] = {}
         for core in inv.cores:
             for physical in core.physical:
@@ -160,10 +160,8 @@ class NeuronCollector(Collector):
             self._core = {c.index: f"{pair('device', str(c.device))},{pair('core', str(c.index))}" for c in inv.cores}
 
     def refresh_inventory(self) -> None:
-        indices, _ = list_device_indices(self.host_root)
-        if tuple(indices) != self._present:
-            log.info("Neuron devices changed: %s -> %s; rescanning", list(self._present), indices)
-            self.inventory = scan(self.host_root)
+        if self._tracker.refresh():
+            self.inventory = self._tracker.inventory
             self._build()
             self._owner_cache = (None, {}, {})
 

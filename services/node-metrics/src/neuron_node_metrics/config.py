@@ -8,7 +8,7 @@ from pathlib import Path
 
 import kubelet_api
 from neuron_common import resources
-from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_float
+from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_float, positive_int
 from neuron_node_metrics.catalogue import FAMILIES
 
 DEFAULT_PORT = 9840
@@ -32,18 +32,6 @@ class Config:
     def resources(self) -> list[resources.Resource]:
         p = self.resource_prefix
         return [resources.neuron(p), resources.neuroncore(p), resources.neurondevice(p)]
-
-
-def _positive_int(text: str) -> int:
-    import argparse
-
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
-    return value
 
 
 def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
@@ -84,10 +72,10 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
     p.add_flag(
         "--max-attributed-containers",
         default=512,
-        type=_positive_int,
+        type=positive_int,
         help="cap on distinct pod/namespace/container label sets; holders beyond it stay unattributed",
     )
-    p.add_flag("--max-label-length", default=128, type=_positive_int, help="longer label values are cut")
+    p.add_flag("--max-label-length", default=128, type=positive_int, help="longer label values are cut")
     p.add_argument("--list-metrics", action="store_true", help="print the metric families as a Markdown table and exit")
     return p
 

@@ -19,7 +19,7 @@ from neuron_problem_detector.detector import Problem, load_state, save_state, wa
 from neuron_problem_detector.reporter import Reporter
 from neuron_problem_detector.rules import Match, Rules
 from neuron_sysfs.counters import CounterKind, CounterReader
-from neuron_sysfs.inventory import list_device_indices, scan
+from neuron_sysfs.inventory import InventoryTracker
 
 log = logging.getLogger(__name__)
 
@@ -187,15 +187,11 @@ class Detector:
                 await sleep_or_stop(self.stop, 10)
 
     async def watch_counters(self) -> None:
-        inventory = scan(self.config.host_root)
-        reader = CounterReader(inventory, kinds={CounterKind.HARDWARE}, power=False)
-        present = tuple(d.index for d in inventory.devices)
+        tracker = InventoryTracker(self.config.host_root)
+        reader = CounterReader(tracker.inventory, kinds={CounterKind.HARDWARE}, power=False)
         while not self.stop.is_set():
-            indices, _ = list_device_indices(self.config.host_root)
-            if tuple(indices) != present:
-                present = tuple(indices)
-                inventory = scan(self.config.host_root)
-                reader = CounterReader(inventory, kinds={CounterKind.HARDWARE}, power=False)
+            if tracker.refresh():
+                reader = CounterReader(tracker.inventory, kinds={CounterKind.HARDWARE}, power=False)
             snapshot = reader.read()
             current = {(k.device, k.name): v for k, v in snapshot.values.items()}
             previous = self._counters_previous

@@ -7,7 +7,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_common.config import EnvArgumentParser, listen_address, log_level, non_negative_float, positive_float
+from neuron_common.config import (
+    EnvArgumentParser,
+    listen_address,
+    log_level,
+    non_negative_float,
+    positive_float,
+    positive_int,
+)
 from neuron_problem_detector.rules import DEFAULT_RULES
 
 DEFAULT_LISTEN = "0.0.0.0:9842"
@@ -73,7 +80,9 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         help="per-device verdicts for the device plugin (a host path); '' disables",
     )
     p.add_flag("--event-namespace", default="default", help="namespace of the Events on the Node")
-    p.add_flag("--max-pending-events", default=1000, type=int, help="Events kept while the API server is unreachable")
+    p.add_flag(
+        "--max-pending-events", default=1000, type=positive_int, help="Events kept while the API server is unreachable"
+    )
     p.add_bool_flag(
         "--taint", default=False, help="taint the node aws.amazon.com/neuron-unhealthy:NoSchedule while unhealthy"
     )
@@ -90,8 +99,6 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         p.error(
             "the node's name is needed: pass --node-name or set NODE_NAME (the chart sets it from the downward API)"
         )
-    if a.max_pending_events < 1:
-        p.error("--max-pending-events must be at least 1")
     return Config(
         host_root=a.host_root,
         kmsg_path=Path(a.kmsg_path) if a.kmsg_path else a.host_root / "dev" / "kmsg",
