@@ -9,11 +9,11 @@ VENV      := .venv
 BIN       := $(VENV)/bin
 PYTHON    := $(BIN)/python
 SRC_DIRS  := $(wildcard libs/*/src services/*/src)
-PY_DIRS   := $(wildcard libs services tests bench)
+PY_DIRS   := $(wildcard libs services tests bench tools charts)
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup test lint typecheck unit bench demo protos dashboards clean cluster-up cluster-down cluster-test images
+.PHONY: help setup test lint typecheck unit bench demo protos dashboards chart-docs chart-lint clean cluster-up cluster-down cluster-test images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -52,6 +52,13 @@ bench: ## run the benchmarks in bench/ and print their figures
 
 demo: ## the stack on the real cluster over a simulated trn1.32xlarge: capacity, a pod, its metrics, a hardware error
 	tools/demo.sh
+
+chart-docs: ## regenerate the values table of the chart's README from the comments in values.yaml
+	$(PYTHON) tools/chart_docs.py
+
+chart-lint: ## chart-testing's ct lint (yamale, yamllint, helm lint --strict) over every ci/*-values.yaml
+	source "$$(tests/chart/build-tools.sh)/paths.env"; \
+	  "$$CT" lint --config ct.yaml --all --lint-conf "$$CT_ETC/lintconf.yaml" --chart-yaml-schema "$$CT_ETC/chart_schema.yaml"
 
 dashboards: ## regenerate the Grafana dashboards from tools/dashboards.py
 	$(PYTHON) tools/dashboards.py

@@ -72,4 +72,7 @@ ln -sf "$tools_dir/kubectl" "$VENV/bin/kubectl"
 # --- Kubernetes binaries for the test cluster, built from the pinned Go module (cached) -------
 tests/cluster/build-k8s.sh
 
+# --- chart-testing, kubectl-validate, OpenAPI documents and CRDs for the chart checks (cached) --
+tests/chart/build-tools.sh >/dev/null
+
 log "done: $("$VENV/bin/helm" version --short), kubectl $("$VENV/bin/kubectl" version --client -o json | "$VENV/bin/python" -c 'import json,sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"])')"

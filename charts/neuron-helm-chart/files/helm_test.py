@@ -1,0 +1,171 @@
+"""`helm test` checks, run inside this project's problem-detector image (Python, the Kubernetes
+client and neuron_sysfs's instance table). One mode per test pod; exit 0 passes.
+
+  capacity    every node running the device plugin advertises the neuron/neuroncore counts its
+              instance type implies
+  allocation  run in a pod holding one neuroncore: exactly one /dev/neuronN and one visible core
+  metrics     every node-metrics pod serves neuron_ samples
+  health      every node running the problem detector carries the NeuronHealth condition
+
+Settings come from the environment the chart sets (see templates/tests/).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+NAMESPACE = os.environ.get("RELEASE_NAMESPACE", "default")
+TIMEOUT = float(os.environ.get("TEST_TIMEOUT_SECONDS", "120"))
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def fail(message: str) -> None:
+    log(f"FAIL: {message}")
+    sys.exit(1)
+
+
+def eventually(check: Callable[[], str | None], what: str) -> None:
+    """Retry `check` (None means passed, else the reason) until TIMEOUT, then fail with the last reason."""
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        reason = check()
+        if reason is None:
+            log(f"ok: {what}")
+            return
+        if time.monotonic() > deadline:
+            fail(f"{what}: {reason} (after {TIMEOUT:.0f} s)")
+        time.sleep(2)
+
+
+def core_api() -> Any:
+    from kubernetes import client, config
+
+    config.load_incluster_config()
+    return client.CoreV1Api()
+
+
+def component_pods(api: Any, selector: str) -> list[Any]:
+    pods = api.list_namespaced_pod(NAMESPACE, label_selector=selector).items
+    return [p for p in pods if p.spec.node_name]
+
+
+def expected_counts(instance_type: str, lnc_setting: int) -> tuple[int, int]:
+    from neuron_sysfs.instance_types import INSTANCE_TYPES
+
+    it = INSTANCE_TYPES.get(instance_type.removeprefix("ml."))
+    if it is None:
+        fail(f"instance type {instance_type!r} is not in neuron_sysfs's table; cannot say what it should advertise")
+        raise AssertionError  # unreachable, for the type checker
+    lnc = lnc_setting or it.family.default_lnc
+    if lnc not in it.family.supported_lnc:
+        fail(f"tests.logicalNcConfig={lnc} is not supported by {it.family.name} ({it.family.supported_lnc})")
+    return it.devices, it.devices * it.logical_cores_per_device(lnc)
+
+
+def test_capacity() -> None:
+    api = core_api()
+    prefix = os.environ.get("RESOURCE_PREFIX", "aws.amazon.com")
+    label = os.environ.get("INSTANCE_TYPE_LABEL", "node.kubernetes.io/instance-type")
+    lnc = int(os.environ.get("LOGICAL_NC_CONFIG", "0"))
+    selector = os.environ["DEVICE_PLUGIN_SELECTOR"]
+    nodes: list[str] = []
+
+    def plugin_nodes() -> str | None:
+        nodes[:] = sorted({p.spec.node_name for p in component_pods(api, selector)})
+        return None if nodes else f"no device plugin pod ({selector}) is scheduled in {NAMESPACE}"
+
+    eventually(plugin_nodes, "device plugin pods are scheduled")
+    for name in nodes:
+        node = api.read_node(name)
+        instance_type = (node.metadata.labels or {}).get(label)
+        if not instance_type:
+            fail(f"node {name} has no {label} label")
+        devices, cores = expected_counts(instance_type, lnc)
+
+        def advertised(name: str = name, devices: int = devices, cores: int = cores) -> str | None:
+            capacity = api.read_node(name).status.capacity or {}
+            got = (capacity.get(f"{prefix}/neuron"), capacity.get(f"{prefix}/neuroncore"))
+            want = (str(devices), str(cores))
+            return None if got == want else f"capacity neuron/neuroncore is {got}, expected {want}"
+
+        eventually(advertised, f"node {name} ({instance_type}) advertises {devices} neuron and {cores} neuroncore")
+
+
+def test_allocation() -> None:
+    devices = sorted(p for p in Path("/dev").glob("neuron*") if re.fullmatch(r"neuron\d+", p.name))
+    if len(devices) != 1:
+        fail(f"a pod holding one neuroncore should see exactly one /dev/neuronN, saw {[str(d) for d in devices]}")
+    if not stat.S_ISCHR(devices[0].stat().st_mode):
+        fail(f"{devices[0]} is not a character device")
+    visible = os.environ.get("NEURON_RT_VISIBLE_CORES", "")
+    if not re.fullmatch(r"\d+", visible):
+        fail(f"NEURON_RT_VISIBLE_CORES should name exactly one core, got {visible!r}")
+    log(f"ok: one neuroncore holds {devices[0]} and NEURON_RT_VISIBLE_CORES={visible}")
+
+
+def test_metrics() -> None:
+    api = core_api()
+    selector = os.environ["NODE_METRICS_SELECTOR"]
+    port = int(os.environ["NODE_METRICS_PORT"])
+    ips: list[tuple[str, str]] = []
+
+    def ready_pods() -> str | None:
+        pods = component_pods(api, selector)
+        ips[:] = [(p.metadata.name, p.status.pod_ip) for p in pods if p.status.pod_ip]
+        if not pods:
+            return f"no node-metrics pod ({selector}) in {NAMESPACE}"
+        return None if len(ips) == len(pods) else "some node-metrics pods have no IP yet"
+
+    eventually(ready_pods, "node-metrics pods have addresses")
+    for pod, ip in ips:
+
+        def serves(ip: str = ip) -> str | None:
+            try:
+                with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=10) as response:
+                    body = response.read().decode()
+            except OSError as e:
+                return f"GET http://{ip}:{port}/metrics failed: {e}"
+            samples = [line for line in body.splitlines() if line.startswith("neuron_")]
+            return None if samples else "the response holds no neuron_ sample"
+
+        eventually(serves, f"{pod} ({ip}:{port}) serves neuron_ metrics")
+
+
+def test_health() -> None:
+    api = core_api()
+    selector = os.environ["NPD_SELECTOR"]
+    condition = os.environ.get("CONDITION_TYPE", "NeuronHealth")
+    nodes: list[str] = []
+
+    def detector_nodes() -> str | None:
+        nodes[:] = sorted({p.spec.node_name for p in component_pods(api, selector)})
+        return None if nodes else f"no problem detector pod ({selector}) in {NAMESPACE}"
+
+    eventually(detector_nodes, "problem detector pods are scheduled")
+    for name in nodes:
+
+        def has_condition(name: str = name) -> str | None:
+            conditions = api.read_node(name).status.conditions or []
+            found = [c for c in conditions if c.type == condition]
+            return None if found else f"node {name} has no {condition} condition"
+
+        eventually(has_condition, f"node {name} carries {condition}")
+
+
+MODES = {"capacity": test_capacity, "allocation": test_allocation, "metrics": test_metrics, "health": test_health}
+
+if __name__ == "__main__":
+    if len(sys.argv) != 2 or sys.argv[1] not in MODES:
+        fail(f"usage: helm_test.py {{{'|'.join(MODES)}}}")
+    MODES[sys.argv[1]]()

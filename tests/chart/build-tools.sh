@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Builds the chart checks' tools from pinned Go modules into a cache outside the clone (seconds
+# once cached, about a minute cold):
+#   ct                 chart-testing, from tests/chart/tools/ct/go.mod, with its own etc/ linter files
+#   kubectl-validate   SIG CLI's offline validator (the API server's own schema validation), from
+#                      tests/chart/tools/kubectl-validate/go.mod; it embeds Kubernetes 1.30's schemas
+#   openapi/<k8s>      the OpenAPI v3 documents of the newest Kubernetes release this repository pins
+#                      (tests/cluster/k8s), laid out as kubectl-validate's --local-schemas wants
+#   crds/              the CRDs of the optional objects the chart renders (Prometheus operator,
+#                      node-feature-discovery), from their Go modules at pinned versions
+# Prints the cache directory on its last line.
+set -euo pipefail
+cd "$(dirname "$0")"
+HERE=$PWD
+CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/neuron-helm-chart/chart-tools"
+PROMETHEUS_OPERATOR=github.com/prometheus-operator/prometheus-operator@v0.85.0
+NFD=sigs.k8s.io/node-feature-discovery@v0.18.2
+log() { printf '[chart-tools] %s\n' "$*" >&2; }
+pin() { sed -n "s#^require $1 \(v[0-9.]*\)\$#\1#p" "$2"; }
+module_dir() { (cd / && GOFLAGS= go mod download -json "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])'); }
+
+CT_VERSION=$(pin github.com/helm/chart-testing/v3 tools/ct/go.mod)
+KV_VERSION=$(pin sigs.k8s.io/kubectl-validate tools/kubectl-validate/go.mod)
+K8S_VERSION=$(pin k8s.io/kubernetes ../cluster/k8s/go.mod)
+[ -n "$CT_VERSION" ] && [ -n "$KV_VERSION" ] && [ -n "$K8S_VERSION" ] || { log "cannot read the pins"; exit 1; }
+
+build() {  # module-dir package output version
+  [ -x "$3" ] && return 0
+  log "building $2 $4 (cached afterwards)"
+  mkdir -p "$(dirname "$3")"
+  (cd "$1" && CGO_ENABLED=0 GOFLAGS=-mod=readonly go build -trimpath -ldflags "-s -w $5" -o "$3.tmp" "$2")
+  mv "$3.tmp" "$3"
+}
+
+ct_dir="$CACHE/ct-$CT_VERSION"
+build tools/ct github.com/helm/chart-testing/v3/ct "$ct_dir/ct" "$CT_VERSION" \
+  "-X github.com/helm/chart-testing/v3/ct/cmd.Version=$CT_VERSION"
+if [ ! -f "$ct_dir/etc/lintconf.yaml" ]; then
+  src=$(module_dir "github.com/helm/chart-testing/v3@$CT_VERSION")
+  mkdir -p "$ct_dir/etc" && cp "$src/etc/chart_schema.yaml" "$src/etc/lintconf.yaml" "$ct_dir/etc/"
+fi
+
+build tools/kubectl-validate sigs.k8s.io/kubectl-validate "$CACHE/kubectl-validate-$KV_VERSION/kubectl-validate" "$KV_VERSION" ""
+
+openapi="$CACHE/openapi/$K8S_VERSION"
+if [ ! -f "$openapi/.complete" ]; then
+  log "extracting Kubernetes $K8S_VERSION's OpenAPI v3 documents"
+  src=$(module_dir "k8s.io/kubernetes@$K8S_VERSION")/api/openapi-spec/v3
+  rm -rf "$openapi" && mkdir -p "$openapi"
+  for f in "$src"/api*__*_openapi.json; do
+    # api__v1_openapi.json -> api/v1.json; apis__apps__v1_openapi.json -> apis/apps/v1.json
+    # (group discovery documents such as apis__apps_openapi.json are not schemas: skipped)
+    rel=$(basename "$f" _openapi.json | sed 's#__#/#g')
+    case "$rel" in api/*/* | apis/*/*/* | apis/*/* | api/*) ;; *) continue ;; esac
+    [[ "$rel" == apis/* && "$rel" != apis/*/* ]] && continue
+    mkdir -p "$openapi/$(dirname "$rel")" && cp "$f" "$openapi/$rel.json"
+  done
+  touch "$openapi/.complete"
+fi
+
+crds="$CACHE/crds/${PROMETHEUS_OPERATOR##*@}-${NFD##*@}"
+if [ ! -f "$crds/.complete" ]; then
+  log "collecting the CRDs of $PROMETHEUS_OPERATOR and $NFD"
+  rm -rf "$crds" && mkdir -p "$crds"
+  po=$(module_dir "$PROMETHEUS_OPERATOR")/example/prometheus-operator-crd
+  for kind in servicemonitors podmonitors prometheusrules; do cp "$po/monitoring.coreos.com_$kind.yaml" "$crds/"; done
+  cp "$(module_dir "$NFD")/deployment/base/nfd-crds/nfd-api-crds.yaml" "$crds/nfd-api-crds.yaml"
+  touch "$crds/.complete"
+fi
+
+cat > "$CACHE/paths.env" <<EOF
+CT=$ct_dir/ct
+CT_ETC=$ct_dir/etc
+KUBECTL_VALIDATE=$CACHE/kubectl-validate-$KV_VERSION/kubectl-validate
+OPENAPI_NEWEST=$openapi
+OPENAPI_NEWEST_VERSION=${K8S_VERSION#v}
+CRDS=$crds
+EOF
+log "tools cached in $CACHE (paths in $CACHE/paths.env)"
+echo "$CACHE"

@@ -1,0 +1,663 @@
+"""The chart, rendered by the real Helm 4 and checked by the real chart-testing and kubectl-validate:
+toggles, labels, security contexts, RBAC, images, placement, monitoring gates, the values schema
+and every contradiction the chart refuses."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "neuron-helm-chart"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+HELM = str(REPO / ".venv" / "bin" / "helm")
+COMPONENTS = {"devicePlugin": "device-plugin", "nodeMetrics": "node-metrics", "npd": "problem-detector"}
+MONITORING_API = ["--api-versions", "monitoring.coreos.com/v1"]
+NFD_API = ["--api-versions", "nfd.k8s-sigs.io/v1alpha1"]
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([HELM, *args], capture_output=True, text=True, check=False)
+    if check and result.returncode != 0:
+        pytest.fail(f"helm {' '.join(args)} failed:\n{result.stderr}")
+    return result
+
+
+@functools.cache
+def _render(args: tuple[str, ...]) -> tuple[dict[str, Any], ...]:
+    out = helm("template", "neuron-helm-chart", str(CHART), "--namespace", "kube-system", *args).stdout
+    return tuple(d for d in yaml.safe_load_all(out) if d)
+
+
+def render(*args: str) -> list[dict[str, Any]]:
+    return list(_render(args))
+
+
+def sets(**values: object) -> list[str]:
+    out: list[str] = []
+    for key, value in values.items():
+        out += ["--set-json", f"{key.replace('__', '.')}={json.dumps(value)}"]
+    return out
+
+
+def of_kind(docs: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def by_component(docs: Iterable[dict[str, Any]], component: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component]
+
+
+def daemonset(docs: list[dict[str, Any]], component: str) -> dict[str, Any]:
+    (ds,) = [d for d in of_kind(docs, "DaemonSet") if d["metadata"]["name"].endswith(component)]
+    return ds
+
+
+def container(ds: dict[str, Any]) -> dict[str, Any]:
+    (c,) = ds["spec"]["template"]["spec"]["containers"]
+    return c
+
+
+def refusal(*args: str) -> str:
+    result = helm("template", "x", str(CHART), *args, check=False)
+    assert result.returncode != 0, f"helm template {' '.join(args)} should have been refused"
+    return result.stderr
+
+
+# --- toggles ---------------------------------------------------------------------------------
+
+
+def test_defaults_render_every_component() -> None:
+    docs = render()
+    assert {d["metadata"]["name"] for d in of_kind(docs, "DaemonSet")} == {
+        "neuron-helm-chart-device-plugin",
+        "neuron-helm-chart-node-metrics",
+        "neuron-helm-chart-problem-detector",
+    }
+
+
+@pytest.mark.parametrize("disabled", COMPONENTS)
+def test_disabling_a_component_removes_every_object_it_owns(disabled: str) -> None:
+    component = COMPONENTS[disabled]
+    before = by_component(render(*MONITORING_API), component)
+    assert len(before) >= 2, f"{component} should own several objects by default"
+    after = render(*MONITORING_API, *sets(**{f"{disabled}__enabled": False}))
+    assert by_component(after, component) == []
+    tests = [p for p in of_kind(after, "Pod") if p["metadata"]["name"].endswith(tuple(_checks_of(disabled)))]
+    assert tests == [], "a disabled component's helm test must be left out"
+    others = {c for k, c in COMPONENTS.items() if k != disabled}
+    assert others <= {d["metadata"]["labels"].get("app.kubernetes.io/component") for d in after}
+
+
+def _checks_of(key: str) -> list[str]:
+    return {"devicePlugin": ["-capacity", "-allocation"], "nodeMetrics": ["-metrics"], "npd": ["-health"]}[key]
+
+
+def test_disabling_tests_removes_test_pods_and_their_rbac() -> None:
+    docs = render(*sets(tests__enabled=False))
+    assert of_kind(docs, "Pod") == []
+    assert by_component(docs, "tests") == []
+
+
+# --- labels ----------------------------------------------------------------------------------
+
+STANDARD_LABELS = {
+    "app.kubernetes.io/name": "neuron-helm-chart",
+    "app.kubernetes.io/instance": "neuron-helm-chart",
+    "app.kubernetes.io/managed-by": "Helm",
+    "app.kubernetes.io/part-of": "neuron-helm-chart",
+}
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
+def test_every_object_carries_the_standard_labels(values: Path) -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    for doc in render("-f", str(values), *MONITORING_API, *NFD_API):
+        labels = doc["metadata"]["labels"]
+        for key, value in STANDARD_LABELS.items():
+            assert labels.get(key) == value, f"{doc['kind']}/{doc['metadata']['name']}: {key}"
+        assert labels["helm.sh/chart"] == f"neuron-helm-chart-{chart['version']}"
+        assert labels["app.kubernetes.io/version"] == chart["appVersion"]
+
+
+def test_selectors_use_only_stable_labels_and_match_the_pods() -> None:
+    docs = render()
+    for ds in of_kind(docs, "DaemonSet"):
+        selector = ds["spec"]["selector"]["matchLabels"]
+        assert set(selector) == {"app.kubernetes.io/name", "app.kubernetes.io/instance", "app.kubernetes.io/component"}
+        assert selector.items() <= ds["spec"]["template"]["metadata"]["labels"].items()
+    (svc,) = of_kind(docs, "Service")
+    assert svc["spec"]["selector"] == daemonset(docs, "node-metrics")["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["clusterIP"] == "None"
+
+
+def test_common_labels_reach_every_object() -> None:
+    for doc in render(*sets(commonLabels={"team": "ml-platform"})):
+        assert doc["metadata"]["labels"]["team"] == "ml-platform"
+
+
+# --- security --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("simulation", [False, True])
+def test_security_contexts_are_the_documented_minimum(simulation: bool) -> None:
+    docs = render(*sets(simulation__enabled=simulation))
+    for component in COMPONENTS.values():
+        ds = daemonset(docs, component)
+        pod = ds["spec"]["template"]["spec"]
+        sc = container(ds)["securityContext"]
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["allowPrivilegeEscalation"] is False
+        assert sc["capabilities"]["drop"] == ["ALL"]
+        assert sc["runAsUser"] == 0  # documented: root-only kubelet directories, /dev/kmsg
+        assert pod["priorityClassName"] == "system-node-critical"
+        assert pod.get("hostNetwork") is not True
+        assert pod.get("hostPID") is not True
+        if component == "problem-detector":
+            assert sc["capabilities"]["add"] == ["SYSLOG"]
+            assert sc.get("privileged", False) is (not simulation), "privileged only for /dev/kmsg on real nodes"
+        else:
+            assert "add" not in sc["capabilities"]
+            assert "privileged" not in sc
+            assert pod["automountServiceAccountToken"] is False
+
+
+def test_kmsg_privilege_can_be_turned_off() -> None:
+    sc = container(daemonset(render(*sets(npd__kmsgPrivileged=False)), "problem-detector"))["securityContext"]
+    assert "privileged" not in sc
+
+
+def test_test_pods_run_unprivileged_as_nobody() -> None:
+    for pod in of_kind(render(), "Pod"):
+        assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+        (c,) = pod["spec"]["containers"]
+        assert c["securityContext"] == {
+            "readOnlyRootFilesystem": True,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+        }
+
+
+def test_host_paths_are_read_only_except_the_documented_ones() -> None:
+    writable = {
+        "device-plugin": {"/var/lib/kubelet/device-plugins"},
+        "node-metrics": set(),
+        "problem-detector": {"/var/lib/neuron-problem-detector"},
+    }
+    docs = render()
+    for component, allowed in writable.items():
+        ds = daemonset(docs, component)
+        host_volumes = {v["name"] for v in ds["spec"]["template"]["spec"]["volumes"] if "hostPath" in v}
+        rw = {
+            m["mountPath"] for m in container(ds)["volumeMounts"] if m["name"] in host_volumes and not m.get("readOnly")
+        }
+        assert rw == allowed, component
+
+
+# --- RBAC ------------------------------------------------------------------------------------
+
+
+def _rules(docs: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    (role,) = [d for d in of_kind(docs, "ClusterRole") if d["metadata"]["name"] == name]
+    return list(role["rules"])
+
+
+NPD_RULES = [
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["nodes/status"], "verbs": ["patch"]},
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+]
+
+
+@pytest.mark.parametrize(
+    ("remediation", "node_verbs"),
+    [({}, ["get"]), ({"taint": True}, ["get", "patch"]), ({"cordon": True}, ["get", "patch"])],
+)
+def test_problem_detector_rbac_is_exactly_as_documented(remediation: dict[str, bool], node_verbs: list[str]) -> None:
+    docs = render(*sets(**{f"npd__remediation__{k}": v for k, v in remediation.items()}))
+    expected = [dict(NPD_RULES[0], verbs=node_verbs), *NPD_RULES[1:]]
+    assert _rules(docs, "neuron-helm-chart-problem-detector") == expected
+    args = container(daemonset(docs, "problem-detector"))["args"]
+    assert ("--taint" in args) is bool(remediation.get("taint"))
+    assert ("--cordon" in args) is bool(remediation.get("cordon"))
+
+
+def test_only_the_detector_and_the_tests_are_bound_to_roles() -> None:
+    docs = render()
+    subjects = {
+        s["name"] for b in of_kind(docs, "ClusterRoleBinding") + of_kind(docs, "RoleBinding") for s in b["subjects"]
+    }
+    assert subjects == {"neuron-helm-chart-problem-detector", "neuron-helm-chart-tests"}
+    assert _rules(docs, "neuron-helm-chart-tests") == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}
+    ]
+    (role,) = of_kind(docs, "Role")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
+
+
+def test_an_existing_service_account_can_be_named() -> None:
+    docs = render(*sets(devicePlugin__serviceAccount={"create": False, "name": "my-sa", "annotations": {}}))
+    assert daemonset(docs, "device-plugin")["spec"]["template"]["spec"]["serviceAccountName"] == "my-sa"
+    assert "neuron-helm-chart-device-plugin" not in {d["metadata"]["name"] for d in of_kind(docs, "ServiceAccount")}
+
+
+# --- images ----------------------------------------------------------------------------------
+
+
+def _images(docs: list[dict[str, Any]]) -> list[str]:
+    workloads = of_kind(docs, "DaemonSet")
+    images = [container(d)["image"] for d in workloads]
+    return images + [c["image"] for p in of_kind(docs, "Pod") for c in p["spec"]["containers"]]
+
+
+def test_images_default_to_the_app_version() -> None:
+    app_version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    for image in _images(render()):
+        assert re.fullmatch(rf"localhost/neuron-helm-chart/[a-z-]+:{re.escape(app_version)}", image), image
+
+
+def test_global_image_registry_wins_over_every_component_registry() -> None:
+    images = _images(render(*sets(global__imageRegistry="registry.example.internal:5000")))
+    assert images
+    assert all(i.startswith("registry.example.internal:5000/neuron-helm-chart/") for i in images)
+
+
+def test_a_digest_wins_over_the_tag() -> None:
+    digest = "sha256:" + "ab" * 32
+    docs = render(*sets(devicePlugin__image__digest=digest, devicePlugin__image__tag="9.9.9"))
+    assert container(daemonset(docs, "device-plugin"))["image"] == f"localhost/neuron-helm-chart/device-plugin@{digest}"
+    assert container(daemonset(docs, "node-metrics"))["image"].endswith(":0.1.0")
+
+
+def test_pull_secrets_merge_global_and_component() -> None:
+    docs = render(*sets(global__imagePullSecrets=["g"], nodeMetrics__imagePullSecrets=["m", "g"]))
+    spec = daemonset(docs, "node-metrics")["spec"]["template"]["spec"]
+    assert spec["imagePullSecrets"] == [{"name": "g"}, {"name": "m"}]
+    assert daemonset(docs, "device-plugin")["spec"]["template"]["spec"]["imagePullSecrets"] == [{"name": "g"}]
+
+
+# --- placement -------------------------------------------------------------------------------
+
+
+def _match_expressions(ds: dict[str, Any]) -> list[dict[str, Any]]:
+    affinity = ds["spec"]["template"]["spec"]["affinity"]
+    (term,) = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    return list(term["matchExpressions"])
+
+
+def test_default_placement_lists_every_instance_type_the_services_know() -> None:
+    from neuron_sysfs.instance_types import INSTANCE_TYPES
+
+    for ds in of_kind(render(), "DaemonSet"):
+        by_key = {e["key"]: e for e in _match_expressions(ds)}
+        listed = set(by_key["node.kubernetes.io/instance-type"]["values"])
+        assert set(INSTANCE_TYPES) <= listed
+        assert by_key["eks.amazonaws.com/compute-type"] == {
+            "key": "eks.amazonaws.com/compute-type",
+            "operator": "NotIn",
+            "values": ["fargate", "hybrid", "auto"],
+        }
+        tolerations = ds["spec"]["template"]["spec"]["tolerations"]
+        assert any(t.get("key") == "aws.amazon.com/neuron" or t.get("key") is None for t in tolerations)
+
+
+def test_nfd_placement_and_its_rule() -> None:
+    docs = render("-f", str(CHART / "ci" / "nfd-values.yaml"))
+    for ds in of_kind(docs, "DaemonSet"):
+        assert _match_expressions(ds)[0] == {
+            "key": "feature.node.kubernetes.io/aws-neuron",
+            "operator": "In",
+            "values": ["true"],
+        }
+    (rule,) = of_kind(docs, "NodeFeatureRule")
+    expressions = rule["spec"]["rules"][0]["matchFeatures"][0]["matchExpressions"]
+    assert expressions["vendor"] == {"op": "In", "value": ["1d0f"]}
+    assert set(expressions["device"]["value"]) == {"7064", "7065", "7066", "7067", "7164", "7264", "7364"}
+
+
+def test_node_feature_rule_needs_its_api_or_force() -> None:
+    values = sets(placement__mode="nfd", placement__nodeFeatureRule__enabled=True)
+    assert of_kind(render(*values), "NodeFeatureRule") == []
+    assert len(of_kind(render(*values, *NFD_API), "NodeFeatureRule")) == 1
+
+
+def test_a_component_affinity_replaces_placement() -> None:
+    custom = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}]
+            }
+        }
+    }
+    docs = render(*sets(npd__affinity=custom))
+    assert daemonset(docs, "problem-detector")["spec"]["template"]["spec"]["affinity"] == custom
+    assert _match_expressions(daemonset(docs, "device-plugin"))[0]["key"] == "node.kubernetes.io/instance-type"
+
+
+def test_placement_none_renders_no_affinity() -> None:
+    docs = render(*sets(placement__mode="none", placement__excludeComputeTypes=[]))
+    for ds in of_kind(docs, "DaemonSet"):
+        assert "affinity" not in ds["spec"]["template"]["spec"]
+
+
+# --- simulation ------------------------------------------------------------------------------
+
+
+def test_simulation_points_every_component_at_the_simulated_root() -> None:
+    root = "/var/lib/neuron-sim/other"
+    docs = render(*sets(simulation__enabled=True, simulation__hostRoot=root))
+    for component in COMPONENTS.values():
+        ds = daemonset(docs, component)
+        assert f"--host-root={root}" in container(ds)["args"]
+        paths = {v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"] if "hostPath" in v}
+        assert root in paths
+        assert not paths & {"/sys", "/dev", "/opt/aws"}, "a simulated node must not see the host's devices"
+    assert f"--host-dev-root={root}" in container(daemonset(docs, "device-plugin"))["args"]
+
+
+def test_real_mode_reads_the_host_under_slash_host() -> None:
+    docs = render()
+    for component in COMPONENTS.values():
+        ds = daemonset(docs, component)
+        assert "--host-root=/host" in container(ds)["args"]
+        mounts = {m["mountPath"]: m for m in container(ds)["volumeMounts"]}
+        for path in ("/host/sys", "/host/dev", "/host/opt/aws", "/host/proc/sys/kernel/random"):
+            assert mounts[path]["readOnly"] is True
+    assert "--host-dev-root=/" in container(daemonset(docs, "device-plugin"))["args"]
+
+
+# --- monitoring ------------------------------------------------------------------------------
+
+
+def test_monitoring_objects_need_the_api_or_force() -> None:
+    assert of_kind(render(), "ServiceMonitor") == of_kind(render(), "PrometheusRule") == []
+    for args in (MONITORING_API, sets(nodeMetrics__monitoring__force=True)):
+        docs = render(*args)
+        assert len(of_kind(docs, "ServiceMonitor")) == len(of_kind(docs, "PrometheusRule")) == 1
+
+
+def test_service_monitor_keeps_pod_labels_and_adds_node_and_job() -> None:
+    docs = render(*MONITORING_API, *sets(nodeMetrics__monitoring__additionalLabels={"release": "kps"}))
+    (sm,) = of_kind(docs, "ServiceMonitor")
+    assert sm["metadata"]["labels"]["release"] == "kps"
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["honorLabels"] is True
+    assert endpoint["port"] == "http"
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in endpoint["relabelings"]
+    assert {"targetLabel": "job", "replacement": "neuron-node-metrics"} in endpoint["relabelings"]
+    assert sm["spec"]["selector"]["matchLabels"] == of_kind(docs, "Service")[0]["spec"]["selector"]
+    (rule,) = of_kind(docs, "PrometheusRule")
+    assert rule["metadata"]["labels"]["release"] == "kps"
+
+
+def test_pod_monitor_variant() -> None:
+    docs = render("-f", str(CHART / "ci" / "podmonitor-forced-values.yaml"))
+    assert of_kind(docs, "ServiceMonitor") == of_kind(docs, "Service") == []
+    (pm,) = of_kind(docs, "PodMonitor")
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint["honorLabels"] is True
+    assert endpoint["metricRelabelings"][0]["action"] == "drop"
+
+
+def test_prometheus_rule_is_the_promtool_tested_rules_file() -> None:
+    (rule,) = of_kind(render(*MONITORING_API), "PrometheusRule")
+    source = yaml.safe_load((CHART / "rules" / "neuron-node-metrics.rules.yaml").read_text())
+    assert rule["spec"] == source
+    assert of_kind(render(*MONITORING_API, *sets(nodeMetrics__prometheusRule__enabled=False)), "PrometheusRule") == []
+
+
+def test_dashboards_are_config_maps_for_the_grafana_sidecar() -> None:
+    docs = render(*sets(nodeMetrics__dashboards__namespace="monitoring"))
+    maps = [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    files = sorted(p.name for p in (CHART / "dashboards").glob("*.json"))
+    assert sorted(k for m in maps for k in m["data"]) == files
+    for m in maps:
+        assert m["metadata"]["namespace"] == "monitoring"
+        for body in m["data"].values():
+            assert json.loads(body)["panels"]
+    assert not [
+        d
+        for d in of_kind(render(*sets(nodeMetrics__dashboards__enabled=False)), "ConfigMap")
+        if "grafana_dashboard" in d["metadata"]["labels"]
+    ]
+
+
+# --- the detector's rules --------------------------------------------------------------------
+
+
+def test_chart_rules_are_the_detectors_default_rules() -> None:
+    package = REPO / "services/node-problem-detector/src/neuron_problem_detector/default-rules.yaml"
+    assert (CHART / "files" / "npd-rules.yaml").read_text() == package.read_text()
+
+
+def test_custom_rules_replace_the_shipped_ones_and_roll_the_pods() -> None:
+    custom = "source: custom\nconditions: []\nrules: []\n"
+    default_docs, custom_docs = render(), render(*sets(npd__rules=custom))
+
+    def rules_map(docs: list[dict[str, Any]]) -> dict[str, Any]:
+        (cm,) = [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["name"].endswith("-rules")]
+        return cm
+
+    assert rules_map(custom_docs)["data"]["rules.yaml"] == custom.rstrip("\n")
+    checksum = [
+        daemonset(d, "problem-detector")["spec"]["template"]["metadata"]["annotations"]["checksum/rules"]
+        for d in (default_docs, custom_docs)
+    ]
+    assert checksum[0] != checksum[1]
+
+
+# --- values schema: one test per class of mistake ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (sets(devicePlugin__enabeld=True), "additional properties 'enabeld' not allowed"),
+        (sets(unknownTopLevel=1), "additional properties 'unknownTopLevel' not allowed"),
+        (sets(devicePlugin__enabled="yes"), "/devicePlugin/enabled"),
+        (sets(npd__logLevel="verbose"), "value must be one of 'debug', 'info', 'warning', 'error'"),
+        (sets(nodeMetrics__port=70000), "/nodeMetrics/port"),
+        (sets(devicePlugin__image__digest="sha256:short"), "/devicePlugin/image/digest"),
+        (sets(simulation__hostRoot="relative/path"), "/simulation/hostRoot"),
+        (sets(placement__mode="everywhere"), "/placement/mode"),
+        (sets(nodeMetrics__monitoring__kind="Probe"), "/nodeMetrics/monitoring/kind"),
+        (sets(nodeMetrics__monitoring__interval="thirty"), "/nodeMetrics/monitoring/interval"),
+        (sets(devicePlugin__extraArgs=["verbose"]), "/devicePlugin/extraArgs/0"),
+        (sets(devicePlugin__image__repository=None), "missing property 'repository'"),
+        (sets(tests__logicalNcConfig=4), "/tests/logicalNcConfig"),
+        (sets(npd__tolerations=[{"operator": "Sometimes"}]), "/npd/tolerations/0/operator"),
+    ],
+    ids=[
+        "misspelt-key",
+        "unknown-top-level",
+        "wrong-type",
+        "enum",
+        "out-of-range",
+        "bad-digest",
+        "relative-path",
+        "placement-mode",
+        "monitor-kind",
+        "duration",
+        "flag-without-dashes",
+        "missing-required",
+        "lnc",
+        "toleration",
+    ],
+)
+def test_the_schema_rejects_mistakes_with_a_clear_message(args: list[str], message: str) -> None:
+    stderr = refusal(*args)
+    assert "values don't meet the specifications of the schema" in stderr
+    assert message in stderr, stderr
+
+
+# --- contradictions --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (
+            sets(devicePlugin__enabled=False, nodeMetrics__enabled=False, npd__enabled=False),
+            "the release would install nothing",
+        ),
+        (sets(placement__instanceTypes=[]), "placement.mode=instanceType needs at least one entry"),
+        (sets(placement__nodeFeatureRule__enabled=True), "set placement.mode=nfd or disable the rule"),
+        (sets(nodeMetrics__service__enabled=False), "enable the Service or use kind PodMonitor"),
+        (
+            sets(npd__remediation__taint=True, npd__serviceAccount={"create": False, "name": "", "annotations": {}}),
+            "npd.remediation needs",
+        ),
+    ],
+    ids=[
+        "nothing-enabled",
+        "no-instance-types",
+        "nfd-rule-unused",
+        "monitor-without-service",
+        "remediation-without-sa",
+    ],
+)
+def test_contradictions_fail_with_what_to_change(args: list[str], message: str) -> None:
+    stderr = refusal(*args)
+    assert message in stderr, stderr
+
+
+# --- the real linters and validators ---------------------------------------------------------
+
+
+@functools.cache
+def chart_tools() -> dict[str, str]:
+    script = REPO / "tests" / "chart" / "build-tools.sh"
+    result = subprocess.run([str(script)], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        pytest.fail(f"{script} failed (make setup builds these tools):\n{result.stderr}")
+    paths = Path(result.stdout.strip().splitlines()[-1]) / "paths.env"
+    return dict(line.split("=", 1) for line in paths.read_text().splitlines() if "=" in line)
+
+
+def test_ct_lint_passes_on_every_ci_values_file() -> None:
+    tools = chart_tools()
+    env = dict(os.environ, PATH=f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}")
+    result = subprocess.run(
+        [tools["CT"], "lint", "--config", "ct.yaml", "--all", "--lint-conf", f"{tools['CT_ETC']}/lintconf.yaml",
+         "--chart-yaml-schema", f"{tools['CT_ETC']}/chart_schema.yaml"],
+        cwd=REPO, capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    for values in CI_VALUES:
+        assert f'Linting chart with values file "charts/neuron-helm-chart/ci/{values.name}"' in result.stdout
+    assert "All charts linted successfully" in result.stdout
+
+
+def test_ct_lint_fails_on_a_yamllint_error(tmp_path: Path) -> None:
+    """The check above can fail: a copy of the chart with a lint error in a ci file is refused."""
+    tools = chart_tools()
+    shutil.copytree(CHART, tmp_path / "charts" / "neuron-helm-chart")
+    (tmp_path / "charts" / "neuron-helm-chart" / "ci" / "all-on-values.yaml").write_text("tests: {enabled: true}   \n")
+    subprocess.run(["git", "init", "-q", "-b", "main", str(tmp_path)], check=True)
+    env = dict(os.environ, PATH=f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}")
+    result = subprocess.run(
+        [tools["CT"], "lint", "--chart-dirs", "charts", "--all", "--validate-maintainers=false",
+         "--lint-conf", f"{tools['CT_ETC']}/lintconf.yaml", "--chart-yaml-schema", f"{tools['CT_ETC']}/chart_schema.yaml"],
+        cwd=tmp_path, capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "trailing spaces" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
+def test_helm_lint_strict(values: Path) -> None:
+    result = helm("lint", "--strict", str(CHART), "-f", str(values))
+    assert "0 chart(s) failed" in result.stdout
+
+
+def _validate(manifests: Path, *version_args: str) -> subprocess.CompletedProcess[str]:
+    tools = chart_tools()
+    return subprocess.run(
+        [tools["KUBECTL_VALIDATE"], str(manifests), *version_args, "--local-crds", tools["CRDS"]],
+        capture_output=True, text=True, check=False, env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")},
+    )  # fmt: skip
+
+
+def _kube_versions() -> list[tuple[str, list[str]]]:
+    tools = chart_tools()
+    # kubectl-validate embeds 1.30's schemas. For the newest release it reads the OpenAPI documents of
+    # the pinned k8s.io/kubernetes module (--local-schemas), which take precedence over the embedded ones.
+    return [
+        ("1.30", ["--version", "1.30"]),
+        (tools["OPENAPI_NEWEST_VERSION"], ["--version", "1.30", "--local-schemas", tools["OPENAPI_NEWEST"]]),
+    ]
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
+def test_rendered_manifests_validate_against_kubernetes_1_30_and_the_newest(values: Path, tmp_path: Path) -> None:
+    docs = render("-f", str(values), *MONITORING_API, *NFD_API)
+    manifests = tmp_path / "manifests.yaml"
+    manifests.write_text(yaml.safe_dump_all(docs))
+    newest = Path(chart_tools()["OPENAPI_NEWEST"])
+    for doc in docs:
+        group, _, version = doc["apiVersion"].rpartition("/")
+        if "." not in group or (group.endswith(".k8s.io") and group != "nfd.k8s-sigs.io"):
+            path = newest / ("apis/" + group if group else "api") / f"{version}.json"
+            assert path.exists(), f"{doc['kind']} uses {doc['apiVersion']}, which the newest Kubernetes does not serve"
+    for version, args in _kube_versions():
+        result = _validate(manifests, *args)
+        assert result.returncode == 0, f"Kubernetes {version}:\n{result.stdout}{result.stderr}"
+
+
+def test_the_validator_catches_an_invalid_manifest(tmp_path: Path) -> None:
+    docs = render()
+    container(daemonset(docs, "device-plugin"))["securityContext"]["runAsUser"] = "root"
+    manifests = tmp_path / "bad.yaml"
+    manifests.write_text(yaml.safe_dump_all(docs))
+    for version, args in _kube_versions():
+        result = _validate(manifests, *args)
+        assert result.returncode != 0, f"Kubernetes {version} accepted a string runAsUser"
+        assert "runAsUser" in result.stdout + result.stderr
+
+
+# --- documentation ---------------------------------------------------------------------------
+
+
+def test_every_value_is_documented_and_the_readme_table_is_current() -> None:
+    result = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "chart_docs.py"), "--check"], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_value_has_a_schema_entry() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def walk(node: dict[str, Any], value: Any, path: str) -> None:
+        props = node.get("properties")
+        if props is None or not isinstance(value, dict):
+            return
+        for key, child in value.items():
+            assert key in props, f"{path}{key} is in values.yaml but not in values.schema.json"
+            walk(props[key], child, f"{path}{key}.")
+
+    walk(schema, values, "")
+
+
+def test_app_version_is_the_services_version() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2"
+    assert chart["kubeVersion"] == ">=1.30.0-0"
+    for pyproject in (REPO / "services").glob("*/pyproject.toml"):
+        version = re.search(r'^version = "(.+)"', pyproject.read_text(), re.MULTILINE)
+        assert version, pyproject
+        assert version[1] == chart["appVersion"], pyproject
