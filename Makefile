@@ -13,7 +13,7 @@ PY_DIRS   := $(wildcard libs services tests bench tools charts)
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup test lint typecheck unit bench demo protos dashboards chart-docs chart-lint clean cluster-up cluster-down cluster-test images
+.PHONY: help setup test lint typecheck unit bench demo protos dashboards chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -42,15 +42,20 @@ cluster-down: ## stop it and remove what it mounted and made
 images: ## build every service image with podman and import it into the cluster's containerd
 	tests/cluster/images.sh
 
-cluster-test: ## bring the cluster up, build and import the images, run the cluster-backed tests, bring it down
+cluster-test: ## bring the cluster up, build and import the images, run the cluster and e2e tests, bring it down
 	tests/cluster/up.sh
 	tests/cluster/images.sh
-	status=0; $(BIN)/pytest -q -m cluster tests/cluster || status=$$?; tests/cluster/down.sh; exit $$status
+	status=0; $(BIN)/pytest -q -m cluster tests/cluster || status=$$?; \
+	  if [ $$status -eq 0 ]; then KUBECONFIG=$(CURDIR)/.run/cluster/admin.kubeconfig $(BIN)/pytest -q -m e2e tests/e2e || status=$$?; fi; \
+	  tests/cluster/down.sh; exit $$status
+
+e2e: ## the chart end to end (install, helm test, faults, ct install) on a running cluster: $$KUBECONFIG or make cluster-up's
+	KUBECONFIG=$${KUBECONFIG:-$(CURDIR)/.run/cluster/admin.kubeconfig} $(BIN)/pytest -q -m e2e tests/e2e
 
 bench: ## run the benchmarks in bench/ and print their figures
 	$(PYTHON) bench/run.py
 
-demo: ## the stack on the real cluster over a simulated trn1.32xlarge: capacity, a pod, its metrics, a hardware error
+demo: ## the chart on the real cluster over a simulated node (INSTANCE_TYPE, default trn1.32xlarge): capacity, a pod, its metrics, a hardware error
 	tools/demo.sh
 
 chart-docs: ## regenerate the values table of the chart's README from the comments in values.yaml

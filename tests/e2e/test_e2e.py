@@ -1,0 +1,457 @@
+"""End to end: the chart installed by Helm on the real single-node cluster (make cluster-up) over
+a simulated Neuron node, with the project's own images. The tests run in file order and share one
+release; each leaves the node as it found it (no pod held, no error, no taint).
+
+Runs with `-m e2e` (make test does, after the cluster tests) against $KUBECONFIG, which defaults to
+the test cluster's; pytest-helm-charts supplies the cluster connection and the DaemonSet waits.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pykube
+import pytest
+import yaml
+from pytest_helm_charts.clusters import Cluster
+from pytest_helm_charts.k8s.daemon_set import wait_for_daemon_sets_to_run
+from pytest_helm_charts.utils import wait_for_objects_condition
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "neuron-helm-chart"
+CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
+CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR", REPO / ".run/cluster"))
+NODE = os.environ.get("NODE_NAME", "neuron-sim-node")
+SIM_ROOT = Path(os.environ.get("SIM_ROOT", "/var/lib/neuron-sim/node"))
+TRN2_ROOT = SIM_ROOT.parent / "e2e-trn2"
+RELEASE = "neuron-helm-chart"
+NAMESPACE = "neuron-e2e"
+WORKLOADS = "neuron-e2e-workloads"
+BIN = REPO / ".venv" / "bin"
+VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+WORKLOAD_IMAGE = f"localhost/neuron-helm-chart/device-plugin:{VERSION}"
+DAEMONSETS = {
+    "devicePlugin": f"{RELEASE}-device-plugin",
+    "nodeMetrics": f"{RELEASE}-node-metrics",
+    "npd": f"{RELEASE}-problem-detector",
+}
+RESOURCE = "aws.amazon.com"
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def run(*args: str | Path, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")
+    result = subprocess.run(
+        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, check=False
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(map(str, args))} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+        )
+    return result
+
+
+def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> str:
+    result = subprocess.run(
+        [str(BIN / "kubectl"), *args], input=stdin, capture_output=True, text=True, timeout=120, check=False
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr}")
+    return result.stdout
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return run(BIN / "helm", *args, check=check)
+
+
+def sim(*args: str | Path) -> None:
+    run(BIN / "neuron-sim", *args)
+
+
+def node() -> dict[str, Any]:
+    return json.loads(kubectl("get", "node", NODE, "-o", "json"))  # type: ignore[no-any-return]
+
+
+def allocatable() -> tuple[str | None, str | None]:
+    a = node()["status"].get("allocatable", {})
+    return a.get(f"{RESOURCE}/neuron"), a.get(f"{RESOURCE}/neuroncore")
+
+
+def neuron_health() -> dict[str, Any] | None:
+    found = [c for c in node()["status"]["conditions"] if c["type"] == "NeuronHealth"]
+    return found[0] if found else None
+
+
+def eventually(predicate: Callable[[], object], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        try:
+            if predicate():
+                return
+        except (AssertionError, KeyError, OSError, json.JSONDecodeError) as e:
+            last = f" (last error: {e})"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s{last}")
+        time.sleep(1)
+
+
+def strictly_ready(ds: pykube.DaemonSet) -> bool:
+    """Every pod runs the current template and is ready (stricter than pytest-helm-charts' count check,
+    which an old pod still counting as ready would pass)."""
+    status = ds.obj.get("status", {})
+    desired = status.get("desiredNumberScheduled", -1)
+    return bool(
+        status.get("observedGeneration") == ds.obj["metadata"]["generation"]
+        and desired > 0
+        and status.get("updatedNumberScheduled") == desired
+        and status.get("numberReady") == desired
+        and status.get("numberAvailable") == desired
+        and not status.get("numberUnavailable")
+    )
+
+
+def wait_daemonsets(kube_cluster: Cluster, names: list[str]) -> None:
+    wait_for_daemon_sets_to_run(kube_cluster.kube_client, names, NAMESPACE, timeout_sec=180)
+    wait_for_objects_condition(
+        kube_cluster.kube_client, pykube.DaemonSet, names, NAMESPACE, strictly_ready, timeout_sec=180, missing_ok=False
+    )
+
+
+def install(kube_cluster: Cluster, *args: str, values: Path | None = None) -> list[str]:
+    """helm upgrade --install in simulation mode; returns the DaemonSets that must then be running."""
+    files = ["-f", str(values)] if values else []
+    helm(
+        "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+        "--set", "simulation.enabled=true", "--set", f"simulation.hostRoot={SIM_ROOT}", *files, *args,
+        "--wait", "--timeout", "300s",
+    )  # fmt: skip
+    rendered = yaml.safe_load(helm("get", "values", RELEASE, "-n", NAMESPACE, "--all", "-o", "yaml").stdout)
+    expected = [name for key, name in DAEMONSETS.items() if rendered[key]["enabled"]]
+    wait_daemonsets(kube_cluster, expected)
+    present = {d["metadata"]["name"] for d in json.loads(kubectl("get", "ds", "-n", NAMESPACE, "-o", "json"))["items"]}
+    assert present == set(expected), f"DaemonSets {present}, expected {expected}"
+    return expected
+
+
+def pod_manifest(name: str, limits: dict[str, int], script: str) -> str:
+    return json.dumps({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": WORKLOADS},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": WORKLOAD_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c", script],
+                "resources": {"limits": limits},
+            }],
+        },
+    })  # fmt: skip
+
+
+SHOW = 'for d in /dev/neuron*; do echo "device=$d"; done; echo "cores=$NEURON_RT_VISIBLE_CORES"; sleep 3600'
+
+
+def start_pod(name: str, limits: dict[str, int]) -> dict[str, list[str]]:
+    kubectl("apply", "-f", "-", stdin=pod_manifest(name, limits, SHOW))
+    eventually(lambda: phase(name) == "Running", f"pod {name} running", 180)
+    seen: dict[str, list[str]] = {}
+
+    def logged() -> bool:
+        lines = kubectl("logs", "-n", WORKLOADS, name).splitlines()
+        seen.clear()
+        for line in lines:
+            key, _, value = line.partition("=")
+            seen.setdefault(key, []).append(value)
+        return "cores" in seen
+
+    eventually(logged, f"pod {name} printed its devices")
+    return seen
+
+
+def phase(name: str) -> str:
+    return kubectl("get", "pod", "-n", WORKLOADS, name, "-o", "jsonpath={.status.phase}")
+
+
+def delete_pods(*names: str) -> None:
+    kubectl("delete", "pod", "-n", WORKLOADS, *names, "--ignore-not-found", "--wait=true", "--timeout=60s")
+
+
+def exporter_metrics() -> str:
+    pods = json.loads(
+        kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=node-metrics", "-o", "json")
+    )
+    (pod,) = [p for p in pods["items"] if p["metadata"].get("deletionTimestamp") is None]
+    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:9840/metrics", timeout=10) as response:
+        return response.read().decode()  # type: ignore[no-any-return]
+
+
+def restart_daemonset_pods(kube_cluster: Cluster, component: str) -> None:
+    name = f"{RELEASE}-{component}"
+    before = kubectl(
+        "get", "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/component={component}", "-o", "name"
+    ).split()
+    assert before, f"no pod of {name}"
+    kubectl("delete", "-n", NAMESPACE, *before, "--wait=true", "--timeout=60s")
+    eventually(
+        lambda: set(
+            kubectl(
+                "get", "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/component={component}", "-o", "name"
+            ).split()
+        ).isdisjoint(before),
+        f"{name}'s pod replaced",
+    )
+    wait_daemonsets(kube_cluster, [name])
+
+
+def simulated_reboot(kube_cluster: Cluster) -> None:
+    """A reboot as the node agents see it: a new boot id, an empty kernel log, every agent restarted."""
+    sim("inject", "--root", SIM_ROOT, "reboot")
+    for component in ("problem-detector", "device-plugin", "node-metrics"):
+        if kubectl("get", "ds", "-n", NAMESPACE, f"{RELEASE}-{component}", check=False):
+            restart_daemonset_pods(kube_cluster, component)
+
+
+# --- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def cluster_prepared(kube_cluster: Cluster, namespace_factory: Callable[..., Any]) -> Iterator[None]:
+    """CRDs of the optional objects (so the ci variants that force them install), the NFD label the nfd
+    variant places on, a clean simulated node, and the workloads' namespace (pytest-helm-charts')."""
+    tools_dir = run(REPO / "tests" / "chart" / "build-tools.sh").stdout.strip().splitlines()[-1]
+    paths = dict(line.split("=", 1) for line in (Path(tools_dir) / "paths.env").read_text().splitlines())
+    kubectl("apply", "--server-side", "-f", paths["CRDS"])
+    kubectl("label", "node", NODE, "feature.node.kubernetes.io/aws-neuron=true", "--overwrite")
+    helm("uninstall", RELEASE, "-n", NAMESPACE, "--ignore-not-found", "--wait")
+    sim("inject", "--root", SIM_ROOT, "reboot")
+    namespace_factory(WORKLOADS)
+    yield
+    helm("uninstall", RELEASE, "-n", NAMESPACE, "--ignore-not-found", "--wait", check=False)
+    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+    kubectl("label", "node", NODE, "feature.node.kubernetes.io/aws-neuron-", check=False)
+    kubectl("taint", "node", NODE, "aws.amazon.com/neuron-unhealthy-", check=False)
+    kubectl("delete", "-f", paths["CRDS"], "--ignore-not-found", "--wait=false", check=False)
+
+
+# --- install with every ci values file -------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
+def test_install_with_each_ci_values_file(kube_cluster: Cluster, values: Path) -> None:
+    expected = install(kube_cluster, values=values)
+    enabled = {key for key, name in DAEMONSETS.items() if name in expected}
+    if "devicePlugin" in enabled:
+        eventually(lambda: allocatable() == ("16", "32"), "allocatable 16 neuron / 32 neuroncore")
+    if "npd" in enabled:
+        eventually(lambda: neuron_health() is not None, "the NeuronHealth condition")
+    if "nodeMetrics" in enabled:
+        eventually(lambda: "neuron_device_info{" in exporter_metrics(), "the exporter serving neuron_device_info")
+    objects = {
+        kind: kubectl("get", kind, "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name")
+        for kind in ("servicemonitors", "podmonitors", "prometheusrules")
+    }
+    forced = yaml.safe_load(values.read_text()).get("nodeMetrics", {}).get("monitoring", {})
+    if forced.get("kind") == "PodMonitor":
+        assert objects["podmonitors"]
+        assert not objects["servicemonitors"]
+    elif "nodeMetrics" in enabled:
+        # the CRDs are installed, so the ServiceMonitor renders from the API check alone
+        assert objects["servicemonitors"]
+        assert objects["prometheusrules"]
+
+
+# --- the whole stack -------------------------------------------------------------------------
+
+
+def test_all_on_allocatable_is_what_trn1_32xlarge_implies(kube_cluster: Cluster) -> None:
+    install(kube_cluster, values=CHART / "ci" / "all-on-values.yaml")
+    eventually(lambda: allocatable() == ("16", "32"), "allocatable 16 neuron / 32 neuroncore")
+    assert node()["status"]["capacity"][f"{RESOURCE}/neuron"] == "16"
+
+
+def test_a_pod_with_two_cores_sees_its_device_and_is_attributed() -> None:
+    seen = start_pod("cores2", {f"{RESOURCE}/neuroncore": 2})
+    try:
+        cores = [int(c) for c in seen["cores"][0].split(",")]
+        assert len(cores) == 2
+        assert cores[1] == cores[0] + 1, "two cores of one device, contiguous"
+        assert seen["device"] == [f"/dev/neuron{cores[0] // 2}"]
+        # the device whose cores are held is no longer offered whole
+        eventually(lambda: allocatable() == ("15", "32"), "neuron 15 while two of its cores are held")
+        labels = f'namespace="{WORKLOADS}",pod="cores2",container="main"'
+
+        def attributed() -> bool:
+            return any(labels in line and line.startswith("neuron_") for line in exporter_metrics().splitlines())
+
+        # within one attribution period (10 s by default), plus one scrape
+        eventually(attributed, "the exporter's metrics carry the pod's labels", timeout=25)
+    finally:
+        delete_pods("cores2")
+    eventually(lambda: allocatable() == ("16", "32"), "everything free again")
+
+
+def test_four_devices_form_a_torus_row_and_too_many_stay_pending() -> None:
+    seen = start_pod("devices4", {f"{RESOURCE}/neuron": 4})
+    try:
+        devices = sorted(int(d.removeprefix("/dev/neuron")) for d in seen["device"])
+        assert devices in ([0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]), devices
+        assert seen["cores"][0] == ",".join(str(c) for d in devices for c in (2 * d, 2 * d + 1))
+        kubectl("apply", "-f", "-", stdin=pod_manifest("too-many", {f"{RESOURCE}/neuron": 13}, "sleep 1"))
+        time.sleep(5)
+        assert phase("too-many") == "Pending"
+        events = kubectl(
+            "get", "events", "-n", WORKLOADS, "--field-selector", "involvedObject.name=too-many", "-o", "json"
+        )
+        assert any(f"Insufficient {RESOURCE}/neuron" in e["message"] for e in json.loads(events)["items"])
+    finally:
+        delete_pods("devices4", "too-many")
+
+
+def test_helm_test_passes() -> None:
+    result = helm("test", RELEASE, "-n", NAMESPACE, "--logs", "--timeout", "300s")
+    for check in ("capacity", "allocation", "metrics", "health"):
+        assert re.search(rf"TEST SUITE:\s+{RELEASE}-tests-{check}\n.*\n.*\nPhase:\s+Succeeded", result.stdout), check
+    assert "advertises 16 neuron and 32 neuroncore" in result.stdout
+
+
+def test_a_hardware_error_becomes_condition_event_and_unhealthy_device(kube_cluster: Cluster) -> None:
+    sim("inject", "--root", SIM_ROOT, "hw-error", "--kind", "NC_UNCORRECTABLE_ERROR", "--device", "3", "--core", "1")
+    eventually(lambda: (neuron_health() or {}).get("status") == "True", "NeuronHealth True")
+    condition = neuron_health()
+    assert condition is not None
+    assert condition["reason"] == "NeuronHasError_NC_UNCORRECTABLE_ERROR"
+
+    def event() -> bool:
+        events = kubectl(
+            "get", "events", "-n", "default", "--field-selector", f"involvedObject.name={NODE}", "-o", "json"
+        )
+        return any(e["reason"] == "NeuronHasError_NC_UNCORRECTABLE_ERROR" for e in json.loads(events)["items"])
+
+    eventually(event, "a NeuronHasError_NC_UNCORRECTABLE_ERROR Event on the Node")
+    eventually(lambda: allocatable() == ("15", "30"), "neuron3 and its cores Unhealthy")
+    # remediation is off by default: no taint, not cordoned
+    spec = node()["spec"]
+    assert not [t for t in spec.get("taints", []) if t["key"] == "aws.amazon.com/neuron-unhealthy"]
+    assert not spec.get("unschedulable")
+
+
+def test_restarting_each_daemonset_pod_loses_nothing(kube_cluster: Cluster) -> None:
+    for component in ("problem-detector", "device-plugin", "node-metrics"):
+        restart_daemonset_pods(kube_cluster, component)
+        # same boot: the detector keeps its verdict and the plugin re-reads it
+        condition = neuron_health()
+        assert condition is not None
+        assert condition["status"] == "True", component
+        assert condition["reason"] == "NeuronHasError_NC_UNCORRECTABLE_ERROR"
+        eventually(lambda: allocatable() == ("15", "30"), f"neuron3 still Unhealthy after restarting {component}")
+    eventually(lambda: "neuron_device_info{" in exporter_metrics(), "the exporter serving again")
+
+
+def test_remediation_on_taints_and_a_reboot_clears_everything(kube_cluster: Cluster) -> None:
+    install(kube_cluster, "--set", "npd.remediation.taint=true", values=CHART / "ci" / "all-on-values.yaml")
+    taint = {"key": "aws.amazon.com/neuron-unhealthy", "value": "true", "effect": "NoSchedule"}
+    eventually(lambda: taint in node()["spec"].get("taints", []), "the unhealthy taint")
+    simulated_reboot(kube_cluster)
+    eventually(lambda: (neuron_health() or {}).get("status") == "False", "NeuronHealth False after the reboot")
+    eventually(lambda: taint not in node()["spec"].get("taints", []), "the taint removed")
+    eventually(lambda: allocatable() == ("16", "32"), "every device healthy again")
+    install(kube_cluster, values=CHART / "ci" / "all-on-values.yaml")
+
+
+def test_kubelet_restart_plugin_reregisters(kube_cluster: Cluster) -> None:
+    pid = int((CLUSTER_DIR / "kubelet.pid").read_text())
+    os.kill(pid, signal.SIGTERM)
+    time.sleep(2)
+    run(REPO / "tests" / "cluster" / "up.sh", timeout=300)
+    eventually(lambda: allocatable() == ("16", "32"), "allocatable back after the kubelet restart")
+    wait_daemonsets(kube_cluster, list(DAEMONSETS.values()))
+    # proof of re-registration with the new kubelet: a pod is admitted with a core
+    seen = start_pod("after-restart", {f"{RESOURCE}/neuroncore": 1})
+    delete_pods("after-restart")
+    assert len(seen["device"]) == 1
+
+
+def test_upgrade_with_changed_values_rolls_out(kube_cluster: Cluster) -> None:
+    name = DAEMONSETS["nodeMetrics"]
+    generation = json.loads(kubectl("get", "ds", "-n", NAMESPACE, name, "-o", "json"))["metadata"]["generation"]
+    install(kube_cluster, "--set", "nodeMetrics.attributionInterval=5", values=CHART / "ci" / "all-on-values.yaml")
+    ds = json.loads(kubectl("get", "ds", "-n", NAMESPACE, name, "-o", "json"))
+    assert ds["metadata"]["generation"] > generation
+    pods = json.loads(
+        kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=node-metrics", "-o", "json")
+    )
+    running = [p for p in pods["items"] if p["metadata"].get("deletionTimestamp") is None]
+    assert running
+    assert all("--attribution-interval=5" in p["spec"]["containers"][0]["args"] for p in running)
+
+
+def test_trn2_48xlarge_advertises_16_devices_and_64_cores(kube_cluster: Cluster) -> None:
+    sim("create", "--instance-type", "trn2.48xlarge", "--root", TRN2_ROOT, "--char-devices", "--force")
+    kubectl("label", "node", NODE, "node.kubernetes.io/instance-type=trn2.48xlarge", "--overwrite")
+    try:
+        install(kube_cluster, "--set", f"simulation.hostRoot={TRN2_ROOT}", values=CHART / "ci" / "all-on-values.yaml")
+        eventually(lambda: allocatable() == ("16", "64"), "trn2.48xlarge at the default logical-core setting: 16 / 64")
+        result = helm("test", RELEASE, "-n", NAMESPACE, "--logs", "--timeout", "300s")
+        assert "(trn2.48xlarge) advertises 16 neuron and 64 neuroncore" in result.stdout
+    finally:
+        kubectl("label", "node", NODE, "node.kubernetes.io/instance-type=trn1.32xlarge", "--overwrite")
+        install(kube_cluster, values=CHART / "ci" / "all-on-values.yaml")
+        run("rm", "-rf", TRN2_ROOT)
+    eventually(lambda: allocatable() == ("16", "32"), "back to trn1.32xlarge")
+
+
+def test_uninstall_leaves_no_object_behind() -> None:
+    helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "300s")
+    kinds = ",".join([
+        "all", "configmaps", "secrets", "serviceaccounts", "roles", "rolebindings", "clusterroles",
+        "clusterrolebindings", "servicemonitors", "podmonitors", "prometheusrules", "nodefeaturerules",
+    ])  # fmt: skip
+    # the DaemonSets' pods go by garbage collection, after helm's wait on the objects it deleted
+    eventually(
+        lambda: kubectl("get", kinds, "-A", "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name").strip() == "",
+        "every object of the release gone",
+        timeout=90,
+    )
+    assert kubectl("get", "pods", "-n", NAMESPACE, "-o", "name").strip() == "", "test pods or agents left behind"
+    assert kubectl("get", "secrets", "-n", NAMESPACE, "-l", f"owner=helm,name={RELEASE}", "-o", "name").strip() == ""
+    # the device plugin's resources leave with it
+    eventually(lambda: allocatable() in (("0", "0"), (None, None)), "no Neuron resource advertised")
+
+
+@pytest.mark.timeout(1800)
+def test_ct_install_passes() -> None:
+    """The real chart-testing install: every ci values file installed, waited on, helm-tested and removed.
+    `--upgrade` joins once main holds an earlier chart version to upgrade from."""
+    tools_dir = run(REPO / "tests" / "chart" / "build-tools.sh").stdout.strip().splitlines()[-1]
+    paths = dict(line.split("=", 1) for line in (Path(tools_dir) / "paths.env").read_text().splitlines())
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    previous = run("git", "-C", REPO, "show", "origin/main:charts/neuron-helm-chart/Chart.yaml", check=False)
+    upgrade = previous.returncode == 0 and yaml.safe_load(previous.stdout)["version"] != version
+    result = run(
+        paths["CT"], "install", "--config", REPO / "ct.yaml", "--charts", "charts/neuron-helm-chart",
+        "--helm-extra-set-args", f"--set=simulation.enabled=true --set=simulation.hostRoot={SIM_ROOT}",
+        *(["--upgrade"] if upgrade else []),
+        timeout=1700,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    for values in CI_VALUES:
+        assert f'Installing chart with values file "charts/neuron-helm-chart/ci/{values.name}"' in output
+    assert "✔︎ neuron-helm-chart" in output
