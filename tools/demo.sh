@@ -1,88 +1,96 @@
 #!/usr/bin/env bash
-# `make demo`: the stack on the real single-node cluster over a simulated Neuron node.
-# Until the chart exists, the three services run as host processes (as their DaemonSets will,
-# with the same flags). Shows the node's Neuron capacity, a pod holding two cores with its
-# device and environment, that pod's attributed metrics, then a hardware error becoming a
-# NodeCondition, an Event and an unhealthy device. Leaves the cluster up (make cluster-down).
+# `make demo`: the chart on the real single-node cluster over a simulated Neuron node.
+# Brings the cluster up (if needed), builds and imports the images, installs the chart in
+# simulation mode for INSTANCE_TYPE (default trn1.32xlarge), then shows the node's Neuron capacity,
+# a pod holding two cores with its device and environment, that pod's attributed metrics, and a
+# hardware error becoming a NodeCondition, an Event and an unhealthy device.
+# Leaves the cluster and the release up (make cluster-down stops everything).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$PWD
 CLUSTER_DIR="${CLUSTER_DIR:-$REPO/.run/cluster}"
-DEMO_DIR="$REPO/.run/demo"
-SIM_ROOT="${SIM_ROOT:-/var/lib/neuron-sim/node}"
+INSTANCE_TYPE="${INSTANCE_TYPE:-trn1.32xlarge}"
 NODE=neuron-sim-node
+NAMESPACE=neuron-system
+RELEASE=neuron-helm-chart
 BIN=$REPO/.venv/bin
-K=("$BIN/kubectl" --kubeconfig "$CLUSTER_DIR/admin.kubeconfig")
-CTR=(ctr --address "$CLUSTER_DIR/containerd/containerd.sock" -n k8s.io)
+export KUBECONFIG="$CLUSTER_DIR/admin.kubeconfig" PATH="$BIN:$PATH"
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+jp() { kubectl get node $NODE -o jsonpath="$1"; }
+trap 'kubectl delete pod demo-two-cores -n default --ignore-not-found --wait=false >/dev/null 2>&1 || true' EXIT
 
-mkdir -p "$DEMO_DIR"
+say "the cluster and the project's images"
 tests/cluster/up.sh
-pids=()
-cleanup() {
-  "${K[@]}" delete pod demo-two-cores --ignore-not-found --wait=false >/dev/null 2>&1 || true
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-}
-trap cleanup EXIT
+tests/cluster/images.sh
 
-# a clean start: no error left from an earlier demo on this boot
-"$BIN/neuron-sim" inject --root "$SIM_ROOT" reboot >/dev/null
-rm -rf "$DEMO_DIR/npd"
-until [ "$("${K[@]}" get node $NODE -o jsonpath='{.status.allocatable.aws\.amazon\.com/neuron}')" = "0" ] \
-   || [ -z "$("${K[@]}" get node $NODE -o jsonpath='{.status.allocatable.aws\.amazon\.com/neuron}')" ]; do sleep 1; done
+# The cluster's own simulated node is a trn1.32xlarge; any other type gets its own simulated root.
+SIM_ROOT="${SIM_ROOT:-/var/lib/neuron-sim/node}"
+if [ "$INSTANCE_TYPE" != "trn1.32xlarge" ]; then
+  SIM_ROOT="/var/lib/neuron-sim/demo-$INSTANCE_TYPE"
+  neuron-sim create --instance-type "$INSTANCE_TYPE" --root "$SIM_ROOT" --char-devices --force >/dev/null
+fi
+kubectl label node $NODE "node.kubernetes.io/instance-type=$INSTANCE_TYPE" --overwrite >/dev/null
+
+# A clean start: no release, no error left from an earlier demo (a new boot), no advertised devices.
+helm uninstall $RELEASE -n $NAMESPACE --ignore-not-found --wait >/dev/null
+neuron-sim inject --root "$SIM_ROOT" reboot >/dev/null
+until [ "$(jp '{.status.allocatable.aws\.amazon\.com/neuron}')" = "0" ] || [ -z "$(jp '{.status.allocatable.aws\.amazon\.com/neuron}')" ]; do sleep 1; done
 
 say "what neuron_sysfs discovers on the simulated node ($SIM_ROOT)"
-"$BIN/neuron-inventory" --root "$SIM_ROOT" | head -6
+inventory=$(neuron-inventory --root "$SIM_ROOT")
+head -6 <<<"$inventory"
 
-say "starting neuron-device-plugin, neuron-node-metrics and neuron-problem-detector"
-"$BIN/neuron-device-plugin" --host-root "$SIM_ROOT" --listen 127.0.0.1:9841 --kmsg-path none \
-  --verdict-dir "$DEMO_DIR/npd/verdicts" >"$DEMO_DIR/device-plugin.log" 2>&1 & pids+=($!)
-"$BIN/neuron-node-metrics" --host-root "$SIM_ROOT" --listen 127.0.0.1:9840 --attribution-interval 2 \
-  >"$DEMO_DIR/node-metrics.log" 2>&1 & pids+=($!)
-"$BIN/neuron-problem-detector" --host-root "$SIM_ROOT" --node-name $NODE --kubeconfig "$CLUSTER_DIR/admin.kubeconfig" \
-  --listen 127.0.0.1:9842 --state-file "$DEMO_DIR/npd/state.json" --verdict-dir "$DEMO_DIR/npd/verdicts" \
-  >"$DEMO_DIR/problem-detector.log" 2>&1 & pids+=($!)
-until [ "$("${K[@]}" get node $NODE -o jsonpath='{.status.allocatable.aws\.amazon\.com/neuroncore}')" = "32" ]; do sleep 1; done
+say "helm upgrade --install $RELEASE charts/neuron-helm-chart (simulation mode)"
+helm upgrade --install $RELEASE charts/neuron-helm-chart --namespace $NAMESPACE --create-namespace \
+  --set simulation.enabled=true --set "simulation.hostRoot=$SIM_ROOT" --set nodeMetrics.attributionInterval=2 \
+  --wait --timeout 300s >/dev/null
+kubectl get daemonsets -n $NAMESPACE
+devices=$(neuron-inventory --root "$SIM_ROOT" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["device_count"])')
+until [ "$(jp '{.status.allocatable.aws\.amazon\.com/neuron}')" = "$devices" ]; do sleep 1; done
 
-say "the node's Neuron capacity ($("${K[@]}" get node $NODE -o jsonpath='{.metadata.labels.node\.kubernetes\.io/instance-type}'))"
-"${K[@]}" get node $NODE -o custom-columns='NODE:.metadata.name,NEURON:.status.capacity.aws\.amazon\.com/neuron,NEURONCORE:.status.capacity.aws\.amazon\.com/neuroncore,NEURONHEALTH:.status.conditions[?(@.type=="NeuronHealth")].status'
+say "the node's Neuron capacity ($INSTANCE_TYPE)"
+kubectl get node $NODE -o custom-columns='NODE:.metadata.name,NEURON:.status.capacity.aws\.amazon\.com/neuron,NEURONCORE:.status.capacity.aws\.amazon\.com/neuroncore,NEURONHEALTH:.status.conditions[?(@.type=="NeuronHealth")].reason'
 
-say "a pod holding two NeuronCores"
-"${K[@]}" apply -f - >/dev/null <<EOF
+say "a pod holding two NeuronCores: its devices and environment"
+kubectl delete pod demo-two-cores -n default --ignore-not-found --wait=true >/dev/null
+kubectl apply -f - >/dev/null <<EOF
 apiVersion: v1
 kind: Pod
 metadata: {name: demo-two-cores, namespace: default}
 spec:
+  terminationGracePeriodSeconds: 1
   containers:
   - name: trainer
-    image: registry.k8s.io/pause:3.10
+    image: localhost/neuron-helm-chart/device-plugin:$(sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/neuron-helm-chart/Chart.yaml)
     imagePullPolicy: Never
+    command: [/bin/sh, -c, 'ls -l /dev/neuron*; env | grep ^NEURON_; sleep 3600']
     resources: {limits: {aws.amazon.com/neuroncore: 2}}
 EOF
-"${K[@]}" wait --for=condition=Ready pod/demo-two-cores --timeout=120s >/dev/null
-cid=$("${K[@]}" get pod demo-two-cores -o jsonpath='{.status.containerStatuses[0].containerID}'); cid=${cid#containerd://}
-"${CTR[@]}" containers info "$cid" | "$BIN/python" -c '
-import json, sys
-spec = json.load(sys.stdin)["Spec"]
-print("environment:", " ".join(e for e in spec["process"]["env"] if e.startswith("NEURON_")))
-for d in spec["linux"]["devices"]:
-    print("device:      %s (char %s:%s)" % (d["path"], d["major"], d["minor"]))'
+kubectl wait --for=condition=Ready pod/demo-two-cores -n default --timeout=120s >/dev/null
+sleep 1
+kubectl logs demo-two-cores -n default
 
 say "its metrics, attributed by the exporter (PodResources, read every 2 s)"
-sleep 3
-"$BIN/neuron-sim" inject --root "$SIM_ROOT" counter --device 0 --core 0 --name success --by 42 >/dev/null
-curl -s 127.0.0.1:9840/metrics | grep 'pod="demo-two-cores"' | grep -E 'status="success"|allocation_info' | head -4
+exporter=$(kubectl get pods -n $NAMESPACE -l app.kubernetes.io/component=node-metrics -o jsonpath='{.items[0].status.podIP}')
+device=$(kubectl logs demo-two-cores -n default | sed -n 's#.*/dev/neuron\([0-9]*\)$#\1#p' | head -1)
+neuron-sim inject --root "$SIM_ROOT" counter --device "$device" --core 0 --name success --by 42 >/dev/null
+# (whole responses in variables: with pipefail, `curl | grep -q` fails when grep stops reading early)
+metrics() { curl -s "$exporter:9840/metrics" || true; }
+until [[ "$(metrics)" == *'pod="demo-two-cores"'* ]]; do sleep 1; done
+attributed=$(metrics | grep 'pod="demo-two-cores"' | grep -E 'status="success"|allocation_info' || true)
+head -4 <<<"$attributed"
 
-say "a hardware error on the pod's device: NEURON_HW_ERR=NC_UNCORRECTABLE_ERROR nd-id=0"
-"$BIN/neuron-sim" inject --root "$SIM_ROOT" hw-error --kind NC_UNCORRECTABLE_ERROR --device 0 --core 1 >/dev/null
-until [ "$("${K[@]}" get node $NODE -o jsonpath='{.status.conditions[?(@.type=="NeuronHealth")].status}')" = "True" ]; do sleep 0.5; done
-"${K[@]}" get node $NODE -o jsonpath='{range .status.conditions[?(@.type=="NeuronHealth")]}condition:   {.type}={.status} reason={.reason}{"\n"}             {.message}{"\n"}{end}'
-sleep 2
-"${K[@]}" get events --field-selector involvedObject.kind=Node,reason=NeuronHasError_NC_UNCORRECTABLE_ERROR \
-  -o custom-columns='EVENT:.reason,COUNT:.count,MESSAGE:.message' | cut -c1-160
-until [ "$("${K[@]}" get node $NODE -o jsonpath='{.status.allocatable.aws\.amazon\.com/neuroncore}')" = "30" ]; do sleep 1; done
-echo "allocatable: aws.amazon.com/neuroncore=$("${K[@]}" get node $NODE -o jsonpath='{.status.allocatable.aws\.amazon\.com/neuroncore}') of 32," \
-  "aws.amazon.com/neuron=$("${K[@]}" get node $NODE -o jsonpath='{.status.allocatable.aws\.amazon\.com/neuron}') of 16 (neuron0 and its cores are Unhealthy)"
+say "a hardware error on the pod's device: NEURON_HW_ERR=NC_UNCORRECTABLE_ERROR nd-id=$device"
+neuron-sim inject --root "$SIM_ROOT" hw-error --kind NC_UNCORRECTABLE_ERROR --device "$device" --core 1 >/dev/null
+until [ "$(jp '{.status.conditions[?(@.type=="NeuronHealth")].status}')" = "True" ]; do sleep 0.5; done
+jp '{range .status.conditions[?(@.type=="NeuronHealth")]}condition:   {.type}={.status} reason={.reason}{"\n"}             {.message}{"\n"}{end}'
+until [ -n "$(kubectl get events -n default --field-selector "involvedObject.kind=Node,reason=NeuronHasError_NC_UNCORRECTABLE_ERROR" -o name)" ]; do sleep 0.5; done
+kubectl get events -n default --field-selector involvedObject.kind=Node,reason=NeuronHasError_NC_UNCORRECTABLE_ERROR \
+  -o custom-columns='EVENT:.reason,COUNT:.count,MESSAGE:.message' | grep -E "^EVENT|neuron$device " | cut -c1-160
+cores=$(jp '{.status.capacity.aws\.amazon\.com/neuroncore}')
+per_device=$((cores / devices))
+until [ "$(jp '{.status.allocatable.aws\.amazon\.com/neuroncore}')" = "$((cores - per_device))" ]; do sleep 1; done
+echo "allocatable: aws.amazon.com/neuroncore=$(jp '{.status.allocatable.aws\.amazon\.com/neuroncore}') of $cores," \
+  "aws.amazon.com/neuron=$(jp '{.status.allocatable.aws\.amazon\.com/neuron}') of $devices (neuron$device and its cores are Unhealthy)"
 
-say "done; the cluster stays up (make cluster-down stops it); service logs are in .run/demo/"
+say "done: the release stays installed (helm test $RELEASE -n $NAMESPACE); make cluster-down stops everything"
