@@ -15,7 +15,7 @@ log() { printf '[setup] %s\n' "$*"; }
 mapfile -t apt_wanted < <(grep -v '^\s*#' tools/apt-packages.txt | grep -v '^\s*$' || true)
 apt_missing=()
 for pkg in "${apt_wanted[@]}"; do
-  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || apt_missing+=("$pkg")
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep 'install ok installed' >/dev/null || apt_missing+=("$pkg")
 done
 if ((${#apt_missing[@]})); then
   log "installing Debian packages: ${apt_missing[*]}"
@@ -67,7 +67,7 @@ PY
 fi
 ln -sf "$tools_dir/helm" "$VENV/bin/helm"
 ln -sf "$tools_dir/kubectl" "$VENV/bin/kubectl"
-"$VENV/bin/helm" version --short | grep -q '^v4\.' || { echo "helm in $tools_dir is not Helm 4" >&2; exit 1; }
+"$VENV/bin/helm" version --short | grep '^v4\.' >/dev/null || { echo "helm in $tools_dir is not Helm 4" >&2; exit 1; }
 
 # --- Kubernetes binaries for the test cluster, built from the pinned Go module (cached) -------
 tests/cluster/build-k8s.sh

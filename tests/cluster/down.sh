@@ -38,7 +38,7 @@ for netns in $(ip netns list 2>/dev/null | awk '/^cni-/ {print $1}'); do ip netn
 ip link delete neuron0br 2>/dev/null || true
 # kube-proxy's and the bridge plugin's iptables rules
 for table in nat filter; do
-  iptables-save -t "$table" 2>/dev/null | grep -qE 'KUBE-|CNI-' && iptables -t "$table" -S 2>/dev/null \
+  iptables-save -t "$table" 2>/dev/null | grep -E 'KUBE-|CNI-' >/dev/null && iptables -t "$table" -S 2>/dev/null \
     | awk '/^-A (PREROUTING|OUTPUT|POSTROUTING|FORWARD|INPUT) .*(KUBE-|CNI-)/ {sub(/^-A/, "-D"); print}' \
     | while read -r rule; do eval "iptables -t $table $rule" 2>/dev/null || true; done
 done

@@ -61,7 +61,7 @@ smoke_exporter() {  # image
     --host-root "$sim" --listen "127.0.0.1:$port" --pod-resources-socket /nonexistent >/dev/null
   local ok=1
   for _ in $(seq 1 50); do
-    if curl -sf "127.0.0.1:$port/metrics" | grep -q '^neuron_device_info{'; then ok=0; break; fi
+    if curl -sf "127.0.0.1:$port/metrics" | grep '^neuron_device_info{' >/dev/null; then ok=0; break; fi
     sleep 0.2
   done
   "${PODMAN[@]}" stop -t 5 "$name" >/dev/null 2>&1 || true

@@ -167,19 +167,20 @@ cat > "$CLUSTER_DIR/cni/net.d/10-neuron-test.conflist" <<EOF
 EOF
 # The bridge (and its address, where the API server is advertised) exists before any pod.
 ip link show neuron0br >/dev/null 2>&1 || ip link add neuron0br type bridge
-ip addr show dev neuron0br | grep -q 10.88.0.1/16 || ip addr add 10.88.0.1/16 dev neuron0br
+# (grep without -q reads to the end: with pipefail, grep -q exiting early makes the producer die of SIGPIPE and the test false)
+ip addr show dev neuron0br | grep 10.88.0.1/16 >/dev/null || ip addr add 10.88.0.1/16 dev neuron0br
 ip link set neuron0br up
 start containerd containerd --config "$CLUSTER_DIR/containerd/config.toml"
 wait_for containerd 30 ctr --address "$CTR_SOCK" version
 
 # --- the pause image, built locally (no registry here) ------------------------------------------
-if ! ctr --address "$CTR_SOCK" -n k8s.io images ls -q | grep -qx "$PAUSE_IMAGE"; then
+if ! ctr --address "$CTR_SOCK" -n k8s.io images ls -q | grep -x "$PAUSE_IMAGE" >/dev/null; then
   log "building $PAUSE_IMAGE"
   "$PY" tests/cluster/pause_image.py "$CLUSTER_DIR/pause.tar" "$PAUSE_IMAGE"
   ctr --address "$CTR_SOCK" -n k8s.io images import "$CLUSTER_DIR/pause.tar" >/dev/null
 fi
 
-if ! ctr --address "$CTR_SOCK" -n k8s.io images ls -q | grep -qx "$APICHECK_IMAGE"; then
+if ! ctr --address "$CTR_SOCK" -n k8s.io images ls -q | grep -x "$APICHECK_IMAGE" >/dev/null; then
   log "building $APICHECK_IMAGE"
   "$PY" tests/cluster/pause_image.py "$CLUSTER_DIR/apicheck.tar" "$APICHECK_IMAGE" apicheck
   ctr --address "$CTR_SOCK" -n k8s.io images import "$CLUSTER_DIR/apicheck.tar" >/dev/null
