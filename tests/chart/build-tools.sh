@@ -49,9 +49,8 @@ if [ ! -f "$openapi/.complete" ]; then
   rm -rf "$openapi" && mkdir -p "$openapi"
   for f in "$src"/api*__*_openapi.json; do
     # api__v1_openapi.json -> api/v1.json; apis__apps__v1_openapi.json -> apis/apps/v1.json
-    # (group discovery documents such as apis__apps_openapi.json are not schemas: skipped)
     rel=$(basename "$f" _openapi.json | sed 's#__#/#g')
-    case "$rel" in api/*/* | apis/*/*/* | apis/*/* | api/*) ;; *) continue ;; esac
+    # a group's discovery document (apis__apps_openapi.json -> apis/apps) is not a schema
     [[ "$rel" == apis/* && "$rel" != apis/*/* ]] && continue
     mkdir -p "$openapi/$(dirname "$rel")" && cp "$f" "$openapi/$rel.json"
   done

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from chart_tools import chart_tools
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "neuron-helm-chart"
@@ -535,16 +536,6 @@ def test_contradictions_fail_with_what_to_change(args: list[str], message: str) 
 
 
 # --- the real linters and validators ---------------------------------------------------------
-
-
-@functools.cache
-def chart_tools() -> dict[str, str]:
-    script = REPO / "tests" / "chart" / "build-tools.sh"
-    result = subprocess.run([str(script)], capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        pytest.fail(f"{script} failed (make setup builds these tools):\n{result.stderr}")
-    paths = Path(result.stdout.strip().splitlines()[-1]) / "paths.env"
-    return dict(line.split("=", 1) for line in paths.read_text().splitlines() if "=" in line)
 
 
 def test_ct_lint_passes_on_every_ci_values_file() -> None:

@@ -22,6 +22,7 @@ from typing import Any
 import pykube
 import pytest
 import yaml
+from chart_tools import chart_tools
 from pytest_helm_charts.clusters import Cluster
 from pytest_helm_charts.k8s.daemon_set import wait_for_daemon_sets_to_run
 from pytest_helm_charts.utils import wait_for_objects_condition
@@ -236,8 +237,7 @@ def simulated_reboot(kube_cluster: Cluster) -> None:
 def cluster_prepared(kube_cluster: Cluster, namespace_factory: Callable[..., Any]) -> Iterator[None]:
     """CRDs of the optional objects (so the ci variants that force them install), the NFD label the nfd
     variant places on, a clean simulated node, and the workloads' namespace (pytest-helm-charts')."""
-    tools_dir = run(REPO / "tests" / "chart" / "build-tools.sh").stdout.strip().splitlines()[-1]
-    paths = dict(line.split("=", 1) for line in (Path(tools_dir) / "paths.env").read_text().splitlines())
+    paths = chart_tools()
     kubectl("apply", "--server-side", "-f", paths["CRDS"])
     kubectl("label", "node", NODE, "feature.node.kubernetes.io/aws-neuron=true", "--overwrite")
     helm("uninstall", RELEASE, "-n", NAMESPACE, "--ignore-not-found", "--wait")
@@ -440,8 +440,7 @@ def test_uninstall_leaves_no_object_behind() -> None:
 def test_ct_install_passes() -> None:
     """The real chart-testing install: every ci values file installed, waited on, helm-tested and removed.
     `--upgrade` joins once main holds an earlier chart version to upgrade from."""
-    tools_dir = run(REPO / "tests" / "chart" / "build-tools.sh").stdout.strip().splitlines()[-1]
-    paths = dict(line.split("=", 1) for line in (Path(tools_dir) / "paths.env").read_text().splitlines())
+    paths = chart_tools()
     version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
     previous = run("git", "-C", REPO, "show", "origin/main:charts/neuron-helm-chart/Chart.yaml", check=False)
     upgrade = previous.returncode == 0 and yaml.safe_load(previous.stdout)["version"] != version

@@ -60,6 +60,18 @@ def component_pods(api: Any, selector: str) -> list[Any]:
     return [p for p in pods if p.spec.node_name]
 
 
+def nodes_running(api: Any, selector: str, component: str) -> list[str]:
+    """The nodes the component's pods are scheduled on, once there is at least one."""
+    nodes: list[str] = []
+
+    def scheduled() -> str | None:
+        nodes[:] = sorted({p.spec.node_name for p in component_pods(api, selector)})
+        return None if nodes else f"no {component} pod ({selector}) is scheduled in {NAMESPACE}"
+
+    eventually(scheduled, f"{component} pods are scheduled")
+    return nodes
+
+
 def expected_counts(instance_type: str, lnc_setting: int) -> tuple[int, int]:
     from neuron_sysfs.instance_types import INSTANCE_TYPES
 
@@ -78,15 +90,7 @@ def test_capacity() -> None:
     prefix = os.environ.get("RESOURCE_PREFIX", "aws.amazon.com")
     label = os.environ.get("INSTANCE_TYPE_LABEL", "node.kubernetes.io/instance-type")
     lnc = int(os.environ.get("LOGICAL_NC_CONFIG", "0"))
-    selector = os.environ["DEVICE_PLUGIN_SELECTOR"]
-    nodes: list[str] = []
-
-    def plugin_nodes() -> str | None:
-        nodes[:] = sorted({p.spec.node_name for p in component_pods(api, selector)})
-        return None if nodes else f"no device plugin pod ({selector}) is scheduled in {NAMESPACE}"
-
-    eventually(plugin_nodes, "device plugin pods are scheduled")
-    for name in nodes:
+    for name in nodes_running(api, os.environ["DEVICE_PLUGIN_SELECTOR"], "device plugin"):
         node = api.read_node(name)
         instance_type = (node.metadata.labels or {}).get(label)
         if not instance_type:
@@ -144,16 +148,8 @@ def test_metrics() -> None:
 
 def test_health() -> None:
     api = core_api()
-    selector = os.environ["NPD_SELECTOR"]
     condition = os.environ.get("CONDITION_TYPE", "NeuronHealth")
-    nodes: list[str] = []
-
-    def detector_nodes() -> str | None:
-        nodes[:] = sorted({p.spec.node_name for p in component_pods(api, selector)})
-        return None if nodes else f"no problem detector pod ({selector}) in {NAMESPACE}"
-
-    eventually(detector_nodes, "problem detector pods are scheduled")
-    for name in nodes:
+    for name in nodes_running(api, os.environ["NPD_SELECTOR"], "problem detector"):
 
         def has_condition(name: str = name) -> str | None:
             conditions = api.read_node(name).status.conditions or []

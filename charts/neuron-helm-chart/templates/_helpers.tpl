@@ -52,6 +52,11 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
+{{/* The same selector as a label-selector string (name=...,instance=...,component=...), for the helm tests. */}}
+{{- define "neuron.selectorString" -}}
+{{- include "neuron.selectorLabels" . | replace ": " "=" | replace "\n" "," -}}
+{{- end -}}
+
 {{/* ServiceAccount name of a component: (dict "root" $ "component" "device-plugin" "values" .Values.devicePlugin). */}}
 {{- define "neuron.serviceAccountName" -}}
 {{- if .values.serviceAccount.create -}}
