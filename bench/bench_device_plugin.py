@@ -3,12 +3,21 @@
 Targets (issue 3): Allocate p99 <= 2 ms at 1, 16 and 64 concurrent callers; kubelet restart to
 re-registered p99 <= 500 ms; counter written to ListAndWatch update p99 <= 1 s; resident
 memory <= 60 MB; idle CPU <= 0.5 % of a core.
+
+Concurrent callers call back to back (a closed loop), so at N callers a call waits behind the
+N-1 others and p99 is bounded below by N / throughput. Two floors are measured with the same
+load so the plugin's figures can be read against them: a do-nothing grpc.aio server (what
+Python's gRPC costs per call here) and, when Go is installed, a do-nothing Go gRPC server driven
+by the kubelet's own generated client (the stack the kubelet and NVIDIA's plugin use).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -24,13 +33,17 @@ from neuron_sysfs import sim
 
 TITLE = "neuron-device-plugin on a simulated trn1.32xlarge (kubelet stand-in)"
 NEURON, NEURONCORE = "aws.amazon.com/neuron", "aws.amazon.com/neuroncore"
+LOADS = ((1, 400), (16, 40), (64, 12))  # (concurrent callers, calls each)
+HERE = Path(__file__).parent
+GRPC_CEILING = HERE / "grpc-ceiling"
 
 
-async def _allocate_latencies(socket: Path, callers: int, calls_each: int) -> list[float]:
+async def _allocate_latencies(socket: Path, callers: int, calls_each: int) -> tuple[list[float], float]:
+    """Latency of every call, and calls per second over the whole run."""
     async with aio.insecure_channel(f"unix://{socket}") as channel:
         stub = dp_grpc.DevicePluginStub(channel)
         request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=["neuroncore3"])])
-        await stub.Allocate(request)  # warm the connection
+        await stub.Allocate(request, wait_for_ready=True, timeout=10)  # warm the connection
         samples: list[float] = []
 
         async def caller() -> None:
@@ -39,8 +52,74 @@ async def _allocate_latencies(socket: Path, callers: int, calls_each: int) -> li
                 await stub.Allocate(request)
                 samples.append(time.perf_counter() - t0)
 
+        start = time.perf_counter()
         await asyncio.gather(*(caller() for _ in range(callers)))
-        return samples
+        return samples, len(samples) / (time.perf_counter() - start)
+
+
+async def _allocate_figures(socket: Path, label: str, target: float | None) -> list[Figure]:
+    figures = []
+    for callers, calls in LOADS:
+        samples, rate = await _allocate_latencies(socket, callers, calls)
+        figures.append(Figure(f"{label} p50, {callers} caller(s)", percentile(samples, 50) * 1e3, "ms"))
+        figures.append(Figure(f"{label} p99, {callers} caller(s)", percentile(samples, 99) * 1e3, "ms", target))
+        if callers == LOADS[-1][0]:
+            figures.append(Figure(f"{label} calls/s, {callers} callers", rate, "1/s"))
+    return figures
+
+
+async def _python_floor(work: Path) -> list[Figure]:
+    socket = work / "do-nothing-aio.sock"
+    server = subprocess.Popen([sys.executable, str(HERE / "reference_servicer.py"), str(socket)])
+    try:
+        return await _allocate_figures(socket, "grpc.aio floor: Allocate", None)
+    finally:
+        stop_process(server)
+
+
+def _grpc_ceiling_binary() -> Path | None:
+    """bench/grpc-ceiling built once per source version into the cache; None without Go."""
+    if shutil.which("go") is None:
+        print("  (go not installed: the Go gRPC floor is not measured)")
+        return None
+    digest = hashlib.sha256(b"".join((GRPC_CEILING / f).read_bytes() for f in ("go.mod", "go.sum", "main.go")))
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "neuron-helm-chart" / "bench"
+    binary = cache / f"grpc-ceiling-{digest.hexdigest()[:16]}"
+    if not binary.exists():
+        cache.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ, CGO_ENABLED="0", GOFLAGS="-mod=readonly")
+        subprocess.run(["go", "build", "-trimpath", "-o", f"{binary}.tmp", "."], cwd=GRPC_CEILING, env=env, check=True)
+        Path(f"{binary}.tmp").rename(binary)
+    return binary
+
+
+def _go_floor(work: Path) -> list[Figure]:
+    binary = _grpc_ceiling_binary()
+    if binary is None:
+        return []
+    socket = work / "do-nothing-go.sock"
+    server = subprocess.Popen([str(binary), "serve", str(socket)])
+    figures = []
+    label = "Go gRPC floor: Allocate"
+    try:
+        deadline = time.monotonic() + 10
+        while not socket.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for callers, calls in LOADS:
+            out = subprocess.run(
+                [str(binary), "load", "-socket", str(socket), "-callers", str(callers), "-calls", str(calls * 10)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            result = json.loads(out.stdout)
+            figures.append(Figure(f"{label} p50, {callers} caller(s)", result["p50_ms"], "ms"))
+            figures.append(Figure(f"{label} p99, {callers} caller(s)", result["p99_ms"], "ms"))
+            if callers == LOADS[-1][0]:
+                figures.append(Figure(f"{label} calls/s, {callers} callers", result["calls_per_second"], "1/s"))
+    finally:
+        stop_process(server)
+    return figures
 
 
 async def _measure(root: Path, work: Path) -> list[Figure]:
@@ -72,13 +151,7 @@ async def _measure(root: Path, work: Path) -> list[Figure]:
     figures: list[Figure] = []
     try:
         await kubelet.wait_registered([NEURON, NEURONCORE], timeout=30)
-        socket = work / "dp" / "neuron-neuroncore.sock"
-        for callers, calls in ((1, 400), (16, 40), (64, 12)):
-            samples = await _allocate_latencies(socket, callers, calls)
-            figures.append(Figure(f"Allocate p50, {callers} concurrent caller(s)", percentile(samples, 50) * 1e3, "ms"))
-            figures.append(
-                Figure(f"Allocate p99, {callers} concurrent caller(s)", percentile(samples, 99) * 1e3, "ms", 2.0)
-            )
+        figures += await _allocate_figures(work / "dp" / "neuron-neuroncore.sock", "Allocate", 2.0)
 
         restarts: list[float] = []
         for _ in range(30):
@@ -111,6 +184,8 @@ async def _measure(root: Path, work: Path) -> list[Figure]:
     finally:
         stop_process(proc)
         await kubelet.stop()
+    figures += await _python_floor(work)
+    figures += _go_floor(work)
     return figures
 
 
