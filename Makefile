@@ -45,7 +45,7 @@ images: ## build every service image with podman and import it into the cluster'
 cluster-test: ## bring the cluster up, build and import the images, run the cluster and e2e tests, bring it down
 	tests/cluster/up.sh
 	tests/cluster/images.sh
-	status=0; $(BIN)/pytest -q -m cluster tests/cluster || status=$$?; \
+	status=0; KUBECONFIG=$(CURDIR)/.run/cluster/admin.kubeconfig $(BIN)/pytest -q -m cluster tests/cluster || status=$$?; \
 	  if [ $$status -eq 0 ]; then KUBECONFIG=$(CURDIR)/.run/cluster/admin.kubeconfig $(BIN)/pytest -q -m e2e tests/e2e || status=$$?; fi; \
 	  tests/cluster/down.sh; exit $$status
 

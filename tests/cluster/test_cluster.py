@@ -12,47 +12,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from cluster_access import CLUSTER_DIR, KUBECONFIG, NODE, REPO, SIM_ROOT, eventually, kubectl, node
 
-REPO = Path(__file__).resolve().parents[2]
-CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR", REPO / ".run/cluster"))
-KUBECONFIG = CLUSTER_DIR / "admin.kubeconfig"
-NODE = os.environ.get("NODE_NAME", "neuron-sim-node")
-SIM_ROOT = Path(os.environ.get("SIM_ROOT", "/var/lib/neuron-sim/node"))
 CTR_SOCK = CLUSTER_DIR / "containerd/containerd.sock"
 PAUSE = "registry.k8s.io/pause:3.10"
 
 pytestmark = pytest.mark.cluster
-
-
-def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> str:
-    out = subprocess.run(
-        [str(REPO / ".venv/bin/kubectl"), "--kubeconfig", str(KUBECONFIG), *args],
-        input=stdin, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
-    if check and out.returncode != 0:
-        raise AssertionError(f"kubectl {' '.join(args)}: {out.stderr}")
-    return out.stdout
-
-
-def node() -> dict:  # type: ignore[type-arg]
-    return json.loads(kubectl("get", "node", NODE, "-o", "json"))  # type: ignore[no-any-return]
-
-
-def eventually(predicate: Callable[[], object], timeout: float = 60, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            if predicate():
-                return
-        except (AssertionError, KeyError, OSError, json.JSONDecodeError):
-            pass
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met in {timeout}s")
-        time.sleep(0.5)
 
 
 def pod_manifest(name: str, resources: dict[str, int] | None = None) -> str:
@@ -88,9 +57,7 @@ def test_node_is_ready_with_the_instance_type_label() -> None:
 def test_a_pod_runs_and_logs_are_readable() -> None:
     kubectl("delete", "pod", "smoke", "--ignore-not-found", "--wait=true")
     kubectl("apply", "-f", "-", stdin=pod_manifest("smoke"))
-    eventually(
-        lambda: kubectl("get", "pod", "smoke", "-o", "jsonpath={.status.phase}") == "Running", what="pod running"
-    )
+    eventually(lambda: kubectl("get", "pod", "smoke", "-o", "jsonpath={.status.phase}") == "Running", "pod running")
     kubectl("logs", "smoke")  # needs the API server to reach the kubelet by the node's name
     kubectl("delete", "pod", "smoke", "--wait=false")
 
@@ -105,7 +72,7 @@ def test_a_pod_reaches_the_api_server() -> None:
         "--restart=Never",
     )
     eventually(
-        lambda: kubectl("get", "pod", "apicheck-test", "-o", "jsonpath={.status.phase}") == "Succeeded", what="apicheck"
+        lambda: kubectl("get", "pod", "apicheck-test", "-o", "jsonpath={.status.phase}") == "Succeeded", "apicheck"
     )
     assert '"major": "1"' in kubectl("logs", "apicheck-test")
     kubectl("delete", "pod", "apicheck-test", "--wait=false")
@@ -116,7 +83,7 @@ def device_plugin() -> Iterator[subprocess.Popen[bytes]]:
     # No plugin yet: the kubelet reports 0 (or nothing) once a previous plugin's stream ended.
     # Starting before that, a pod could be scheduled on the stale figure and fail admission.
     eventually(
-        lambda: node()["status"]["allocatable"].get("aws.amazon.com/neuron", "0") == "0", 60, "no stale allocatable"
+        lambda: node()["status"]["allocatable"].get("aws.amazon.com/neuron", "0") == "0", "no stale allocatable", 60
     )
     log = (CLUSTER_DIR / "logs" / "device-plugin-test.log").open("wb")
     proc = subprocess.Popen(
@@ -128,8 +95,8 @@ def device_plugin() -> Iterator[subprocess.Popen[bytes]]:
         stdout=log, stderr=log,
     )  # fmt: skip
     try:
-        eventually(lambda: readyz() == 200, what="plugin registered")
-        eventually(lambda: node()["status"]["allocatable"].get("aws.amazon.com/neuron") == "16", 60, "allocatable")
+        eventually(lambda: readyz() == 200, "plugin registered")
+        eventually(lambda: node()["status"]["allocatable"].get("aws.amazon.com/neuron") == "16", "allocatable", 60)
         yield proc
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -156,7 +123,7 @@ def test_real_kubelet_allocatable(device_plugin: subprocess.Popen[bytes]) -> Non
 
 def test_pod_with_two_cores_gets_its_device_and_env(device_plugin: subprocess.Popen[bytes]) -> None:
     kubectl("apply", "-f", "-", stdin=pod_manifest("cores", {"aws.amazon.com/neuroncore": 2}))
-    eventually(lambda: kubectl("get", "pod", "cores", "-o", "jsonpath={.status.phase}") == "Running", 120, "cores pod")
+    eventually(lambda: kubectl("get", "pod", "cores", "-o", "jsonpath={.status.phase}") == "Running", "cores pod", 120)
     spec = container_spec("cores")
     env = dict(e.split("=", 1) for e in spec["process"]["env"])
     cores = [int(c) for c in env["NEURON_RT_VISIBLE_CORES"].split(",")]
@@ -166,9 +133,9 @@ def test_pod_with_two_cores_gets_its_device_and_env(device_plugin: subprocess.Po
     assert device["path"] == f"/dev/neuron{cores[0] // 2}"
     assert (device["type"], device["major"], device["minor"]) == ("c", 241, cores[0] // 2)
     # the device whose cores are held is not offered whole: allocatable neuron drops to 15
-    eventually(lambda: node()["status"]["allocatable"]["aws.amazon.com/neuron"] == "15", 60, "cross-resource holding")
+    eventually(lambda: node()["status"]["allocatable"]["aws.amazon.com/neuron"] == "15", "cross-resource holding", 60)
     kubectl("delete", "pod", "cores", "--wait=true")
-    eventually(lambda: node()["status"]["allocatable"]["aws.amazon.com/neuron"] == "16", 60, "released")
+    eventually(lambda: node()["status"]["allocatable"]["aws.amazon.com/neuron"] == "16", "released", 60)
 
 
 def test_a_pod_asking_for_more_than_is_free_stays_pending(device_plugin: subprocess.Popen[bytes]) -> None:
@@ -180,7 +147,7 @@ def test_a_pod_asking_for_more_than_is_free_stays_pending(device_plugin: subproc
 
 def test_four_devices_are_a_torus_row(device_plugin: subprocess.Popen[bytes]) -> None:
     kubectl("apply", "-f", "-", stdin=pod_manifest("devices4", {"aws.amazon.com/neuron": 4}))
-    eventually(lambda: kubectl("get", "pod", "devices4", "-o", "jsonpath={.status.phase}") == "Running", 120, "pod")
+    eventually(lambda: kubectl("get", "pod", "devices4", "-o", "jsonpath={.status.phase}") == "Running", "pod", 120)
     devices = sorted(d["minor"] for d in container_spec("devices4")["linux"]["devices"])
     assert devices in ([0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15])
     kubectl("delete", "pod", "devices4", "--wait=true")
@@ -199,10 +166,10 @@ def test_kubelet_restart_reregisters(device_plugin: subprocess.Popen[bytes]) -> 
     kubectl("apply", "-f", "-", stdin=pod_manifest("after-restart", {"aws.amazon.com/neuroncore": 1}))
     eventually(
         lambda: kubectl("get", "pod", "after-restart", "-o", "jsonpath={.status.phase}") == "Running",
-        180,
         "pod after restart",
+        180,
     )
-    eventually(lambda: node()["status"]["allocatable"].get("aws.amazon.com/neuroncore") == "32", 60, "allocatable back")
+    eventually(lambda: node()["status"]["allocatable"].get("aws.amazon.com/neuroncore") == "32", "allocatable back", 60)
     assert device_plugin.poll() is None  # the plugin rode it out
     kubectl("delete", "pod", "after-restart", "--wait=true")
 
@@ -211,14 +178,14 @@ def test_a_vanished_device_leaves_allocatable(device_plugin: subprocess.Popen[by
     from neuron_sysfs import sim
 
     # start from nothing held: every pod of the earlier tests is gone
-    eventually(lambda: node()["status"]["allocatable"]["aws.amazon.com/neuron"] == "16", 90, "all devices free")
+    eventually(lambda: node()["status"]["allocatable"]["aws.amazon.com/neuron"] == "16", "all devices free", 90)
     sim.vanish(SIM_ROOT, 15)
     try:
-        eventually(lambda: node()["status"]["allocatable"]["aws.amazon.com/neuron"] == "15", 60, "device 15 unhealthy")
+        eventually(lambda: node()["status"]["allocatable"]["aws.amazon.com/neuron"] == "15", "device 15 unhealthy", 60)
         assert node()["status"]["capacity"]["aws.amazon.com/neuron"] == "16"
     finally:
         sim.restore(SIM_ROOT, 15)
-    eventually(lambda: node()["status"]["allocatable"]["aws.amazon.com/neuron"] == "16", 90, "device 15 back")
+    eventually(lambda: node()["status"]["allocatable"]["aws.amazon.com/neuron"] == "16", "device 15 back", 90)
 
 
 def test_project_images_are_in_containerd() -> None:
@@ -263,14 +230,14 @@ spec:
     kubectl("apply", "-f", "-", stdin=manifest)
     try:
         eventually(
-            lambda: kubectl("get", "pod", "exporter", "-o", "jsonpath={.status.phase}") == "Running", 120, "exporter"
+            lambda: kubectl("get", "pod", "exporter", "-o", "jsonpath={.status.phase}") == "Running", "exporter", 120
         )
 
         def scrape() -> str:
             with urllib.request.urlopen("http://127.0.0.1:19850/metrics", timeout=5) as r:
                 return str(r.read().decode())
 
-        eventually(lambda: "neuron_exporter_podresources_up 1" in scrape(), 60, "exporter attribution up")
+        eventually(lambda: "neuron_exporter_podresources_up 1" in scrape(), "exporter attribution up", 60)
         text = scrape()
         assert 'neuron_device_info{device="15"' in text
         assert 'instance_type="trn1.32xlarge"' in text
@@ -298,9 +265,9 @@ def test_problem_detector_against_the_real_api_server(tmp_path: Path) -> None:
         return None
 
     try:
-        eventually(lambda: neuron_health() == ("False", "NeuronHasNoError"), 60, "healthy condition")
+        eventually(lambda: neuron_health() == ("False", "NeuronHasNoError"), "healthy condition", 60)
         sim.inject_hw_error(SIM_ROOT, "HBM_UNCORRECTABLE_ERROR", 6, 1)
-        eventually(lambda: neuron_health() == ("True", "NeuronHasError_HBM_UNCORRECTABLE_ERROR"), 30, "condition")
+        eventually(lambda: neuron_health() == ("True", "NeuronHasError_HBM_UNCORRECTABLE_ERROR"), "condition", 30)
         types = {c["type"] for c in node()["status"]["conditions"]}
         assert {"Ready", "MemoryPressure", "DiskPressure", "PIDPressure"} <= types  # the kubelet's survived
         events = json.loads(kubectl("get", "events", "-n", "default", "-o", "json"))["items"]
@@ -316,7 +283,7 @@ def test_problem_detector_against_the_real_api_server(tmp_path: Path) -> None:
     sim.reboot(SIM_ROOT)
     proc = subprocess.Popen(proc.args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        eventually(lambda: neuron_health() == ("False", "NeuronHasNoError"), 60, "cleared after reboot")
+        eventually(lambda: neuron_health() == ("False", "NeuronHasNoError"), "cleared after reboot", 60)
     finally:
         proc.terminate()
         proc.wait(20)

@@ -23,21 +23,17 @@ import pykube
 import pytest
 import yaml
 from chart_tools import chart_tools
+from cluster_access import BIN, CLUSTER_DIR, NODE, REPO, SIM_ROOT, eventually, kubectl, node
 from pytest_helm_charts.clusters import Cluster
 from pytest_helm_charts.k8s.daemon_set import wait_for_daemon_sets_to_run
 from pytest_helm_charts.utils import wait_for_objects_condition
 
-REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "neuron-helm-chart"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
-CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR", REPO / ".run/cluster"))
-NODE = os.environ.get("NODE_NAME", "neuron-sim-node")
-SIM_ROOT = Path(os.environ.get("SIM_ROOT", "/var/lib/neuron-sim/node"))
 TRN2_ROOT = SIM_ROOT.parent / "e2e-trn2"
 RELEASE = "neuron-helm-chart"
 NAMESPACE = "neuron-e2e"
 WORKLOADS = "neuron-e2e-workloads"
-BIN = REPO / ".venv" / "bin"
 VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 WORKLOAD_IMAGE = f"localhost/neuron-helm-chart/device-plugin:{VERSION}"
 DAEMONSETS = {
@@ -65,25 +61,12 @@ def run(*args: str | Path, check: bool = True, timeout: float = 600) -> subproce
     return result
 
 
-def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> str:
-    result = subprocess.run(
-        [str(BIN / "kubectl"), *args], input=stdin, capture_output=True, text=True, timeout=120, check=False
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr}")
-    return result.stdout
-
-
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return run(BIN / "helm", *args, check=check)
 
 
 def sim(*args: str | Path) -> None:
     run(BIN / "neuron-sim", *args)
-
-
-def node() -> dict[str, Any]:
-    return json.loads(kubectl("get", "node", NODE, "-o", "json"))  # type: ignore[no-any-return]
 
 
 def allocatable() -> tuple[str | None, str | None]:
@@ -94,20 +77,6 @@ def allocatable() -> tuple[str | None, str | None]:
 def neuron_health() -> dict[str, Any] | None:
     found = [c for c in node()["status"]["conditions"] if c["type"] == "NeuronHealth"]
     return found[0] if found else None
-
-
-def eventually(predicate: Callable[[], object], what: str, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    last = ""
-    while True:
-        try:
-            if predicate():
-                return
-        except (AssertionError, KeyError, OSError, json.JSONDecodeError) as e:
-            last = f" (last error: {e})"
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s{last}")
-        time.sleep(1)
 
 
 def strictly_ready(ds: pykube.DaemonSet) -> bool:

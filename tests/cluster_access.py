@@ -1,0 +1,52 @@
+"""How the cluster and e2e suites reach the test cluster (make cluster-up): where it lives, which
+kubeconfig, kubectl, the node, and waiting for a condition. One copy for both suites.
+
+Both follow $KUBECONFIG, which defaults to the test cluster's; both also need the host side of
+that cluster (the simulated node's root, the kubelet's pid file), so they are for that cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = REPO / ".venv" / "bin"
+CLUSTER_DIR = Path(os.environ.get("CLUSTER_DIR", REPO / ".run/cluster"))
+NODE = os.environ.get("NODE_NAME", "neuron-sim-node")
+SIM_ROOT = Path(os.environ.get("SIM_ROOT", "/var/lib/neuron-sim/node"))
+os.environ.setdefault("KUBECONFIG", str(CLUSTER_DIR / "admin.kubeconfig"))
+KUBECONFIG = Path(os.environ["KUBECONFIG"])
+
+
+def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> str:
+    result = subprocess.run(
+        [str(BIN / "kubectl"), *args], input=stdin, capture_output=True, text=True, timeout=120, check=False
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)}: {result.stderr}")
+    return result.stdout
+
+
+def node() -> dict[str, Any]:
+    return json.loads(kubectl("get", "node", NODE, "-o", "json"))  # type: ignore[no-any-return]
+
+
+def eventually(predicate: Callable[[], object], what: str, timeout: float = 120, interval: float = 0.5) -> None:
+    """Poll until `predicate` is true; a failure names `what` and the last error on the way."""
+    deadline = time.monotonic() + timeout
+    last = ""
+    while True:
+        try:
+            if predicate():
+                return
+        except (AssertionError, KeyError, OSError, json.JSONDecodeError) as e:
+            last = f" (last error: {e})"
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s{last}")
+        time.sleep(interval)
