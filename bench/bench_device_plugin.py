@@ -57,14 +57,25 @@ async def _allocate_latencies(socket: Path, callers: int, calls_each: int) -> tu
         return samples, len(samples) / (time.perf_counter() - start)
 
 
+def _load_figures(
+    label: str, callers: int, p50_ms: float, p99_ms: float, per_second: float, target: float | None = None
+) -> list[Figure]:
+    figures = [
+        Figure(f"{label} p50, {callers} caller(s)", p50_ms, "ms"),
+        Figure(f"{label} p99, {callers} caller(s)", p99_ms, "ms", target),
+    ]
+    if callers == LOADS[-1][0]:
+        figures.append(Figure(f"{label} calls/s, {callers} callers", per_second, "1/s"))
+    return figures
+
+
 async def _allocate_figures(socket: Path, label: str, target: float | None) -> list[Figure]:
     figures = []
     for callers, calls in LOADS:
         samples, rate = await _allocate_latencies(socket, callers, calls)
-        figures.append(Figure(f"{label} p50, {callers} caller(s)", percentile(samples, 50) * 1e3, "ms"))
-        figures.append(Figure(f"{label} p99, {callers} caller(s)", percentile(samples, 99) * 1e3, "ms", target))
-        if callers == LOADS[-1][0]:
-            figures.append(Figure(f"{label} calls/s, {callers} callers", rate, "1/s"))
+        figures += _load_figures(
+            label, callers, percentile(samples, 50) * 1e3, percentile(samples, 99) * 1e3, rate, target
+        )
     return figures
 
 
@@ -99,7 +110,7 @@ def _go_floor(work: Path) -> list[Figure]:
         return []
     socket = work / "do-nothing-go.sock"
     server = subprocess.Popen([str(binary), "serve", str(socket)])
-    figures = []
+    figures: list[Figure] = []
     label = "Go gRPC floor: Allocate"
     try:
         deadline = time.monotonic() + 10
@@ -113,10 +124,7 @@ def _go_floor(work: Path) -> list[Figure]:
                 check=True,
             )
             result = json.loads(out.stdout)
-            figures.append(Figure(f"{label} p50, {callers} caller(s)", result["p50_ms"], "ms"))
-            figures.append(Figure(f"{label} p99, {callers} caller(s)", result["p99_ms"], "ms"))
-            if callers == LOADS[-1][0]:
-                figures.append(Figure(f"{label} calls/s, {callers} callers", result["calls_per_second"], "1/s"))
+            figures += _load_figures(label, callers, result["p50_ms"], result["p99_ms"], result["calls_per_second"])
     finally:
         stop_process(server)
     return figures

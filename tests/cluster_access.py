@@ -1,5 +1,5 @@
 """How the cluster and e2e suites reach the test cluster (make cluster-up): where it lives, which
-kubeconfig, kubectl, the node, and waiting for a condition. One copy for both suites.
+kubeconfig, kubectl, the node, a pod's phase, a kubelet restart, and waiting for a condition. One copy for both suites.
 
 Both follow $KUBECONFIG, which defaults to the test cluster's; both also need the host side of
 that cluster (the simulated node's root, the kubelet's pid file), so they are for that cluster.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -35,6 +36,21 @@ def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> str:
 
 def node() -> dict[str, Any]:
     return json.loads(kubectl("get", "node", NODE, "-o", "json"))  # type: ignore[no-any-return]
+
+
+def pod_phase(name: str, namespace: str = "default") -> str:
+    return kubectl("get", "pod", "-n", namespace, name, "-o", "jsonpath={.status.phase}")
+
+
+def restart_kubelet() -> None:
+    """Stop the test cluster's kubelet and start it again with up.sh (which starts what is missing)."""
+    os.kill(int((CLUSTER_DIR / "kubelet.pid").read_text()), signal.SIGTERM)
+    time.sleep(2)
+    result = subprocess.run(
+        [str(REPO / "tests/cluster/up.sh")], capture_output=True, text=True, timeout=300, check=False
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"up.sh failed to restart the kubelet:\n{result.stdout}{result.stderr}")
 
 
 def eventually(predicate: Callable[[], object], what: str, timeout: float = 120, interval: float = 0.5) -> None:

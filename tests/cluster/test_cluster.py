@@ -7,7 +7,6 @@ Runs only with `-m cluster` (make cluster-test / make test), after cluster-up.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,7 +15,18 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cluster_access import CLUSTER_DIR, KUBECONFIG, NODE, REPO, SIM_ROOT, eventually, kubectl, node
+from cluster_access import (
+    CLUSTER_DIR,
+    KUBECONFIG,
+    NODE,
+    REPO,
+    SIM_ROOT,
+    eventually,
+    kubectl,
+    node,
+    pod_phase,
+    restart_kubelet,
+)
 
 CTR_SOCK = CLUSTER_DIR / "containerd/containerd.sock"
 PAUSE = "registry.k8s.io/pause:3.10"
@@ -57,7 +67,7 @@ def test_node_is_ready_with_the_instance_type_label() -> None:
 def test_a_pod_runs_and_logs_are_readable() -> None:
     kubectl("delete", "pod", "smoke", "--ignore-not-found", "--wait=true")
     kubectl("apply", "-f", "-", stdin=pod_manifest("smoke"))
-    eventually(lambda: kubectl("get", "pod", "smoke", "-o", "jsonpath={.status.phase}") == "Running", "pod running")
+    eventually(lambda: pod_phase("smoke") == "Running", "pod running")
     kubectl("logs", "smoke")  # needs the API server to reach the kubelet by the node's name
     kubectl("delete", "pod", "smoke", "--wait=false")
 
@@ -71,9 +81,7 @@ def test_a_pod_reaches_the_api_server() -> None:
         "--image-pull-policy=Never",
         "--restart=Never",
     )
-    eventually(
-        lambda: kubectl("get", "pod", "apicheck-test", "-o", "jsonpath={.status.phase}") == "Succeeded", "apicheck"
-    )
+    eventually(lambda: pod_phase("apicheck-test") == "Succeeded", "apicheck")
     assert '"major": "1"' in kubectl("logs", "apicheck-test")
     kubectl("delete", "pod", "apicheck-test", "--wait=false")
 
@@ -123,7 +131,7 @@ def test_real_kubelet_allocatable(device_plugin: subprocess.Popen[bytes]) -> Non
 
 def test_pod_with_two_cores_gets_its_device_and_env(device_plugin: subprocess.Popen[bytes]) -> None:
     kubectl("apply", "-f", "-", stdin=pod_manifest("cores", {"aws.amazon.com/neuroncore": 2}))
-    eventually(lambda: kubectl("get", "pod", "cores", "-o", "jsonpath={.status.phase}") == "Running", "cores pod", 120)
+    eventually(lambda: pod_phase("cores") == "Running", "cores pod", 120)
     spec = container_spec("cores")
     env = dict(e.split("=", 1) for e in spec["process"]["env"])
     cores = [int(c) for c in env["NEURON_RT_VISIBLE_CORES"].split(",")]
@@ -141,31 +149,25 @@ def test_pod_with_two_cores_gets_its_device_and_env(device_plugin: subprocess.Po
 def test_a_pod_asking_for_more_than_is_free_stays_pending(device_plugin: subprocess.Popen[bytes]) -> None:
     kubectl("apply", "-f", "-", stdin=pod_manifest("too-many", {"aws.amazon.com/neuron": 17}))
     time.sleep(5)
-    assert kubectl("get", "pod", "too-many", "-o", "jsonpath={.status.phase}") == "Pending"
+    assert pod_phase("too-many") == "Pending"
     kubectl("delete", "pod", "too-many", "--wait=false")
 
 
 def test_four_devices_are_a_torus_row(device_plugin: subprocess.Popen[bytes]) -> None:
     kubectl("apply", "-f", "-", stdin=pod_manifest("devices4", {"aws.amazon.com/neuron": 4}))
-    eventually(lambda: kubectl("get", "pod", "devices4", "-o", "jsonpath={.status.phase}") == "Running", "pod", 120)
+    eventually(lambda: pod_phase("devices4") == "Running", "pod", 120)
     devices = sorted(d["minor"] for d in container_spec("devices4")["linux"]["devices"])
     assert devices in ([0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15])
     kubectl("delete", "pod", "devices4", "--wait=true")
 
 
 def test_kubelet_restart_reregisters(device_plugin: subprocess.Popen[bytes]) -> None:
-    pid = int((CLUSTER_DIR / "kubelet.pid").read_text())
-    os.kill(pid, signal.SIGTERM)
-    time.sleep(2)
-    restarted = subprocess.run(
-        [str(REPO / "tests/cluster/up.sh")], capture_output=True, text=True, timeout=300, check=False
-    )
-    assert restarted.returncode == 0, f"up.sh failed to restart the kubelet:\n{restarted.stdout}{restarted.stderr}"
+    restart_kubelet()
     # Proof of re-registration: a new pod is admitted with cores after the restart.
     kubectl("delete", "pod", "after-restart", "--ignore-not-found", "--wait=true")
     kubectl("apply", "-f", "-", stdin=pod_manifest("after-restart", {"aws.amazon.com/neuroncore": 1}))
     eventually(
-        lambda: kubectl("get", "pod", "after-restart", "-o", "jsonpath={.status.phase}") == "Running",
+        lambda: pod_phase("after-restart") == "Running",
         "pod after restart",
         180,
     )
@@ -229,9 +231,7 @@ spec:
     kubectl("delete", "pod", "exporter", "--ignore-not-found", "--wait=true")
     kubectl("apply", "-f", "-", stdin=manifest)
     try:
-        eventually(
-            lambda: kubectl("get", "pod", "exporter", "-o", "jsonpath={.status.phase}") == "Running", "exporter", 120
-        )
+        eventually(lambda: pod_phase("exporter") == "Running", "exporter", 120)
 
         def scrape() -> str:
             with urllib.request.urlopen("http://127.0.0.1:19850/metrics", timeout=5) as r:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import time
 import urllib.request
@@ -23,7 +22,7 @@ import pykube
 import pytest
 import yaml
 from chart_tools import chart_tools
-from cluster_access import BIN, CLUSTER_DIR, NODE, REPO, SIM_ROOT, eventually, kubectl, node
+from cluster_access import BIN, NODE, REPO, SIM_ROOT, eventually, kubectl, node, pod_phase, restart_kubelet
 from pytest_helm_charts.clusters import Cluster
 from pytest_helm_charts.k8s.daemon_set import wait_for_daemon_sets_to_run
 from pytest_helm_charts.utils import wait_for_objects_condition
@@ -141,7 +140,7 @@ SHOW = 'for d in /dev/neuron*; do echo "device=$d"; done; echo "cores=$NEURON_RT
 
 def start_pod(name: str, limits: dict[str, int]) -> dict[str, list[str]]:
     kubectl("apply", "-f", "-", stdin=pod_manifest(name, limits, SHOW))
-    eventually(lambda: phase(name) == "Running", f"pod {name} running", 180)
+    eventually(lambda: pod_phase(name, WORKLOADS) == "Running", f"pod {name} running", 180)
     seen: dict[str, list[str]] = {}
 
     def logged() -> bool:
@@ -154,10 +153,6 @@ def start_pod(name: str, limits: dict[str, int]) -> dict[str, list[str]]:
 
     eventually(logged, f"pod {name} printed its devices")
     return seen
-
-
-def phase(name: str) -> str:
-    return kubectl("get", "pod", "-n", WORKLOADS, name, "-o", "jsonpath={.status.phase}")
 
 
 def delete_pods(*names: str) -> None:
@@ -285,7 +280,7 @@ def test_four_devices_form_a_torus_row_and_too_many_stay_pending() -> None:
         assert seen["cores"][0] == ",".join(str(c) for d in devices for c in (2 * d, 2 * d + 1))
         kubectl("apply", "-f", "-", stdin=pod_manifest("too-many", {f"{RESOURCE}/neuron": 13}, "sleep 1"))
         time.sleep(5)
-        assert phase("too-many") == "Pending"
+        assert pod_phase("too-many", WORKLOADS) == "Pending"
         events = kubectl(
             "get", "events", "-n", WORKLOADS, "--field-selector", "involvedObject.name=too-many", "-o", "json"
         )
@@ -346,10 +341,7 @@ def test_remediation_on_taints_and_a_reboot_clears_everything(kube_cluster: Clus
 
 
 def test_kubelet_restart_plugin_reregisters(kube_cluster: Cluster) -> None:
-    pid = int((CLUSTER_DIR / "kubelet.pid").read_text())
-    os.kill(pid, signal.SIGTERM)
-    time.sleep(2)
-    run(REPO / "tests" / "cluster" / "up.sh", timeout=300)
+    restart_kubelet()
     eventually(lambda: allocatable() == ("16", "32"), "allocatable back after the kubelet restart")
     wait_daemonsets(kube_cluster, list(DAEMONSETS.values()))
     # proof of re-registration with the new kubelet: a pod is admitted with a core
