@@ -13,7 +13,7 @@ PY_DIRS   := $(wildcard libs services tests bench tools charts)
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup test lint typecheck unit bench demo protos dashboards chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images
+.PHONY: help setup test lint typecheck unit bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -64,6 +64,9 @@ chart-docs: ## regenerate the values table of the chart's README from the commen
 chart-lint: ## chart-testing's ct lint (yamale, yamllint, helm lint --strict) over every ci/*-values.yaml
 	source "$$(tests/chart/build-tools.sh)/paths.env"; \
 	  "$$CT" lint --config ct.yaml --all --lint-conf "$$CT_ETC/lintconf.yaml" --chart-yaml-schema "$$CT_ETC/chart_schema.yaml"
+
+npd-rules: ## regenerate the chart's files/npd-rules.yaml from the fault table (neuron_sysfs.faults)
+	$(BIN)/neuron-problem-detector --print-default-rules > charts/neuron-helm-chart/files/npd-rules.yaml
 
 dashboards: ## regenerate the Grafana dashboards from tools/dashboards.py
 	$(PYTHON) tools/dashboards.py

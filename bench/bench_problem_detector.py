@@ -26,7 +26,7 @@ KINDS = ["SRAM_UNCORRECTABLE_ERROR", "NC_UNCORRECTABLE_ERROR", "HBM_UNCORRECTABL
 
 
 def _parse_rate() -> float:
-    rules = rules_mod.load(rules_mod.DEFAULT_RULES)
+    rules = rules_mod.default_rules()
     lines = [format_record(6, i, i, f"eth0: unrelated kernel message number {i}").rstrip("\n") for i in range(50_000)]
     t0 = time.perf_counter()
     for line in lines:

@@ -23,7 +23,7 @@ def issues_of(inv: inventory_mod.NodeInventory, kind: IssueKind) -> list[ScanIss
 
 def test_malformed_core_count_falls_back_to_table(make_node) -> None:  # type: ignore[no-untyped-def]
     root = make_node("trn1.32xlarge")
-    (layout.device_dir(root, 3) / "core_count").write_text("two")
+    (layout.HostLayout(root).device_dir(3) / "core_count").write_text("two")
     inv = scan(root, env={})
     assert len(inv.devices) == 16
     assert inv.device(3).physical_cores == 2  # type: ignore[union-attr]
@@ -34,7 +34,7 @@ def test_malformed_core_count_falls_back_to_table(make_node) -> None:  # type: i
 
 def test_missing_attributes_become_unknown(make_node) -> None:  # type: ignore[no-untyped-def]
     root = make_node("inf2.24xlarge")
-    d = layout.device_dir(root, 2)
+    d = layout.HostLayout(root).device_dir(2)
     (d / "info" / "serial_number").unlink()
     (d / "info" / "architecture" / "device_name").unlink()
     inv = scan(root, env={})
@@ -47,7 +47,7 @@ def test_missing_attributes_become_unknown(make_node) -> None:  # type: ignore[n
 
 def test_unreadable_attribute_is_reported(make_node) -> None:  # type: ignore[no-untyped-def]
     root = make_node("trn1.2xlarge")
-    target = layout.device_dir(root, 0) / "info" / "architecture" / "arch_type"
+    target = layout.HostLayout(root).device_dir(0) / "info" / "architecture" / "arch_type"
     target.unlink()
     target.mkdir()  # reading a directory fails with EISDIR, as an unreadable attribute would
     inv = scan(root, env={})
@@ -58,7 +58,7 @@ def test_unreadable_attribute_is_reported(make_node) -> None:  # type: ignore[no
 
 def test_binary_garbage_is_malformed(make_node) -> None:  # type: ignore[no-untyped-def]
     root = make_node("trn1.2xlarge")
-    (layout.device_dir(root, 0) / "info" / "architecture" / "device_name").write_bytes(b"\xff\xfe\x00")
+    (layout.HostLayout(root).device_dir(0) / "info" / "architecture" / "device_name").write_bytes(b"\xff\xfe\x00")
     inv = scan(root, env={})
     assert issues_of(inv, IssueKind.MALFORMED)
     assert inv.device(0).device_name is None  # type: ignore[union-attr]
@@ -66,7 +66,7 @@ def test_binary_garbage_is_malformed(make_node) -> None:  # type: ignore[no-unty
 
 def test_garbage_connected_devices_falls_back_to_table(make_node) -> None:  # type: ignore[no-untyped-def]
     root = make_node("trn1.32xlarge")
-    (layout.device_dir(root, 5) / "connected_devices").write_text("1, banana\n")
+    (layout.HostLayout(root).device_dir(5) / "connected_devices").write_text("1, banana\n")
     inv = scan(root, env={})
     assert inv.topology_source is TopologySource.MIXED
     assert inv.adjacency[5] == (1, 4, 6, 9)
@@ -75,7 +75,7 @@ def test_garbage_connected_devices_falls_back_to_table(make_node) -> None:  # ty
 
 def test_connected_devices_wins_over_table_and_mismatch_is_logged(make_node, caplog: pytest.LogCaptureFixture) -> None:  # type: ignore[no-untyped-def]
     root = make_node("inf2.24xlarge")
-    (layout.device_dir(root, 0) / "connected_devices").write_text("1\n")
+    (layout.HostLayout(root).device_dir(0) / "connected_devices").write_text("1\n")
     with caplog.at_level(logging.WARNING, logger="neuron_sysfs"):
         inv = scan(root, env={})
     assert inv.adjacency[0] == (1,)
@@ -86,7 +86,7 @@ def test_connected_devices_wins_over_table_and_mismatch_is_logged(make_node, cap
 
 def test_device_listed_but_gone_is_vanished(make_node) -> None:  # type: ignore[no-untyped-def]
     root = make_node("inf1.6xlarge")
-    shutil.rmtree(layout.device_dir(root, 2))  # the class symlink still lists it
+    shutil.rmtree(layout.HostLayout(root).device_dir(2))  # the class symlink still lists it
     inv = scan(root, env={})
     assert [d.index for d in inv.devices] == [0, 1, 3]
     [issue] = issues_of(inv, IssueKind.VANISHED)
@@ -98,7 +98,7 @@ def test_device_listed_but_gone_is_vanished(make_node) -> None:  # type: ignore[
 def test_device_vanishing_mid_scan(make_node, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
     root = make_node("trn1.32xlarge")
     real = inventory_mod.read_text
-    victim = layout.device_dir(root, 7)
+    victim = layout.HostLayout(root).device_dir(7)
 
     def read_then_vanish(path: Path) -> str:
         if victim in path.parents and victim.exists():
@@ -122,7 +122,7 @@ def test_no_driver_at_all(tmp_path: Path) -> None:
 
 def test_without_dmi_the_type_is_guessed(make_node) -> None:  # type: ignore[no-untyped-def]
     root = make_node("trn1.32xlarge")
-    (root / layout.DMI_PRODUCT_NAME).unlink()
+    layout.HostLayout(root).dmi_product_name.unlink()
     inv = scan(root, env={})
     assert inv.instance_type_name == "trn1.32xlarge"
     assert inv.instance_type_source is InstanceTypeSource.GUESSED
@@ -130,7 +130,7 @@ def test_without_dmi_the_type_is_guessed(make_node) -> None:  # type: ignore[no-
 
 def test_unknown_dmi_name_is_a_mismatch_and_guessed(make_node) -> None:  # type: ignore[no-untyped-def]
     root = make_node("inf2.48xlarge")
-    (root / layout.DMI_PRODUCT_NAME).write_text("m5.large\n")
+    layout.HostLayout(root).dmi_product_name.write_text("m5.large\n")
     inv = scan(root, env={})
     assert inv.instance_type_name == "inf2.48xlarge"
     assert issues_of(inv, IssueKind.MISMATCH)
@@ -138,8 +138,8 @@ def test_unknown_dmi_name_is_a_mismatch_and_guessed(make_node) -> None:  # type:
 
 def test_class_attributes_are_not_devices(make_node) -> None:  # type: ignore[no-untyped-def]
     root = make_node("trn2.48xlarge")
-    (root / layout.CLASS_DIR / "ultraserver_mode").write_text("0\n")
-    (root / layout.CLASS_DIR / "node_id_4").write_text("1\n")
+    (layout.HostLayout(root).class_dir / "ultraserver_mode").write_text("0\n")
+    (layout.HostLayout(root).class_dir / "node_id_4").write_text("1\n")
     assert len(scan(root, env={}).devices) == 16
 
 
@@ -152,7 +152,7 @@ class TestLogicalCoreSetting:
 
     def test_garbage_file_falls_back_to_default(self, make_node) -> None:  # type: ignore[no-untyped-def]
         root = make_node("trn2.48xlarge", lnc=1)
-        (root / layout.LNC_CONFIG_FILE).write_text("lots\n")
+        layout.HostLayout(root).lnc_config.write_text("lots\n")
         inv = scan(root, env={})
         assert (inv.lnc.value, inv.lnc.source) == (2, LncSource.DEFAULT)
         [issue] = issues_of(inv, IssueKind.INVALID_CONFIG)
@@ -186,7 +186,7 @@ def test_each_issue_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to create character devices")
 def test_char_devices(tmp_path: Path) -> None:
     sim.create(tmp_path, "inf2.24xlarge", char_devices=True)
-    st = os.stat(layout.dev_node(tmp_path, 4))
+    st = os.stat(layout.HostLayout(tmp_path).dev_node(4))
     assert os.major(st.st_rdev) == sim.SIM_CHAR_MAJOR
     assert os.minor(st.st_rdev) == 4
     assert scan(tmp_path, env={}).device(4).dev_node_present  # type: ignore[union-attr]
@@ -204,5 +204,5 @@ def test_tracker_rescans_only_when_the_listed_devices_change(make_node) -> None:
     assert tracker.refresh() is True
     assert [d.index for d in tracker.inventory.devices] == [0, 1, 3, 4, 5]
     assert tracker.refresh() is False
-    shutil.rmtree(layout.device_dir(root, 4))  # listed (class link left behind) but unreadable
+    shutil.rmtree(layout.HostLayout(root).device_dir(4))  # listed (class link left behind) but unreadable
     assert tracker.refresh() is False  # not a change of the listing: no rescan on every call

@@ -41,7 +41,7 @@ def test_bumps_and_settings_are_seen(make_node) -> None:  # type: ignore[no-unty
 
 def test_legacy_status_names_map_to_current_ones(make_node) -> None:  # type: ignore[no-untyped-def]
     root = make_node("inf1.xlarge")  # the simulator writes infer_* names on inf1
-    assert (layout.core_dir(layout.device_dir(root, 0), 0) / "stats/status/infer_failed_to_queue").is_dir()
+    assert (layout.core_dir(layout.HostLayout(root).device_dir(0), 0) / "stats/status/infer_failed_to_queue").is_dir()
     sim.bump_counter(root, 0, "execute_failed_to_queue", core=2, by=3)
     snap = CounterReader(scan(root, env={})).read()
     assert snap.get(CounterKind.STATUS, 0, 2, "execute_failed_to_queue", "total") == 3
@@ -65,7 +65,7 @@ def test_garbage_counter_skips_that_value_only(make_node) -> None:  # type: igno
 def test_garbage_power_is_reported(make_node) -> None:  # type: ignore[no-untyped-def]
     root = make_node("trn1.2xlarge")
     reader = CounterReader(scan(root, env={}))
-    sim.write_attr(layout.power_file(layout.device_dir(root, 0)), "garbage\n")
+    sim.write_attr(layout.power_file(layout.HostLayout(root).device_dir(0)), "garbage\n")
     snap = reader.read()
     assert 0 not in snap.power
     assert [i.kind for i in snap.issues] == [IssueKind.MALFORMED]
@@ -74,7 +74,7 @@ def test_garbage_power_is_reported(make_node) -> None:  # type: ignore[no-untype
 def test_missing_file_is_reported_and_others_read(make_node) -> None:  # type: ignore[no-untyped-def]
     root = make_node("trn1.2xlarge")
     reader = CounterReader(scan(root, env={}))
-    (layout.device_dir(root, 0) / "stats/hardware/sram_ecc_uncorrected").unlink()
+    (layout.HostLayout(root).device_dir(0) / "stats/hardware/sram_ecc_uncorrected").unlink()
     snap = reader.read()
     [issue] = snap.issues
     assert issue.kind is IssueKind.MISSING

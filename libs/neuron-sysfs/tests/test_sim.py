@@ -19,10 +19,10 @@ def run_sim(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_driver_formats(tmp_path: Path) -> None:
     sim.create(tmp_path, "trn1.32xlarge")
-    d = layout.device_dir(tmp_path, 0)
+    d = layout.HostLayout(tmp_path).device_dir(0)
     assert (d / "core_count").read_bytes() == b"2"
     assert (d / "connected_devices").read_text() == "1, 3, 4, 12\n"
-    assert (tmp_path / layout.CLASS_DIR / "neuron0").resolve() == d.resolve()
+    assert (layout.HostLayout(tmp_path).class_dir / "neuron0").resolve() == d.resolve()
     assert (d / "info/architecture/device_name").read_text() == "Trainium1\n"
     assert (d / "stats/power/utilization").read_text().startswith("0,")
 
@@ -39,7 +39,7 @@ def test_kmsg_records_have_increasing_sequence(tmp_path: Path) -> None:
     sim.create(tmp_path, "trn1.32xlarge")
     sim.inject_hw_error(tmp_path, "NC_UNCORRECTABLE_ERROR", 5, 1)
     sim.append_kmsg(tmp_path, "neuron: DMA completion timeout on nd05 queue 3")
-    lines = (tmp_path / layout.KMSG_FILE).read_text().splitlines()
+    lines = layout.HostLayout(tmp_path).kmsg.read_text().splitlines()
     records = [parse_record(line) for line in lines]
     assert [r.seq for r in records] == list(range(len(records)))
     err = parse_hw_error(records[-2].message)
@@ -56,7 +56,7 @@ def test_kmsg_records_have_increasing_sequence(tmp_path: Path) -> None:
 def test_vanish_and_restore(tmp_path: Path) -> None:
     sim.create(tmp_path, "inf2.24xlarge")
     sim.vanish(tmp_path, 2)
-    assert not layout.dev_node(tmp_path, 2).exists()
+    assert not layout.HostLayout(tmp_path).dev_node(2).exists()
     assert [d.index for d in scan(tmp_path, env={}).devices] == [0, 1, 3, 4, 5]
     sim.restore(tmp_path, 2)
     assert len(scan(tmp_path, env={}).devices) == 6
@@ -66,10 +66,10 @@ def test_vanish_and_restore(tmp_path: Path) -> None:
 
 def test_reboot_changes_boot_id_and_clears_log(tmp_path: Path) -> None:
     sim.create(tmp_path, "trn1.2xlarge")
-    before = (tmp_path / sim.BOOT_ID_FILE).read_text()
+    before = (tmp_path / layout.BOOT_ID_FILE).read_text()
     new = sim.reboot(tmp_path)
     assert new + "\n" != before
-    assert (tmp_path / layout.KMSG_FILE).read_text() == ""
+    assert layout.HostLayout(tmp_path).kmsg.read_text() == ""
 
 
 def test_cli_inject_and_errors(tmp_path: Path) -> None:

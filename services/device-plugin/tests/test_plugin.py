@@ -166,13 +166,24 @@ async def test_more_than_free_is_refused_by_admission(start_plugin) -> None:  # 
 
 
 class TestHealth:
-    async def test_transient_error_flips_and_recovers(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
+    async def test_repairable_error_recovers_after_a_driver_reload(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
         h = await start_plugin("trn1.32xlarge")
         sim.bump_counter(h.root, 5, "mem_ecc_repairable_uncorrected")
         await eventually(lambda: "neuron5" not in h.kubelet.healthy(NEURON))
         assert {"neuroncore10", "neuroncore11"}.isdisjoint(h.kubelet.healthy(NEURONCORE))  # cores follow
         assert h.kubelet.capacity(NEURON) == 16
-        await eventually(lambda: "neuron5" in h.kubelet.healthy(NEURON), timeout=5)  # quiet period 1 s
+        await asyncio.sleep(2.0)  # longer than the 1 s quiet period: time alone does not mend it
+        assert "neuron5" not in h.kubelet.healthy(NEURON)
+        sim.reload_driver(h.root)
+        await eventually(lambda: "neuron5" in h.kubelet.healthy(NEURON), timeout=5)
+
+    async def test_transient_fault_leaves_the_device_in_service(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
+        h = await start_plugin("trn1.32xlarge")
+        sim.inject_fault(h.root, "HANG_ON_COLLECTIVES", 4)
+        sim.inject_fault(h.root, "HANG_ON_COLLECTIVES", 4, via="core-counter")
+        sim.inject_fault(h.root, "NC_UNCORRECTABLE_ERROR", 6)  # a later line proves the earlier ones were read
+        await eventually(lambda: "neuron6" not in h.kubelet.healthy(NEURON))
+        assert "neuron4" in h.kubelet.healthy(NEURON)
 
     async def test_permanent_error_never_recovers(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
         h = await start_plugin("trn1.32xlarge")

@@ -137,4 +137,4 @@ def test_no_driver(tmp_path: Path) -> None:
     c = collector(tmp_path)
     text = c.render()
     assert find(text, "neuron_device_info") == []
-    assert (tmp_path / layout.CLASS_DIR).exists() is False
+    assert layout.HostLayout(tmp_path).class_dir.exists() is False

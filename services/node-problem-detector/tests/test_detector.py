@@ -5,7 +5,7 @@ from pathlib import Path
 from neuron_problem_detector import rules
 from neuron_problem_detector.detector import DetectorState, load_state, save_state
 
-DEFAULT = rules.load(rules.DEFAULT_RULES)
+DEFAULT = rules.default_rules()
 
 
 def match(line: str) -> rules.Match:
@@ -37,14 +37,20 @@ def test_temporary_matches_are_no_problem() -> None:
     assert s.problems == {}
 
 
-def test_counter_problems_clear_when_the_driver_resets() -> None:
+def test_a_driver_reload_clears_only_what_it_mends() -> None:
     s = DetectorState()
     [m] = rules.match_counters(DEFAULT, None, {(1, "mem_ecc_uncorrected"): 2})
     s.add(m, now=1)
-    s.add(match("NEURON_HW_ERR=DMA_ERROR nd-id=1"), now=2)
-    gone = s.clear_devices({1})
-    assert [p.reason for p in gone] == ["NeuronHasError_HBM_UNCORRECTABLE_ERROR"]
-    assert [p.reason for p in s.problems.values()] == ["NeuronHasError_DMA_ERROR"]  # a kernel line waits for a reboot
+    [m] = rules.match_counters(DEFAULT, None, {(1, "mem_ecc_repairable_uncorrected"): 1})
+    s.add(m, now=2)
+    s.add(match("NEURON_HW_ERR=HBM_REPAIRABLE_UNCORRECTABLE_ERROR nd-id=3"), now=3)
+    gone = s.clear_devices({1, 3})
+    assert sorted((p.device, p.reason) for p in gone) == [
+        (1, "NeuronHasError_HBM_REPAIRABLE_UNCORRECTABLE_ERROR"),
+        (3, "NeuronHasError_HBM_REPAIRABLE_UNCORRECTABLE_ERROR"),
+    ]
+    # uncorrectable memory needs a new instance: a reload leaves it until the next boot
+    assert [p.reason for p in s.problems.values()] == ["NeuronHasError_HBM_UNCORRECTABLE_ERROR"]
 
 
 def test_clear_after_and_new_boot() -> None:

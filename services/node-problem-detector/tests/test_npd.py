@@ -109,14 +109,27 @@ async def scrape(det: Detector) -> str:
 async def test_counters_growing(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
     async with running(tmp_path, node, api):
         await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
-        sim.bump_counter(node, 9, "mem_ecc_uncorrected", by=2)
-        await eventually(lambda: status(api) == ("True", "NeuronHasError_HBM_UNCORRECTABLE_ERROR"))
+        sim.bump_counter(node, 9, "mem_ecc_repairable_uncorrected", by=2)
+        await eventually(lambda: status(api) == ("True", "NeuronHasError_HBM_REPAIRABLE_UNCORRECTABLE_ERROR"))
         assert "rose from 0 to 2" in api.event_list()[0]["message"]
-        # the driver is reloaded: its counters start again from zero, the problem is gone
-        sim.set_counter_raw(node, 9, "mem_ecc_uncorrected", "0\n")
+        # the driver is reloaded: its counters start again from zero, and a reload mends this kind
+        sim.reload_driver(node)
         await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
         await eventually(lambda: any(e["reason"].endswith("Cleared") for e in api.event_list()))
     assert not (tmp_path / "verdicts" / "neuron9.json").exists()
+
+
+async def test_a_reload_does_not_clear_what_needs_a_new_instance(
+    tmp_path: Path, node: Path, api: FakeApiServer
+) -> None:
+    async with running(tmp_path, node, api):
+        sim.bump_counter(node, 9, "mem_ecc_uncorrected")
+        sim.inject_fault(node, "NC_UNCORRECTABLE_ERROR", 2, via="core-counter", core=1)
+        await eventually(lambda: len(verdicts.read_verdicts(tmp_path / "verdicts", node)) == 2)
+        sim.reload_driver(node)
+        await asyncio.sleep(0.5)  # five counter reads
+        assert status(api)[0] == "True"
+        assert set(verdicts.read_verdicts(tmp_path / "verdicts", node)) == {2, 9}
 
 
 async def test_flood_of_unrelated_lines_and_garbage(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
@@ -180,8 +193,8 @@ async def test_restart_on_the_same_boot_and_after_a_reboot(tmp_path: Path, node:
 @pytest.mark.parametrize("remediation", [["--taint", "--cordon"], []])
 async def test_remediation_on_and_off(tmp_path: Path, node: Path, api: FakeApiServer, remediation: list[str]) -> None:
     async with running(tmp_path, node, api, *remediation):
-        sim.bump_counter(node, 1, "sram_ecc_uncorrected")
-        await eventually(lambda: status(api) == ("True", "NeuronHasError_SRAM_UNCORRECTABLE_ERROR"))
+        sim.bump_counter(node, 1, "mem_ecc_repairable_uncorrected")
+        await eventually(lambda: status(api) == ("True", "NeuronHasError_HBM_REPAIRABLE_UNCORRECTABLE_ERROR"))
         await asyncio.sleep(0.5)
         spec = api.nodes[NODE]["spec"]
         if remediation:
@@ -192,7 +205,7 @@ async def test_remediation_on_and_off(tmp_path: Path, node: Path, api: FakeApiSe
         else:
             assert "taints" not in spec
             assert "unschedulable" not in spec
-        sim.set_counter_raw(node, 1, "sram_ecc_uncorrected", "0\n")
+        sim.reload_driver(node)
         await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
         await asyncio.sleep(0.5)
     spec = api.nodes[NODE]["spec"]
@@ -203,9 +216,9 @@ async def test_remediation_on_and_off(tmp_path: Path, node: Path, api: FakeApiSe
 async def test_an_admins_cordon_is_left_alone(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
     api.nodes[NODE]["spec"]["unschedulable"] = True  # cordoned by someone else
     async with running(tmp_path, node, api, "--cordon"):
-        sim.bump_counter(node, 1, "sram_ecc_uncorrected")
-        await eventually(lambda: status(api) == ("True", "NeuronHasError_SRAM_UNCORRECTABLE_ERROR"))
-        sim.set_counter_raw(node, 1, "sram_ecc_uncorrected", "0\n")
+        sim.bump_counter(node, 1, "mem_ecc_repairable_uncorrected")
+        await eventually(lambda: status(api) == ("True", "NeuronHasError_HBM_REPAIRABLE_UNCORRECTABLE_ERROR"))
+        sim.reload_driver(node)
         await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
         await asyncio.sleep(0.5)
     assert api.nodes[NODE]["spec"]["unschedulable"] is True

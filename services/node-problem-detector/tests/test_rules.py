@@ -5,12 +5,14 @@ from pathlib import Path
 import pytest
 
 from neuron_problem_detector import rules
-from neuron_sysfs.kmsg import HW_ERROR_KINDS, format_hw_error
+from neuron_sysfs import faults
+from neuron_sysfs.counters import devices_reset
+from neuron_sysfs.kmsg import format_hw_error
 
-DEFAULT = rules.load(rules.DEFAULT_RULES)
+DEFAULT = rules.default_rules()
 
 
-@pytest.mark.parametrize("kind", [k for k in HW_ERROR_KINDS if k != "HANG_ON_COLLECTIVES"])
+@pytest.mark.parametrize("kind", [f.kind for f in faults.FAULTS if f.kernel_names and f.sets_condition])
 def test_every_hw_error_kind_sets_its_aws_reason(kind: str) -> None:
     line = format_hw_error(kind, 3, 1, "19fcda00f5ff6eb9")
     [m] = rules.match_message(DEFAULT, line)
@@ -34,7 +36,7 @@ def test_counters_first_read_and_growth() -> None:
     second = first | {(0, "mem_ecc_uncorrected"): 1}
     [m] = rules.match_counters(DEFAULT, first, second)
     assert (m.rule.reason, m.device) == ("NeuronHasError_HBM_UNCORRECTABLE_ERROR", 0)
-    assert rules.counters_reset(second, {(0, "mem_ecc_uncorrected"): 0, (1, "sram_ecc_uncorrected"): 3}) == {0}
+    assert devices_reset(second, {(0, "mem_ecc_uncorrected"): 0, (1, "sram_ecc_uncorrected"): 3}) == {0}
 
 
 def test_threshold() -> None:
@@ -62,10 +64,12 @@ GOOD_CONDITION = [{"type": "NeuronHealth", "reason": "NeuronHasNoError"}]
         ({"conditions": GOOD_CONDITION, "rules": [{"type": "permanent", "reason": "X", "pattern": "a"}]}, "rules[0].condition"),
         ({"conditions": GOOD_CONDITION, "rules": [{"type": "temporary", "reason": "X"}]}, "exactly one of 'pattern' or 'counter'"),
         ({"conditions": GOOD_CONDITION, "rules": [{"type": "temporary", "reason": "X", "pattern": "(("}]}, "not a valid regular expression"),
-        ({"conditions": GOOD_CONDITION, "rules": [{"type": "temporary", "reason": "X", "counter": "Bad-Name"}]}, "driver counter name"),
-        ({"conditions": GOOD_CONDITION, "rules": [{"type": "temporary", "reason": "X", "counter": "a", "threshold": 0}]}, "threshold"),
+        ({"conditions": GOOD_CONDITION, "rules": [{"type": "temporary", "reason": "X", "counter": "Bad-Name"}]}, "must be a driver counter"),
+        ({"conditions": GOOD_CONDITION, "rules": [{"type": "temporary", "reason": "X", "counter": "hw_error", "threshold": 0}]}, "threshold"),
         ({"conditions": GOOD_CONDITION, "rules": [{"type": "temporary", "reason": "X", "pattern": "a", "clearAfter": -1}]}, "clearAfter"),
         ({"conditions": GOOD_CONDITION, "rules": [{"type": "temporary", "reason": "X", "pattern": "a", "condition": "NeuronHealth"}]}, "only permanent rules"),
+        ({"conditions": GOOD_CONDITION, "rules": [{"type": "temporary", "reason": "X", "pattern": "a", "clearOnDriverReload": True}]}, "only permanent rules set a problem"),
+        ({"conditions": GOOD_CONDITION, "rules": [{"type": "permanent", "condition": "NeuronHealth", "reason": "X", "pattern": "a", "clearOnDriverReload": "yes"}]}, "true or false"),
     ],
 )  # fmt: skip
 def test_invalid_rules_say_where_and_what(data: object, message: str) -> None:
@@ -87,3 +91,41 @@ def test_unreadable_and_non_yaml_files(tmp_path: Path) -> None:
 def test_reasons_of() -> None:
     assert "NeuronHasError_DMA_ERROR" in DEFAULT.reasons_of("NeuronHealth")
     assert "NeuronDMACompletionTimeout" not in DEFAULT.reasons_of("NeuronHealth")
+
+
+def test_default_rules_are_the_fault_table() -> None:
+    """Every fault's kernel pattern and counters become one rule each, of the fault's weight."""
+    by_source = {(r.pattern.pattern if r.pattern else r.counter): r for r in DEFAULT.rules}
+    for fault in faults.FAULTS:
+        sources = [fault.kernel_pattern, *fault.counters]
+        for source in filter(None, sources):
+            rule = by_source.pop(source)
+            assert (rule.reason, rule.permanent) == (fault.reason, fault.sets_condition)
+            assert rule.clear_on_driver_reload == fault.severity.clears_on_driver_reload
+            assert rule.condition == (faults.CONDITION if fault.sets_condition else None)
+    assert sorted(r.reason for r in by_source.values()) == sorted(
+        [faults.UNKNOWN_FATAL.reason, faults.UNKNOWN_NOTICE.reason]
+    )
+
+
+@pytest.mark.parametrize(
+    ("line", "reason"),
+    [
+        ("NEURON_HW_ERR=BRAND_NEW_KIND nd-id=2 nc-id=0 action=TERMINATE_INSTANCE", "NeuronHasError_UNKNOWN_HW_ERROR"),
+        ("NEURON_HW_ERR=BRAND_NEW_KIND nd-id=2 nc-id=0 action=RESET", "NeuronUnknownHardwareError"),
+        ("NEURON_HW_ERR=DMA_ERROR nd-id=2 action=TERMINATE_INSTANCE", "NeuronHasError_DMA_ERROR"),
+    ],
+)
+def test_unknown_kinds_follow_the_lines_action(line: str, reason: str) -> None:
+    [m] = rules.match_message(DEFAULT, line)
+    assert (m.rule.reason, m.device) == (reason, 2)
+    assert [f.fault.reason for f in faults.match_kernel_line(line)] == [reason]
+
+
+def test_core_counters_are_rules_too() -> None:
+    r = rules.parse({"conditions": GOOD_CONDITION,
+                     "rules": [{"type": "permanent", "condition": "NeuronHealth", "reason": "Nc",
+                                "counter": "hw_nc_ue_error"}]})  # fmt: skip
+    assert r.rules[0].core_counter
+    [m] = rules.match_counters(r, {(4, "hw_nc_ue_error"): 0}, {(4, "hw_nc_ue_error"): 1})
+    assert m.device == 4

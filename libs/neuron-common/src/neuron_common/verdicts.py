@@ -20,15 +20,17 @@ import re
 import time
 from pathlib import Path
 
+from neuron_sysfs import layout
+
 log = logging.getLogger(__name__)
 
-BOOT_ID_FILE = "proc/sys/kernel/random/boot_id"
+
 _NAME = re.compile(r"^neuron(\d+)\.json$")
 
 
 def boot_id(host_root: Path) -> str | None:
     try:
-        return (host_root / BOOT_ID_FILE).read_text().strip() or None
+        return layout.HostLayout(host_root).boot_id.read_text().strip() or None
     except OSError:
         return None
 

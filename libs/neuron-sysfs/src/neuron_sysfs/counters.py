@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import os
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -213,3 +213,18 @@ class CounterReader:
             issues.append(ScanIssue(IssueKind.VANISHED, ddir, "device directory vanished; its counters are unknown"))
             return
         issues.append(issue_for_oserror(os.fsdecode(path), exc))
+
+
+def device_totals(values: Mapping[CounterKey, int]) -> dict[tuple[int, str], int]:
+    """(device, counter name) -> value: device counters as read, per-core status totals summed over
+    the device's cores. The fault table names counters at this level."""
+    totals: dict[tuple[int, str], int] = {}
+    for key, value in values.items():
+        if key.kind is CounterKind.HARDWARE or (key.kind is CounterKind.STATUS and key.field == "total"):
+            totals[key.device, key.name] = totals.get((key.device, key.name), 0) + value
+    return totals
+
+
+def devices_reset(previous: Mapping[tuple[int, str], int], current: Mapping[tuple[int, str], int]) -> set[int]:
+    """Devices whose counters went back down: the driver was reloaded and counts afresh."""
+    return {device for (device, name), value in current.items() if value < previous.get((device, name), 0)}

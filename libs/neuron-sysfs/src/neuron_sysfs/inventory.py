@@ -154,7 +154,9 @@ def list_device_indices(root: Path) -> tuple[list[int], list[ScanIssue]]:
         indices = sorted(int(m.group(1)) for n in names if (m := layout.DEVICE_NAME_RE.match(n)))
         return indices, []
     return [], [
-        ScanIssue(IssueKind.MISSING, str(root / layout.CLASS_DIR), "no Neuron driver sysfs (is the driver loaded?)")
+        ScanIssue(
+            IssueKind.MISSING, str(layout.HostLayout(root).class_dir), "no Neuron driver sysfs (is the driver loaded?)"
+        )
     ]
 
 
@@ -170,7 +172,9 @@ def scan(root: str | Path = "/", env: Mapping[str, str] | None = None) -> NodeIn
         except _DeviceVanished:
             issues.append(
                 ScanIssue(
-                    IssueKind.VANISHED, str(layout.device_dir(root, index)), "device directory vanished during the scan"
+                    IssueKind.VANISHED,
+                    str(layout.HostLayout(root).device_dir(index)),
+                    "device directory vanished during the scan",
                 )
             )
 
@@ -197,7 +201,7 @@ def scan(root: str | Path = "/", env: Mapping[str, str] | None = None) -> NodeIn
         globals_ = tuple(raw.index * per_device + j for j in range(per_device))
         for j, g in enumerate(globals_):
             cores.append(LogicalCore(g, raw.index, j, tuple(range(j * lnc.value, (j + 1) * lnc.value))))
-        node = layout.dev_node(root, raw.index)
+        node = layout.HostLayout(root).dev_node(raw.index)
         devices.append(
             Device(
                 index=raw.index,
@@ -285,7 +289,7 @@ def _text(value: str) -> str:
 
 
 def _read_device(root: Path, index: int, issues: list[ScanIssue]) -> _RawDevice:
-    path = layout.device_dir(root, index)
+    path = layout.HostLayout(root).device_dir(index)
     if not path.is_dir():
         raise _DeviceVanished
     arch = path / "info" / "architecture"
@@ -308,7 +312,7 @@ def _read_device(root: Path, index: int, issues: list[ScanIssue]) -> _RawDevice:
 def _instance_type(
     root: Path, raws: list[_RawDevice], issues: list[ScanIssue]
 ) -> tuple[InstanceType | None, str | None, InstanceTypeSource]:
-    dmi = root / layout.DMI_PRODUCT_NAME
+    dmi = layout.HostLayout(root).dmi_product_name
     try:
         name = read_text(dmi).strip()
     except SysfsError:
@@ -374,7 +378,7 @@ def _numa_nodes(root: Path, device_count: int) -> dict[int, int]:
     is found by order: the driver probes Neuron PCI functions (vendor 0x1d0f) in bus order
     and numbers them from 0. Only used when the counts agree; otherwise unknown.
     """
-    pci_dir = root / layout.PCI_DEVICES_DIR
+    pci_dir = layout.HostLayout(root).pci_devices_dir
     try:
         entries = sorted(os.listdir(pci_dir))
     except OSError:

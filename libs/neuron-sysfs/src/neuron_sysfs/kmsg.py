@@ -15,17 +15,6 @@ KERN_ERR = 3
 KERN_WARNING = 4
 KERN_INFO = 6
 
-# The four kinds AWS's detector watches, and the ones the runtime codes also name
-# (NRT_EXEC_HW_ERR_*: COLLECTIVES 1200, HBM_UE 1201, NC_UE 1202, DMA_ABORT 1203, REPAIRABLE_HBM_UE 1205).
-HW_ERROR_KINDS: tuple[str, ...] = (
-    "SRAM_UNCORRECTABLE_ERROR",
-    "NC_UNCORRECTABLE_ERROR",
-    "HBM_UNCORRECTABLE_ERROR",
-    "DMA_ERROR",
-    "HBM_REPAIRABLE_UNCORRECTABLE_ERROR",
-    "HANG_ON_COLLECTIVES",
-)
-
 
 @dataclass(frozen=True, slots=True)
 class KmsgRecord:
@@ -140,6 +129,17 @@ def parse_hw_error(message: str) -> HwError | None:
         action=attributes.get("action") or None,
         attributes=attributes,
     )
+
+
+def locate(message: str, match: re.Match[str]) -> tuple[int | None, int | None, str | None]:
+    """Device, core and serial a matched kernel line names: from its `nd-id=`/`nc-id=`/`serial-num=`
+    when it is a NEURON_HW_ERR line, else the device from the pattern's `device` group."""
+    hw = parse_hw_error(message)
+    device = hw.device if hw else None
+    if device is None and "device" in match.groupdict():
+        value = match.group("device")
+        device = int(value) if value is not None and value.isdigit() else None
+    return device, (hw.core if hw else None), (hw.serial if hw else None)
 
 
 def format_hw_error(

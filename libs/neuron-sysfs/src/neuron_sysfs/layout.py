@@ -1,17 +1,24 @@
-"""Where the Neuron driver puts things, relative to a host root.
+"""The host layout: every path on a Neuron node the stack reads or writes, written once.
 
-Names follow `aws-neuron-driver` (`neuron_cdev.c`, `neuron_sysfs_metrics.c`), see
-`shared/reference/neuron-stack.md` section 3. Everything else in this package builds paths
-through here, so a layout fact is written once.
+Two kinds of path:
+- under a host root (`HostLayout`): the driver's sysfs, `/dev/neuronN`, the kernel log, the
+  boot id, the logical-core config; a simulated node puts them under another root, and a
+  container sees the host's under a mount. Names follow `aws-neuron-driver` (`neuron_cdev.c`,
+  `neuron_sysfs_metrics.c`), see `shared/reference/neuron-stack.md` section 3.
+- absolute host paths the chart mounts at the same place in the container: the kubelet's
+  sockets, the problem detector's state and verdicts, the CDI spec directory.
+Every service and the simulator build paths through here; nothing else joins a root to a path.
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+# -- relative to a host root ------------------------------------------------------------------
 DEVICES_DIR = "sys/devices/virtual/neuron_device"
 CLASS_DIR = "sys/class/neuron_device"
 DEV_DIR = "dev"
@@ -19,7 +26,67 @@ LNC_CONFIG_FILE = "opt/aws/neuron/logical_nc_config"
 DMI_PRODUCT_NAME = "sys/class/dmi/id/product_name"
 PCI_DEVICES_DIR = "sys/bus/pci/devices"
 KMSG_FILE = "dev/kmsg"
+BOOT_ID_FILE = "proc/sys/kernel/random/boot_id"
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+
+# -- absolute host paths (the chart mounts each at the same path) ------------------------------
+KUBELET_DIR = "/var/lib/kubelet"
+DEVICE_PLUGIN_DIR = f"{KUBELET_DIR}/device-plugins/"  # the kubelet's kubelet.sock and plugin sockets
+KUBELET_SOCKET_NAME = "kubelet.sock"
+POD_RESOURCES_SOCKET = f"{KUBELET_DIR}/pod-resources/kubelet.sock"
+NPD_STATE_DIR = "/var/lib/neuron-problem-detector"
+NPD_STATE_FILE = f"{NPD_STATE_DIR}/state.json"
+VERDICT_DIR = f"{NPD_STATE_DIR}/verdicts"  # the detector writes, the device plugin reads
+CDI_SPEC_DIR = "/var/run/cdi"
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """The paths under one host root (`/` on a node, a directory for a simulated node)."""
+
+    root: Path
+
+    @property
+    def devices_dir(self) -> Path:
+        return self.root / DEVICES_DIR
+
+    @property
+    def class_dir(self) -> Path:
+        return self.root / CLASS_DIR
+
+    @property
+    def dev_dir(self) -> Path:
+        return self.root / DEV_DIR
+
+    @property
+    def lnc_config(self) -> Path:
+        return self.root / LNC_CONFIG_FILE
+
+    @property
+    def dmi_product_name(self) -> Path:
+        return self.root / DMI_PRODUCT_NAME
+
+    @property
+    def pci_devices_dir(self) -> Path:
+        return self.root / PCI_DEVICES_DIR
+
+    @property
+    def kmsg(self) -> Path:
+        return self.root / KMSG_FILE
+
+    @property
+    def boot_id(self) -> Path:
+        return self.root / BOOT_ID_FILE
+
+    def device_dir(self, index: int) -> Path:
+        return self.devices_dir / f"neuron{index}"
+
+    def class_link(self, index: int) -> Path:
+        return self.class_dir / f"neuron{index}"
+
+    def dev_node(self, index: int) -> Path:
+        return self.dev_dir / f"neuron{index}"
+
 
 NEURON_PCI_VENDOR = 0x1D0F
 
@@ -115,18 +182,6 @@ OTHER_INFO: tuple[str, ...] = (
 
 def canonical_status(name: str) -> str:
     return LEGACY_STATUS_NAMES.get(name, name)
-
-
-def device_dir(root: Path, index: int) -> Path:
-    return root / DEVICES_DIR / f"neuron{index}"
-
-
-def class_link(root: Path, index: int) -> Path:
-    return root / CLASS_DIR / f"neuron{index}"
-
-
-def dev_node(root: Path, index: int) -> Path:
-    return root / DEV_DIR / f"neuron{index}"
 
 
 def core_dir(device: Path, local_core: int) -> Path:

@@ -39,7 +39,7 @@ def resolve_lnc(root: Path, family: Family | None, env: Mapping[str, str]) -> tu
     candidates: list[tuple[LncSource, str, str]] = []
     if layout.LNC_ENV in env:
         candidates.append((LncSource.ENV, env[layout.LNC_ENV], f"${layout.LNC_ENV}"))
-    path = root / layout.LNC_CONFIG_FILE
+    path = layout.HostLayout(root).lnc_config
     try:
         candidates.append((LncSource.FILE, read_text(path), str(path)))
     except SysfsError as exc:

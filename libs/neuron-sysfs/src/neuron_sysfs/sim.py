@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-from neuron_sysfs import layout
+from neuron_sysfs import faults, layout
 from neuron_sysfs.errors import UnknownInstanceTypeError
 from neuron_sysfs.instance_types import InstanceType, get_instance_type
 from neuron_sysfs.kmsg import KERN_ERR, KERN_INFO, format_hw_error, format_record
@@ -29,7 +29,7 @@ from neuron_sysfs.kmsg import KERN_ERR, KERN_INFO, format_hw_error, format_recor
 SIM_CHAR_MAJOR = 241
 STATE_DIR = ".neuron-sim"
 VANISHED_DIR = ".neuron-sim/vanished"
-BOOT_ID_FILE = "proc/sys/kernel/random/boot_id"
+
 _OWNED = ("sys", "dev", "opt/aws/neuron", "proc/sys/kernel/random", STATE_DIR)
 
 
@@ -64,29 +64,29 @@ def create(
             f"--lnc {lnc} is not supported on {it.name} (supported: {', '.join(map(str, it.family.supported_lnc))})"
         )
     root = Path(root)
-    if (root / STATE_DIR).exists() or (root / layout.DEVICES_DIR).exists():
+    if (root / STATE_DIR).exists() or layout.HostLayout(root).devices_dir.exists():
         if not force:
             raise SimError(f"{root} already holds a simulated node; pass --force to replace it")
         destroy(root)
     root.mkdir(parents=True, exist_ok=True)
 
-    write_attr(root / layout.DMI_PRODUCT_NAME, it.name + "\n")
-    write_attr(root / BOOT_ID_FILE, str(uuid.uuid4()) + "\n")
+    write_attr(layout.HostLayout(root).dmi_product_name, it.name + "\n")
+    write_attr(layout.HostLayout(root).boot_id, str(uuid.uuid4()) + "\n")
     if lnc is not None:
-        write_attr(root / layout.LNC_CONFIG_FILE, f"{lnc}\n")
-    (root / layout.CLASS_DIR).mkdir(parents=True, exist_ok=True)
-    (root / layout.DEV_DIR).mkdir(parents=True, exist_ok=True)
+        write_attr(layout.HostLayout(root).lnc_config, f"{lnc}\n")
+    layout.HostLayout(root).class_dir.mkdir(parents=True, exist_ok=True)
+    layout.HostLayout(root).dev_dir.mkdir(parents=True, exist_ok=True)
     adjacency = it.adjacency()
     per_node = max(it.devices // it.numa_nodes, 1)
     for index in range(it.devices):
         _write_device(root, it, index, adjacency[index])
         bdf = f"0000:{0x10 + index:02x}:1e.0"
-        pci = root / layout.PCI_DEVICES_DIR / bdf
+        pci = layout.HostLayout(root).pci_devices_dir / bdf
         write_attr(pci / "vendor", f"0x{layout.NEURON_PCI_VENDOR:04x}\n")
         write_attr(pci / "device", f"0x{it.pci_device_id:04x}\n")
         write_attr(pci / "numa_node", f"{min(index // per_node, it.numa_nodes - 1)}\n")
         _make_dev_node(root, index, char_devices)
-    kmsg = root / layout.KMSG_FILE
+    kmsg = layout.HostLayout(root).kmsg
     kmsg.touch()
     append_kmsg(root, "neuron: loading out-of-tree module taints kernel.", KERN_INFO)
     append_kmsg(root, f"neuron: Neuron Driver initialized, {it.devices} device(s) found", KERN_INFO)
@@ -115,7 +115,7 @@ class _FreshWriter:
 
 def _write_device(root: Path, it: InstanceType, index: int, connected: tuple[int, ...]) -> None:
     write_attr = _FreshWriter()
-    d = layout.device_dir(root, index)
+    d = layout.HostLayout(root).device_dir(index)
     fam = it.family
     write_attr(d / "core_count", str(fam.physical_cores_per_device))  # the driver writes no newline
     write_attr(d / "connected_devices", ", ".join(map(str, connected)) + "\n")
@@ -151,14 +151,14 @@ def _write_device(root: Path, it: InstanceType, index: int, connected: tuple[int
                 write_attr(layout.core_device_mem_file(c, cat, fld), "0\n")
         for name in layout.OTHER_INFO:
             write_attr(layout.core_other_info_file(c, name), "0\n")
-    link = layout.class_link(root, index)
+    link = layout.HostLayout(root).class_link(index)
     if link.is_symlink() or link.exists():
         link.unlink()
     link.symlink_to(Path("../../devices/virtual/neuron_device") / f"neuron{index}")
 
 
 def _make_dev_node(root: Path, index: int, char_devices: bool) -> None:
-    node = layout.dev_node(root, index)
+    node = layout.HostLayout(root).dev_node(index)
     if node.exists() or node.is_symlink():
         node.unlink()
     if char_devices:
@@ -198,7 +198,7 @@ def _instance(root: Path) -> InstanceType:
 
 
 def _device_dir(root: Path, device: int) -> Path:
-    d = layout.device_dir(root, device)
+    d = layout.HostLayout(root).device_dir(device)
     if not d.is_dir():
         raise SimError(f"device {device} does not exist under {root} (vanished or out of range)")
     return d
@@ -291,9 +291,9 @@ def vanish(root: Path, device: int) -> None:
     d = _device_dir(root, device)
     stash = root / VANISHED_DIR / d.name
     stash.parent.mkdir(parents=True, exist_ok=True)
-    layout.class_link(root, device).unlink(missing_ok=True)
+    layout.HostLayout(root).class_link(device).unlink(missing_ok=True)
     os.replace(d, stash)
-    layout.dev_node(root, device).unlink(missing_ok=True)
+    layout.HostLayout(root).dev_node(device).unlink(missing_ok=True)
 
 
 def restore(root: Path, device: int) -> None:
@@ -301,8 +301,10 @@ def restore(root: Path, device: int) -> None:
     stash = root / VANISHED_DIR / f"neuron{device}"
     if not stash.is_dir():
         raise SimError(f"device {device} has not vanished")
-    os.replace(stash, layout.device_dir(root, device))
-    layout.class_link(root, device).symlink_to(Path("../../devices/virtual/neuron_device") / f"neuron{device}")
+    os.replace(stash, layout.HostLayout(root).device_dir(device))
+    layout.HostLayout(root).class_link(device).symlink_to(
+        Path("../../devices/virtual/neuron_device") / f"neuron{device}"
+    )
     _make_dev_node(root, device, bool(load_state(root).get("char_devices")))
 
 
@@ -332,7 +334,7 @@ def append_kmsg(root: Path, message: str, priority: int = KERN_INFO) -> int:
 
 
 def append_kmsg_many(root: Path, messages: list[str], priority: int = KERN_INFO) -> int:
-    kmsg = Path(root) / layout.KMSG_FILE
+    kmsg = layout.HostLayout(Path(root)).kmsg
     seq = _last_seq(kmsg)
     usec = _usec_since_boot()
     lines = []
@@ -346,7 +348,7 @@ def append_kmsg_many(root: Path, messages: list[str], priority: int = KERN_INFO)
 
 def append_raw_kmsg(root: Path, text: str) -> None:
     """Append text as is (for malformed-record tests)."""
-    with (Path(root) / layout.KMSG_FILE).open("a") as f:
+    with (layout.HostLayout(Path(root)).kmsg).open("a") as f:
         f.write(text)
 
 
@@ -359,9 +361,48 @@ def inject_hw_error(
     return append_kmsg(root, format_hw_error(kind, device, core, serial, action), KERN_ERR)
 
 
+FAULT_SOURCES = ("kernel", "device-counter", "core-counter")
+
+
+def inject_fault(root: Path, kind: str, device: int, via: str = "kernel", core: int = 0) -> str:
+    """Make a fault of the table show the way `via` says: the runtime's (or the driver's) kernel
+    line, or one more on the device counter or core status counter the table names for it."""
+    fault = faults.BY_KIND.get(kind)
+    if fault is None or fault in (faults.UNKNOWN_FATAL, faults.UNKNOWN_NOTICE):
+        raise SimError(f"unknown fault kind {kind!r}; one of: {', '.join(f.kind for f in faults.FAULTS)}")
+    if via == "kernel":
+        if fault.kernel_names:
+            return f"kernel line {inject_hw_error(root, fault.kernel_names[0], device, core)}"
+        example = DRIVER_LINE_EXAMPLES[kind].format(device=device)
+        return f"kernel line {append_kmsg(root, example, KERN_ERR)}"
+    counters = fault.device_counters if via == "device-counter" else fault.core_counters
+    if via not in FAULT_SOURCES[1:] or not counters:
+        raise SimError(f"{kind} does not show through {via!r}")
+    name = counters[0]
+    value = bump_counter(root, device, name, core if via == "core-counter" else None)
+    return f"{name}={value}"
+
+
+# What the driver writes, for the table's driver-message faults (`neuron_sysfs.faults`).
+DRIVER_LINE_EXAMPLES = {
+    "DMA_COMPLETION_TIMEOUT": "neuron:ndma_wait: DMA completion timeout on nd{device:02d} queue 2",
+    "RESET_FAILED": "neuron:nr_reset: nd{device}: reset request 7 failed",
+    "DMA_INIT_AFTER_RESET_FAILED": "neuron:nr_reset: failed to initialize dma after reset",
+}
+
+
+def reload_driver(root: Path) -> None:
+    """As after `rmmod neuron; modprobe neuron`: every error counter starts again from zero."""
+    for device_path in sorted(layout.HostLayout(root).devices_dir.glob("neuron*")):
+        for path in device_path.glob("stats/hardware/*"):
+            write_attr(path, "0\n")
+        for path in device_path.glob("neuron_core*/stats/status/*/*"):
+            write_attr(path, "0\n")
+
+
 def reboot(root: Path) -> str:
     """A new boot id, as after a reboot; the kernel log starts over."""
     boot_id = str(uuid.uuid4())
-    write_attr(Path(root) / BOOT_ID_FILE, boot_id + "\n")
-    (Path(root) / layout.KMSG_FILE).write_text("")
+    write_attr(layout.HostLayout(Path(root)).boot_id, boot_id + "\n")
+    (layout.HostLayout(Path(root)).kmsg).write_text("")
     return boot_id

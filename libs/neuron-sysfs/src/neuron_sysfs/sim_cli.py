@@ -6,10 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from neuron_sysfs import layout, sim
+from neuron_sysfs import faults, layout, sim
 from neuron_sysfs.errors import UnknownInstanceTypeError
 from neuron_sysfs.instance_types import INSTANCE_TYPES
-from neuron_sysfs.kmsg import HW_ERROR_KINDS, KERN_ERR
+from neuron_sysfs.kmsg import KERN_ERR
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,11 +63,32 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--raw", help="write this text verbatim (for malformed-value tests)")
 
     hw = isub.add_parser("hw-error", help="append a NEURON_HW_ERR line to the kernel log")
-    hw.add_argument("--kind", required=True, help="e.g. " + ", ".join(HW_ERROR_KINDS))
+    hw.add_argument(
+        "--kind", required=True, help="the runtime's kind: " + ", ".join(faults.KERNEL_NAMES) + " or any other"
+    )
     hw.add_argument("--device", type=int, required=True)
     hw.add_argument("--core", type=int, default=0)
     hw.add_argument("--action", default="TERMINATE_INSTANCE")
     hw.add_argument("--serial", help="default: the device's simulated serial number")
+
+    ft = isub.add_parser("fault", help="a fault of the fault table, shown through one of its sources")
+    ft.add_argument(
+        "--kind",
+        required=True,
+        choices=[f.kind for f in faults.FAULTS],
+        metavar="KIND",
+        help="one of: " + ", ".join(f.kind for f in faults.FAULTS),
+    )
+    ft.add_argument("--device", type=int, required=True)
+    ft.add_argument(
+        "--via",
+        choices=sim.FAULT_SOURCES,
+        default="kernel",
+        help="a kernel line, or one more on the fault's device counter or core status counter",
+    )
+    ft.add_argument("--core", type=int, default=0, help="physical core, for a kernel line or a core counter")
+
+    isub.add_parser("reload-driver", help="every error counter back to zero, as after reloading the driver")
 
     km = isub.add_parser("kmsg", help="append a kernel log record")
     km.add_argument("--message", required=True)
@@ -126,6 +147,10 @@ def _run(args: argparse.Namespace) -> int:
             print(sim.bump_counter(root, args.device, args.name, args.core, args.field, args.by))
     elif what == "hw-error":
         print(sim.inject_hw_error(root, args.kind, args.device, args.core, args.action, args.serial))
+    elif what == "fault":
+        print(sim.inject_fault(root, args.kind, args.device, args.via, args.core))
+    elif what == "reload-driver":
+        sim.reload_driver(root)
     elif what == "kmsg":
         if args.raw:
             sim.append_raw_kmsg(root, args.message)

@@ -11,6 +11,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from neuron_sysfs import layout
+
 CDI_VERSION = "0.6.0"
 
 
@@ -33,7 +35,7 @@ def spec(prefix: str, devices: Iterable[int], host_dev_root: Path) -> dict[str, 
                     "deviceNodes": [
                         {
                             "path": f"/dev/neuron{d}",
-                            "hostPath": str(host_dev_root / "dev" / f"neuron{d}"),
+                            "hostPath": str(layout.HostLayout(host_dev_root).dev_node(d)),
                             "permissions": "rw",
                         }
                     ]

@@ -6,9 +6,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import kubelet_api
 from neuron_common import resources
 from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_float
+from neuron_sysfs import layout
 
 DEFAULT_LISTEN = "0.0.0.0:9841"
 
@@ -42,7 +42,7 @@ class Config:
 
     @property
     def kubelet_socket(self) -> Path:
-        return self.device_plugin_path / kubelet_api.KUBELET_SOCKET_NAME
+        return self.device_plugin_path / layout.KUBELET_SOCKET_NAME
 
 
 def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
@@ -68,13 +68,13 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
     )
     p.add_flag(
         "--device-plugin-path",
-        default=kubelet_api.DEVICE_PLUGIN_PATH,
+        default=layout.DEVICE_PLUGIN_DIR,
         type=Path,
         help="the kubelet's device-plugins directory (kubelet.sock and plugin sockets)",
     )
     p.add_flag(
         "--pod-resources-socket",
-        default=kubelet_api.POD_RESOURCES_SOCKET,
+        default=layout.POD_RESOURCES_SOCKET,
         help="the kubelet's PodResources socket, read to learn current holdings",
     )
     p.add_flag("--listen", default=DEFAULT_LISTEN, type=listen_address, help="address of /healthz, /readyz, /metrics")
@@ -120,7 +120,7 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         help="return CDI device names (and write a CDI spec) instead of "
         "device nodes; the container runtime must have CDI enabled",
     )
-    p.add_flag("--cdi-spec-dir", default="/var/run/cdi", type=Path, help="where the CDI spec is written")
+    p.add_flag("--cdi-spec-dir", default=layout.CDI_SPEC_DIR, type=Path, help="where the CDI spec is written")
     p.add_flag(
         "--verdict-dir",
         default="",
@@ -149,7 +149,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
     elif a.kmsg_path:
         kmsg = Path(a.kmsg_path)
     else:
-        kmsg = a.host_root / "dev" / "kmsg"
+        kmsg = layout.HostLayout(a.host_root).kmsg
     return Config(
         host_root=a.host_root,
         host_dev_root=Path(a.host_dev_root) if a.host_dev_root else a.host_root,

@@ -1,57 +1,23 @@
-"""Per-device health verdicts with hysteresis. Pure: time is passed in.
+"""Per-device health verdicts. Pure: time is passed in.
 
-A device turns Unhealthy at once on an error; it turns Healthy again only after a quiet
-period with no new error, and never (until the plugin restarts on a new boot) for the error
-kinds that need the instance replaced (`shared/reference/neuron-stack.md` section 3: repairable
-HBM errors need a driver reload or reboot, the others a new instance). Cores follow their device.
+What a fault does comes from the fault table (`neuron_sysfs.faults`), the same table the problem
+detector's rules are made from, so a device leaves and rejoins allocatable the same way whether
+the plugin reads the kernel log itself or takes the detector's verdicts:
+- `replace-instance` faults keep the device Unhealthy for the rest of this boot;
+- `until-reboot` faults keep it Unhealthy until the driver is reloaded (its counters go back down)
+  or the node boots again;
+- `transient` faults never take a device out (the detector reports them as Events).
+A device that vanishes from sysfs is Unhealthy while it is gone and for a quiet period after it
+comes back. Cores follow their device.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from neuron_sysfs.counters import CounterKey, CounterKind
-from neuron_sysfs.kmsg import HwError
-
-
-class Severity(enum.StrEnum):
-    PERMANENT = "permanent"  # needs the instance replaced: never recovers on its own
-    TRANSIENT = "transient"  # recovers after the quiet period
-
-
-# NEURON_HW_ERR kinds. Unknown kinds fall back on the line's action= field.
-HW_ERROR_SEVERITY: Mapping[str, Severity] = {
-    "SRAM_UNCORRECTABLE_ERROR": Severity.PERMANENT,
-    "NC_UNCORRECTABLE_ERROR": Severity.PERMANENT,
-    "HBM_UNCORRECTABLE_ERROR": Severity.PERMANENT,
-    "DMA_ERROR": Severity.PERMANENT,
-    "HBM_REPAIRABLE_UNCORRECTABLE_ERROR": Severity.TRANSIENT,
-    "HANG_ON_COLLECTIVES": Severity.TRANSIENT,
-}
-
-# Driver counters that mean the device is unhealthy when they grow (or are non-zero at start:
-# they count since the driver loaded, i.e. this boot).
-DEVICE_COUNTER_SEVERITY: Mapping[str, Severity] = {
-    "sram_ecc_uncorrected": Severity.PERMANENT,
-    "mem_ecc_uncorrected": Severity.PERMANENT,
-    "mem_ecc_repairable_uncorrected": Severity.TRANSIENT,
-}
-CORE_STATUS_SEVERITY: Mapping[str, Severity] = {
-    "hw_nc_ue_error": Severity.PERMANENT,
-    "hw_hbm_ue_error": Severity.PERMANENT,
-    "hw_dma_abort_error": Severity.TRANSIENT,
-    "hw_repairable_hbm_ue_error": Severity.TRANSIENT,
-    "hw_collectives_error": Severity.TRANSIENT,
-}
-
-
-def hw_error_severity(error: HwError) -> Severity:
-    known = HW_ERROR_SEVERITY.get(error.kind)
-    if known is not None:
-        return known
-    return Severity.PERMANENT if (error.action or "").upper() == "TERMINATE_INSTANCE" else Severity.TRANSIENT
+from neuron_sysfs import faults
+from neuron_sysfs.faults import Severity
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,22 +27,19 @@ class Finding:
     severity: Severity
 
 
-def counter_findings(previous: Mapping[CounterKey, int] | None, current: Mapping[CounterKey, int]) -> list[Finding]:
-    """Errors shown by counters that grew since `previous` (or are non-zero on the first read)."""
+def counter_findings(
+    previous: Mapping[tuple[int, str], int] | None, current: Mapping[tuple[int, str], int]
+) -> list[Finding]:
+    """Faults shown by counters (by device and name, `neuron_sysfs.counters.device_totals`) that grew
+    since `previous`, or are non-zero on the first read (they count since the driver loaded)."""
     findings: list[Finding] = []
-    for key, value in current.items():
-        if key.kind is CounterKind.HARDWARE:
-            severity = DEVICE_COUNTER_SEVERITY.get(key.name)
-        elif key.kind is CounterKind.STATUS and key.field == "total":
-            severity = CORE_STATUS_SEVERITY.get(key.name)
-        else:
+    for (device, name), value in current.items():
+        fault = faults.BY_COUNTER.get(name)
+        if fault is None or not fault.leaves_allocatable:
             continue
-        if severity is None:
-            continue
-        before = 0 if previous is None else previous.get(key, value)
+        before = 0 if previous is None else previous.get((device, name), value)
         if value > before:
-            where = "" if key.core < 0 else f" core {key.core}"
-            findings.append(Finding(key.device, f"counter {key.name}{where} +{value - before}", severity))
+            findings.append(Finding(device, f"counter {name} +{value - before} ({fault.kind})", fault.severity))
     return findings
 
 
@@ -94,8 +57,12 @@ HEALTHY = Verdict(True, "", False)
 class _DeviceState:
     last_error_at: float | None = None
     reason: str = ""
-    permanent: bool = False
+    severity: Severity | None = None  # the worst fault seen; None: only absence
     absent: bool = False
+
+    @property
+    def permanent(self) -> bool:
+        return self.severity is not None and self.severity.leaves_allocatable
 
 
 class HealthTracker:
@@ -104,12 +71,24 @@ class HealthTracker:
         self._devices: dict[int, _DeviceState] = {}
 
     def observe(self, finding: Finding, now: float) -> None:
+        if not finding.severity.leaves_allocatable:
+            return
         state = self._devices.setdefault(finding.device, _DeviceState())
         state.last_error_at = now
-        if not state.permanent:  # the first permanent reason is the one that sticks
+        # the worst fault's first reason is the one that sticks
+        if state.severity is None or _rank(finding.severity) > _rank(state.severity):
             state.reason = finding.reason
-        if finding.severity is Severity.PERMANENT:
-            state.permanent = True
+            state.severity = finding.severity
+
+    def driver_reloaded(self, devices: Iterable[int]) -> None:
+        """The driver counts afresh on these devices: faults a reload mends are gone."""
+        for device in devices:
+            state = self._devices.get(device)
+            if state is not None and state.severity is not None and state.severity.clears_on_driver_reload:
+                state.severity = None
+                state.reason = "device vanished from sysfs" if state.absent else ""
+                if not state.absent:
+                    state.last_error_at = None
 
     def observe_presence(self, present: Mapping[int, bool], now: float) -> None:
         """A device that disappears is Unhealthy (not dropped) for as long as it is gone and
@@ -149,3 +128,7 @@ class HealthTracker:
             and s.last_error_at + self.quiet_period > now
         ]
         return min(times) if times else None
+
+
+def _rank(severity: Severity) -> int:
+    return (Severity.TRANSIENT, Severity.UNTIL_REBOOT, Severity.REPLACE_INSTANCE).index(severity)

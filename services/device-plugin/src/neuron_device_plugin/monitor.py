@@ -10,19 +10,18 @@ from pathlib import Path
 from neuron_common.kmsg_follow import KmsgFollower, Malformed
 from neuron_common.lifecycle import sleep_or_stop
 from neuron_common.verdicts import read_verdicts
-from neuron_device_plugin.health import Finding, counter_findings, hw_error_severity
+from neuron_device_plugin.health import Finding, counter_findings
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_device_plugin.state import PluginState
-from neuron_sysfs.counters import CounterKey, CounterKind, CounterReader
+from neuron_sysfs import faults
+from neuron_sysfs.counters import CounterKind, CounterReader, device_totals, devices_reset
 from neuron_sysfs.inventory import InventoryTracker
-from neuron_sysfs.kmsg import parse_hw_error
 
 log = logging.getLogger(__name__)
 
 STATUS_EVERY = 4
-WATCHED_STATUSES = frozenset(
-    {"hw_nc_ue_error", "hw_hbm_ue_error", "hw_dma_abort_error", "hw_repairable_hbm_ue_error", "hw_collectives_error"}
-)
+# Only the per-core statuses behind a fault that takes a device out are worth reading here.
+WATCHED_STATUSES = frozenset(c for f in faults.FAULTS if f.leaves_allocatable for c in f.core_counters)
 
 
 class HealthMonitor:
@@ -42,7 +41,7 @@ class HealthMonitor:
         self.host_root = host_root
         self.interval = interval
         self.verdict_dir = verdict_dir
-        self._previous: dict[CounterKey, int] | None = None
+        self._previous: dict[tuple[int, str], int] | None = None
         self._tracker = InventoryTracker(host_root, state.inventory)
         self._ticks = 0
         self._make_readers()
@@ -63,14 +62,20 @@ class HealthMonitor:
         if self._tracker.refresh():
             self.state.set_inventory(self._tracker.inventory)
             self._make_readers()
-        values = dict(self._hardware.read().values)
+        values = self._hardware.read().values
         if self._ticks % STATUS_EVERY == 0:
-            values.update(self._status.read().values)
+            values = {**values, **self._status.read().values}
         self._ticks += 1
+        totals = device_totals(values)
+        if self._previous is not None:
+            reloaded = devices_reset(self._previous, totals)
+            if reloaded:
+                log.info("the driver's counters went back down (driver reloaded) on device(s) %s", sorted(reloaded))
+                self.state.driver_reloaded(reloaded)
         # a counter not read this tick (vanished device, slower cadence) keeps its last value
         current = dict(self._previous or {})
-        current.update(values)
-        self.state.observe(counter_findings(self._previous, values))
+        current.update(totals)
+        self.state.observe(counter_findings(self._previous, totals))
         self._previous = current
         if self.verdict_dir is not None:
             self.state.set_external_verdicts(read_verdicts(self.verdict_dir, self.host_root))
@@ -97,6 +102,18 @@ class KmsgWatcher:
         self.path = path
         self.retry = retry
 
+    def handle(self, message: str) -> None:
+        for found in faults.match_kernel_line(message):
+            fault = found.fault
+            if not fault.leaves_allocatable:
+                log.info("kernel log: %s (%s, the device stays in service)", fault.reason, fault.severity)
+                continue
+            if found.device is None:
+                log.warning("kernel log: %s names no device (nd-id): %s", fault.kind, message[:200])
+                continue
+            core = f" nc-id={found.core}" if found.core is not None else ""
+            self.state.observe([Finding(found.device, f"kernel {fault.kind}{core}", fault.severity)])
+
     async def run(self, stop: asyncio.Event) -> None:
         warned = False
         while not stop.is_set():
@@ -107,14 +124,7 @@ class KmsgWatcher:
                 async for item in follower.follow(stop):
                     if isinstance(item, Malformed):
                         continue
-                    error = parse_hw_error(item.message)
-                    if error is None:
-                        continue
-                    if error.device is None:
-                        log.warning("NEURON_HW_ERR line names no device (nd-id): %s", item.message[:200])
-                        continue
-                    core = f" nc-id={error.core}" if error.core is not None else ""
-                    self.state.observe([Finding(error.device, f"kernel {error.kind}{core}", hw_error_severity(error))])
+                    self.handle(item.message)
             except OSError as exc:
                 if not warned:
                     log.warning(

@@ -18,6 +18,7 @@ from neuron_device_plugin.allocator import choose_cores, choose_devices
 from neuron_device_plugin.cdi import cdi_name
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_device_plugin.state import AdvertisedId, AllocationRefused, PluginState
+from neuron_sysfs import layout
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             response.devices.extend(
                 api_pb2.DeviceSpec(
                     container_path=f"/dev/neuron{d}",
-                    host_path=str(self.host_dev_root / "dev" / f"neuron{d}"),
+                    host_path=str(layout.HostLayout(self.host_dev_root).dev_node(d)),
                     permissions="rw",
                 )
                 for d in devices

@@ -140,6 +140,10 @@ class PluginState:
         if any_finding:
             self.refresh_health()
 
+    def driver_reloaded(self, devices: Iterable[int]) -> None:
+        self.health.driver_reloaded(devices)
+        self.refresh_health()
+
     def set_external_verdicts(self, unhealthy: dict[int, str]) -> None:
         if unhealthy != self.external:
             self.external = dict(unhealthy)

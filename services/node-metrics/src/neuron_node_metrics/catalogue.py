@@ -37,15 +37,17 @@ _FAMILIES = (
     Family(
         "neuron_device_hardware_errors_total",
         "counter",
-        "Hardware errors the driver counted on a device's cores, by kind (the hw_* execution statuses).",
-        ("device", "kind", *ATTRIBUTION),
+        "Hardware errors the driver counted on a device's cores, by kind (the hw_* execution statuses), with the "
+        "fault table's fault and severity (transient, until-reboot, replace-instance; empty for a status behind "
+        "no fault).",
+        ("device", "kind", "fault", "severity", *ATTRIBUTION),
     ),
     Family(
         "neuron_device_ecc_errors_total",
         "counter",
         "Uncorrected ECC events on a device (stats/hardware): sram_uncorrected, mem_uncorrected, "
-        "mem_repairable_uncorrected.",
-        ("device", "type", *ATTRIBUTION),
+        "mem_repairable_uncorrected, with the fault table's fault and severity.",
+        ("device", "type", "fault", "severity", *ATTRIBUTION),
         "hardware_ecc_events_total",
     ),
     Family(

@@ -24,6 +24,7 @@ from prometheus_client.samples import Sample
 
 from neuron_node_metrics.attribution import Attribution, Owner
 from neuron_node_metrics.catalogue import FAMILIES, NEURON_MONITOR_STATUS
+from neuron_sysfs import faults
 from neuron_sysfs.counters import CounterKey, CounterKind, CounterReader
 from neuron_sysfs.inventory import InventoryTracker, NodeInventory
 
@@ -63,6 +64,14 @@ def escape(value: str) -> str:
 
 def pair(name: str, value: str) -> str:
     return f'{name}="{escape(value)}"'
+
+
+_FAULT_LABELS = {c: f'fault="{f.kind}",severity="{f.severity}"' for c, f in faults.BY_COUNTER.items()}
+
+
+def fault_labels(counter: str) -> str:
+    """The fault table's kind and severity for a counter (empty for a counter behind no fault)."""
+    return _FAULT_LABELS.get(counter, 'fault="",severity=""')
 
 
 def owner_labels(owner: Owner | None) -> str:
@@ -217,7 +226,7 @@ class NeuronCollector(Collector):
                 f = FAMILIES["neuron_device_hardware_errors_total"]
                 rows = Rows(f.name, f.type, f.help)
                 rows.samples = [
-                    (f"{dev[d]},{pair('kind', s)},{device_owner.get(d, nobody)}", v)
+                    (f"{dev[d]},{pair('kind', s)},{fault_labels(s)},{device_owner.get(d, nobody)}", v)
                     for (d, s), v in sorted(hw.sums.items())
                 ]
                 yield rows
@@ -227,7 +236,8 @@ class NeuronCollector(Collector):
             rows = Rows("hardware_ecc_events_total" if compat else f.name, "counter", f.help)
             for key, value in by_kind[CounterKind.HARDWARE]:
                 kind = pair("event_type", key.name) if compat else pair("type", ECC_TYPES.get(key.name, key.name))
-                rows.samples.append((f"{dev[key.device]},{kind},{device_owner.get(key.device, nobody)}", value))
+                labels = f"{dev[key.device]},{kind},{fault_labels(key.name)},{device_owner.get(key.device, nobody)}"
+                rows.samples.append((labels, value))
             yield rows
 
         if "neuron_core_memory_used_bytes" in families:

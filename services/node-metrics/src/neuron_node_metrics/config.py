@@ -6,10 +6,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import kubelet_api
 from neuron_common import resources
 from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_float, positive_int
 from neuron_node_metrics.catalogue import FAMILIES
+from neuron_sysfs import layout
 
 DEFAULT_PORT = 9840
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
@@ -45,7 +45,7 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
     p.add_flag("--host-root", default="/", type=Path, help="host root where sys/ and opt/aws/ are found")
     p.add_flag(
         "--pod-resources-socket",
-        default=kubelet_api.POD_RESOURCES_SOCKET,
+        default=layout.POD_RESOURCES_SOCKET,
         help="the kubelet's PodResources socket (mount its directory: the socket is recreated on restart)",
     )
     p.add_flag("--listen", default=DEFAULT_LISTEN, type=listen_address, help="address of /metrics, /healthz, /readyz")

@@ -18,8 +18,8 @@ from neuron_problem_detector.config import Config
 from neuron_problem_detector.detector import Problem, load_state, save_state, wall_now
 from neuron_problem_detector.reporter import Reporter
 from neuron_problem_detector.rules import Match, Rules
-from neuron_sysfs.counters import CounterKind, CounterReader
-from neuron_sysfs.inventory import InventoryTracker
+from neuron_sysfs.counters import CounterKind, CounterReader, device_totals, devices_reset
+from neuron_sysfs.inventory import InventoryTracker, NodeInventory
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,8 @@ class Detector:
         self.http = HealthServer(host, port, self.metrics.registry, live=self.live, ready=self.ready)
         self._kmsg_ok = False
         self._counters_previous: dict[tuple[int, str], int] | None = None
+        self._tracker: InventoryTracker | None = None
+        self._reader: CounterReader | None = None
 
     # -- health ------------------------------------------------------------------------------------
     def live(self) -> tuple[bool, str]:
@@ -186,25 +188,41 @@ class Detector:
                     warned = True
                 await sleep_or_stop(self.stop, 10)
 
+    def _counter_reader(self, inventory: NodeInventory) -> CounterReader:
+        # the device counters, and only those per-core statuses a rule names (a trn2 has 1,024 cores' worth)
+        core_counters = {r.counter for r in self.rules.counter_rules if r.counter and r.core_counter}
+        return CounterReader(
+            inventory,
+            kinds={CounterKind.HARDWARE, CounterKind.STATUS} if core_counters else {CounterKind.HARDWARE},
+            power=False,
+            status_names=core_counters,
+            status_fields=("total",),
+        )
+
     async def watch_counters(self) -> None:
-        tracker = InventoryTracker(self.config.host_root)
-        reader = CounterReader(tracker.inventory, kinds={CounterKind.HARDWARE}, power=False)
         while not self.stop.is_set():
-            if tracker.refresh():
-                reader = CounterReader(tracker.inventory, kinds={CounterKind.HARDWARE}, power=False)
-            snapshot = reader.read()
-            current = {(k.device, k.name): v for k, v in snapshot.values.items()}
-            previous = self._counters_previous
-            if previous is not None:
-                reset = rules_mod.counters_reset(previous, current)
-                if reset:
-                    self.cleared(self.state.clear_devices(reset), "the driver's counters were reset (driver reloaded)")
-            matches = rules_mod.match_counters(self.rules, previous, current)
-            if matches:
-                self.handle(matches)
-            self._counters_previous = {**(previous or {}), **current}
-            self.cleared(self.state.expire(wall_now()), "clearAfter passed")
+            self.check_counters()
             await sleep_or_stop(self.stop, self.config.counter_interval)
+
+    def check_counters(self) -> None:
+        """One read of the driver's counters: problems that appeared, and those a reload mended."""
+        if self._tracker is None:
+            self._tracker = InventoryTracker(self.config.host_root)
+            self._reader = self._counter_reader(self._tracker.inventory)
+        elif self._tracker.refresh():
+            self._reader = self._counter_reader(self._tracker.inventory)
+        assert self._reader is not None
+        current = device_totals(self._reader.read().values)
+        previous = self._counters_previous
+        if previous is not None:
+            reset = devices_reset(previous, current)
+            if reset:
+                self.cleared(self.state.clear_devices(reset), "the driver's counters were reset (driver reloaded)")
+        matches = rules_mod.match_counters(self.rules, previous, current)
+        if matches:
+            self.handle(matches)
+        self._counters_previous = {**(previous or {}), **current}
+        self.cleared(self.state.expire(wall_now()), "clearAfter passed")
 
     async def report_metrics(self) -> None:
         while not self.stop.is_set():
@@ -217,7 +235,8 @@ class Detector:
         await self.http.start()
         log.info(
             "watching %s and the driver's counters for node %s", self.config.kmsg_path, self.config.node_name,
-            extra={"rules": str(self.config.rules), "conditions": ",".join(c.type for c in self.rules.conditions)},
+            extra={"rules": str(self.config.rules or "built-in"),
+                   "conditions": ",".join(c.type for c in self.rules.conditions)},
         )  # fmt: skip
         tasks = [
             asyncio.create_task(self.follow_kmsg(), name="kmsg"),

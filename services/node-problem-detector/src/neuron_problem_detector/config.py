@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from neuron_common.config import (
     positive_float,
     positive_int,
 )
-from neuron_problem_detector.rules import DEFAULT_RULES
+from neuron_sysfs import layout
 
 DEFAULT_LISTEN = "0.0.0.0:9842"
 
@@ -26,7 +27,7 @@ class Config:
     kmsg_path: Path
     node_name: str
     kubeconfig: str | None
-    rules: Path
+    rules: Path | None  # None: the default rules, made from the fault table
     listen: tuple[str, int]
     log_level: str
     lookback: float
@@ -53,7 +54,14 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
     p.add_flag("--kmsg-path", default="", help="kernel log to follow (default <host-root>/dev/kmsg)")
     p.add_flag("--node-name", default="", help="this node's name (default $NODE_NAME)")
     p.add_flag("--kubeconfig", default="", help="kubeconfig file; default: the in-cluster service account")
-    p.add_flag("--rules", default=str(DEFAULT_RULES), type=Path, help="rules file (YAML)")
+    p.add_flag(
+        "--rules",
+        default="",
+        help="rules file (YAML); default: the built-in rules made from the fault table (see --print-default-rules)",
+    )
+    p.add_argument(
+        "--print-default-rules", action="store_true", help="print the built-in rules as a rules file and exit"
+    )
     p.add_flag("--listen", default=DEFAULT_LISTEN, type=listen_address, help="address of /healthz, /readyz, /metrics")
     p.add_flag("--log-level", default="info", type=log_level, help="debug, info, warning or error")
     p.add_flag(
@@ -70,13 +78,13 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
     )
     p.add_flag(
         "--state-file",
-        default="/var/lib/neuron-problem-detector/state.json",
+        default=layout.NPD_STATE_FILE,
         type=Path,
         help="where the detector keeps its problems across restarts (a host path)",
     )
     p.add_flag(
         "--verdict-dir",
-        default="/var/lib/neuron-problem-detector/verdicts",
+        default=layout.VERDICT_DIR,
         help="per-device verdicts for the device plugin (a host path); '' disables",
     )
     p.add_flag("--event-namespace", default="default", help="namespace of the Events on the Node")
@@ -94,6 +102,11 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
     environ = os.environ if env is None else env
     p = parser(env)
     a = p.parse_args(argv)
+    if a.print_default_rules:
+        from neuron_problem_detector.rules import default_text
+
+        sys.stdout.write(default_text())
+        p.exit(0)
     node = a.node_name or environ.get("NODE_NAME", "")
     if not node:
         p.error(
@@ -101,10 +114,10 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         )
     return Config(
         host_root=a.host_root,
-        kmsg_path=Path(a.kmsg_path) if a.kmsg_path else a.host_root / "dev" / "kmsg",
+        kmsg_path=Path(a.kmsg_path) if a.kmsg_path else layout.HostLayout(a.host_root).kmsg,
         node_name=node,
         kubeconfig=a.kubeconfig or None,
-        rules=a.rules,
+        rules=Path(a.rules) if a.rules else None,
         listen=a.listen,
         log_level=a.log_level,
         lookback=a.lookback,

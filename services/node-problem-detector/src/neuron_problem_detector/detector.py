@@ -2,8 +2,8 @@
 
 Problems are keyed by (condition, reason, device), so the same error seen again (a kernel
 line replayed by the look-back, a counter that keeps growing) is one problem. They live
-until the node boots again, the device's counters go back down (the driver was reloaded,
-its errors are gone), or a rule's `clearAfter` passes. The state is saved to a small file
+until the node boots again, the device's counters go back down (the driver was reloaded)
+for rules with `clearOnDriverReload`, or a rule's `clearAfter` passes. The state is saved to a small file
 on a host path so a restarted detector on the same boot keeps its conditions.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +28,7 @@ class Problem:
     device: int | None
     message: str
     since: float  # wall clock seconds
-    from_counter: bool = False
+    clear_on_driver_reload: bool = False
     clear_after: float | None = None
 
     @property
@@ -67,7 +67,7 @@ class DetectorState:
             match.device,
             f"{where}: {rule.reason}{extra}",
             now,
-            from_counter=rule.counter is not None,
+            clear_on_driver_reload=rule.clear_on_driver_reload,
             clear_after=rule.clear_after,
         )
         if problem.key in self.problems:
@@ -76,8 +76,8 @@ class DetectorState:
         return problem
 
     def clear_devices(self, devices: set[int]) -> list[Problem]:
-        """The driver was reloaded on these devices: their counter-based problems are gone."""
-        gone = [p for p in self.problems.values() if p.from_counter and p.device in devices]
+        """The driver was reloaded on these devices: the problems a reload mends are gone."""
+        gone = [p for p in self.problems.values() if p.clear_on_driver_reload and p.device in devices]
         for p in gone:
             del self.problems[p.key]
         return gone
@@ -140,8 +140,10 @@ class DetectorState:
     def from_json(cls, text: str) -> DetectorState:
         data: dict[str, Any] = json.loads(text)
         state = cls(boot_id=data.get("boot_id"), last_seq=int(data.get("last_seq", -1)))
+        known = {f.name for f in fields(Problem)}
         for raw in data.get("problems", []):
-            p = Problem(**raw)
+            # a state file written by an older version may carry fields this one dropped
+            p = Problem(**{k: v for k, v in raw.items() if k in known})
             state.problems[p.key] = p
         state.transitions = {str(k): float(v) for k, v in data.get("transitions", {}).items()}
         state.statuses = {str(k): str(v) for k, v in data.get("statuses", {}).items()}

@@ -3,8 +3,15 @@
 A rule has a `type` (permanent: sets its condition True; temporary: an Event only), a
 `reason`, and either a `pattern` (a regular expression searched in kernel log messages; a
 named group `device` names the device when the line has no `nd-id=`) or a `counter` (a
-device counter of the driver, `stats/hardware/<name>`, that shows a problem when it is
-non-zero on this boot or grows by at least `threshold`).
+driver counter: a device's `stats/hardware/<name>` or, summed over its cores,
+`stats/status/<name>/total`) that shows a problem when it is non-zero on this boot or grows
+by at least `threshold`. A permanent rule with `clearOnDriverReload` clears when the
+device's counters go back down (the driver was reloaded); any permanent problem clears on a
+new boot.
+
+The default rules are not a file of their own: they are made from the fault table
+(`neuron_sysfs.faults`), and the chart's `files/npd-rules.yaml` is their rendering
+(`neuron-problem-detector --print-default-rules`), kept equal by a test.
 """
 
 from __future__ import annotations
@@ -17,9 +24,9 @@ from typing import Any
 
 import yaml
 
-from neuron_sysfs.kmsg import parse_hw_error
+from neuron_sysfs import faults, layout
+from neuron_sysfs.kmsg import locate
 
-DEFAULT_RULES = Path(__file__).with_name("default-rules.yaml")
 _REASON_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")  # NodeCondition reasons are CamelCase words
 _TYPE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,62}$")
 
@@ -44,7 +51,13 @@ class Rule:
     pattern: re.Pattern[str] | None = None
     counter: str | None = None
     threshold: int = 1
-    clear_after: float | None = None  # seconds; None: only a new boot (or the counter resetting) clears
+    clear_after: float | None = None  # seconds; None: only a new boot (or a driver reload, below) clears
+    clear_on_driver_reload: bool = False
+
+    @property
+    def core_counter(self) -> bool:
+        """The counter is a per-core execution status (summed over the device's cores)."""
+        return self.counter is not None and self.counter not in layout.HARDWARE_COUNTERS
 
 
 @dataclass(frozen=True)
@@ -74,7 +87,52 @@ class Match:
     detail: str  # the kernel line, or "counter x grew by n"
 
 
-def load(path: Path) -> Rules:
+def default_document() -> dict[str, Any]:
+    """The default rules, made from the fault table."""
+    rules: list[dict[str, Any]] = []
+    for fault, pattern in faults.kernel_rules():
+        rules.append(_rule_from(fault, pattern=pattern))
+    for fault in faults.FAULTS:
+        for counter in fault.counters:
+            rules.append(_rule_from(fault, counter=counter))
+    return {
+        "source": "neuron-problem-detector",
+        "conditions": [{"type": faults.CONDITION, "reason": faults.HEALTHY_REASON, "message": faults.HEALTHY_MESSAGE}],
+        "rules": rules,
+    }
+
+
+def _rule_from(fault: faults.Fault, **where: str) -> dict[str, Any]:
+    rule: dict[str, Any] = {"type": "permanent" if fault.sets_condition else "temporary"}
+    if fault.sets_condition:
+        rule["condition"] = faults.CONDITION
+    rule["reason"] = fault.reason
+    rule.update(where)
+    if fault.severity.clears_on_driver_reload:
+        rule["clearOnDriverReload"] = True
+    return rule
+
+
+DEFAULT_HEADER = """\
+# neuron-problem-detector rules: the defaults, made from the fault table (neuron_sysfs.faults) by
+# `neuron-problem-detector --print-default-rules`; do not edit by hand (a test keeps them equal).
+# Model as node-problem-detector's: a condition with its healthy reason, permanent rules that set
+# it True, temporary rules that only emit an Event. Reasons match AWS's NeuronHasError_<KIND>.
+"""
+
+
+def default_text() -> str:
+    return DEFAULT_HEADER + yaml.safe_dump(default_document(), sort_keys=False, width=200)
+
+
+def default_rules() -> Rules:
+    return parse(default_document(), "default rules")
+
+
+def load(path: Path | None) -> Rules:
+    """The rules file at `path`, or the default rules when `path` is None."""
+    if path is None:
+        return default_rules()
     try:
         text = path.read_text()
     except OSError as exc:
@@ -128,7 +186,16 @@ def parse(data: Any, where: str = "rules") -> Rules:
         at = f"rules[{i}]"
         if not isinstance(r, Mapping):
             raise fail(at, "must be a mapping")
-        extra = set(r) - {"type", "condition", "reason", "pattern", "counter", "threshold", "clearAfter"}
+        extra = set(r) - {
+            "type",
+            "condition",
+            "reason",
+            "pattern",
+            "counter",
+            "threshold",
+            "clearAfter",
+            "clearOnDriverReload",
+        }
         if extra:
             raise fail(at, f"unknown key(s) {', '.join(sorted(extra))}")
         kind = r.get("type")
@@ -157,14 +224,23 @@ def parse(data: Any, where: str = "rules") -> Rules:
             except re.error as exc:
                 raise fail(f"{at}.pattern", f"is not a valid regular expression: {exc}") from None
         counter = r.get("counter")
-        if has_counter and (not isinstance(counter, str) or not re.fullmatch(r"[a-z0-9_]+", counter)):
-            raise fail(f"{at}.counter", f"must be a driver counter name like mem_ecc_uncorrected, got {counter!r}")
+        if has_counter and counter not in KNOWN_COUNTERS:
+            raise fail(
+                f"{at}.counter",
+                f"must be a driver counter: a stats/hardware name ({', '.join(layout.HARDWARE_COUNTERS)}) or a "
+                f"stats/status name such as hw_nc_ue_error, got {counter!r}",
+            )
         threshold = r.get("threshold", 1)
         if not isinstance(threshold, int) or isinstance(threshold, bool) or threshold < 1:
             raise fail(f"{at}.threshold", f"must be a whole number of at least 1, got {threshold!r}")
         clear_after = r.get("clearAfter")
         if clear_after is not None and (not isinstance(clear_after, (int, float)) or clear_after <= 0):
             raise fail(f"{at}.clearAfter", f"must be a positive number of seconds, got {clear_after!r}")
+        clear_on_reload = r.get("clearOnDriverReload", False)
+        if not isinstance(clear_on_reload, bool):
+            raise fail(f"{at}.clearOnDriverReload", f"must be true or false, got {clear_on_reload!r}")
+        if clear_on_reload and kind != "permanent":
+            raise fail(f"{at}.clearOnDriverReload", "only permanent rules set a problem that can clear")
         rules.append(
             Rule(
                 index=i,
@@ -175,27 +251,22 @@ def parse(data: Any, where: str = "rules") -> Rules:
                 counter=counter,
                 threshold=threshold,
                 clear_after=float(clear_after) if clear_after is not None else None,
+                clear_on_driver_reload=clear_on_reload,
             )
         )
     return Rules(source, tuple(conditions), tuple(rules))
 
 
+KNOWN_COUNTERS = frozenset(layout.HARDWARE_COUNTERS) | frozenset(layout.STATUS_NAMES)
+
+
 def match_message(rules: Rules, message: str) -> list[Match]:
     found: list[Match] = []
-    hw = None
-    parsed = False
     for rule in rules.pattern_rules:
         assert rule.pattern is not None
         m = rule.pattern.search(message)
-        if m is None:
-            continue
-        if not parsed:
-            hw, parsed = parse_hw_error(message), True
-        device = hw.device if hw else None
-        if device is None and "device" in (m.groupdict() or {}):
-            value = m.group("device")
-            device = int(value) if value is not None and value.isdigit() else None
-        found.append(Match(rule, device, hw.core if hw else None, hw.serial if hw else None, message[:512]))
+        if m is not None:
+            found.append(Match(rule, *locate(message, m), message[:512]))
     return found
 
 
@@ -215,8 +286,3 @@ def match_counters(
                     Match(rule, device, None, None, f"counter {name} on neuron{device} rose from {before} to {value}")
                 )
     return found
-
-
-def counters_reset(previous: Mapping[tuple[int, str], int], current: Mapping[tuple[int, str], int]) -> set[int]:
-    """Devices whose counters went back down: the driver was reloaded, its errors are gone."""
-    return {device for (device, name), value in current.items() if value < previous.get((device, name), 0)}
