@@ -76,3 +76,11 @@ def test_sim_injects_every_fault_through_every_source(tmp_path: Path) -> None:
         sim.inject_fault(tmp_path, "NOPE", 0)
     sim.reload_driver(tmp_path)
     assert sim.bump_counter(tmp_path, 0, "sram_ecc_uncorrected") == 1
+
+
+def test_readme_fault_table_is_generated_from_the_table() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    begin, end = "<!-- faults:begin (neuron-inventory --list-faults) -->", "<!-- faults:end -->"
+    assert begin in readme, "README.md lacks the generated fault table"
+    table = readme.split(begin, 1)[1].split(end, 1)[0].strip()
+    assert table == faults.markdown_table(), "README.md's fault table is stale: paste `neuron-inventory --list-faults`"

@@ -229,3 +229,22 @@ def match_kernel_line(message: str) -> list[KernelFault]:
             continue
         found.append(KernelFault(fault, *locate(message, m)))
     return found
+
+
+def markdown_table() -> str:
+    """The fault table as README.md shows it (`neuron-inventory --list-faults`)."""
+    rows = [
+        "| Fault | Kernel log | Counters | Severity | Device leaves allocatable | Reason | Why |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for f in (*FAULTS, UNKNOWN_FATAL, UNKNOWN_NOTICE):
+        if f.kernel_names:
+            where = ", ".join(f"`NEURON_HW_ERR={n}`" for n in f.kernel_names)
+        elif f.driver_pattern:
+            where = f"`{f.driver_pattern}`"
+        else:
+            where = "any other `NEURON_HW_ERR=` kind" + (", `action=TERMINATE_INSTANCE`" if f.sets_condition else "")
+        counters = ", ".join(f"`{c}`" for c in f.counters) or "-"
+        out = "yes" if f.leaves_allocatable else "no"
+        rows.append(f"| `{f.kind}` | {where} | {counters} | {f.severity} | {out} | `{f.reason}` | {f.why} |")
+    return "\n".join(rows)

@@ -53,7 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="neuron-inventory", description=__doc__)
     p.add_argument("--root", default="/", help="host root holding sys/, dev/ and opt/aws/ (default /)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--list-faults", action="store_true", help="print the hardware fault table (Markdown) and exit")
     args = p.parse_args(argv)
+    if args.list_faults:
+        from neuron_sysfs.faults import markdown_table
+
+        print(markdown_table())
+        return 0
     logging.basicConfig(level=logging.ERROR)  # issues are part of the output already
     inv = scan(args.root)
     print(json.dumps(inv.to_dict(), indent=2) if args.json else render_text(inv))
