@@ -7,7 +7,6 @@ from hypothesis import strategies as st
 from neuron_sysfs.parse import (
     parse_connected_devices,
     parse_core_count,
-    parse_counter,
     parse_int,
     parse_lnc,
     parse_power_utilization,
@@ -15,21 +14,10 @@ from neuron_sysfs.parse import (
 )
 
 
-@given(st.integers(min_value=0, max_value=2**63))
-def test_counter_round_trips_with_and_without_newline(value: int) -> None:
-    assert parse_counter(f"{value}\n") == value
-    assert parse_counter(str(value)) == value
-
-
 @pytest.mark.parametrize("text", ["", "\n", "abc", "1.5", "0x10", "1 2", "--1", "1e3", "\x00"])
 def test_int_rejects_garbage_quoting_it(text: str) -> None:
     with pytest.raises(ValueError, match="expected an integer"):
         parse_int(text)
-
-
-def test_counter_rejects_negative() -> None:
-    with pytest.raises(ValueError, match="negative"):
-        parse_counter("-3\n")
 
 
 def test_core_count_has_no_trailing_newline_and_must_be_positive() -> None:

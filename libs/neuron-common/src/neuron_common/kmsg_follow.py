@@ -42,9 +42,6 @@ class KmsgFollower:
         self.path = path
         self.lookback = lookback
         self.poll_interval = poll_interval
-        self.records_read = 0
-        self.malformed = 0
-        self.overruns = 0
 
     def _cutoff(self) -> int | None:
         if self.lookback is None:
@@ -55,11 +52,9 @@ class KmsgFollower:
         try:
             record = parse_record(text)
         except ValueError as exc:
-            self.malformed += 1
             return Malformed(text[:200], str(exc))
         if cutoff is not None and record.usec < cutoff:
             return None
-        self.records_read += 1
         return record
 
     async def follow(self, stop: asyncio.Event) -> AsyncIterator[KmsgRecord | Malformed]:
@@ -90,7 +85,6 @@ class KmsgFollower:
                     continue
                 except OSError as exc:
                     if exc.errno == errno.EPIPE:  # the ring buffer overtook us: records lost
-                        self.overruns += 1
                         log.warning("kernel log records were overwritten before they were read")
                         continue
                     raise

@@ -9,7 +9,6 @@ import time
 from typing import Any
 
 _STANDARD = frozenset(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime", "taskName"}
-LEVELS = ("debug", "info", "warning", "error")
 
 
 class JsonFormatter(logging.Formatter):

@@ -13,7 +13,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import grpc
 
@@ -30,7 +30,6 @@ class PodResourcesSnapshot:
     allocatable: dict[str, set[str]] | None  # resource -> healthy device IDs; None when not asked
     fetched_at: float  # time.monotonic() when the answer arrived
     started_at: float  # time.monotonic() when the call was made
-    fetched_wall: float = field(default_factory=time.time)
 
 
 class PodResourcesPoller:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import enum
 import os
-import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,7 +47,6 @@ class CounterSnapshot:
     values: dict[CounterKey, int]
     power: dict[int, PowerReading]
     issues: tuple[ScanIssue, ...]
-    read_at: float  # time.monotonic() when the read started
     files_read: int
 
     def get(self, kind: CounterKind, device: int, core: int, name: str, field: str = "") -> int | None:
@@ -163,7 +161,6 @@ class CounterReader:
         return [p for p, _ in self._plan] + [os.fsencode(p) for _, p in self._power]
 
     def read(self) -> CounterSnapshot:
-        started = time.monotonic()
         values: dict[CounterKey, int] = {}
         issues: list[ScanIssue] = []
         vanished: set[int] = set()
@@ -202,7 +199,7 @@ class CounterReader:
                 issues.append(ScanIssue(IssueKind.MALFORMED, str(ppath), str(exc)))
         for issue in issues:
             ISSUE_LOG.report(issue)
-        return CounterSnapshot(values, power, tuple(issues), started, len(self._plan) + len(self._power))
+        return CounterSnapshot(values, power, tuple(issues), len(self._plan) + len(self._power))
 
     def _record_failure(
         self, device: int, path: bytes, exc: OSError, issues: list[ScanIssue], vanished: set[int]

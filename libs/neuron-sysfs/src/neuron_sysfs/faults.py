@@ -184,8 +184,6 @@ BY_KIND: Mapping[str, Fault] = MappingProxyType({f.kind: f for f in (*FAULTS, UN
 BY_KERNEL_NAME: Mapping[str, Fault] = MappingProxyType({n: f for f in FAULTS for n in f.kernel_names})
 BY_COUNTER: Mapping[str, Fault] = MappingProxyType({c: f for f in FAULTS for c in f.counters})
 KERNEL_NAMES: tuple[str, ...] = tuple(BY_KERNEL_NAME)
-DEVICE_COUNTERS: frozenset[str] = frozenset(c for f in FAULTS for c in f.device_counters)
-CORE_COUNTERS: frozenset[str] = frozenset(c for f in FAULTS for c in f.core_counters)
 
 
 def unknown_kind_pattern(action: str | None) -> str:

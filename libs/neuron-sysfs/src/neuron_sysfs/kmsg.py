@@ -12,7 +12,6 @@ import re
 from dataclasses import dataclass, field
 
 KERN_ERR = 3
-KERN_WARNING = 4
 KERN_INFO = 6
 
 

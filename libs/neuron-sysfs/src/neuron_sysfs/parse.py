@@ -25,13 +25,6 @@ def parse_int(text: str) -> int:
     return int(stripped)
 
 
-def parse_counter(text: str) -> int:
-    value = parse_int(text)
-    if value < 0:
-        raise ValueError(f"a counter cannot be negative, found {_shown(text)}")
-    return value
-
-
 def parse_core_count(text: str) -> int:
     value = parse_int(text)
     if value <= 0:

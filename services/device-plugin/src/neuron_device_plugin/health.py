@@ -114,21 +114,6 @@ class HealthTracker:
             return Verdict(False, state.reason, False)
         return HEALTHY
 
-    def verdicts(self, devices: Iterable[int], now: float) -> dict[int, Verdict]:
-        return {d: self.verdict(d, now) for d in devices}
-
-    def next_change(self, now: float) -> float | None:
-        """When a transient verdict will next recover (so the caller wakes up then)."""
-        times = [
-            s.last_error_at + self.quiet_period
-            for s in self._devices.values()
-            if s.last_error_at is not None
-            and not s.permanent
-            and not s.absent
-            and s.last_error_at + self.quiet_period > now
-        ]
-        return min(times) if times else None
-
 
 def _rank(severity: Severity) -> int:
     return (Severity.TRANSIENT, Severity.UNTIL_REBOOT, Severity.REPLACE_INSTANCE).index(severity)

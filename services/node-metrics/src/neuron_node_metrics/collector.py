@@ -158,7 +158,6 @@ class NeuronCollector(Collector):
             for physical in core.physical:
                 self._logical[(core.device, physical)] = core.index
         self.cores_of_device = {d.index: d.logical_cores for d in inv.devices}
-        self._device_of_core = {c.index: c.device for c in inv.cores}
         self._lnc = inv.lnc.value
         self._physical = {d.index: d.physical_cores for d in inv.devices}
         if self.compat:
