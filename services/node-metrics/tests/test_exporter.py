@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -183,6 +184,23 @@ def test_cli_help_list_and_validation() -> None:
     bad = run_cli(env={"NEURON_METRICS_NAMING": "dcgm"})
     assert bad.returncode == 2
     assert "NEURON_METRICS_NAMING='dcgm' must be one of native, neuron-monitor" in bad.stderr
+
+
+def test_attribution_interval_is_written_the_kubernetes_way() -> None:
+    assert set(re.findall(r"(--[\w-]+) DURATION", config_mod.parser({}).format_help())) == {"--attribution-interval"}
+    for argv, env in (
+        (["--attribution-interval", "500ms"], {}),
+        ([], {"NEURON_METRICS_ATTRIBUTION_INTERVAL": "500ms"}),
+    ):
+        cfg = config_mod.parse(argv, env=env)
+        assert cfg is not None
+        assert cfg.attribution_interval == 0.5
+    cfg = config_mod.parse([], env={})
+    assert cfg is not None
+    assert cfg.attribution_interval == 10.0
+    bad = run_cli("--attribution-interval", "10x")
+    assert bad.returncode == 2
+    assert "unknown unit 'x' in '10x'" in bad.stderr
 
 
 def test_readme_metric_table_is_generated_from_the_code() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -238,6 +239,29 @@ def test_cli_errors(tmp_path: Path) -> None:
     out = run_cli("--node-name", "n", "--rules", str(bad))
     assert out.returncode == 2
     assert "conditions: must be a non-empty list" in out.stderr
+
+
+DURATIONS = {"--lookback": "lookback", "--counter-interval": "counter_interval", "--heartbeat": "heartbeat"}
+
+
+def test_every_duration_flag_is_listed_here() -> None:
+    assert set(re.findall(r"(--[\w-]+) DURATION", config_mod.parser({}).format_help())) == set(DURATIONS)
+
+
+@pytest.mark.parametrize("flag", sorted(DURATIONS))
+def test_durations_are_written_the_kubernetes_way(flag: str) -> None:
+    variable = config_mod.parser({}).env_name(flag)
+    assert getattr(config_mod.parse(["--node-name", NODE, flag, "500ms"], env={}), DURATIONS[flag]) == 0.5
+    assert getattr(config_mod.parse(["--node-name", NODE], env={variable: "500ms"}), DURATIONS[flag]) == 0.5
+
+
+def test_duration_defaults_and_zero_lookback() -> None:
+    cfg = config_mod.parse(["--node-name", NODE], env={})
+    assert (cfg.lookback, cfg.counter_interval, cfg.heartbeat) == (300.0, 5.0, 60.0)
+    assert config_mod.parse(["--node-name", NODE, "--lookback", "0s"], env={}).lookback == 0.0
+    out = run_cli("--node-name", NODE, "--counter-interval", "0s")
+    assert out.returncode == 2
+    assert "--counter-interval: must be greater than 0, got '0s'" in out.stderr
 
 
 def test_kmsg_records_format_used_by_the_flood() -> None:
