@@ -18,12 +18,14 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from broken_loop import break_loop_and_probe
 from kubernetes import client
 from kubernetes import config as kubeconfig
 from standins.apiserver import FakeApiServer
 
 from neuron_common import verdicts
 from neuron_problem_detector import config as config_mod
+from neuron_problem_detector import rules as rules_mod
 from neuron_problem_detector.app import Detector
 from neuron_sysfs import sim
 from neuron_sysfs.kmsg import KERN_ERR, format_record
@@ -45,8 +47,9 @@ def node(tmp_path: Path) -> Path:
     return tmp_path / "node"
 
 
-@contextlib.asynccontextmanager
-async def running(tmp_path: Path, node: Path, api: FakeApiServer, *args: str) -> AsyncIterator[Detector]:
+def start(
+    tmp_path: Path, node: Path, api: FakeApiServer, *args: str
+) -> tuple[Detector, asyncio.Event, asyncio.Task[int]]:
     cfg = config_mod.parse(
         ["--host-root", str(node), "--node-name", NODE, "--kubeconfig", str(api.kubeconfig(tmp_path / "kubeconfig")),
          "--listen", "127.0.0.1:0", "--counter-interval", "0.1", "--heartbeat", "3600",
@@ -56,7 +59,12 @@ async def running(tmp_path: Path, node: Path, api: FakeApiServer, *args: str) ->
     kubeconfig.load_kube_config(config_file=cfg.kubeconfig)
     stop = asyncio.Event()
     detector = Detector(cfg, stop, client.CoreV1Api())
-    task = asyncio.create_task(detector.run())
+    return detector, stop, asyncio.create_task(detector.run())
+
+
+@contextlib.asynccontextmanager
+async def running(tmp_path: Path, node: Path, api: FakeApiServer, *args: str) -> AsyncIterator[Detector]:
+    detector, stop, task = start(tmp_path, node, api, *args)
     try:
         yield detector
     finally:
@@ -217,6 +225,24 @@ async def test_verdicts_reach_the_device_plugin_format(tmp_path: Path, node: Pat
         sim.inject_hw_error(node, "DMA_ERROR", 11, 0)
         await eventually((tmp_path / "verdicts" / "neuron11.json").exists)
     assert verdicts.read_verdicts(tmp_path / "verdicts", node) == {11: "NeuronHasError_DMA_ERROR"}
+
+
+async def test_a_dead_loop_fails_the_probes_and_the_process(
+    tmp_path: Path, node: Path, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    detector, _, task = start(tmp_path, node, api)
+    await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
+
+    def corrupt(*_: object) -> None:
+        raise RuntimeError("counter table corrupt")
+
+    # the counter loop has no per-tick guard: an error while matching ends it
+    code, probes = await break_loop_and_probe(
+        detector.http, task, lambda: monkeypatch.setattr(rules_mod, "match_counters", corrupt)
+    )
+    assert code == 1
+    dead = "loop counters failed: RuntimeError: counter table corrupt\n"
+    assert probes == {"/healthz": (503, dead), "/readyz": (503, dead)}
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
