@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -45,6 +46,7 @@ def test_help_names_every_flag_and_its_environment_twin() -> None:
     [
         (["--listen", "nowhere"], {}, "expected host:port"),
         (["--health-interval", "0"], {}, "must be greater than 0"),
+        (["--health-interval", "abc"], {}, "--health-interval: expected a duration like 500ms, 2s or 5m, got 'abc'"),
         (["--log-level", "loud"], {}, "must be debug, info, warning or error"),
         ([], {"NEURON_DP_HEALTH_INTERVAL": "soon"}, "NEURON_DP_HEALTH_INTERVAL='soon' is invalid"),
         ([], {"NEURON_DP_CDI": "maybe"}, "must be true or false"),
@@ -66,6 +68,34 @@ def test_environment_twins_apply_and_flags_win() -> None:
     cfg = config.parse(["--host-root", "/other", "--host-dev-root", "/"], env={"NEURON_DP_HOST_ROOT": "/host"})
     assert (cfg.host_root, cfg.host_dev_root) == (Path("/other"), Path("/"))
     assert config.parse(["--kmsg-path", "none"], env={}).kmsg_path is None
+
+
+DURATIONS = {  # flag: Config attribute
+    "--health-interval": "health_interval",
+    "--health-quiet-period": "health_quiet_period",
+    "--holdings-interval": "holdings_interval",
+    "--pending-ttl": "pending_ttl",
+    "--register-timeout": "register_timeout",
+}
+
+
+def test_every_duration_flag_is_listed_here() -> None:
+    help_text = config.parser({}).format_help()
+    assert set(re.findall(r"(--[\w-]+) DURATION", help_text)) == set(DURATIONS)
+
+
+@pytest.mark.parametrize("flag", sorted(DURATIONS))
+def test_durations_are_written_the_kubernetes_way(flag: str) -> None:
+    variable = config.parser({}).env_name(flag)
+    assert getattr(config.parse([flag, "500ms"], env={}), DURATIONS[flag]) == 0.5
+    assert getattr(config.parse([], env={variable: "500ms"}), DURATIONS[flag]) == 0.5
+    assert getattr(config.parse([flag, "0.5"], env={}), DURATIONS[flag]) == 0.5  # the chart passes numbers
+
+
+def test_duration_defaults() -> None:
+    cfg = config.parse([], env={})
+    assert (cfg.health_interval, cfg.health_quiet_period, cfg.holdings_interval) == (0.5, 300.0, 5.0)
+    assert (cfg.pending_ttl, cfg.register_timeout) == (60.0, 10.0)
 
 
 async def test_sigterm_during_list_and_watch_exits_cleanly(short_tmp: Path) -> None:

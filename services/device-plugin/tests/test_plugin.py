@@ -12,6 +12,7 @@ import os
 import aiohttp
 import grpc
 import pytest
+from broken_loop import break_loop_and_probe
 from grpc import aio
 from standins.kubelet import AdmissionError
 
@@ -203,7 +204,8 @@ class TestHealth:
         h = await start_plugin("trn2.48xlarge", lnc=1)
         sim.bump_counter(h.root, 9, "hw_dma_abort_error", core=3)
         await eventually(lambda: "neuron9" not in h.kubelet.healthy(NEURON))
-        assert not {f"neuroncore{72 + i}" for i in range(8)} & h.kubelet.healthy(NEURONCORE)
+        # each resource has its own ListAndWatch stream: the cores' list may arrive a moment later
+        await eventually(lambda: not {f"neuroncore{72 + i}" for i in range(8)} & h.kubelet.healthy(NEURONCORE))
 
     async def test_vanished_device_is_unhealthy_not_dropped(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
         h = await start_plugin("inf2.48xlarge")
@@ -345,6 +347,22 @@ async def test_shutdown_removes_sockets(start_plugin) -> None:  # type: ignore[n
     assert await h.shutdown() == 0
     assert not (h.plugin_dir / "neuron-neuron.sock").exists()
     await eventually(lambda: not h.kubelet.healthy(NEURON))  # the kubelet sees the stream end
+
+
+async def test_a_dead_loop_fails_the_probes_and_the_process(start_plugin, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("trn1.2xlarge")
+
+    def corrupt(*_: object) -> None:
+        raise RuntimeError("holdings table corrupt")
+
+    # the holdings loop has no per-tick guard: an error from its callback ends it
+    code, probes = await break_loop_and_probe(
+        h.plugin.http, h.task, lambda: monkeypatch.setattr(h.plugin.state, "set_kubelet_holdings", corrupt)
+    )
+    assert code == 1
+    dead = "loop holdings failed: RuntimeError: holdings table corrupt\n"
+    assert probes == {"/healthz": (503, dead), "/readyz": (503, dead)}
+    assert not (h.plugin_dir / "neuron-neuron.sock").exists()  # the other loops wound down cleanly
 
 
 async def test_list_and_watch_sends_complete_lists(start_plugin) -> None:  # type: ignore[no-untyped-def]

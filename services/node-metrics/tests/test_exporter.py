@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from broken_loop import break_loop_and_probe
 from prometheus_client.parser import text_string_to_metric_families
 from standins.kubelet import Allocation, FakeKubelet
 
@@ -40,8 +42,7 @@ async def env() -> AsyncIterator[tuple[Path, FakeKubelet]]:
     shutil.rmtree(work, ignore_errors=True)
 
 
-@contextlib.asynccontextmanager
-async def running(work: Path, kubelet: FakeKubelet, *args: str) -> AsyncIterator[Exporter]:
+def start(work: Path, kubelet: FakeKubelet, *args: str) -> tuple[Exporter, asyncio.Event, asyncio.Task[int]]:
     cfg = config_mod.parse(
         ["--host-root", str(work / "node"), "--pod-resources-socket", str(kubelet.pod_resources_socket),
          "--listen", "127.0.0.1:0", "--attribution-interval", "0.2", *args],
@@ -50,7 +51,12 @@ async def running(work: Path, kubelet: FakeKubelet, *args: str) -> AsyncIterator
     assert cfg is not None
     stop = asyncio.Event()
     exporter = Exporter(cfg, stop)
-    task = asyncio.create_task(exporter.run())
+    return exporter, stop, asyncio.create_task(exporter.run())
+
+
+@contextlib.asynccontextmanager
+async def running(work: Path, kubelet: FakeKubelet, *args: str) -> AsyncIterator[Exporter]:
+    exporter, stop, task = start(work, kubelet, *args)
     await asyncio.sleep(0.1)
     try:
         yield exporter
@@ -159,6 +165,23 @@ async def test_healthz_and_garbage(env) -> None:  # type: ignore[no-untyped-def]
     assert values(text, "neuron_core_execution_status_total") == []  # not in --metrics
 
 
+async def test_a_dead_loop_fails_the_probes_and_the_process(env, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    work, kubelet = env
+    await kubelet.start()
+    exporter, _, task = start(work, kubelet)
+
+    def corrupt(*_: object, **__: object) -> None:
+        raise RuntimeError("attribution corrupt")
+
+    # the attribution loop has no per-tick guard: an error while attributing ends it
+    code, probes = await break_loop_and_probe(
+        exporter.http, task, lambda: monkeypatch.setattr("neuron_node_metrics.app.attribute", corrupt)
+    )
+    assert code == 1
+    dead = "loop attribution failed: RuntimeError: attribution corrupt\n"
+    assert probes == {"/healthz": (503, dead), "/readyz": (503, dead)}
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "neuron_node_metrics", *args],
@@ -183,6 +206,23 @@ def test_cli_help_list_and_validation() -> None:
     bad = run_cli(env={"NEURON_METRICS_NAMING": "dcgm"})
     assert bad.returncode == 2
     assert "NEURON_METRICS_NAMING='dcgm' must be one of native, neuron-monitor" in bad.stderr
+
+
+def test_attribution_interval_is_written_the_kubernetes_way() -> None:
+    assert set(re.findall(r"(--[\w-]+) DURATION", config_mod.parser({}).format_help())) == {"--attribution-interval"}
+    for argv, env in (
+        (["--attribution-interval", "500ms"], {}),
+        ([], {"NEURON_METRICS_ATTRIBUTION_INTERVAL": "500ms"}),
+    ):
+        cfg = config_mod.parse(argv, env=env)
+        assert cfg is not None
+        assert cfg.attribution_interval == 0.5
+    cfg = config_mod.parse([], env={})
+    assert cfg is not None
+    assert cfg.attribution_interval == 10.0
+    bad = run_cli("--attribution-interval", "10x")
+    assert bad.returncode == 2
+    assert "unknown unit 'x' in '10x'" in bad.stderr
 
 
 def test_readme_metric_table_is_generated_from_the_code() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -17,12 +18,14 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from broken_loop import break_loop_and_probe
 from kubernetes import client
 from kubernetes import config as kubeconfig
 from standins.apiserver import FakeApiServer
 
 from neuron_common import verdicts
 from neuron_problem_detector import config as config_mod
+from neuron_problem_detector import rules as rules_mod
 from neuron_problem_detector.app import Detector
 from neuron_sysfs import sim
 from neuron_sysfs.kmsg import KERN_ERR, format_record
@@ -44,8 +47,9 @@ def node(tmp_path: Path) -> Path:
     return tmp_path / "node"
 
 
-@contextlib.asynccontextmanager
-async def running(tmp_path: Path, node: Path, api: FakeApiServer, *args: str) -> AsyncIterator[Detector]:
+def start(
+    tmp_path: Path, node: Path, api: FakeApiServer, *args: str
+) -> tuple[Detector, asyncio.Event, asyncio.Task[int]]:
     cfg = config_mod.parse(
         ["--host-root", str(node), "--node-name", NODE, "--kubeconfig", str(api.kubeconfig(tmp_path / "kubeconfig")),
          "--listen", "127.0.0.1:0", "--counter-interval", "0.1", "--heartbeat", "3600",
@@ -55,7 +59,12 @@ async def running(tmp_path: Path, node: Path, api: FakeApiServer, *args: str) ->
     kubeconfig.load_kube_config(config_file=cfg.kubeconfig)
     stop = asyncio.Event()
     detector = Detector(cfg, stop, client.CoreV1Api())
-    task = asyncio.create_task(detector.run())
+    return detector, stop, asyncio.create_task(detector.run())
+
+
+@contextlib.asynccontextmanager
+async def running(tmp_path: Path, node: Path, api: FakeApiServer, *args: str) -> AsyncIterator[Detector]:
+    detector, stop, task = start(tmp_path, node, api, *args)
     try:
         yield detector
     finally:
@@ -231,6 +240,24 @@ async def test_verdicts_reach_the_device_plugin_format(tmp_path: Path, node: Pat
     assert verdicts.read_verdicts(tmp_path / "verdicts", node) == {11: "NeuronHasError_DMA_ERROR"}
 
 
+async def test_a_dead_loop_fails_the_probes_and_the_process(
+    tmp_path: Path, node: Path, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    detector, _, task = start(tmp_path, node, api)
+    await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
+
+    def corrupt(*_: object) -> None:
+        raise RuntimeError("counter table corrupt")
+
+    # the counter loop has no per-tick guard: an error while matching ends it
+    code, probes = await break_loop_and_probe(
+        detector.http, task, lambda: monkeypatch.setattr(rules_mod, "match_counters", corrupt)
+    )
+    assert code == 1
+    dead = "loop counters failed: RuntimeError: counter table corrupt\n"
+    assert probes == {"/healthz": (503, dead), "/readyz": (503, dead)}
+
+
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "neuron_problem_detector", *args],
@@ -251,6 +278,29 @@ def test_cli_errors(tmp_path: Path) -> None:
     out = run_cli("--node-name", "n", "--rules", str(bad))
     assert out.returncode == 2
     assert "conditions: must be a non-empty list" in out.stderr
+
+
+DURATIONS = {"--lookback": "lookback", "--counter-interval": "counter_interval", "--heartbeat": "heartbeat"}
+
+
+def test_every_duration_flag_is_listed_here() -> None:
+    assert set(re.findall(r"(--[\w-]+) DURATION", config_mod.parser({}).format_help())) == set(DURATIONS)
+
+
+@pytest.mark.parametrize("flag", sorted(DURATIONS))
+def test_durations_are_written_the_kubernetes_way(flag: str) -> None:
+    variable = config_mod.parser({}).env_name(flag)
+    assert getattr(config_mod.parse(["--node-name", NODE, flag, "500ms"], env={}), DURATIONS[flag]) == 0.5
+    assert getattr(config_mod.parse(["--node-name", NODE], env={variable: "500ms"}), DURATIONS[flag]) == 0.5
+
+
+def test_duration_defaults_and_zero_lookback() -> None:
+    cfg = config_mod.parse(["--node-name", NODE], env={})
+    assert (cfg.lookback, cfg.counter_interval, cfg.heartbeat) == (300.0, 5.0, 60.0)
+    assert config_mod.parse(["--node-name", NODE, "--lookback", "0s"], env={}).lookback == 0.0
+    out = run_cli("--node-name", NODE, "--counter-interval", "0s")
+    assert out.returncode == 2
+    assert "--counter-interval: must be greater than 0, got '0s'" in out.stderr
 
 
 def test_kmsg_records_format_used_by_the_flood() -> None:

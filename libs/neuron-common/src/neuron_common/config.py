@@ -2,7 +2,8 @@
 
 Precedence: flag, then environment variable, then default. `--help` names the variable and
 the default; a bad value from either source stops the service with a message that says
-which source it came from.
+which source it came from. Durations are written as in Kubernetes (`500ms`, `2s`, `5m`) or as
+bare seconds (see `neuron_common.duration`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,10 @@ import argparse
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
+
+from neuron_common.duration import DurationError, parse_duration
+
+DURATION_HELP = "A DURATION is written as in Go and Kubernetes, e.g. 500ms, 2s, 5m or 1h30m; a bare number is seconds."
 
 
 class EnvArgumentParser(argparse.ArgumentParser):
@@ -47,7 +52,13 @@ class EnvArgumentParser(argparse.ArgumentParser):
                 self.error(f"environment variable {name}={raw!r} must be one of {', '.join(map(str, choices))}")
             default = value
             self._from_env[dest] = name
-        self.add_argument(flag, default=default, type=type, choices=choices, help=f"{help} [env {name}]")
+        metavar = None
+        if type in (positive_duration, non_negative_duration):
+            metavar = "DURATION"
+            self.epilog = DURATION_HELP
+        self.add_argument(
+            flag, default=default, type=type, choices=choices, metavar=metavar, help=f"{help} [env {name}]"
+        )
 
     def add_bool_flag(self, flag: str, *, default: bool, help: str) -> None:
         name = self.env_name(flag)
@@ -59,17 +70,26 @@ class EnvArgumentParser(argparse.ArgumentParser):
         self.add_argument(flag, default=default, action=argparse.BooleanOptionalAction, help=f"{help} [env {name}]")
 
 
-def _float(text: str) -> float:
+def _duration(text: str) -> float:
     try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+        return parse_duration(text)
+    except DurationError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def positive_float(text: str) -> float:
-    value = _float(text)
+def positive_duration(text: str) -> float:
+    """Seconds in a duration that must be longer than zero."""
+    value = _duration(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
+    return value
+
+
+def non_negative_duration(text: str) -> float:
+    """Seconds in a duration that may be zero."""
+    value = _duration(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
     return value
 
 
@@ -80,13 +100,6 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be greater than 0, got {text!r}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = _float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {text!r}")
     return value
 
 

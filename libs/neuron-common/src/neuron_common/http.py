@@ -1,4 +1,4 @@
-"""The HTTP endpoint every service serves: /healthz (alive), /readyz (doing its job), /metrics."""
+"""The HTTP endpoint every service serves: /healthz (alive), /readyz (alive and doing its job), /metrics."""
 
 from __future__ import annotations
 
@@ -44,7 +44,9 @@ class HealthServer:
         return web.Response(status=200 if ok else 503, text=reason + "\n")
 
     async def _readyz(self, _: web.Request) -> web.Response:
-        ok, reason = self._ready()
+        ok, reason = self._live()  # a process that is not alive is not ready either
+        if ok:
+            ok, reason = self._ready()
         return web.Response(status=200 if ok else 503, text=reason + "\n")
 
     async def _metrics(self, _: web.Request) -> web.Response:

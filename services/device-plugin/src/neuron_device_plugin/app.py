@@ -9,6 +9,7 @@ import logging
 from kubelet_api.podresources_client import PodResourcesClient
 from neuron_common.http import HealthServer
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
+from neuron_common.supervisor import Supervisor
 from neuron_device_plugin import cdi, registration
 from neuron_device_plugin.config import Config
 from neuron_device_plugin.metrics import PluginMetrics
@@ -69,8 +70,9 @@ class Plugin:
         self.monitor = HealthMonitor(
             self.state, self.metrics, config.host_root, config.health_interval, config.verdict_dir
         )
+        self.supervisor = Supervisor(stop)
         host, port = config.listen
-        self.http = HealthServer(host, port, self.metrics.registry, ready=self.ready)
+        self.http = HealthServer(host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready)
 
     def _on_holdings(self, snapshot: PodResourcesSnapshot) -> None:
         self.metrics.podresources_up.set(1)
@@ -89,27 +91,18 @@ class Plugin:
             )
             log.info("wrote CDI spec %s", path)
         await self.http.start()
-        tasks = [asyncio.create_task(registration.watch(self.registrars, self.stop), name="registration")]
-        tasks.append(asyncio.create_task(self.monitor.run(self.stop), name="health"))
-        tasks.append(asyncio.create_task(self._poll_holdings(), name="holdings"))
+        # Stopping `registration` unregisters and closes the plugin sockets; its servers get a grace
+        # period, so RPCs in flight complete.
+        self.supervisor.start("registration", lambda: registration.watch(self.registrars, self.stop))
+        self.supervisor.start("health", lambda: self.monitor.run(self.stop))
+        self.supervisor.start("holdings", self._poll_holdings)
         if self.config.kmsg_path is not None:
-            tasks.append(
-                asyncio.create_task(
-                    KmsgWatcher(self.state, self.metrics, self.config.kmsg_path).run(self.stop), name="kmsg"
-                )
-            )
-        await self.stop.wait()
-        log.info("stopping: unregistering and closing the plugin sockets")
-        # Registrars stop their servers with a grace period, so RPCs in flight complete.
-        done, pending = await asyncio.wait(tasks, timeout=10)
-        for task in pending:
-            task.cancel()
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                log.error("task %s failed: %s", task.get_name(), task.exception())
+            kmsg = KmsgWatcher(self.state, self.metrics, self.config.kmsg_path)
+            self.supervisor.start("kmsg", lambda: kmsg.run(self.stop))
+        code = await self.supervisor.run()
         with contextlib.suppress(Exception):
             await self.http.stop()
-        return 0
+        return code
 
     async def _poll_holdings(self) -> None:
         await self.poller.run(self.stop)

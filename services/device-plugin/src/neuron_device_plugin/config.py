@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_common import resources
-from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_float
+from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_duration
 from neuron_sysfs import layout
 
 DEFAULT_LISTEN = "0.0.0.0:9841"
@@ -87,27 +87,27 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
     )
     p.add_flag(
         "--health-interval",
-        default=0.5,
-        type=positive_float,
-        help="seconds between reads of the error counters and device presence",
+        default="500ms",
+        type=positive_duration,
+        help="time between reads of the error counters and device presence",
     )
     p.add_flag(
         "--health-quiet-period",
-        default=300.0,
-        type=positive_float,
-        help="seconds without a new error before a device with a recoverable error is Healthy again",
+        default="5m",
+        type=positive_duration,
+        help="time without a new error before a device with a recoverable error is Healthy again",
     )
     p.add_flag(
         "--holdings-interval",
-        default=5.0,
-        type=positive_float,
-        help="seconds between PodResources List calls (also called after each allocation)",
+        default="5s",
+        type=positive_duration,
+        help="time between PodResources List calls (also called after each allocation)",
     )
     p.add_flag(
         "--pending-ttl",
-        default=60.0,
-        type=positive_float,
-        help="seconds an own allocation counts as held before the kubelet's List confirms it",
+        default="1m",
+        type=positive_duration,
+        help="how long an own allocation counts as held before the kubelet's List confirms it",
     )
     p.add_flag(
         "--kmsg-path",
@@ -129,9 +129,9 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
     )
     p.add_flag(
         "--register-timeout",
-        default=10.0,
-        type=positive_float,
-        help="seconds to wait for the kubelet to answer Register",
+        default="10s",
+        type=positive_duration,
+        help="how long to wait for the kubelet to answer Register",
     )
     return p
 

@@ -17,6 +17,7 @@ from kubelet_api.podresources_client import PodResourcesClient
 from neuron_common.http import HealthServer
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
 from neuron_common.resources import Kind
+from neuron_common.supervisor import Supervisor
 from neuron_node_metrics import __version__
 from neuron_node_metrics.attribution import Attribution, attribute
 from neuron_node_metrics.catalogue import ALL_FAMILIES
@@ -63,8 +64,11 @@ class Exporter:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
         self.registry.register(_SelfCollector(self))
+        self.supervisor = Supervisor(stop)
         host, port = config.listen
-        self.http = HealthServer(host, port, self.registry, ready=self.ready, metrics_handler=self.metrics)
+        self.http = HealthServer(
+            host, port, self.registry, live=self.supervisor.healthy, ready=self.ready, metrics_handler=self.metrics
+        )
 
     def _capacity(self, inv: NodeInventory) -> dict[str, int]:
         return {
@@ -108,12 +112,10 @@ class Exporter:
 
     async def run(self) -> int:
         await self.http.start()
-        poller = asyncio.create_task(self.poller.run(self.stop), name="attribution")
-        await self.stop.wait()
-        log.info("stopping")
-        await asyncio.wait([poller], timeout=10)
+        self.supervisor.start("attribution", lambda: self.poller.run(self.stop))
+        code = await self.supervisor.run()
         await self.http.stop()
-        return 0
+        return code
 
 
 class _SelfCollector(Collector):

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_common import resources
-from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_float, positive_int
+from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_duration, positive_int
 from neuron_node_metrics.catalogue import FAMILIES
 from neuron_sysfs import layout
 
@@ -51,9 +51,9 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
     p.add_flag("--listen", default=DEFAULT_LISTEN, type=listen_address, help="address of /metrics, /healthz, /readyz")
     p.add_flag(
         "--attribution-interval",
-        default=10.0,
-        type=positive_float,
-        help="seconds between PodResources reads (never on the scrape path)",
+        default="10s",
+        type=positive_duration,
+        help="time between PodResources reads (never on the scrape path)",
     )
     p.add_flag("--log-level", default="info", type=log_level, help="debug, info, warning or error")
     p.add_flag("--resource-prefix", default=resources.DEFAULT_PREFIX, help="extended resource prefix")

@@ -13,6 +13,7 @@ from neuron_common import verdicts
 from neuron_common.http import HealthServer
 from neuron_common.kmsg_follow import KmsgFollower, Malformed
 from neuron_common.lifecycle import sleep_or_stop
+from neuron_common.supervisor import Supervisor
 from neuron_problem_detector import rules as rules_mod
 from neuron_problem_detector.config import Config
 from neuron_problem_detector.detector import Problem, load_state, save_state, wall_now
@@ -86,17 +87,15 @@ class Detector:
             cordon=config.cordon,
         )
         self._publish()
+        self.supervisor = Supervisor(stop)
         host, port = config.listen
-        self.http = HealthServer(host, port, self.metrics.registry, live=self.live, ready=self.ready)
+        self.http = HealthServer(host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready)
         self._kmsg_ok = False
         self._counters_previous: dict[tuple[int, str], int] | None = None
         self._tracker: InventoryTracker | None = None
         self._reader: CounterReader | None = None
 
     # -- health ------------------------------------------------------------------------------------
-    def live(self) -> tuple[bool, str]:
-        return True, "ok"
-
     def ready(self) -> tuple[bool, str]:
         api = "reachable" if self.reporter.api_up else "unreachable (state is kept and delivered when it returns)"
         kmsg = "following" if self._kmsg_ok else "not readable"
@@ -238,17 +237,12 @@ class Detector:
             extra={"rules": str(self.config.rules or "built-in"),
                    "conditions": ",".join(c.type for c in self.rules.conditions)},
         )  # fmt: skip
-        tasks = [
-            asyncio.create_task(self.follow_kmsg(), name="kmsg"),
-            asyncio.create_task(self.watch_counters(), name="counters"),
-            asyncio.create_task(self.reporter.run(self.stop), name="reporter"),
-            asyncio.create_task(self.report_metrics(), name="metrics"),
-        ]
-        await self.stop.wait()
-        log.info("stopping: saving state")
-        _, pending = await asyncio.wait(tasks, timeout=10)
-        for task in pending:
-            task.cancel()
+        self.supervisor.start("kmsg", self.follow_kmsg)
+        self.supervisor.start("counters", self.watch_counters)
+        self.supervisor.start("reporter", lambda: self.reporter.run(self.stop))
+        self.supervisor.start("metrics", self.report_metrics)
+        code = await self.supervisor.run()
+        log.info("saving state")
         save_state(self.config.state_file, self.state)
         await self.http.stop()
-        return 0
+        return code

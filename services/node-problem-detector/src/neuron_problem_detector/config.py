@@ -12,8 +12,8 @@ from neuron_common.config import (
     EnvArgumentParser,
     listen_address,
     log_level,
-    non_negative_float,
-    positive_float,
+    non_negative_duration,
+    positive_duration,
     positive_int,
 )
 from neuron_sysfs import layout
@@ -66,15 +66,15 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
     p.add_flag("--log-level", default="info", type=log_level, help="debug, info, warning or error")
     p.add_flag(
         "--lookback",
-        default=300.0,
-        type=non_negative_float,
-        help="seconds of kernel log history to replay at start (lines already handled on this boot are skipped)",
+        default="5m",
+        type=non_negative_duration,
+        help="how much kernel log history to replay at start (lines already handled on this boot are skipped)",
     )
     p.add_flag(
-        "--counter-interval", default=5.0, type=positive_float, help="seconds between reads of the driver's counters"
+        "--counter-interval", default="5s", type=positive_duration, help="time between reads of the driver's counters"
     )
     p.add_flag(
-        "--heartbeat", default=60.0, type=positive_float, help="seconds between re-sends of unchanged conditions"
+        "--heartbeat", default="1m", type=positive_duration, help="time between re-sends of unchanged conditions"
     )
     p.add_flag(
         "--state-file",
