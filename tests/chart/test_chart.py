@@ -148,6 +148,13 @@ def test_common_labels_reach_every_object() -> None:
         assert doc["metadata"]["labels"]["team"] == "ml-platform"
 
 
+def test_common_labels_are_templates() -> None:
+    docs = render(*sets(commonLabels={"owner": "{{ .Release.Name }}-{{ .Release.Namespace }}"}))
+    pod_labels = [d["spec"]["template"]["metadata"]["labels"] for d in of_kind(docs, "DaemonSet")]
+    for labels in [d["metadata"]["labels"] for d in docs] + pod_labels:
+        assert labels["owner"] == "neuron-helm-chart-kube-system"
+
+
 # --- security --------------------------------------------------------------------------------
 
 
@@ -160,7 +167,8 @@ def test_security_contexts_are_the_documented_minimum(simulation: bool) -> None:
         sc = container(ds)["securityContext"]
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
         assert sc["readOnlyRootFilesystem"] is True
-        assert sc["allowPrivilegeEscalation"] is False
+        # the API server refuses a privileged container that forbids escalation
+        assert sc["allowPrivilegeEscalation"] is sc.get("privileged", False)
         assert sc["capabilities"]["drop"] == ["ALL"]
         assert sc["runAsUser"] == 0  # documented: root-only kubelet directories, /dev/kmsg
         assert pod["priorityClassName"] == "system-node-critical"
@@ -178,6 +186,88 @@ def test_security_contexts_are_the_documented_minimum(simulation: bool) -> None:
 def test_kmsg_privilege_can_be_turned_off() -> None:
     sc = container(daemonset(render(*sets(npd__kmsgPrivileged=False)), "problem-detector"))["securityContext"]
     assert "privileged" not in sc
+    assert sc["allowPrivilegeEscalation"] is False
+
+
+PLUGIN_ONLY = ["-f", str(CHART / "ci" / "device-plugin-only-values.yaml")]
+
+
+@pytest.mark.parametrize(
+    "args",
+    [[], PLUGIN_ONLY, [*PLUGIN_ONLY, *sets(devicePlugin__kmsgPrivileged=False)], *(["-f", str(v)] for v in CI_VALUES)],
+    ids=["defaults", "plugin-only", "plugin-only-unprivileged", *(v.name for v in CI_VALUES)],
+)
+def test_no_container_is_privileged_yet_forbids_escalation(args: list[str]) -> None:
+    """The API server's own rule (kubectl-validate checks only the schema): it refuses such a Pod."""
+    for ds in of_kind(render(*args), "DaemonSet"):
+        sc = container(ds)["securityContext"]
+        if sc.get("privileged"):
+            assert sc.get("allowPrivilegeEscalation", True) is True, ds["metadata"]["name"]
+
+
+# --- the device plugin's health sources -------------------------------------------------------
+
+VERDICTS = "/var/lib/neuron-problem-detector/verdicts"
+
+
+def _host_path_of(ds: dict[str, Any], path: str) -> str | None:
+    """The host path a container path resolves to through the pod's hostPath mounts (None: not on the host)."""
+    volumes = {v["name"]: v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"] if "hostPath" in v}
+    for mount in sorted(container(ds)["volumeMounts"], key=lambda m: -len(m["mountPath"])):
+        inside = mount["mountPath"].rstrip("/")
+        if mount["name"] in volumes and (path == inside or path.startswith(inside + "/")):
+            return volumes[mount["name"]].rstrip("/") + path.removeprefix(inside)
+    return None
+
+
+def test_with_the_detector_the_plugin_takes_its_verdicts_and_not_the_kernel_log() -> None:
+    docs = render(*sets(npd__stateHostPath="/var/lib/npd-state"))
+    plugin = daemonset(docs, "device-plugin")
+    args = container(plugin)["args"]
+    assert "--kmsg-path=none" in args
+    assert f"--verdict-dir={VERDICTS}" in args
+    assert _host_path_of(plugin, VERDICTS) == "/var/lib/npd-state/verdicts"
+    (mount,) = [m for m in container(plugin)["volumeMounts"] if m["mountPath"] == VERDICTS]
+    assert mount["readOnly"] is True
+    # the detector writes them where the plugin reads them
+    assert _host_path_of(daemonset(docs, "problem-detector"), VERDICTS) == "/var/lib/npd-state/verdicts"
+    assert f"--verdict-dir={VERDICTS}" in container(daemonset(docs, "problem-detector"))["args"]
+
+
+@pytest.mark.parametrize("simulation", [False, True])
+def test_without_the_detector_the_plugin_reads_the_kernel_log_itself(simulation: bool) -> None:
+    root = "/var/lib/neuron-sim/other"
+    plugin = daemonset(
+        render(*PLUGIN_ONLY, *sets(simulation__enabled=simulation, simulation__hostRoot=root)), "device-plugin"
+    )
+    c = container(plugin)
+    assert not [a for a in c["args"] if a.startswith(("--kmsg-path", "--verdict-dir"))], "the plugin's default log"
+    assert not [v for v in plugin["spec"]["template"]["spec"]["volumes"] if "verdicts" in str(v)]
+    # the plugin's default, <host-root>/dev/kmsg, is the node's kernel log
+    (host_root,) = [a.removeprefix("--host-root=") for a in c["args"] if a.startswith("--host-root=")]
+    assert _host_path_of(plugin, f"{host_root}/dev/kmsg") == (f"{root}/dev/kmsg" if simulation else "/dev/kmsg")
+    sc = c["securityContext"]
+    if simulation:  # a file: no privilege
+        assert "privileged" not in sc
+        assert "add" not in sc["capabilities"]
+    else:
+        assert sc["privileged"] is True
+        assert sc["capabilities"]["add"] == ["SYSLOG"]
+
+
+def test_plugin_kmsg_privilege_can_be_turned_off() -> None:
+    plugin = daemonset(render(*PLUGIN_ONLY, *sets(devicePlugin__kmsgPrivileged=False)), "device-plugin")
+    sc = container(plugin)["securityContext"]
+    assert "privileged" not in sc
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["SYSLOG"]}
+
+
+@pytest.mark.parametrize("args", [[], PLUGIN_ONLY], ids=["with-detector", "plugin-only"])
+def test_the_plugin_gets_no_environment_it_does_not_read(args: list[str]) -> None:
+    assert "env" not in container(daemonset(render(*args), "device-plugin"))
+    extra = [{"name": "NEURON_DP_LOG_LEVEL", "value": "debug"}]
+    assert container(daemonset(render(*args, *sets(devicePlugin__extraEnv=extra)), "device-plugin"))["env"] == extra
 
 
 def test_test_pods_run_unprivileged_as_nobody() -> None:
@@ -335,7 +425,50 @@ def test_node_feature_rule_needs_its_api_or_force() -> None:
     assert len(of_kind(render(*values, *NFD_API), "NodeFeatureRule")) == 1
 
 
-def test_a_component_affinity_replaces_placement() -> None:
+def test_a_component_affinity_merges_with_placement() -> None:
+    default = _match_expressions(daemonset(render(), "problem-detector"))
+    preferred = [{"weight": 1, "preference": {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}}]
+    anti = {"requiredDuringSchedulingIgnoredDuringExecution": [{"topologyKey": "kubernetes.io/hostname"}]}
+    fields = {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["node-a"]}]}
+    custom = {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [{"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}, fields]
+            },
+            "preferredDuringSchedulingIgnoredDuringExecution": preferred,
+        },
+        "podAntiAffinity": anti,
+    }
+    docs = render(*sets(npd__affinity=custom))
+    affinity = daemonset(docs, "problem-detector")["spec"]["template"]["spec"]["affinity"]
+    # Kubernetes ORs the terms: placement must be in every one of them
+    assert affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"] == [
+        {"matchExpressions": [*default, {"key": "gpu", "operator": "DoesNotExist"}]},
+        {"matchExpressions": default, **fields},
+    ]
+    assert affinity["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"] == preferred
+    assert affinity["podAntiAffinity"] == anti
+    assert _match_expressions(daemonset(docs, "device-plugin"))[0]["key"] == "node.kubernetes.io/instance-type"
+    assert _match_expressions(daemonset(docs, "device-plugin")) == default
+
+
+def test_an_affinity_without_required_terms_still_gets_placement() -> None:
+    term = {"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname"}}
+    preferred = [{"weight": 1, "preference": {"matchExpressions": [{"key": "zone", "operator": "Exists"}]}}]
+    for args in ([], sets(placement__mode="nfd")):
+        default = daemonset(render(*args), "node-metrics")["spec"]["template"]["spec"]["affinity"]
+        required = default["nodeAffinity"]
+        for custom, expected in (
+            ({"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}},
+             {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [term]}, "nodeAffinity": required}),
+            ({"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred}},
+             {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": preferred, **required}}),
+        ):  # fmt: skip
+            ds = daemonset(render(*args, *sets(nodeMetrics__affinity=custom)), "node-metrics")
+            assert ds["spec"]["template"]["spec"]["affinity"] == expected
+
+
+def test_with_placement_none_a_component_affinity_is_used_as_given() -> None:
     custom = {
         "nodeAffinity": {
             "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -343,15 +476,65 @@ def test_a_component_affinity_replaces_placement() -> None:
             }
         }
     }
-    docs = render(*sets(npd__affinity=custom))
-    assert daemonset(docs, "problem-detector")["spec"]["template"]["spec"]["affinity"] == custom
-    assert _match_expressions(daemonset(docs, "device-plugin"))[0]["key"] == "node.kubernetes.io/instance-type"
+    docs = render(*sets(placement__mode="none", placement__excludeComputeTypes=[], devicePlugin__affinity=custom))
+    assert daemonset(docs, "device-plugin")["spec"]["template"]["spec"]["affinity"] == custom
 
 
 def test_placement_none_renders_no_affinity() -> None:
     docs = render(*sets(placement__mode="none", placement__excludeComputeTypes=[]))
     for ds in of_kind(docs, "DaemonSet"):
         assert "affinity" not in ds["spec"]["template"]["spec"]
+
+
+# --- the DaemonSets' shared head: per-component values --------------------------------------
+
+
+@pytest.mark.parametrize("key", COMPONENTS)
+def test_each_daemonset_takes_its_rollout_and_lifecycle_values(key: str) -> None:
+    probe = {"path": "/custom", "periodSeconds": 7, "timeoutSeconds": 4, "failureThreshold": 9}
+    values = {
+        "revisionHistoryLimit": 3,
+        "terminationGracePeriodSeconds": 45,
+        "updateStrategy": {"type": "OnDelete"},
+        "priorityClassName": "neuron-agents",
+        "startupProbe": dict(probe, periodSeconds=1),
+        "livenessProbe": probe,
+        "readinessProbe": dict(probe, path="/ready"),
+    }
+    docs = render(*sets(**{f"{key}__{name}": value for name, value in values.items()}))
+    ds = daemonset(docs, COMPONENTS[key])
+    pod = ds["spec"]["template"]["spec"]
+    assert ds["spec"]["revisionHistoryLimit"] == 3
+    assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    assert pod["terminationGracePeriodSeconds"] == 45
+    assert pod["priorityClassName"] == "neuron-agents"
+    c = container(ds)
+    for kind in ("startupProbe", "livenessProbe", "readinessProbe"):
+        expected = dict(values[kind])
+        assert c[kind] == {"httpGet": {"path": expected.pop("path"), "port": "http"}, **expected}, kind
+    for other in set(COMPONENTS.values()) - {COMPONENTS[key]}:
+        untouched = daemonset(docs, other)
+        assert untouched["spec"]["revisionHistoryLimit"] == 10
+        assert container(untouched)["livenessProbe"]["httpGet"]["path"] == "/healthz"
+
+
+def test_probe_defaults_are_the_services_endpoints() -> None:
+    for ds in of_kind(render(), "DaemonSet"):
+        c = container(ds)
+        assert c["startupProbe"]["httpGet"] == c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+        assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
+
+
+def test_the_daemonsets_share_one_head() -> None:
+    """Everything above the containers is the same shape for the three components (one helper renders it)."""
+    heads = []
+    for ds in of_kind(render(), "DaemonSet"):
+        pod = {k: v for k, v in ds["spec"]["template"]["spec"].items() if k not in ("containers", "volumes")}
+        heads.append((sorted(ds["spec"]), sorted(pod)))
+    detector = daemonset(render(), "problem-detector")["spec"]["template"]["spec"]
+    assert "automountServiceAccountToken" not in detector, "the detector calls the API server"
+    shapes = {(tuple(spec), tuple(k for k in pod if k != "automountServiceAccountToken")) for spec, pod in heads}
+    assert len(shapes) == 1, shapes
 
 
 # --- simulation ------------------------------------------------------------------------------
@@ -483,6 +666,10 @@ def test_custom_rules_replace_the_shipped_ones_and_roll_the_pods() -> None:
         (sets(devicePlugin__image__repository=None), "missing property 'repository'"),
         (sets(tests__logicalNcConfig=4), "/tests/logicalNcConfig"),
         (sets(npd__tolerations=[{"operator": "Sometimes"}]), "/npd/tolerations/0/operator"),
+        (sets(devicePlugin__livenessProbe__path="healthz"), "/devicePlugin/livenessProbe/path"),
+        (sets(npd__readinessProbe__initialDelay=5), "additional properties 'initialDelay' not allowed"),
+        (sets(nodeMetrics__revisionHistoryLimit=-1), "/nodeMetrics/revisionHistoryLimit"),
+        (sets(npd__terminationGracePeriodSeconds="30s"), "/npd/terminationGracePeriodSeconds"),
     ],
     ids=[
         "misspelt-key",
@@ -499,6 +686,10 @@ def test_custom_rules_replace_the_shipped_ones_and_roll_the_pods() -> None:
         "missing-required",
         "lnc",
         "toleration",
+        "probe-path",
+        "probe-unknown-key",
+        "revision-history",
+        "grace-period",
     ],
 )
 def test_the_schema_rejects_mistakes_with_a_clear_message(args: list[str], message: str) -> None:

@@ -340,6 +340,37 @@ def test_remediation_on_taints_and_a_reboot_clears_everything(kube_cluster: Clus
     install(kube_cluster, values=CHART / "ci" / "all-on-values.yaml")
 
 
+def test_plugin_only_marks_a_device_unhealthy_from_a_kernel_line(kube_cluster: Cluster) -> None:
+    """Without the problem detector the plugin follows the kernel log itself: a NEURON_HW_ERR line naming a
+    device takes that device and its cores out of allocatable, with no detector verdict to relay it."""
+    device = 5
+    recovered = False
+    try:
+        expected = install(kube_cluster, values=CHART / "ci" / "device-plugin-only-values.yaml")
+        assert expected == [DAEMONSETS["devicePlugin"]]
+        ds = json.loads(kubectl("get", "ds", "-n", NAMESPACE, DAEMONSETS["devicePlugin"], "-o", "json"))
+        args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
+        assert not [a for a in args if a.startswith(("--kmsg-path", "--verdict-dir"))], (
+            f"the default kernel log: {args}"
+        )
+        eventually(lambda: allocatable() == ("16", "32"), "every device healthy before the kernel line")
+        devices, cores = (int(n or 0) for n in allocatable())
+        cores_per_device = cores // devices  # every device of an instance has the same cores
+        sim("inject", "--root", SIM_ROOT, "hw-error", "--kind", "NC_UNCORRECTABLE_ERROR", "--device", str(device))
+        eventually(
+            lambda: allocatable() == (str(devices - 1), str(cores - cores_per_device)),
+            f"neuron{device} and its {cores_per_device} cores Unhealthy from the kernel line",
+        )
+        simulated_reboot(kube_cluster)
+        eventually(lambda: allocatable() == ("16", "32"), "every device healthy after the reboot")
+        recovered = True
+    finally:
+        if not recovered:  # leave no kernel line behind for the tests after this one
+            sim("inject", "--root", SIM_ROOT, "reboot")
+        install(kube_cluster, values=CHART / "ci" / "all-on-values.yaml")
+    eventually(lambda: allocatable() == ("16", "32"), "every device healthy with the whole stack back")
+
+
 def test_kubelet_restart_plugin_reregisters(kube_cluster: Cluster) -> None:
     restart_kubelet()
     eventually(lambda: allocatable() == ("16", "32"), "allocatable back after the kubelet restart")

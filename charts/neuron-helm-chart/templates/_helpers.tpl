@@ -26,7 +26,7 @@
 {{- printf "%s-%s" (include "neuron.fullname" .root | trunc 45 | trimSuffix "-") .component -}}
 {{- end -}}
 
-{{/* Labels on every object. */}}
+{{/* Labels on every object; `commonLabels` values are templates (`{{ .Release.Name }}`). */}}
 {{- define "neuron.labels" -}}
 helm.sh/chart: {{ include "neuron.chart" . }}
 app.kubernetes.io/name: {{ include "neuron.name" . }}
@@ -34,8 +34,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: neuron-helm-chart
-{{- with .Values.commonLabels }}
-{{ toYaml . }}
+{{- range $key, $value := .Values.commonLabels }}
+{{ $key }}: {{ tpl (toString $value) $ | quote }}
 {{- end }}
 {{- end -}}
 
@@ -91,13 +91,9 @@ imagePullSecrets:
 {{- end -}}
 {{- end -}}
 
-{{/* The node affinity `placement` implies, unless the component sets its own affinity. (dict "root" $ "values" ...) */}}
-{{- define "neuron.affinity" -}}
-{{- if .values.affinity -}}
-affinity:
-  {{- toYaml .values.affinity | nindent 2 }}
-{{- else -}}
-{{- $p := .root.Values.placement -}}
+{{/* The node selector expressions `placement` implies (a YAML list; empty with mode none and no exclusions). */}}
+{{- define "neuron.placementExpressions" -}}
+{{- $p := .Values.placement -}}
 {{- $exprs := list -}}
 {{- if eq $p.mode "instanceType" -}}
 {{- $exprs = append $exprs (dict "key" $p.instanceTypeLabel "operator" "In" "values" $p.instanceTypes) -}}
@@ -107,31 +103,111 @@ affinity:
 {{- if $p.excludeComputeTypes -}}
 {{- $exprs = append $exprs (dict "key" "eks.amazonaws.com/compute-type" "operator" "NotIn" "values" $p.excludeComputeTypes) -}}
 {{- end -}}
-{{- if $exprs -}}
-affinity:
-  nodeAffinity:
-    requiredDuringSchedulingIgnoredDuringExecution:
-      nodeSelectorTerms:
-        - matchExpressions:
-            {{- toYaml $exprs | nindent 12 }}
+{{- toYaml $exprs -}}
 {{- end -}}
+
+{{/* A component's affinity: its own, with `placement`'s expressions ANDed into every required node selector term
+     (a node must be a Neuron node whatever else the user asks); preferred terms and pod (anti-)affinity are kept.
+     Kubernetes ORs the terms, so adding the expressions to only one would let the others place pods anywhere.
+     (dict "root" $ "values" ...) */}}
+{{- define "neuron.affinity" -}}
+{{- $exprs := include "neuron.placementExpressions" .root | fromYamlArray -}}
+{{- $affinity := deepCopy (.values.affinity | default dict) -}}
+{{- if $exprs -}}
+{{- $nodeAffinity := get $affinity "nodeAffinity" | default dict -}}
+{{- $required := get $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" | default dict -}}
+{{- $terms := list -}}
+{{- range (get $required "nodeSelectorTerms" | default (list (dict))) -}}
+{{- $terms = append $terms (set . "matchExpressions" (concat $exprs (get . "matchExpressions" | default list))) -}}
+{{- end -}}
+{{- $_ := set $required "nodeSelectorTerms" $terms -}}
+{{- $_ = set $nodeAffinity "requiredDuringSchedulingIgnoredDuringExecution" $required -}}
+{{- $_ = set $affinity "nodeAffinity" $nodeAffinity -}}
+{{- end -}}
+{{- with $affinity -}}
+affinity:
+  {{- toYaml . | nindent 2 }}
 {{- end -}}
 {{- end -}}
 
-{{/* The scheduling block shared by the DaemonSets. (dict "root" $ "values" ...) */}}
-{{- define "neuron.podScheduling" -}}
-{{- with .values.priorityClassName }}
-priorityClassName: {{ . }}
-{{- end }}
-{{- with .values.nodeSelector }}
-nodeSelector:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{- with .values.tolerations }}
-tolerations:
-  {{- toYaml . | nindent 2 }}
-{{- end }}
-{{ include "neuron.affinity" . }}
+{{/* The head of a component's DaemonSet, from apiVersion down to the pod spec's terminationGracePeriodSeconds; the
+     template goes on with `containers:` at the pod spec's indentation (6).
+     (dict "root" $ "component" "device-plugin" "values" .Values.devicePlugin
+           "podAnnotations" (dict ...) "apiToken" false) */}}
+{{- define "neuron.daemonSetHead" -}}
+{{- $v := .values -}}
+apiVersion: apps/v1
+kind: DaemonSet
+metadata:
+  name: {{ include "neuron.componentName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "neuron.componentLabels" . | nindent 4 }}
+spec:
+  revisionHistoryLimit: {{ $v.revisionHistoryLimit }}
+  selector:
+    matchLabels:
+      {{- include "neuron.selectorLabels" . | nindent 6 }}
+  updateStrategy:
+    type: {{ $v.updateStrategy.type }}
+    {{- /* Helm merges a user's `type: OnDelete` with the default rollingUpdate, which the API server refuses */}}
+    {{- if and (eq $v.updateStrategy.type "RollingUpdate") $v.updateStrategy.rollingUpdate }}
+    rollingUpdate:
+      {{- toYaml $v.updateStrategy.rollingUpdate | nindent 6 }}
+    {{- end }}
+  template:
+    metadata:
+      labels:
+        {{- include "neuron.componentLabels" . | nindent 8 }}
+        {{- with $v.podLabels }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- /* the chart's own annotations (a checksum that rolls the pods) win over podAnnotations */}}
+      {{- with merge (dict) (.podAnnotations | default dict) ($v.podAnnotations | default dict) }}
+      annotations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    spec:
+      serviceAccountName: {{ include "neuron.serviceAccountName" . }}
+      {{- if not .apiToken }}
+      automountServiceAccountToken: false
+      {{- end }}
+      {{- include "neuron.imagePullSecrets" . | nindent 6 }}
+      {{- with $v.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
+      {{- with $v.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- include "neuron.affinity" . | nindent 6 }}
+      {{- with $v.podSecurityContext }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
+{{- end -}}
+
+{{/* A container's securityContext, plus what reading the host's /dev/kmsg takes when `readsHostKmsg`: CAP_SYSLOG
+     (kernel.dmesg_restrict=1) and, with `privileged`, privilege, as the container runtime's device cgroup admits
+     /dev/kmsg (char 1:11) to no unprivileged container. The API server refuses a privileged container that forbids
+     privilege escalation, so privilege allows it. (dict "securityContext" ... "readsHostKmsg" bool "privileged" bool) */}}
+{{- define "neuron.securityContext" -}}
+{{- $sc := deepCopy .securityContext -}}
+{{- if .readsHostKmsg -}}
+{{- $capabilities := get $sc "capabilities" | default dict -}}
+{{- $_ := set $capabilities "add" (append (get $capabilities "add" | default list) "SYSLOG" | uniq) -}}
+{{- $_ = set $sc "capabilities" $capabilities -}}
+{{- if .privileged -}}
+{{- $_ = set $sc "privileged" true -}}
+{{- $_ = set $sc "allowPrivilegeEscalation" true -}}
+{{- end -}}
+{{- end -}}
+{{- toYaml $sc -}}
 {{- end -}}
 
 {{/* Where the services find sys/, dev/, opt/aws/ and proc/: the simulated node's root, or /host. */}}
@@ -187,22 +263,17 @@ tolerations:
 {{- end }}
 {{- end -}}
 
-{{/* Probes on the component's HTTP endpoint. */}}
+{{/* Probes on the component's HTTP port, from its `startupProbe`, `livenessProbe` and `readinessProbe` values. */}}
 {{- define "neuron.probes" -}}
-startupProbe:
-  httpGet: {path: /healthz, port: http}
-  periodSeconds: 2
-  failureThreshold: 30
-livenessProbe:
-  httpGet: {path: /healthz, port: http}
-  periodSeconds: 10
-  timeoutSeconds: 3
-  failureThreshold: 3
-readinessProbe:
-  httpGet: {path: /readyz, port: http}
-  periodSeconds: 5
-  timeoutSeconds: 3
-  failureThreshold: 2
+{{- range $i, $kind := list "startupProbe" "livenessProbe" "readinessProbe" }}
+{{- $probe := get $.values $kind }}
+{{- if $i }}{{ "\n" }}{{ end }}
+{{- $kind }}:
+  httpGet:
+    path: {{ $probe.path | quote }}
+    port: http
+  {{- omit $probe "path" | toYaml | nindent 2 }}
+{{- end }}
 {{- end -}}
 
 {{/* Whether the Prometheus-operator objects are rendered. */}}
