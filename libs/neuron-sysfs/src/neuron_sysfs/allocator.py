@@ -18,7 +18,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
-from neuron_sysfs.instance_types import TopologyKind
+from neuron_sysfs.instance_types import InstanceType, TopologyKind
+from neuron_sysfs.inventory import NodeInventory
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,24 @@ class Topology:
 
     def cores_of(self, device: int) -> range:
         return range(device * self.cores_per_device, (device + 1) * self.cores_per_device)
+
+
+def topology_for(instance_type: InstanceType, cores_per_device: int) -> Topology:
+    """The topology the instance table promises: what a component without sysfs (the scheduler
+    extender) assumes, and what `topology_from` reads on a healthy node."""
+    it = instance_type
+    return Topology(it.topology, it.devices, it.adjacency(), cores_per_device, it.torus_shape)
+
+
+def topology_from(inventory: NodeInventory) -> Topology:
+    """The topology of a scanned node: the driver's `connected_devices` win over the table."""
+    cores_per_device = max(inventory.logical_cores_per_device, 1)
+    it = inventory.instance_type
+    if it is not None:
+        return Topology(it.topology, it.devices, dict(inventory.adjacency), cores_per_device, it.torus_shape)
+    count = max((d.index for d in inventory.devices), default=-1) + 1
+    # Unknown instance type: only one device or all of them are known to be valid groups.
+    return Topology(TopologyKind.SINGLE, count, dict(inventory.adjacency), cores_per_device, None)
 
 
 @dataclass(frozen=True)

@@ -8,17 +8,34 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_device_plugin.allocator import Topology, choose_cores, choose_devices, exhaustive_devices
+from neuron_sysfs.allocator import (
+    Topology,
+    choose_cores,
+    choose_devices,
+    exhaustive_devices,
+    topology_for,
+    topology_from,
+)
 from neuron_sysfs.instance_types import INSTANCE_TYPES, TopologyKind
+from neuron_sysfs.inventory import scan
 
 
 def topo_for(name: str, lnc: int | None = None) -> Topology:
     it = INSTANCE_TYPES[name]
-    lnc = lnc or it.family.default_lnc
-    return Topology(it.topology, it.devices, it.adjacency(), it.logical_cores_per_device(lnc), it.torus_shape)
+    return topology_for(it, it.logical_cores_per_device(lnc or it.family.default_lnc))
 
 
 TOPOLOGIES = {name: topo_for(name) for name in INSTANCE_TYPES} | {"trn2.48xlarge-lnc1": topo_for("trn2.48xlarge", 1)}
+
+
+@pytest.mark.parametrize(
+    ("name", "lnc"), [(name, lnc) for name, it in INSTANCE_TYPES.items() for lnc in it.family.supported_lnc]
+)
+def test_the_table_promises_what_a_healthy_node_reads(make_node, name: str, lnc: int) -> None:  # type: ignore[no-untyped-def]
+    it = INSTANCE_TYPES[name]
+    scanned = topology_from(scan(make_node(name, lnc), env={}))
+    assert scanned == topology_for(it, it.logical_cores_per_device(lnc))
+    assert scanned.cores_per_device * scanned.device_count == it.devices * it.physical_cores_per_device // lnc
 
 
 def is_ring_arc(ids: tuple[int, ...], n: int) -> bool:
