@@ -1,25 +1,62 @@
-"""Choosing which devices or cores a container gets. Pure: no I/O, no clock, no logging.
+"""Choosing which devices or cores one request gets. Pure: no I/O, no clock, no logging.
 
-Rules (`shared/reference/neuron-stack.md` section 2, "Topology rules"):
+The device plugin answers `GetPreferredAllocation` with it and the scheduler extender predicts
+that answer with it, so a node the extender passes is a node where the plugin finds the set.
+
+Devices (`shared/reference/neuron-stack.md` section 2, "Topology rules"):
 - inf1/inf2 are a ring: any N devices contiguous on the ring, never 0,2,4.
-- trn1.32xlarge/trn1n.32xlarge and trn2.48xlarge are a 4x4 2D torus: groups of 1, 4 (a row),
-  8 (an aligned pair of rows) or 16 devices. The same aligned groups are used on both: the
-  Neuron DRA driver publishes the same `devicegroup{1,4,8,16}` sets for trn1 and trn2.
+- trn1.32xlarge/trn1n.32xlarge and trn2.48xlarge/trn2u.48xlarge are a 4x4 2D torus: groups of
+  1, 4 (a row), 8 (an aligned pair of rows) or 16 devices. The same aligned groups are used on
+  both: the Neuron DRA driver publishes the same `devicegroup{1,4,8,16}` sets for trn1 and trn2.
 - One device, or all devices, is always valid.
-- Cores: packed into the fewest devices, contiguous within each device; whole free devices
-  are kept whole where a partly used device can take the request (best fit).
-Among valid choices the one that leaves the most large free groups wins; ties go to the
-lowest indices, so the choice is deterministic.
+Among valid groups the one that leaves the most large free groups wins (`Leftover.groups`);
+ties go to the lowest indices, so the choice is deterministic.
+
+Cores: the Neuron runtime needs the devices behind one process to be connected, and takes
+`NEURON_RT_VISIBLE_CORES` best as one range. Core sets are ranked; the first difference decides:
+1. valid: the devices holding the cores are connected in the topology's adjacency (the ring's
+   or torus' links, as the driver's `connected_devices` lists them) and the must-include cores
+   are in the set;
+2. the fewest devices;
+3. one contiguous global core range (e.g. 6-13);
+4. contiguous cores within each device;
+5. leftover: the most large device groups left entirely free, then the longest free core runs
+   left in partly used devices (best fit: the fullest device that can take the cores);
+6. the lowest core indices.
+Every range of the fewest devices is ranked; other sets of the fewest devices are ranked up to
+`CANDIDATE_LIMIT` of them, found in index order (only a badly fragmented node has more).
+When no valid set exists, like for devices, the choice is `valid=False` with a reason and a
+best-effort set: the fewest devices, fullest first, contiguous within each.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import combinations
+from math import comb
 
 from neuron_sysfs.instance_types import InstanceType, TopologyKind
 from neuron_sysfs.inventory import NodeInventory
+
+# Sets of the fewest devices ranked when no range exists. Only a fragmented node has more (the
+# 4x4 torus has 96 connected sets of 3 devices, 280 of 4); the bound keeps one choice to milliseconds.
+CANDIDATE_LIMIT = 64
+
+
+def _bits(mask: int) -> Iterator[int]:
+    while mask:
+        low = mask & -mask
+        yield low.bit_length() - 1
+        mask ^= low
+
+
+def _mask(ids: Iterable[int]) -> int:
+    mask = 0
+    for i in ids:
+        mask |= 1 << i
+    return mask
 
 
 @dataclass(frozen=True)
@@ -29,6 +66,14 @@ class Topology:
     adjacency: Mapping[int, tuple[int, ...]]
     cores_per_device: int  # logical cores per device
     torus_shape: tuple[int, int] | None = None
+
+    def __hash__(self) -> int:  # so a caller can memoize per topology (the adjacency is a mapping)
+        return hash(self._identity)
+
+    @cached_property
+    def _identity(self) -> tuple[object, ...]:
+        links = tuple(sorted((d, tuple(sorted(n))) for d, n in self.adjacency.items()))
+        return (self.kind, self.device_count, self.cores_per_device, self.torus_shape, links)
 
     @cached_property
     def group_sizes(self) -> tuple[int, ...]:
@@ -69,6 +114,31 @@ class Topology:
                 result[size] = tuple(frozenset(range(r * cols, (r + k) * cols)) for r in range(0, rows, k))
         return result
 
+    @cached_property
+    def group_masks(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
+        """(size, the valid groups of that size as device bitmasks), largest size first."""
+        return tuple((size, tuple(_mask(g) for g in self.groups(size))) for size in self.group_sizes)
+
+    @cached_property
+    def neighbour_masks(self) -> tuple[int, ...]:
+        """Each device's linked devices as a bitmask, indexed by device."""
+        count = max([self.device_count, *(d + 1 for d in self.adjacency)])
+        return tuple(_mask(self.adjacency.get(d, ())) for d in range(count))
+
+    def connected(self, devices: int) -> bool:
+        """Whether the devices (a bitmask) form one connected piece of the adjacency."""
+        if not devices:
+            return True
+        links = self.neighbour_masks
+        seen = frontier = devices & -devices
+        while frontier:
+            reached = 0
+            for d in _bits(frontier):
+                reached |= links[d] if d < len(links) else 0
+            frontier = reached & devices & ~seen
+            seen |= frontier
+        return seen == devices
+
     def device_of(self, core: int) -> int:
         return core // self.cores_per_device
 
@@ -101,9 +171,42 @@ class Choice:
     reason: str = ""
 
 
-def _leftover_score(topo: Topology, free: frozenset[int]) -> tuple[int, ...]:
-    """How many valid groups of each size (largest first) remain entirely free."""
-    return tuple(sum(1 for g in topo.groups(s) if g <= free) for s in topo.group_sizes)
+@dataclass(frozen=True, order=True, slots=True)
+class Leftover:
+    """What stays free, ordered so that more (of the larger) compares greater; comparable
+    between nodes of different shapes."""
+
+    groups: tuple[tuple[int, int], ...]  # (group size, valid device groups of it entirely free), largest first
+    fragments: tuple[int, ...]  # free core runs within partly used devices, longest first
+
+
+def _groups_left(topo: Topology, free_devices: int) -> tuple[tuple[int, int], ...]:
+    # Sizes with no free group are left out: then larger-first comparison reads "keeps the
+    # largest group", and agrees with comparing counts size by size on one topology.
+    counts = ((size, sum(1 for g in masks if g & free_devices == g)) for size, masks in topo.group_masks)
+    return tuple((size, count) for size, count in counts if count)
+
+
+def leftover_score(topo: Topology, free_cores: Iterable[int]) -> Leftover:
+    """How much stays usable on a node whose free cores are `free_cores` (a device with every
+    core free is a free device): the valid device groups entirely free, largest first, then
+    the free core runs of partly used devices."""
+    per_device: dict[int, list[int]] = {}
+    for core in sorted(set(free_cores)):
+        per_device.setdefault(topo.device_of(core), []).append(core % topo.cores_per_device)
+    whole = _mask(d for d, locals_ in per_device.items() if len(locals_) == topo.cores_per_device)
+    fragments = sorted(
+        (len(run) for d, locals_ in per_device.items() if not whole >> d & 1 for run in _runs(locals_)), reverse=True
+    )
+    return Leftover(_groups_left(topo, whole), tuple(fragments))
+
+
+def id_list(ids: Iterable[int], *, ranges: bool = False) -> str:
+    """`1,2,3,5` or, with `ranges`, `1-3,5` (how NEURON_RT_VISIBLE_CORES writes ranges)."""
+    ordered = sorted(set(ids))
+    if not ranges:
+        return ",".join(map(str, ordered)) or "none"
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ",".join(map(str, r)) for r in _runs(ordered)) or "none"
 
 
 def _connectivity(topo: Topology, chosen: Iterable[int]) -> int:
@@ -136,11 +239,14 @@ def choose_devices(topo: Topology, available: Iterable[int], must: Iterable[int]
     if size <= 0:
         return Choice((), True)
     if size > len(avail):
-        return Choice(tuple(sorted(avail)), False, f"{size} devices requested, only {len(avail)} available")
+        return Choice(
+            tuple(sorted(avail)), False, f"{size} devices requested, only {len(avail)} free (free: {id_list(avail)})"
+        )
     groups = topo.groups(size)
     candidates = [g for g in groups if must_set <= g <= avail]
     if candidates:
-        best = max(candidates, key=lambda g: (_leftover_score(topo, avail - g), [-d for d in sorted(g)]))
+        free = _mask(avail)
+        best = max(candidates, key=lambda g: (_groups_left(topo, free & ~_mask(g)), [-d for d in sorted(g)]))
         return Choice(tuple(sorted(best)), True)
     if not groups:
         reason = (
@@ -148,7 +254,8 @@ def choose_devices(topo: Topology, available: Iterable[int], must: Iterable[int]
             f"valid sizes: {', '.join(map(str, sorted(topo.group_sizes)))}"
         )
     else:
-        reason = f"no free group of {size} contiguous devices" + (f" containing {sorted(must_set)}" if must_set else "")
+        containing = f" containing {id_list(must_set)}" if must_set else ""
+        reason = f"no connected set of {size} free devices{containing} (free: {id_list(avail)})"
     return Choice(_best_connected(topo, avail, must_set, size), False, reason)
 
 
@@ -160,6 +267,11 @@ def _runs(locals_: list[int]) -> list[list[int]]:
         else:
             runs.append([x])
     return runs
+
+
+def _contiguous(ids: Iterable[int]) -> bool:
+    ordered = sorted(ids)
+    return not ordered or ordered[-1] - ordered[0] == len(ordered) - 1
 
 
 def _pick_within(free_locals: list[int], must_locals: set[int], count: int) -> list[int]:
@@ -183,68 +295,226 @@ def _pick_within(free_locals: list[int], must_locals: set[int], count: int) -> l
     return sorted(must_locals) + rest[: max(count - len(must_locals), 0)]
 
 
+_Rank = tuple[bool, bool, Leftover, list[int]]
+
+
+class _CoreSearch:
+    """One `choose_cores` call's view of the free cores, per device, with device sets as bitmasks."""
+
+    def __init__(self, topo: Topology, avail: frozenset[int], must: frozenset[int]) -> None:
+        self.topo = topo
+        cpd = topo.cores_per_device
+        self.free: dict[int, list[int]] = {}
+        for core in sorted(avail):
+            self.free.setdefault(core // cpd, []).append(core % cpd)
+        self.must: dict[int, set[int]] = {d: set() for d in self.free}
+        for core in must:
+            self.must[core // cpd].add(core % cpd)
+        self.must_cores = must
+        self.usable = _mask(self.free)
+        self.forced = _mask(d for d, locals_ in self.must.items() if locals_)
+        self.whole = _mask(d for d, locals_ in self.free.items() if len(locals_) == cpd)
+        self.fragments = {d: [len(r) for r in _runs(self.free[d])] for d in self.free if not self.whole >> d & 1}
+        # per device: the fewest cores a contiguous pick must take (to span its must cores) and the most it can
+        self.span = {d: _span(m) for d, m in self.must.items()}
+        self.room = {d: _window_room(self.free[d], m) for d, m in self.must.items()}
+        self.links = topo.neighbour_masks + (0,) * (max(self.free) + 1 - len(topo.neighbour_masks))
+        self.prefix = [0]  # free cores below each global index, for O(1) range checks
+        for core in range((max(self.free) + 1) * cpd):
+            self.prefix.append(self.prefix[-1] + (core in avail))
+        self._groups: dict[int, tuple[tuple[int, int], ...]] = {}
+        self._picks: dict[tuple[int, int], list[int]] = {}
+
+    def fewest_possible(self, size: int) -> int:
+        """Devices needed if connectivity did not matter: the must devices, then the fullest."""
+        count = self.forced.bit_count()
+        total = sum(len(self.free[d]) for d in _bits(self.forced))
+        for free in sorted((len(v) for d, v in self.free.items() if not self.forced >> d & 1), reverse=True):
+            if total >= size:
+                break
+            total += free
+            count += 1
+        return max(count, 1)
+
+    def most_possible(self, size: int) -> int:
+        # every device holds at least one chosen core, a must device all of its must cores
+        return min(self.usable.bit_count(), size - len(self.must_cores) + self.forced.bit_count())
+
+    def ranges(self, size: int, devices: int) -> list[int]:
+        """Start cores of every free global range of `size` cores, holding the must cores, on
+        exactly `devices` connected devices."""
+        cpd = self.topo.cores_per_device
+        end = len(self.prefix) - 1
+        lo = min(self.must_cores, default=end)
+        hi = max(self.must_cores, default=-1)
+        starts = []
+        connected: dict[int, bool] = {}
+        for start in range(max(0, hi - size + 1), min(lo, end - size) + 1):
+            if self.prefix[start + size] - self.prefix[start] != size:
+                continue
+            first, last = start // cpd, (start + size - 1) // cpd
+            if last - first + 1 != devices:
+                continue
+            if first not in connected:
+                connected[first] = self.topo.connected(((1 << devices) - 1) << first)
+            if connected[first]:
+                starts.append(start)
+        return starts
+
+    def connected_sets(self, devices: int, size: int, limit: int) -> list[int]:
+        """Connected sets of exactly `devices` usable devices holding every must device and at
+        least `size` free cores, as bitmasks: at most `limit`, in index order.
+
+        ESU enumeration (Wernicke 2006): grown from a root only through neighbours that are
+        not next to the set already, so each set is met once; pruned by the free cores the
+        remaining picks could add at most."""
+        caps = {d: len(v) for d, v in self.free.items()}
+        spare = self.usable.bit_count() - devices
+        if comb(self.usable.bit_count(), spare) <= limit:
+            # Nearly every usable device: fewer sets to try by what they leave out than by growing them.
+            return [
+                chosen
+                for left_out in combinations(_bits(self.usable & ~self.forced), spare)
+                if sum(caps[d] for d in left_out) <= sum(caps.values()) - size
+                and self.topo.connected(chosen := self.usable & ~_mask(left_out))
+            ][:limit]
+        by_cap = {cap: _mask(d for d, c in caps.items() if c == cap) for cap in sorted({*caps.values()}, reverse=True)}
+        links, forced = self.links, self.forced
+        found: list[int] = []
+
+        def most(candidates: int, picks: int) -> int:
+            """The most free cores `picks` more devices among `candidates` could add."""
+            total = 0
+            for cap, having in by_cap.items():
+                n = min(picks, (candidates & having).bit_count())
+                total += n * cap
+                picks -= n
+                if not picks:
+                    break
+            return total
+
+        def grow(chosen: int, extension: int, closed: int, cores: int, allowed: int) -> None:
+            count = chosen.bit_count()
+            if count == devices:
+                if cores >= size and chosen & forced == forced:
+                    found.append(chosen)
+                return
+            while extension and len(found) < limit:
+                # Devices already tried at this level, and those before the root, never join later sets.
+                if cores + most(allowed & ~chosen, devices - count) < size:
+                    return
+                if (forced & ~chosen & ~allowed).bit_count() or (forced & ~chosen).bit_count() > devices - count:
+                    return
+                pick = extension & -extension
+                extension ^= pick
+                d = pick.bit_length() - 1
+                grown = extension | (links[d] & allowed & ~closed)
+                grow(chosen | pick, grown, closed | links[d], cores + caps[d], allowed)
+                allowed &= ~pick
+
+        roots = [forced & -forced] if forced else [1 << d for d in _bits(self.usable)]
+        for root in roots:
+            if len(found) >= limit:
+                break
+            d = root.bit_length() - 1
+            # With must devices every set holds the root; otherwise each set is grown from its lowest device.
+            allowed = self.usable & ~root if forced else self.usable & ~((root << 1) - 1)
+            grow(root, links[d] & allowed, root | links[d], caps[d], allowed)
+        return found
+
+    def groups_left(self, devices: int) -> tuple[tuple[int, int], ...]:
+        """The device groups left entirely free once these devices are (partly) taken."""
+        groups = self._groups.get(devices)
+        if groups is None:
+            groups = self._groups[devices] = _groups_left(self.topo, self.whole & ~devices)
+        return groups
+
+    def contiguous_fits(self, devices: int, size: int) -> bool:
+        """Whether `size` cores fit these devices contiguously within each (one or more on each)."""
+        members = list(_bits(devices))
+        return sum(self.span[d] for d in members) <= size <= sum(self.room[d] for d in members)
+
+    def shortlist(self, sets: list[int], size: int) -> list[int]:
+        """The sets that can still rank first: steps 4 and 5's device groups depend on the set alone."""
+        outline = {s: (self.contiguous_fits(s, size), self.groups_left(s)) for s in sets}
+        best = max(outline.values())
+        return [s for s in sets if outline[s] == best]
+
+    def assign(self, devices: int, size: int) -> list[int]:
+        """`size` cores on exactly these devices: at least one on each, the must cores, runs
+        contiguous within each device where the free cores allow, fullest devices filled first."""
+        cpd = self.topo.cores_per_device
+        members = list(_bits(devices))
+        contiguous = self.contiguous_fits(devices, size)
+        take = {d: self.span[d] if contiguous else max(1, len(self.must[d])) for d in members}
+        left = size - sum(take.values())
+        for d in sorted(members, key=lambda d: (len(self.free[d]), d)):
+            more = min(left, (self.room[d] if contiguous else len(self.free[d])) - take[d])
+            take[d] += more
+            left -= more
+        return sorted(d * cpd + x for d in members for x in self.pick(d, take[d]))
+
+    def pick(self, device: int, count: int) -> list[int]:
+        key = (device, count)
+        if key not in self._picks:
+            self._picks[key] = _pick_within(self.free[device], self.must[device], count)
+        return self._picks[key]
+
+    def rank(self, cores: list[int], is_range: bool) -> _Rank:
+        """The ranking of the module docstring, from step 3 on (greater is better)."""
+        cpd = self.topo.cores_per_device
+        by_device: dict[int, set[int]] = {}
+        for core in cores:
+            by_device.setdefault(core // cpd, set()).add(core % cpd)
+        fragments = [n for d, lengths in self.fragments.items() if d not in by_device for n in lengths]
+        for d, taken in by_device.items():
+            fragments.extend(len(r) for r in _runs([x for x in self.free[d] if x not in taken]))
+        contiguous = all(_contiguous(taken) for taken in by_device.values())
+        leftover = Leftover(self.groups_left(_mask(by_device)), tuple(sorted(fragments, reverse=True)))
+        return (is_range, contiguous, leftover, [-c for c in cores])
+
+
+def _span(must_locals: set[int]) -> int:
+    """The fewest cores a contiguous window holding every must core has (at least one)."""
+    return max(must_locals) - min(must_locals) + 1 if must_locals else 1
+
+
+def _window_room(free_locals: list[int], must_locals: set[int]) -> int:
+    """The most cores one contiguous window of this device can hold with every must core in it."""
+    fitting = [len(run) for run in _runs(free_locals) if must_locals <= set(run)]
+    return max(fitting, default=0)
+
+
 def choose_cores(topo: Topology, available: Iterable[int], must: Iterable[int], size: int) -> Choice:
     must_set = frozenset(must)
     avail = frozenset(available) | must_set
     if size <= 0:
         return Choice((), True)
     if size > len(avail):
-        return Choice(tuple(sorted(avail)), False, f"{size} cores requested, only {len(avail)} available")
-    cpd = topo.cores_per_device
-    free: dict[int, list[int]] = {}
-    for core in sorted(avail):
-        free.setdefault(topo.device_of(core), []).append(core - topo.device_of(core) * cpd)
-
-    chosen: set[int] = set()
-    # Devices holding must-include cores are used first, as far as the request goes.
-    forced = sorted({topo.device_of(c) for c in must_set})
-    extra = size - len(must_set)  # cores wanted beyond the must-include ones
-    for device in forced:
-        must_locals = {c - device * cpd for c in must_set if topo.device_of(c) == device}
-        more = min(extra, len(free[device]) - len(must_locals))
-        picked = _pick_within(free[device], must_locals, len(must_locals) + more)
-        chosen.update(device * cpd + x for x in picked)
-        extra -= len(picked) - len(must_locals)
-    need = size - len(chosen)
-    if need <= 0:
-        return Choice(tuple(sorted(chosen)), True)
-
-    others = {d: locs for d, locs in free.items() if d not in forced}
-    whole_free = frozenset(d for d, locs in others.items() if len(locs) == cpd)
-    whole, remainder = divmod(need, cpd)
-    remainder_fits = (
-        remainder == 0 or len(whole_free) > whole or any(remainder <= len(locs) < cpd for locs in others.values())
-    )
-    if whole > len(whole_free) or not remainder_fits:
-        # Not enough whole devices: fewest devices means the fullest ones first.
-        for device in sorted(others, key=lambda d: (-len(others[d]), d)):
-            if need <= 0:
-                break
-            picked = _pick_within(others[device], set(), min(need, len(others[device])))
-            chosen.update(device * cpd + x for x in picked)
-            need -= len(picked)
-        return Choice(tuple(sorted(chosen)), True)
-
-    anchor: set[int] = set(forced)
-    if whole:
-        group = choose_devices(topo, whole_free, frozenset(), whole).ids
-        for device in group:
-            chosen.update(topo.cores_of(device))
-        anchor.update(group)
-    if remainder:
-        candidates = [d for d, locs in others.items() if len(locs) >= remainder and d not in anchor]
-
-        # Best fit: the partly used device with the fewest free cores that still fits,
-        # preferring a contiguous run and a neighbour of what was already chosen.
-        def fit_key(d: int) -> tuple[bool, tuple[int, ...], int, int, int]:
-            contiguous = max(len(r) for r in _runs(others[d])) >= remainder
-            near = sum(1 for a in anchor if d in topo.adjacency.get(a, ()))
-            return (contiguous, _leftover_score(topo, whole_free - {d}), -len(others[d]), near, -d)
-
-        device = max(candidates, key=fit_key)
-        picked = _pick_within(others[device], set(), remainder)
-        chosen.update(device * cpd + x for x in picked)
-    return Choice(tuple(sorted(chosen)), True)
+        free = id_list(avail, ranges=True)
+        return Choice(tuple(sorted(avail)), False, f"{size} cores requested, only {len(avail)} free (free: {free})")
+    if len(must_set) > size:
+        return Choice(tuple(sorted(must_set)), False, f"{len(must_set)} must-include cores exceed the {size} requested")
+    search = _CoreSearch(topo, avail, must_set)
+    for devices in range(search.fewest_possible(size), search.most_possible(size) + 1):
+        ranges = [list(range(start, start + size)) for start in search.ranges(size, devices)]
+        if ranges:
+            return Choice(tuple(max((search.rank(cores, True), cores) for cores in ranges)[1]), True)
+        sets = search.connected_sets(devices, size, CANDIDATE_LIMIT)
+        if sets:
+            picks = [search.assign(s, size) for s in search.shortlist(sets, size)]
+            return Choice(tuple(max((search.rank(cores, False), cores) for cores in picks)[1]), True)
+    # Best effort: the fewest devices, must devices and then the fullest, connected or not.
+    chosen, total = search.forced, sum(len(search.free[d]) for d in _bits(search.forced))
+    for d in sorted(search.free, key=lambda d: (-len(search.free[d]), d)):
+        if total >= size:
+            break
+        if not chosen >> d & 1:
+            chosen |= 1 << d
+            total += len(search.free[d])
+    including = f" including {id_list(must_set, ranges=True)}" if must_set else ""
+    reason = f"no connected set of {size} free cores{including} (free: {id_list(avail, ranges=True)})"
+    return Choice(tuple(search.assign(chosen, size)), False, reason)
 
 
 def exhaustive_devices(topo: Topology, available: Iterable[int], size: int) -> list[tuple[int, ...]]:
