@@ -14,6 +14,8 @@ from neuron_sysfs.allocator import (
     Topology,
     choose_cores,
     choose_devices,
+    core_refusal,
+    device_refusal,
     exhaustive_devices,
     topology_for,
     topology_from,
@@ -44,6 +46,14 @@ def test_the_table_promises_what_a_healthy_node_reads(make_node, name: str, lnc:
     scanned = topology_from(scan(make_node(name, lnc), env={}))
     assert scanned == topology_for(it, it.logical_cores_per_device(lnc))
     assert scanned.cores_per_device * scanned.device_count == it.devices * it.physical_cores_per_device // lnc
+
+
+def test_equal_topologies_hash_alike_so_results_can_be_memoized() -> None:
+    it = INSTANCE_TYPES["trn1.32xlarge"]
+    read_from_a_node = Topology(it.topology, 16, dict(sorted(it.adjacency().items(), reverse=True)), 2, (4, 4))
+    assert read_from_a_node == topology_for(it, 2)
+    assert {topology_for(it, 2): "memo"}[read_from_a_node] == "memo"
+    assert topology_for(it, 2) != topology_for(it, 1)
 
 
 def is_ring_arc(ids: tuple[int, ...], n: int) -> bool:
@@ -113,7 +123,7 @@ class TestDevices:
     def test_more_than_available(self) -> None:
         choice = choose_devices(TOPOLOGIES["inf1.6xlarge"], [1, 2], (), 3)
         assert not choice.valid
-        assert choice.reason == "3 devices requested, only 2 free (free: 1,2)"
+        assert choice.reason == "3 devices requested, only 2 devices free (free: 1,2)"
 
     @settings(max_examples=300, deadline=None)
     @given(st.sampled_from(sorted(TOPOLOGIES)), st.data())
@@ -130,6 +140,8 @@ class TestDevices:
         assert choice.valid == bool(valid_options)
         if choice.valid:
             assert choice.ids in valid_options
+        if not must:  # the same answer without choosing
+            assert device_refusal(topo, available, size) == ("" if choice.valid else choice.reason)
 
 
 def per_device(topo: Topology, ids: tuple[int, ...]) -> dict[int, list[int]]:
@@ -208,6 +220,7 @@ class TestCores:
         assert len(choice.ids) == size
         assert set(choice.ids) <= available
         chosen = devices_of(topo, choice.ids)
+        assert core_refusal(topo, available, size) == ("" if choice.valid else choice.reason)
         # valid exactly when one connected piece of the devices with free cores holds enough of them
         assert choice.valid == any(
             sum(1 for c in available if topo.device_of(c) in piece) >= size

@@ -20,8 +20,9 @@ Cores: the Neuron runtime needs the devices behind one process to be connected, 
 2. the fewest devices;
 3. one contiguous global core range (e.g. 6-13);
 4. contiguous cores within each device;
-5. leftover: the most large device groups left entirely free, then the longest free core runs
-   left in partly used devices (best fit: the fullest device that can take the cores);
+5. leftover (`Leftover`): the most large device groups left entirely free, then the largest
+   core request that still fits (free cores on one connected set of devices), then the longest
+   free core runs left in partly used devices (best fit: the fullest device that can take them);
 6. the lowest core indices.
 Every range of the fewest devices is ranked; other sets of the fewest devices are ranked up to
 `CANDIDATE_LIMIT` of them, found in index order (only a badly fragmented node has more).
@@ -31,9 +32,10 @@ best-effort set: the fewest devices, fullest first, contiguous within each.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 from itertools import combinations
 from math import comb
 
@@ -67,13 +69,13 @@ class Topology:
     cores_per_device: int  # logical cores per device
     torus_shape: tuple[int, int] | None = None
 
-    def __hash__(self) -> int:  # so a caller can memoize per topology (the adjacency is a mapping)
-        return hash(self._identity)
+    def __hash__(self) -> int:  # so results can be memoized per topology (the adjacency is a mapping)
+        return self._hash
 
     @cached_property
-    def _identity(self) -> tuple[object, ...]:
+    def _hash(self) -> int:
         links = tuple(sorted((d, tuple(sorted(n))) for d, n in self.adjacency.items()))
-        return (self.kind, self.device_count, self.cores_per_device, self.torus_shape, links)
+        return hash((self.kind, self.device_count, self.cores_per_device, self.torus_shape, links))
 
     @cached_property
     def group_sizes(self) -> tuple[int, ...]:
@@ -115,9 +117,9 @@ class Topology:
         return result
 
     @cached_property
-    def group_masks(self) -> tuple[tuple[int, tuple[int, ...]], ...]:
-        """(size, the valid groups of that size as device bitmasks), largest size first."""
-        return tuple((size, tuple(_mask(g) for g in self.groups(size))) for size in self.group_sizes)
+    def group_masks(self) -> dict[int, tuple[int, ...]]:
+        """The valid groups of each size as device bitmasks, largest size first."""
+        return {size: tuple(_mask(g) for g in self.groups(size)) for size in self.group_sizes}
 
     @cached_property
     def neighbour_masks(self) -> tuple[int, ...]:
@@ -177,20 +179,44 @@ class Leftover:
     between nodes of different shapes."""
 
     groups: tuple[tuple[int, int], ...]  # (group size, valid device groups of it entirely free), largest first
+    reach: int  # the most free cores on one connected set of devices: the largest core request that fits
     fragments: tuple[int, ...]  # free core runs within partly used devices, longest first
 
 
+@lru_cache(maxsize=1 << 16)  # a pure function of a node's free devices, asked again for every candidate
 def _groups_left(topo: Topology, free_devices: int) -> tuple[tuple[int, int], ...]:
     # Sizes with no free group are left out: then larger-first comparison reads "keeps the
     # largest group", and agrees with comparing counts size by size on one topology.
-    counts = ((size, sum(1 for g in masks if g & free_devices == g)) for size, masks in topo.group_masks)
+    counts = ((size, sum(1 for g in masks if g & free_devices == g)) for size, masks in topo.group_masks.items())
     return tuple((size, count) for size, count in counts if count)
+
+
+def _pieces(links: tuple[int, ...], devices: int) -> list[int]:
+    """The connected pieces of a set of devices (bitmasks)."""
+    pieces = []
+    while devices:
+        piece = frontier = devices & -devices
+        while frontier:
+            reached = 0
+            for d in _bits(frontier):
+                reached |= links[d] if d < len(links) else 0
+            frontier = reached & devices & ~piece
+            piece |= frontier
+        devices &= ~piece
+        pieces.append(piece)
+    return pieces
+
+
+def _reach(links: tuple[int, ...], free_per_device: Mapping[int, int]) -> int:
+    """The most free cores on one connected piece of the devices that have free cores."""
+    pieces = _pieces(links, _mask(d for d, n in free_per_device.items() if n))
+    return max((sum(free_per_device[d] for d in _bits(piece)) for piece in pieces), default=0)
 
 
 def leftover_score(topo: Topology, free_cores: Iterable[int]) -> Leftover:
     """How much stays usable on a node whose free cores are `free_cores` (a device with every
-    core free is a free device): the valid device groups entirely free, largest first, then
-    the free core runs of partly used devices."""
+    core free is a free device): the valid device groups entirely free, largest first; the
+    largest core request that still fits; the free core runs of partly used devices."""
     per_device: dict[int, list[int]] = {}
     for core in sorted(set(free_cores)):
         per_device.setdefault(topo.device_of(core), []).append(core % topo.cores_per_device)
@@ -198,7 +224,8 @@ def leftover_score(topo: Topology, free_cores: Iterable[int]) -> Leftover:
     fragments = sorted(
         (len(run) for d, locals_ in per_device.items() if not whole >> d & 1 for run in _runs(locals_)), reverse=True
     )
-    return Leftover(_groups_left(topo, whole), tuple(fragments))
+    reach = _reach(topo.neighbour_masks, {d: len(locals_) for d, locals_ in per_device.items()})
+    return Leftover(_groups_left(topo, whole), reach, tuple(fragments))
 
 
 def id_list(ids: Iterable[int], *, ranges: bool = False) -> str:
@@ -207,6 +234,11 @@ def id_list(ids: Iterable[int], *, ranges: bool = False) -> str:
     if not ranges:
         return ",".join(map(str, ordered)) or "none"
     return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ",".join(map(str, r)) for r in _runs(ordered)) or "none"
+
+
+def shortage(requested: str, free: Collection[int], unit: str, *, ranges: bool = False) -> str:
+    """Why a request cannot fit by count alone, with what is free."""
+    return f"{requested} requested, only {len(free)} {unit} free (free: {id_list(free, ranges=ranges)})"
 
 
 def _connectivity(topo: Topology, chosen: Iterable[int]) -> int:
@@ -238,25 +270,35 @@ def choose_devices(topo: Topology, available: Iterable[int], must: Iterable[int]
     must_set = frozenset(must)
     if size <= 0:
         return Choice((), True)
-    if size > len(avail):
-        return Choice(
-            tuple(sorted(avail)), False, f"{size} devices requested, only {len(avail)} free (free: {id_list(avail)})"
-        )
-    groups = topo.groups(size)
-    candidates = [g for g in groups if must_set <= g <= avail]
+    candidates = [g for g in topo.groups(size) if must_set <= g <= avail]
     if candidates:
         free = _mask(avail)
         best = max(candidates, key=lambda g: (_groups_left(topo, free & ~_mask(g)), [-d for d in sorted(g)]))
         return Choice(tuple(sorted(best)), True)
-    if not groups:
-        reason = (
+    best_effort = tuple(sorted(avail)) if size > len(avail) else _best_connected(topo, avail, must_set, size)
+    return Choice(best_effort, False, _devices_refused(topo, avail, must_set, size))
+
+
+def device_refusal(topo: Topology, available: Iterable[int], size: int) -> str:
+    """Why `choose_devices` would find no valid group of `size` among `available` (and no
+    must-include), or "" when it would find one: the same answer, without choosing."""
+    avail = frozenset(available)
+    free = _mask(avail)
+    if size <= 0 or any(g & free == g for g in topo.group_masks.get(size, ())):
+        return ""
+    return _devices_refused(topo, avail, frozenset(), size)
+
+
+def _devices_refused(topo: Topology, avail: frozenset[int], must: frozenset[int], size: int) -> str:
+    if size > len(avail):
+        return shortage(f"{size} devices", avail, "devices")
+    if not topo.groups(size):
+        return (
             f"{topo.kind} topology of {topo.device_count} devices has no group of {size}; "
             f"valid sizes: {', '.join(map(str, sorted(topo.group_sizes)))}"
         )
-    else:
-        containing = f" containing {id_list(must_set)}" if must_set else ""
-        reason = f"no connected set of {size} free devices{containing} (free: {id_list(avail)})"
-    return Choice(_best_connected(topo, avail, must_set, size), False, reason)
+    containing = f" containing {id_list(must)}" if must else ""
+    return f"no connected set of {size} free devices{containing} (free: {id_list(avail)})"
 
 
 def _runs(locals_: list[int]) -> list[list[int]]:
@@ -319,6 +361,7 @@ class _CoreSearch:
         self.span = {d: _span(m) for d, m in self.must.items()}
         self.room = {d: _window_room(self.free[d], m) for d, m in self.must.items()}
         self.links = topo.neighbour_masks + (0,) * (max(self.free) + 1 - len(topo.neighbour_masks))
+        self.pieces = [(p, sum(len(self.free[d]) for d in _bits(p))) for p in _pieces(self.links, self.usable)]
         self.prefix = [0]  # free cores below each global index, for O(1) range checks
         for core in range((max(self.free) + 1) * cpd):
             self.prefix.append(self.prefix[-1] + (core in avail))
@@ -470,8 +513,26 @@ class _CoreSearch:
         for d, taken in by_device.items():
             fragments.extend(len(r) for r in _runs([x for x in self.free[d] if x not in taken]))
         contiguous = all(_contiguous(taken) for taken in by_device.values())
-        leftover = Leftover(self.groups_left(_mask(by_device)), tuple(sorted(fragments, reverse=True)))
-        return (is_range, contiguous, leftover, [-c for c in cores])
+        groups = self.groups_left(_mask(by_device))
+        reach = self.reach_after({d: len(taken) for d, taken in by_device.items()})
+        return (
+            is_range,
+            contiguous,
+            Leftover(groups, reach, tuple(sorted(fragments, reverse=True))),
+            [-c for c in cores],
+        )
+
+    def reach_after(self, taken: Mapping[int, int]) -> int:
+        """`Leftover.reach` once `taken` cores per device are gone: only pieces the choice
+        touches change, and only one it empties a device of can split."""
+        best = 0
+        for piece, total in self.pieces:
+            touched = [d for d in taken if piece >> d & 1]
+            if any(taken[d] == len(self.free[d]) for d in touched):
+                best = max(best, _reach(self.links, {d: len(self.free[d]) - taken.get(d, 0) for d in _bits(piece)}))
+            else:
+                best = max(best, total - sum(taken[d] for d in touched))
+        return best
 
 
 def _span(must_locals: set[int]) -> int:
@@ -491,14 +552,17 @@ def choose_cores(topo: Topology, available: Iterable[int], must: Iterable[int], 
     if size <= 0:
         return Choice((), True)
     if size > len(avail):
-        free = id_list(avail, ranges=True)
-        return Choice(tuple(sorted(avail)), False, f"{size} cores requested, only {len(avail)} free (free: {free})")
+        return Choice(tuple(sorted(avail)), False, _cores_refused(avail, must_set, size))
     if len(must_set) > size:
         return Choice(tuple(sorted(must_set)), False, f"{len(must_set)} must-include cores exceed the {size} requested")
     search = _CoreSearch(topo, avail, must_set)
     for devices in range(search.fewest_possible(size), search.most_possible(size) + 1):
-        ranges = [list(range(start, start + size)) for start in search.ranges(size, devices)]
-        if ranges:
+        starts = search.ranges(size, devices)
+        if starts:
+            # Step 5's device groups depend on the devices alone: rank fully only the ranges keeping the most.
+            kept = {s: search.groups_left(((1 << devices) - 1) << (s // topo.cores_per_device)) for s in starts}
+            most = max(kept.values())
+            ranges = [list(range(s, s + size)) for s in starts if kept[s] == most]
             return Choice(tuple(max((search.rank(cores, True), cores) for cores in ranges)[1]), True)
         sets = search.connected_sets(devices, size, CANDIDATE_LIMIT)
         if sets:
@@ -512,9 +576,28 @@ def choose_cores(topo: Topology, available: Iterable[int], must: Iterable[int], 
         if not chosen >> d & 1:
             chosen |= 1 << d
             total += len(search.free[d])
-    including = f" including {id_list(must_set, ranges=True)}" if must_set else ""
-    reason = f"no connected set of {size} free cores{including} (free: {id_list(avail, ranges=True)})"
-    return Choice(tuple(search.assign(chosen, size)), False, reason)
+    return Choice(tuple(search.assign(chosen, size)), False, _cores_refused(avail, must_set, size))
+
+
+def core_refusal(topo: Topology, available: Iterable[int], size: int) -> str:
+    """Why `choose_cores` would find no valid set of `size` among `available` (and no
+    must-include), or "" when it would find one: the same answer, without choosing."""
+    avail = frozenset(available)
+    if size <= 0:
+        return ""
+    if size <= len(avail):
+        free_per_device = Counter(core // topo.cores_per_device for core in avail)
+        # a connected piece with enough free cores holds a connected set of at most `size` devices
+        if max(free_per_device.values()) >= size or _reach(topo.neighbour_masks, free_per_device) >= size:
+            return ""
+    return _cores_refused(avail, frozenset(), size)
+
+
+def _cores_refused(avail: frozenset[int], must: frozenset[int], size: int) -> str:
+    if size > len(avail):
+        return shortage(f"{size} cores", avail, "cores", ranges=True)
+    including = f" including {id_list(must, ranges=True)}" if must else ""
+    return f"no connected set of {size} free cores{including} (free: {id_list(avail, ranges=True)})"
 
 
 def exhaustive_devices(topo: Topology, available: Iterable[int], size: int) -> list[tuple[int, ...]]:
