@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from itertools import combinations, pairwise
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles.neuron_sets import (
+    connected,
+    contiguous_per_device,
+    devices_of,
+    exhaustive_devices,
+    is_range,
+    longest_run,
+    per_device,
+    pieces,
+    ranges_on,
+    topology,
+    valid_core_sets,
+)
 
 from neuron_sysfs.allocator import (
     Choice,
@@ -16,22 +26,15 @@ from neuron_sysfs.allocator import (
     choose_devices,
     core_refusal,
     device_refusal,
-    exhaustive_devices,
     topology_for,
     topology_from,
 )
 from neuron_sysfs.instance_types import INSTANCE_TYPES, TopologyKind
 from neuron_sysfs.inventory import scan
 
-
-def topo_for(name: str, lnc: int | None = None) -> Topology:
-    it = INSTANCE_TYPES[name]
-    return topology_for(it, it.logical_cores_per_device(lnc or it.family.default_lnc))
-
-
 # every instance type with its default logical-core setting, and "<type>-lnc<N>" for every other one
-TOPOLOGIES = {name: topo_for(name) for name in INSTANCE_TYPES} | {
-    f"{name}-lnc{lnc}": topo_for(name, lnc)
+TOPOLOGIES = {name: topology(name) for name in INSTANCE_TYPES} | {
+    f"{name}-lnc{lnc}": topology(name, lnc)
     for name, it in INSTANCE_TYPES.items()
     for lnc in it.family.supported_lnc
     if lnc != it.family.default_lnc
@@ -144,13 +147,6 @@ class TestDevices:
             assert device_refusal(topo, available, size) == ("" if choice.valid else choice.reason)
 
 
-def per_device(topo: Topology, ids: tuple[int, ...]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for c in ids:
-        out.setdefault(topo.device_of(c), []).append(c)
-    return out
-
-
 class TestCores:
     def test_two_cores_on_a_trn1_fill_one_device(self) -> None:
         topo = TOPOLOGIES["trn1.32xlarge"]
@@ -251,11 +247,7 @@ class TestCores:
         choice = choose_cores(topo, available, must, size)
         assert len(choice.ids) == size
         assert set(must) <= set(choice.ids) <= available
-        valid_sets = [
-            cores
-            for cores in combinations(sorted(available), size)
-            if set(must) <= set(cores) and connected(topo, devices_of(topo, cores))
-        ]
+        valid_sets = list(valid_core_sets(topo, available, must, size))
         assert choice.valid == bool(valid_sets)
         if not valid_sets:
             return
@@ -267,55 +259,6 @@ class TestCores:
             assert is_range(choice.ids)
         elif any(contiguous_per_device(topo, cores) for cores in best):
             assert contiguous_per_device(topo, choice.ids)
-
-
-def devices_of(topo: Topology, cores: Iterable[int]) -> set[int]:
-    return {topo.device_of(c) for c in cores}
-
-
-def pieces(topo: Topology, devices: set[int]) -> list[set[int]]:
-    """The connected pieces of `devices` (breadth-first over the adjacency)."""
-    left, found = set(devices), []
-    while left:
-        piece, frontier = set(), {min(left)}
-        while frontier:
-            piece |= frontier
-            frontier = {b for a in frontier for b in topo.adjacency.get(a, ()) if b in left} - piece
-        left -= piece
-        found.append(piece)
-    return found
-
-
-def connected(topo: Topology, devices: set[int]) -> bool:
-    return len(pieces(topo, devices)) <= 1
-
-
-def is_range(cores: Iterable[int]) -> bool:
-    ordered = sorted(cores)
-    return ordered == list(range(ordered[0], ordered[0] + len(ordered)))
-
-
-def longest_run(cores: Iterable[int]) -> int:
-    ordered = sorted(cores)
-    best = run = 1
-    for a, b in pairwise(ordered):
-        run = run + 1 if b == a + 1 else 1
-        best = max(best, run)
-    return best if ordered else 0
-
-
-def contiguous_per_device(topo: Topology, cores: Iterable[int]) -> bool:
-    return all(is_range(on_device) for on_device in per_device(topo, tuple(cores)).values())
-
-
-def ranges_on(topo: Topology, available: set[int], size: int, devices: int) -> bool:
-    """Whether a free global range of `size` cores lies on `devices` connected devices."""
-    return any(
-        set(range(start, start + size)) <= available
-        and len(devices_of(topo, range(start, start + size))) == devices
-        and connected(topo, devices_of(topo, range(start, start + size)))
-        for start in range(topo.device_count * topo.cores_per_device - size + 1)
-    )
 
 
 def test_every_size_on_every_instance_type() -> None:

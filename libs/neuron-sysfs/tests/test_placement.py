@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-from itertools import combinations
+from collections.abc import Iterable
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles.neuron_sets import connected, exhaustive_fits, topology
 
-from neuron_sysfs.allocator import Leftover, Topology, choose_cores, choose_devices, topology_for
+from neuron_sysfs.allocator import Leftover, Topology, choose_cores, choose_devices
 from neuron_sysfs.instance_types import INSTANCE_TYPES
 from neuron_sysfs.placement import ContainerPlacement, ContainerRequest, FreeState, PodRequest, place, refusal
-
-
-def topo(name: str, lnc: int | None = None) -> Topology:
-    it = INSTANCE_TYPES[name]
-    return topology_for(it, it.logical_cores_per_device(lnc or it.family.default_lnc))
 
 
 def all_free(t: Topology) -> FreeState:
@@ -27,7 +22,7 @@ def pod(*containers: ContainerRequest, init: Iterable[ContainerRequest] = ()) ->
     return PodRequest(tuple(init), containers)
 
 
-TRN1 = topo("trn1.32xlarge")
+TRN1 = topology("trn1.32xlarge")
 # one device unhealthy in each torus row: 12 free, no free row of 4
 ONE_BAD_PER_ROW = FreeState.from_holdings(TRN1, set(range(16)) - {0, 4, 8, 12}, (), ())
 
@@ -43,7 +38,7 @@ class TestRefusals:
         assert place(TRN1, ONE_BAD_PER_ROW, pod(ContainerRequest(devices=1))).fits
 
     def test_cores_on_devices_far_apart(self) -> None:
-        t = topo("inf2.24xlarge")  # a ring of 6 devices, 2 cores each
+        t = topology("inf2.24xlarge")  # a ring of 6 devices, 2 cores each
         free = FreeState.of(t, {0, 1, 6, 7})  # devices 0 and 3: opposite sides
         result = place(t, free, pod(ContainerRequest(cores=3)))
         assert result.reason == "no connected set of 3 free cores (free: 0,1,6,7)"
@@ -57,7 +52,7 @@ class TestRefusals:
         assert result.reason == "2 devices and 3 cores requested, only 6 cores free (free: 0-5)"
 
     def test_the_refused_container_is_named_when_there_are_several(self) -> None:
-        t = topo("inf2.24xlarge")
+        t = topology("inf2.24xlarge")
         free = FreeState.of(t, {0, 1, 6, 7})  # devices 0 and 3: opposite sides
         result = place(t, free, pod(ContainerRequest(cores=1, name="side"), ContainerRequest(cores=3, name="main")))
         assert result.reason == 'container "main": no connected set of 3 free cores (free: 1,6,7)'
@@ -67,7 +62,7 @@ class TestRefusals:
 
 class TestPlacement:
     def test_containers_get_what_the_plugin_would_choose_in_turn(self) -> None:
-        t = topo("trn2.48xlarge")  # 4 logical cores a device
+        t = topology("trn2.48xlarge")  # 4 logical cores a device
         free = all_free(t)
         result = place(t, free, pod(ContainerRequest(devices=4), ContainerRequest(cores=6)))
         first = choose_devices(t, free.devices, (), 4)
@@ -84,14 +79,14 @@ class TestPlacement:
         assert len(result.free_after.devices) == 12
 
     def test_more_than_the_init_container_held_includes_all_of_it(self) -> None:
-        t = topo("inf1.24xlarge")  # a ring of 16 devices, 4 cores each
+        t = topology("inf1.24xlarge")  # a ring of 16 devices, 4 cores each
         result = place(t, all_free(t), pod(ContainerRequest(cores=6), init=[ContainerRequest(cores=2)]))
         init, app = result.containers
         assert set(init.cores) <= set(app.cores)
         assert len(result.free_after.cores) == 64 - 6
 
     def test_a_sidecar_keeps_its_cores(self) -> None:
-        t = topo("inf1.24xlarge")
+        t = topology("inf1.24xlarge")
         sidecar = ContainerRequest(cores=2, restartable=True)
         result = place(t, all_free(t), pod(ContainerRequest(cores=2), init=[sidecar]))
         side, app = result.containers
@@ -148,84 +143,32 @@ class TestLeftover:
         assert scattered == Leftover(((1, 12),), 24, ())
 
     def test_fragments_break_ties_best_fit_first(self) -> None:
-        t = topo("inf1.6xlarge")
+        t = topology("inf1.6xlarge")
         three_left = FreeState.of(t, {1, 2, 3}).leftover(t)  # one device, 3 free cores in a run
         split = FreeState.of(t, {0, 2, 3}).leftover(t)
         assert three_left == Leftover((), 3, (3,))
         assert three_left > split
 
     def test_the_largest_core_request_that_still_fits(self) -> None:
-        t = topo("inf2.24xlarge")  # a ring of 6 devices, 2 cores each
+        t = topology("inf2.24xlarge")  # a ring of 6 devices, 2 cores each
         apart = FreeState.of(t, {1, 7}).leftover(t)  # devices 0 and 3
         together = FreeState.of(t, {1, 3}).leftover(t)  # devices 0 and 1, neighbours
         assert (apart.reach, together.reach) == (1, 2)
         assert together > apart
 
     def test_comparable_between_shapes(self) -> None:
-        ring = topo("inf2.48xlarge")
+        ring = topology("inf2.48xlarge")
         assert all_free(TRN1).leftover(TRN1) > all_free(ring).leftover(ring)  # a free 16 beats a free 12
 
 
 # -- against an exhaustive search -------------------------------------------------------------------
 
 SMALL = {
-    "inf1.6xlarge": topo("inf1.6xlarge"),
-    "inf2.24xlarge": topo("inf2.24xlarge"),
+    "inf1.6xlarge": topology("inf1.6xlarge"),
+    "inf2.24xlarge": topology("inf2.24xlarge"),
     "trn1.32xlarge": TRN1,
-    "trn2.48xlarge-lnc1": topo("trn2.48xlarge", 1),
+    "trn2.48xlarge-lnc1": topology("trn2.48xlarge", 1),
 }
-
-
-def linked(t: Topology, devices: set[int]) -> bool:
-    if not devices:
-        return True
-    seen, frontier = set(), {min(devices)}
-    while frontier:
-        seen |= frontier
-        frontier = {b for a in frontier for b in t.adjacency.get(a, ()) if b in devices} - seen
-    return seen == devices
-
-
-def device_options(t: Topology, free: set[int], reused: set[int], size: int) -> Iterator[set[int]]:
-    """Every valid device set the container could end up with (the topology's groups)."""
-    pool, must = (reused, set()) if len(reused) >= size else (free | reused, reused)
-    for group in t.groups(size):
-        if must <= group <= pool:
-            yield set(group)
-
-
-def core_options(t: Topology, free: set[int], reused: set[int], size: int) -> Iterator[set[int]]:
-    """Every core set on connected devices the container could end up with."""
-    pool, must = (reused, set()) if len(reused) >= size else (free | reused, reused)
-    for cores in combinations(sorted(pool), size):
-        if must <= set(cores) and linked(t, {t.device_of(c) for c in cores}):
-            yield set(cores)
-
-
-def exhaustive_fits(t: Topology, free_cores: set[int], requested: PodRequest) -> bool:
-    ordered = [(c, not c.restartable) for c in requested.init_containers] + [(c, False) for c in requested.containers]
-
-    def free_devices(cores: set[int]) -> set[int]:
-        return {d for d in range(t.device_count) if set(t.cores_of(d)) <= cores}
-
-    def go(i: int, cores: set[int], reused_devices: set[int], reused_cores: set[int]) -> bool:
-        if i == len(ordered):
-            return True
-        container, lends = ordered[i]
-        for devices in (
-            device_options(t, free_devices(cores), reused_devices, container.devices) if container.devices else [set()]
-        ):
-            left = cores - {c for d in devices for c in t.cores_of(d)}
-            for taken in core_options(t, left, reused_cores, container.cores) if container.cores else [set()]:
-                if lends:
-                    nxt = (reused_devices | devices, reused_cores | taken)
-                else:
-                    nxt = (reused_devices - devices, reused_cores - taken)
-                if go(i + 1, left - taken, *nxt):
-                    return True
-        return False
-
-    return go(0, set(free_cores), set(), set())
 
 
 one_kind = st.one_of(
@@ -259,7 +202,7 @@ def test_every_placement_is_made_of_valid_sets(name: str, data: st.DataObject) -
     assert exhaustive_fits(t, free_cores, requested)
     for placed in result.containers:
         assert not placed.devices or set(placed.devices) in [set(g) for g in t.groups(len(placed.devices))]
-        assert linked(t, {t.device_of(c) for c in placed.cores})
+        assert connected(t, {t.device_of(c) for c in placed.cores})
     held_cores = {c for p in result.containers for c in p.cores}
     held_devices = {d for p in result.containers for d in p.devices}
     assert len(held_devices) == requested.effective.devices
@@ -282,7 +225,7 @@ def test_containers_are_placed_as_the_plugin_will_not_as_hindsight_could() -> No
 @settings(max_examples=150, deadline=None)
 @given(st.sampled_from(sorted(INSTANCE_TYPES)), st.data())
 def test_refusal_answers_as_place_does(name: str, data: st.DataObject) -> None:
-    t = topo(name)
+    t = topology(name)
     free_cores = data.draw(st.sets(st.integers(0, t.device_count * t.cores_per_device - 1)))
     requested = PodRequest(
         tuple(data.draw(st.lists(any_kind, max_size=1))), tuple(data.draw(st.lists(any_kind, min_size=1, max_size=2)))

@@ -61,6 +61,18 @@ def _mask(ids: Iterable[int]) -> int:
     return mask
 
 
+def _piece(links: tuple[int, ...], devices: int) -> int:
+    """The connected piece of `devices` (bitmasks; `links` per device) holding its lowest device."""
+    piece = frontier = devices & -devices
+    while frontier:
+        reached = 0
+        for d in _bits(frontier):
+            reached |= links[d] if d < len(links) else 0
+        frontier = reached & devices & ~piece
+        piece |= frontier
+    return piece
+
+
 @dataclass(frozen=True)
 class Topology:
     kind: TopologyKind
@@ -129,17 +141,7 @@ class Topology:
 
     def connected(self, devices: int) -> bool:
         """Whether the devices (a bitmask) form one connected piece of the adjacency."""
-        if not devices:
-            return True
-        links = self.neighbour_masks
-        seen = frontier = devices & -devices
-        while frontier:
-            reached = 0
-            for d in _bits(frontier):
-                reached |= links[d] if d < len(links) else 0
-            frontier = reached & devices & ~seen
-            seen |= frontier
-        return seen == devices
+        return _piece(self.neighbour_masks, devices) == devices
 
     def device_of(self, core: int) -> int:
         return core // self.cores_per_device
@@ -195,15 +197,8 @@ def _pieces(links: tuple[int, ...], devices: int) -> list[int]:
     """The connected pieces of a set of devices (bitmasks)."""
     pieces = []
     while devices:
-        piece = frontier = devices & -devices
-        while frontier:
-            reached = 0
-            for d in _bits(frontier):
-                reached |= links[d] if d < len(links) else 0
-            frontier = reached & devices & ~piece
-            piece |= frontier
-        devices &= ~piece
-        pieces.append(piece)
+        pieces.append(_piece(links, devices))
+        devices &= ~pieces[-1]
     return pieces
 
 
@@ -598,9 +593,3 @@ def _cores_refused(avail: frozenset[int], must: frozenset[int], size: int) -> st
         return shortage(f"{size} cores", avail, "cores", ranges=True)
     including = f" including {id_list(must, ranges=True)}" if must else ""
     return f"no connected set of {size} free cores{including} (free: {id_list(avail, ranges=True)})"
-
-
-def exhaustive_devices(topo: Topology, available: Iterable[int], size: int) -> list[tuple[int, ...]]:
-    """Every valid group of `size` within `available` (for tests and diagnostics)."""
-    avail = frozenset(available)
-    return [tuple(sorted(g)) for g in topo.groups(size) if g <= avail]
