@@ -27,10 +27,8 @@ from neuron_sysfs.allocator import (
     core_refusal,
     device_refusal,
     topology_for,
-    topology_from,
 )
 from neuron_sysfs.instance_types import INSTANCE_TYPES, TopologyKind
-from neuron_sysfs.inventory import scan
 
 # every instance type with its default logical-core setting, and "<type>-lnc<N>" for every other one
 TOPOLOGIES = {name: topology(name) for name in INSTANCE_TYPES} | {
@@ -39,16 +37,6 @@ TOPOLOGIES = {name: topology(name) for name in INSTANCE_TYPES} | {
     for lnc in it.family.supported_lnc
     if lnc != it.family.default_lnc
 }
-
-
-@pytest.mark.parametrize(
-    ("name", "lnc"), [(name, lnc) for name, it in INSTANCE_TYPES.items() for lnc in it.family.supported_lnc]
-)
-def test_the_table_promises_what_a_healthy_node_reads(make_node, name: str, lnc: int) -> None:  # type: ignore[no-untyped-def]
-    it = INSTANCE_TYPES[name]
-    scanned = topology_from(scan(make_node(name, lnc), env={}))
-    assert scanned == topology_for(it, it.logical_cores_per_device(lnc))
-    assert scanned.cores_per_device * scanned.device_count == it.devices * it.physical_cores_per_device // lnc
 
 
 def test_equal_topologies_hash_alike_so_results_can_be_memoized() -> None:
