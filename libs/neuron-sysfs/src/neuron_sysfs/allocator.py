@@ -24,8 +24,8 @@ Cores: the Neuron runtime needs the devices behind one process to be connected, 
    core request that still fits (free cores on one connected set of devices), then the longest
    free core runs left in partly used devices (best fit: the fullest device that can take them);
 6. the lowest core indices.
-Every range of the fewest devices is ranked; other sets of the fewest devices are ranked up to
-`CANDIDATE_LIMIT` of them, found in index order (only a badly fragmented node has more).
+Every range of the fewest devices is ranked; when there is none, the connected sets of the
+fewest devices are ranked up to `CANDIDATE_LIMIT` of them, found in index order.
 When no valid set exists, like for devices, the choice is `valid=False` with a reason and a
 best-effort set: the fewest devices, fullest first, contiguous within each.
 """
@@ -42,8 +42,8 @@ from math import comb
 from neuron_sysfs.instance_types import InstanceType, TopologyKind
 from neuron_sysfs.inventory import NodeInventory
 
-# Sets of the fewest devices ranked when no range exists. Only a fragmented node has more (the
-# 4x4 torus has 96 connected sets of 3 devices, 280 of 4); the bound keeps one choice to milliseconds.
+# Sets of the fewest devices ranked when no range fits. The 4x4 torus has 96 connected sets of 3
+# devices and 280 of 4; on a fragmented node ranking them all would cost tens of milliseconds.
 CANDIDATE_LIMIT = 64
 
 
