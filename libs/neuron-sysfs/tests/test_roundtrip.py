@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from neuron_sysfs import sim
+from neuron_sysfs.allocator import topology_for, topology_from
 from neuron_sysfs.instance_types import INSTANCE_TYPES
 from neuron_sysfs.inventory import InstanceTypeSource, TopologySource, scan
 from neuron_sysfs.lnc import LncSource
@@ -40,6 +41,8 @@ def test_round_trip_agrees_with_table(tmp_path: Path, name: str, lnc: int | None
     assert all(d.dev_node_present for d in inv.devices)
     assert all((d.serial is not None) == it.family.has_serial_number for d in inv.devices)
     assert {d.numa_node for d in inv.devices} == set(range(it.numa_nodes))
+    # what a component without sysfs (the scheduler extender) assumes is what the plugin reads here
+    assert topology_from(inv) == topology_for(it, per_device)
 
 
 @pytest.mark.parametrize("name", ["inf1.6xlarge", "trn1.32xlarge", "trn2.48xlarge"])

@@ -14,13 +14,14 @@ import grpc
 import pytest
 from broken_loop import break_loop_and_probe
 from grpc import aio
+from oracles.neuron_sets import exhaustive_devices
 from standins.kubelet import AdmissionError
 
 from kubelet_api import HEALTHY, UNHEALTHY
 from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
 from kubelet_api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
-from neuron_device_plugin.allocator import Topology, exhaustive_devices
 from neuron_sysfs import sim
+from neuron_sysfs.allocator import Topology
 from neuron_sysfs.instance_types import INSTANCE_TYPES
 
 NEURON = "aws.amazon.com/neuron"

@@ -16,11 +16,10 @@ from kubelet_api import HEALTHY, UNHEALTHY
 from kubelet_api.podresources_client import Holding
 from neuron_common import resources
 from neuron_common.resources import Kind, Resource
-from neuron_device_plugin.allocator import Topology
 from neuron_device_plugin.health import Finding, HealthTracker, Verdict
 from neuron_device_plugin.holdings import Holdings, build_holdings, conflicts, describe
 from neuron_device_plugin.metrics import PluginMetrics
-from neuron_sysfs.instance_types import TopologyKind
+from neuron_sysfs.allocator import Topology, topology_from
 from neuron_sysfs.inventory import InstanceTypeSource, NodeInventory
 from neuron_sysfs.lnc import LncSource
 
@@ -49,16 +48,6 @@ class AllocationRefused(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
         self.reason = reason  # unknown_id / conflict / unhealthy (a metric label)
-
-
-def topology_from(inventory: NodeInventory) -> Topology:
-    cores_per_device = max(inventory.logical_cores_per_device, 1)
-    it = inventory.instance_type
-    if it is not None:
-        return Topology(it.topology, it.devices, dict(inventory.adjacency), cores_per_device, it.torus_shape)
-    count = max((d.index for d in inventory.devices), default=-1) + 1
-    # Unknown instance type: only one device or all of them are known to be valid groups.
-    return Topology(TopologyKind.SINGLE, count, dict(inventory.adjacency), cores_per_device, None)
 
 
 class PluginState:

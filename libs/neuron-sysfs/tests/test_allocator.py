@@ -2,23 +2,49 @@
 
 from __future__ import annotations
 
-from itertools import pairwise
-
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oracles.neuron_sets import (
+    connected,
+    contiguous_per_device,
+    devices_of,
+    exhaustive_devices,
+    is_range,
+    longest_run,
+    per_device,
+    pieces,
+    ranges_on,
+    topology,
+    valid_core_sets,
+)
 
-from neuron_device_plugin.allocator import Topology, choose_cores, choose_devices, exhaustive_devices
+from neuron_sysfs.allocator import (
+    Choice,
+    Topology,
+    choose_cores,
+    choose_devices,
+    core_refusal,
+    device_refusal,
+    topology_for,
+)
 from neuron_sysfs.instance_types import INSTANCE_TYPES, TopologyKind
 
+# every instance type with its default logical-core setting, and "<type>-lnc<N>" for every other one
+TOPOLOGIES = {name: topology(name) for name in INSTANCE_TYPES} | {
+    f"{name}-lnc{lnc}": topology(name, lnc)
+    for name, it in INSTANCE_TYPES.items()
+    for lnc in it.family.supported_lnc
+    if lnc != it.family.default_lnc
+}
 
-def topo_for(name: str, lnc: int | None = None) -> Topology:
-    it = INSTANCE_TYPES[name]
-    lnc = lnc or it.family.default_lnc
-    return Topology(it.topology, it.devices, it.adjacency(), it.logical_cores_per_device(lnc), it.torus_shape)
 
-
-TOPOLOGIES = {name: topo_for(name) for name in INSTANCE_TYPES} | {"trn2.48xlarge-lnc1": topo_for("trn2.48xlarge", 1)}
+def test_equal_topologies_hash_alike_so_results_can_be_memoized() -> None:
+    it = INSTANCE_TYPES["trn1.32xlarge"]
+    read_from_a_node = Topology(it.topology, 16, dict(sorted(it.adjacency().items(), reverse=True)), 2, (4, 4))
+    assert read_from_a_node == topology_for(it, 2)
+    assert {topology_for(it, 2): "memo"}[read_from_a_node] == "memo"
+    assert topology_for(it, 2) != topology_for(it, 1)
 
 
 def is_ring_arc(ids: tuple[int, ...], n: int) -> bool:
@@ -38,7 +64,7 @@ class TestDevices:
         topo = TOPOLOGIES["inf1.24xlarge"]
         choice = choose_devices(topo, [0, 2, 4, 6], (), 3)
         assert not choice.valid
-        assert "no free group of 3 contiguous devices" in choice.reason
+        assert choice.reason == "no connected set of 3 free devices (free: 0,2,4,6)"
         assert len(choice.ids) == 3
 
     def test_ring_wraps_around(self) -> None:
@@ -88,7 +114,7 @@ class TestDevices:
     def test_more_than_available(self) -> None:
         choice = choose_devices(TOPOLOGIES["inf1.6xlarge"], [1, 2], (), 3)
         assert not choice.valid
-        assert "only 2 available" in choice.reason
+        assert choice.reason == "3 devices requested, only 2 devices free (free: 1,2)"
 
     @settings(max_examples=300, deadline=None)
     @given(st.sampled_from(sorted(TOPOLOGIES)), st.data())
@@ -105,13 +131,8 @@ class TestDevices:
         assert choice.valid == bool(valid_options)
         if choice.valid:
             assert choice.ids in valid_options
-
-
-def per_device(topo: Topology, ids: tuple[int, ...]) -> dict[int, list[int]]:
-    out: dict[int, list[int]] = {}
-    for c in ids:
-        out.setdefault(topo.device_of(c), []).append(c)
-    return out
+        if not must:  # the same answer without choosing
+            assert device_refusal(topo, available, size) == ("" if choice.valid else choice.reason)
 
 
 class TestCores:
@@ -145,43 +166,87 @@ class TestCores:
         choice = choose_cores(topo, range(64), [13], 2)
         assert choice.ids in {(12, 13), (13, 14)}
 
-    @settings(max_examples=400, deadline=None)
+    def test_cores_across_devices_are_neighbours(self) -> None:
+        topo = TOPOLOGIES["trn1.32xlarge"]
+        available = set(range(32)) - {21}  # device 10 keeps one free core, 20
+        choice = choose_cores(topo, available, (), 3)
+        # the partly used device and its row neighbour, as one range; not device 10 and a far device
+        assert choice == Choice((18, 19, 20), True)
+
+    def test_one_global_range_when_the_free_cores_allow(self) -> None:
+        topo = TOPOLOGIES["inf1.6xlarge"]  # a ring of 4 devices of 4 cores
+        available = {2, 3, 6, 7, 8, 9, 10, 11, 12, 13}  # 3 devices at least for 8 cores
+        assert choose_cores(topo, available, (), 8).ids == tuple(range(6, 14))
+
+    def test_no_connected_set_is_invalid_with_a_best_effort(self) -> None:
+        topo = TOPOLOGIES["inf2.24xlarge"]  # a ring of 6 devices of 2 cores
+        choice = choose_cores(topo, {0, 1, 6, 7}, (), 3)  # devices 0 and 3: opposite sides of the ring
+        assert not choice.valid
+        assert choice.reason == "no connected set of 3 free cores (free: 0,1,6,7)"
+        assert len(choice.ids) == 3
+        assert len(devices_of(topo, choice.ids)) == 2
+
+    def test_must_devices_that_cannot_be_joined_are_invalid(self) -> None:
+        topo = TOPOLOGIES["inf2.24xlarge"]
+        choice = choose_cores(topo, range(12), [0, 4], 2)  # devices 0 and 2: joining needs device 1 too
+        assert not choice.valid
+        assert choice.ids == (0, 4)
+        assert "including 0,4" in choice.reason
+
+    @settings(max_examples=150, deadline=None)
     @given(st.sampled_from(sorted(TOPOLOGIES)), st.data())
-    def test_properties(self, name: str, data: st.DataObject) -> None:
+    def test_properties_on_every_shape(self, name: str, data: st.DataObject) -> None:
         topo = TOPOLOGIES[name]
         total = topo.device_count * topo.cores_per_device
         available = data.draw(st.sets(st.integers(0, total - 1), min_size=1))
+        size = data.draw(st.integers(1, len(available)))
+        choice = choose_cores(topo, available, (), size)
+        assert len(choice.ids) == size
+        assert set(choice.ids) <= available
+        chosen = devices_of(topo, choice.ids)
+        assert core_refusal(topo, available, size) == ("" if choice.valid else choice.reason)
+        # valid exactly when one connected piece of the devices with free cores holds enough of them
+        assert choice.valid == any(
+            sum(1 for c in available if topo.device_of(c) in piece) >= size
+            for piece in pieces(topo, devices_of(topo, available))
+        )
+        if choice.valid:
+            assert connected(topo, chosen)
+            for device, cores in per_device(topo, choice.ids).items():
+                free_here = sorted(c for c in available if topo.device_of(c) == device)
+                if longest_run(free_here) >= len(cores) and not ranges_on(topo, available, size, len(chosen)):
+                    assert longest_run(cores) == len(cores), (device, cores, free_here)
+        # one global range whenever a free one lies on a connected set of as few devices
+        if ranges_on(topo, available, size, len(chosen)) and choice.valid:
+            assert is_range(choice.ids), choice
+
+    @settings(max_examples=150, deadline=None)
+    @given(
+        st.sampled_from(["inf1.6xlarge", "inf2.24xlarge", "trn1.32xlarge", "trn2.48xlarge", "trn2.48xlarge-lnc1"]),
+        st.data(),
+    )
+    def test_against_exhaustive_search(self, name: str, data: st.DataObject) -> None:
+        topo = TOPOLOGIES[name]
+        total = topo.device_count * topo.cores_per_device
+        # few free cores on the large shapes, so every subset can be tried
+        available = data.draw(st.sets(st.integers(0, total - 1), min_size=1, max_size=11))
         must = data.draw(st.sets(st.sampled_from(sorted(available)), max_size=min(2, len(available))))
         size = data.draw(st.integers(max(1, len(must)), len(available)))
         choice = choose_cores(topo, available, must, size)
         assert len(choice.ids) == size
         assert set(must) <= set(choice.ids) <= available
-        # fewest devices: no set of fewer devices can hold `size` free cores (with the must devices)
-        free_counts: dict[int, int] = {}
-        for c in available:
-            free_counts[topo.device_of(c)] = free_counts.get(topo.device_of(c), 0) + 1
-        forced = {topo.device_of(c) for c in must}
-        capacity = sum(free_counts[d] for d in forced)
-        minimum = len(forced)
-        for count in sorted((v for d, v in free_counts.items() if d not in forced), reverse=True):
-            if capacity >= size:
-                break
-            capacity += count
-            minimum += 1
-        assert len(per_device(topo, choice.ids)) == minimum
-        # contiguous within a device whenever that device had such a run and no must forced a gap
-        if not must:
-            for device, cores in per_device(topo, choice.ids).items():
-                locals_ = sorted(c - device * topo.cores_per_device for c in cores)
-                free_locals = sorted(
-                    c - device * topo.cores_per_device for c in available if topo.device_of(c) == device
-                )
-                has_run = any(
-                    all(x + 1 == y for x, y in pairwise(free_locals[i : i + len(locals_)]))
-                    for i in range(len(free_locals) - len(locals_) + 1)
-                )
-                if has_run:
-                    assert all(x + 1 == y for x, y in pairwise(locals_)), (device, locals_, free_locals)
+        valid_sets = list(valid_core_sets(topo, available, must, size))
+        assert choice.valid == bool(valid_sets)
+        if not valid_sets:
+            return
+        fewest = min(len(devices_of(topo, cores)) for cores in valid_sets)
+        best = [cores for cores in valid_sets if len(devices_of(topo, cores)) == fewest]
+        assert connected(topo, devices_of(topo, choice.ids))
+        assert len(devices_of(topo, choice.ids)) == fewest
+        if any(is_range(cores) for cores in best):
+            assert is_range(choice.ids)
+        elif any(contiguous_per_device(topo, cores) for cores in best):
+            assert contiguous_per_device(topo, choice.ids)
 
 
 def test_every_size_on_every_instance_type() -> None:
@@ -192,5 +257,11 @@ def test_every_size_on_every_instance_type() -> None:
             assert len(choice.ids) == size, name
             if topo.kind is TopologyKind.RING:
                 assert choice.valid
-        for size in range(1, n * topo.cores_per_device + 1):
-            assert len(choose_cores(topo, range(n * topo.cores_per_device), (), size).ids) == size
+        cpd = topo.cores_per_device
+        for size in range(1, n * cpd + 1):
+            choice = choose_cores(topo, range(n * cpd), (), size)
+            # a free node: always one range on the fewest devices, which are connected
+            assert choice.valid, (name, size)
+            assert is_range(choice.ids), (name, size, choice.ids)
+            assert len(devices_of(topo, choice.ids)) == -(-size // cpd), (name, size)
+            assert connected(topo, devices_of(topo, choice.ids)), (name, size)

@@ -1,0 +1,1 @@
+"""Slow, obviously right answers that tests compare fast code against."""
