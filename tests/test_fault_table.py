@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client
 from kubernetes import config as kubeconfig
-from standins.apiserver import FakeApiServer
+from standins.apiserver import FakeApiServer, serving
 
 from neuron_common import resources
 from neuron_device_plugin.metrics import PluginMetrics
@@ -86,10 +86,8 @@ class Plugin:
 
 @pytest.fixture
 async def api() -> AsyncIterator[FakeApiServer]:
-    server = FakeApiServer(NODE)
-    await server.up()
-    yield server
-    await server.down()
+    async with serving(NODE) as server:
+        yield server
 
 
 def last_kernel_message(root: Path) -> str:

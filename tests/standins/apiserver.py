@@ -14,9 +14,11 @@ semantics that matter:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -167,3 +169,14 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def serving(node: str) -> AsyncIterator[FakeApiServer]:
+    """A stand-in API server with one Node, for the length of the block."""
+    server = FakeApiServer(node)
+    await server.up()
+    try:
+        yield server
+    finally:
+        await server.down()

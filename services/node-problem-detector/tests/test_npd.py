@@ -21,7 +21,7 @@ import pytest
 from broken_loop import break_loop_and_probe
 from kubernetes import client
 from kubernetes import config as kubeconfig
-from standins.apiserver import FakeApiServer
+from standins.apiserver import FakeApiServer, serving
 
 from neuron_common import verdicts
 from neuron_problem_detector import config as config_mod
@@ -35,10 +35,8 @@ NODE = "sim-node-1"
 
 @pytest.fixture
 async def api() -> AsyncIterator[FakeApiServer]:
-    server = FakeApiServer(NODE)
-    await server.up()
-    yield server
-    await server.down()
+    async with serving(NODE) as server:
+        yield server
 
 
 @pytest.fixture
