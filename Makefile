@@ -13,7 +13,7 @@ PY_DIRS   := $(wildcard libs services tests bench tools charts)
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup test lint typecheck unit bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images
+.PHONY: help setup test lint typecheck unit bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images images-build
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -39,12 +39,15 @@ cluster-up: ## start the real single-node cluster (etcd, API server, kubelet, co
 cluster-down: ## stop it and remove what it mounted and made
 	tests/cluster/down.sh
 
-images: ## build every service image with podman and import it into the cluster's containerd
+images: ## images-build, then import the images into the running cluster's containerd
+	tests/cluster/images.sh --import
+
+images-build: ## build the service images from services/Dockerfile with podman, smoke-run them, print their sizes
 	tests/cluster/images.sh
 
 cluster-test: ## bring the cluster up, build and import the images, run the cluster and e2e tests, bring it down
 	tests/cluster/up.sh
-	tests/cluster/images.sh
+	tests/cluster/images.sh --import
 	status=0; KUBECONFIG=$(CURDIR)/.run/cluster/admin.kubeconfig $(BIN)/pytest -q -m cluster tests/cluster || status=$$?; \
 	  if [ $$status -eq 0 ]; then KUBECONFIG=$(CURDIR)/.run/cluster/admin.kubeconfig $(BIN)/pytest -q -m e2e tests/e2e || status=$$?; fi; \
 	  tests/cluster/down.sh; exit $$status

@@ -21,7 +21,7 @@ trap 'kubectl delete pod demo-two-cores -n default --ignore-not-found --wait=fal
 
 say "the cluster and the project's images"
 tests/cluster/up.sh
-tests/cluster/images.sh
+tests/cluster/images.sh --import
 
 # The cluster's own simulated node is a trn1.32xlarge; any other type gets its own simulated root.
 SIM_ROOT="${SIM_ROOT:-/var/lib/neuron-sim/node}"

@@ -1,37 +1,56 @@
 #!/usr/bin/env bash
-# `make images`: builds every service image from its own Dockerfile with podman (rootful, runc)
-# and imports it into the test cluster's containerd (k8s.io namespace).
+# tests/cluster/images.sh [--import]: builds the three service images from services/Dockerfile with
+# podman (rootful, runc), smoke-runs each and prints their sizes (`make images-build`). With
+# --import (`make images`, `make cluster-test`, `make demo`) it then imports them into the test
+# cluster's containerd (k8s.io namespace), and fails at once when that cluster is not running.
 #
 # No registry serves images here, so the base image (Debian bookworm with Python 3.11) is made
 # with debootstrap from the Debian mirror this machine's apt already uses, and cached outside
-# the clone; Python wheels are prepared on the host with the machine's own pip settings and
-# installed inside the build with no network. Each image is smoke-run (`--help`).
+# the clone under a name keyed by its recipe; Python wheels are prepared on the host with the
+# machine's own pip settings and installed inside the build with no network.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
 CLUSTER_DIR="${CLUSTER_DIR:-$REPO/.run/cluster}"
+CTR_SOCK="$CLUSTER_DIR/containerd/containerd.sock"
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/neuron-helm-chart/images"
-VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' services/device-plugin/pyproject.toml)
-BASE_IMAGE=localhost/neuron-base:bookworm-py311
-SERVICES=(device-plugin node-metrics node-problem-detector)
+SERVICES=()   # every directory under services/ with a pyproject.toml
+for project in services/*/pyproject.toml; do SERVICES+=("$(basename "$(dirname "$project")")"); done
 SETUPTOOLS=setuptools==84.2.1   # the build backend the packages need, as a wheel for offline builds
+# The base's recipe; its cache key, so that a changed recipe never reuses an old base. binutils is
+# for `strip`, in the build stage only: the images copy nothing of the base but what they run.
+BASE_RECIPE=(--variant=minbase --include=python3,python3-venv,binutils bookworm)
+BASE_KEY=$(printf '%s\n' "${BASE_RECIPE[@]}" | sha256sum | cut -c1-12)
+BASE_IMAGE=localhost/neuron-base:bookworm-$BASE_KEY
 PODMAN=(podman --runtime "$(command -v runc)" --cgroup-manager cgroupfs)
 # podman's default ulimits exceed this host's hard limits, and raising one needs CAP_SYS_RESOURCE: pass lower ones
 LIMITS=(--ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
 log() { printf '[images] %s\n' "$*"; }
-[ "$(id -u)" -eq 0 ] || { echo "make images needs root (rootful podman)" >&2; exit 1; }
+
+import=0
+case "${1:-}" in
+  --import) import=1 ;;
+  "") ;;
+  *) echo "usage: $0 [--import]" >&2; exit 2 ;;
+esac
+[ "$(id -u)" -eq 0 ] || { echo "building the images needs root (rootful podman)" >&2; exit 1; }
+if [ "$import" = 1 ] && [ ! -S "$CTR_SOCK" ]; then
+  echo "the test cluster is not running (no containerd socket at $CTR_SOCK): start it with" \
+    "make cluster-up, or build without importing with make images-build" >&2
+  exit 1
+fi
 mkdir -p "$CACHE" build/wheels
 
 # --- base image --------------------------------------------------------------------------------
-base_tar="$CACHE/neuron-base-bookworm-py311.tar"
+base_tar="$CACHE/neuron-base-bookworm-$BASE_KEY.tar"
 if ! "${PODMAN[@]}" image exists "$BASE_IMAGE"; then
   if [ ! -f "$base_tar" ]; then
     mirror=$(awk '/^URIs:/ {print $2; exit}' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
     [ -n "$mirror" ] || mirror=$(awk '$1 == "deb" {print $2; exit}' /etc/apt/sources.list)
     [ -n "$mirror" ] || { echo "no Debian mirror found in this machine's apt sources" >&2; exit 1; }
     root=$(mktemp -d)
-    log "debootstrap bookworm (minbase + python3) from the machine's Debian mirror (a few minutes, once)"
-    debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$root/rootfs" "$mirror" >"$root/log" 2>&1 \
+    log "debootstrap ${BASE_RECIPE[*]} from the machine's Debian mirror (a few minutes, once)"
+    debootstrap "${BASE_RECIPE[@]}" "$root/rootfs" "$mirror" >"$root/log" 2>&1 \
       || { tail -20 "$root/log" >&2; exit 1; }
     rm -rf "$root/rootfs/var/cache/apt/archives"/*.deb "$root/rootfs/var/lib/apt/lists"/*
     tar -C "$root/rootfs" -cf "$base_tar.tmp" .
@@ -39,7 +58,7 @@ if ! "${PODMAN[@]}" image exists "$BASE_IMAGE"; then
     rm -rf "$root"
   fi
   log "importing $BASE_IMAGE"
-  "${PODMAN[@]}" import --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin' --change 'CMD ["python3"]' \
+  "${PODMAN[@]}" import --change 'ENV PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin' --change 'CMD ["python3"]' \
     "$base_tar" "$BASE_IMAGE" >/dev/null
 fi
 
@@ -48,46 +67,105 @@ stamp=$(cat constraints.txt libs/*/pyproject.toml services/*/pyproject.toml | sh
 if [ "$(cat build/wheels/.stamp 2>/dev/null)" != "$stamp-$SETUPTOOLS" ]; then
   log "downloading wheels for the images"
   rm -f build/wheels/*.whl
-  .venv/bin/pip download -q -d build/wheels --only-binary=:all: -c constraints.txt \
-    grpcio protobuf aiohttp prometheus-client kubernetes pyyaml "$SETUPTOOLS"
+  # what the packages under libs/ and services/ depend on, their tests aside, and not on each other
+  mapfile -t needed < <(.venv/bin/python -c '
+import glob, re, tomllib
+paths = sorted(glob.glob("libs/*/pyproject.toml") + glob.glob("services/*/pyproject.toml"))
+projects = [tomllib.load(open(path, "rb"))["project"] for path in paths]
+requirements = [r for p in projects for r in p.get("dependencies", [])]
+extras = [rs for p in projects for extra, rs in p.get("optional-dependencies", {}).items() if extra != "test"]
+requirements += [r for rs in extras for r in rs]
+names = {re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in requirements} - {p["name"] for p in projects}
+print("\n".join(sorted(names)))
+')
+  .venv/bin/pip download -q -d build/wheels --only-binary=:all: -c constraints.txt "${needed[@]}" "$SETUPTOOLS"
   echo "$stamp-$SETUPTOOLS" > build/wheels/.stamp
 fi
 
-# --- smoke: the exporter image serves a simulated node's metrics ---------------------------------
-smoke_exporter() {  # image
-  local sim="${SIM_ROOT:-/var/lib/neuron-sim/node}" port=19840 name="neuron-smoke-$$"
-  [ -e "$sim/.neuron-sim/state.json" ] || .venv/bin/neuron-sim create --instance-type trn1.32xlarge --root "$sim" >/dev/null
-  "${PODMAN[@]}" run -d --rm --name "$name" "${LIMITS[@]}" --network host -v "$sim:$sim:ro" "$1" \
-    --host-root "$sim" --listen "127.0.0.1:$port" --pod-resources-socket /nonexistent >/dev/null
-  local ok=1
+# --- smoke: an image, as its own user on a read-only root, serves what it should over a simulated node
+SIM="${SIM_ROOT:-/var/lib/neuron-sim/node}"
+smoke_serves() {  # image url-path pattern [service flags...]: the pattern shows up at the path in 10 s
+  local image=$1 path=$2 pattern=$3 port=19840 name="neuron-smoke-$$" ok=1
+  shift 3
+  [ -e "$SIM/.neuron-sim/state.json" ] \
+    || .venv/bin/neuron-sim create --instance-type trn1.32xlarge --root "$SIM" >/dev/null
+  "${PODMAN[@]}" run -d --rm --name "$name" "${LIMITS[@]}" --network host --read-only -v "$SIM:$SIM:ro" --tmpfs /run \
+    "$image" --host-root "$SIM" --listen "127.0.0.1:$port" --pod-resources-socket /nonexistent "$@" >/dev/null
   for _ in $(seq 1 50); do
-    if curl -sf "127.0.0.1:$port/metrics" | grep '^neuron_device_info{' >/dev/null; then ok=0; break; fi
+    if curl -sf "127.0.0.1:$port$path" | grep "$pattern" >/dev/null; then ok=0; break; fi
     sleep 0.2
   done
+  [ $ok = 0 ] || "${PODMAN[@]}" logs "$name" 2>&1 | tail -5 >&2
   "${PODMAN[@]}" stop -t 5 "$name" >/dev/null 2>&1 || true
   return $ok
 }
 
 # --- service images ------------------------------------------------------------------------------
-CTR_SOCK="$CLUSTER_DIR/containerd/containerd.sock"
+package_field() {  # service key[.key]: a [project] string of the service's pyproject.toml
+  .venv/bin/python -c '
+import functools, sys, tomllib
+project = tomllib.load(open(sys.argv[1], "rb"))["project"]
+print(functools.reduce(lambda table, key: table[key], sys.argv[2].split("."), project))
+' "services/$1/pyproject.toml" "$2"
+}
+revision=$(git rev-parse HEAD)
+[ -z "$(git status --porcelain --untracked-files=no)" ] || revision="$revision-dirty"
+commit_time=$(git log -1 --format=%ct HEAD)
+source_url=$(git remote get-url origin 2>/dev/null | sed -E 's#//[^/@]*@#//#' || true)
+declare -A sizes
 for svc in "${SERVICES[@]}"; do
-  image="localhost/neuron-helm-chart/$svc:$VERSION"
+  version=$(package_field "$svc" version)
+  image="localhost/neuron-helm-chart/$svc:$version"
   log "building $image"
-  "${PODMAN[@]}" build -q "${LIMITS[@]}" --network none --build-arg "BASE_IMAGE=$BASE_IMAGE" \
-    -f "services/$svc/Dockerfile" -t "$image" . >/dev/null
-  command=$("${PODMAN[@]}" image inspect "$image" --format '{{index .Config.Entrypoint 0}}')
-  "${PODMAN[@]}" run --rm "${LIMITS[@]}" --network none "$image" --help >/dev/null \
-    || { echo "$image: '$command --help' failed" >&2; exit 1; }
-  if [ "$svc" = node-metrics ]; then
-    smoke_exporter "$image" || { echo "$image did not serve the simulated node's metrics" >&2; exit 1; }
+  # --timestamp: the commit's time, not the build's, so that a commit builds the same image
+  if ! "${PODMAN[@]}" build "${LIMITS[@]}" --network none --timestamp "$commit_time" \
+      --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "SERVICE=$svc" --target "$svc" \
+      --build-arg "TITLE=$(package_field "$svc" name)" --build-arg "DESCRIPTION=$(package_field "$svc" description)" \
+      --build-arg "VERSION=$version" --build-arg "LICENSES=$(package_field "$svc" license.text)" \
+      --build-arg "REVISION=$revision" --build-arg "SOURCE=$source_url" \
+      --build-arg "CREATED=$(date -u -d "@$commit_time" +%Y-%m-%dT%H:%M:%SZ)" \
+      -f services/Dockerfile -t "$image" . >"build/image-$svc.log" 2>&1; then
+    tail -40 "build/image-$svc.log" >&2
+    echo "$image: build failed (whole log: build/image-$svc.log)" >&2
+    exit 1
   fi
-  size=$("${PODMAN[@]}" image inspect "$image" --format '{{.Size}}')
-  log "$image ok ($((size / 1024 / 1024)) MB)"
-  if [ -S "$CTR_SOCK" ]; then
+  command=$("${PODMAN[@]}" image inspect "$image" --format '{{index .Config.Entrypoint 0}}')
+  "${PODMAN[@]}" run --rm "${LIMITS[@]}" --network none --read-only "$image" --help >/dev/null \
+    || { echo "$image: '$command --help' failed" >&2; exit 1; }
+  case $svc in
+    device-plugin)  # it discovers the devices, serves their sockets and tries to register them
+      smoke_serves "$image" /metrics \
+        '^neuron_device_plugin_registration_failures_total{resource="aws.amazon.com/neuroncore"}' \
+        --device-plugin-path /run \
+        || { echo "$image did not discover the simulated node's devices" >&2; exit 1; } ;;
+    node-metrics)
+      smoke_serves "$image" /metrics '^neuron_device_info{' \
+        || { echo "$image did not serve the simulated node's metrics" >&2; exit 1; } ;;
+    node-problem-detector)  # the chart's `helm test` pods run this image's Python, as nobody
+      "${PODMAN[@]}" run --rm "${LIMITS[@]}" --network none --read-only --user 65534:65534 \
+        --entrypoint /opt/neuron/bin/python "$image" \
+        -c 'import kubernetes.client, kubernetes.config, neuron_sysfs.instance_types; kubernetes.client.CoreV1Api' \
+        || { echo "$image: the helm test pods' imports failed" >&2; exit 1; } ;;
+  esac
+  sizes[$image]=$("${PODMAN[@]}" image inspect "$image" --format '{{.Size}}')
+  log "$image ok"
+done
+
+if [ "$import" = 1 ]; then
+  for svc in "${SERVICES[@]}"; do
+    image="localhost/neuron-helm-chart/$svc:$(package_field "$svc" version)"
     archive="$CLUSTER_DIR/$svc.tar"
     "${PODMAN[@]}" save -q --format docker-archive -o "$archive" "$image"
     ctr --address "$CTR_SOCK" -n k8s.io images import "$archive" >/dev/null
     rm -f "$archive"
-    log "imported into the cluster's containerd"
-  fi
-done
+    log "$image imported into the cluster's containerd"
+  done
+fi
+
+# MB as podman images counts them (10^6 bytes), uncompressed
+printf '\n%-56s %8s  %s\n' IMAGE "SIZE MB" USER
+for image in "${!sizes[@]}"; do
+  user=$("${PODMAN[@]}" image inspect "$image" --format '{{.Config.User}}')
+  awk -v image="$image" -v size="${sizes[$image]}" -v user="${user:-0}" \
+    'BEGIN {printf "%-56s %8.1f  %s\n", image, size / 1e6, user}'
+done | sort

@@ -218,7 +218,8 @@ spec:
     image: localhost/neuron-helm-chart/node-metrics:{version}
     imagePullPolicy: Never
     args: [--host-root, {SIM_ROOT}, --listen, "127.0.0.1:19850", --pod-resources-socket, /var/lib/kubelet/pod-resources/kubelet.sock]
-    securityContext: {{readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}
+    # the image runs as nobody; the kubelet's PodResources socket admits root alone, as the chart knows
+    securityContext: {{runAsUser: 0, readOnlyRootFilesystem: true, allowPrivilegeEscalation: false, capabilities: {{drop: [ALL]}}}}
     volumeMounts:
     - {{name: sim, mountPath: {SIM_ROOT}, readOnly: true}}
     - {{name: pod-resources, mountPath: /var/lib/kubelet/pod-resources, readOnly: true}}

@@ -1,0 +1,119 @@
+#!/usr/bin/env bash
+# rootfs.sh SERVICE OUT: run by services/Dockerfile inside its build stage. Makes in OUT the whole
+# root filesystem of SERVICE's image (a directory under services/), and nothing else:
+#   /opt/neuron   a venv with the service and only the packages it depends on (offline from
+#                 /wheels when that holds wheels), without pip and setuptools;
+#   the interpreter, its standard library minus what no service imports (tests, GUI, IDE,
+#   installers, sqlite, dbm, curses), and exactly the shared libraries all of it links against;
+#   /etc/passwd and /etc/group naming root and nobody, an ld.so.cache, an empty /tmp.
+# Every module of the service is then imported inside OUT, so a library left out fails the build
+# here rather than the pod later.
+set -euo pipefail
+service=${1:-}
+out=${2:?usage: rootfs.sh SERVICE OUT}
+src=/src
+venv=/opt/neuron
+[ -n "$service" ] && [ -f "$src/services/$service/pyproject.toml" ] \
+  || { echo "rootfs.sh: build with --build-arg SERVICE=<a directory under services/> (got '$service')" >&2; exit 1; }
+
+# --- the venv ------------------------------------------------------------------------------------
+python3 -m venv "$venv"
+pip=("$venv/bin/python3" -m pip -q --disable-pip-version-check --no-cache-dir)
+offline=()
+if ls /wheels/*.whl >/dev/null 2>&1; then offline=(--no-index --find-links /wheels); fi
+# The libraries become wheels first, so that pip installs only those the service depends on.
+"${pip[@]}" wheel "${offline[@]}" --no-deps -w /tmp/libs "$src"/libs/*/
+"${pip[@]}" install --no-compile "${offline[@]}" --find-links /tmp/libs -c "$src/constraints.txt" \
+  "$src/services/$service"
+"${pip[@]}" uninstall -y pip setuptools
+site=$("$venv/bin/python3" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+# kubernetes' asyncio client (42 MB of the 76 MB package) duplicates the synchronous one the
+# detector calls, and nothing outside it imports it.
+rm -rf "$site/kubernetes/aio"
+find "$venv" -name __pycache__ -prune -exec rm -rf {} +
+# Wheels' extension modules carry symbols nothing here uses (aiohttp's alone are 4 MB of them).
+if command -v strip >/dev/null; then
+  find "$venv" -name '*.so' -type f -exec strip --strip-unneeded {} +
+fi
+
+# --- the interpreter and its standard library --------------------------------------------------
+mkdir -p "$out/tmp" "$out/etc" "$out/opt"
+chmod 1777 "$out/tmp"
+cp -a "$venv" "$out/opt/"
+# merged /usr: /lib64/ld-linux-x86-64.so.2, the loader every binary names, goes through these links
+for top in /bin /sbin /lib /lib32 /lib64 /libx32; do [ -L "$top" ] && cp -a "$top" "$out/"; done
+
+copy_path() {  # copies a file and every symbolic link that leads to it, each at its resolved directory
+  local path=$1 dir at next
+  while :; do
+    dir=$(readlink -f "$(dirname "$path")")
+    at="$dir/$(basename "$path")"
+    mkdir -p "$out$dir"
+    cp -a "$at" "$out$dir/"
+    [ -L "$at" ] || return 0
+    next=$(readlink "$at")
+    case $next in /*) path=$next ;; *) path=$dir/$next ;; esac
+  done
+}
+
+copy_path "$venv/bin/python3"   # the venv's python3 is a link to the base's interpreter
+stdlib=$(python3 -c 'import sysconfig; print(sysconfig.get_path("stdlib"))')
+dynload=$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("DESTSHARED"))')
+no_stdlib=(test idlelib tkinter turtledemo turtle.py ensurepip lib2to3 pydoc_data distutils venv sqlite3 dbm curses
+  'config-3*' site-packages dist-packages)
+no_dynload=('_test*' '_xx*' 'xx*' '_ctypes_test*' _sqlite3 _dbm _gdbm _curses _curses_panel readline _tkinter nis
+  _crypt ossaudiodev spwd)
+excludes=(--exclude=__pycache__)
+for name in "${no_stdlib[@]}"; do excludes+=("--exclude=${stdlib#/}/$name"); done
+for name in "${no_dynload[@]}"; do excludes+=("--exclude=${dynload#/}/$name.*"); done
+tar -C / "${excludes[@]}" -cf - "${stdlib#/}" | tar -C "$out" -xf -
+
+# --- the shared libraries: what the interpreter and every extension module link against -------
+needed=$(find "$out" -type f \( -name '*.so' -o -name '*.so.*' -o -path "$out/usr/*bin/*" \) -print0 \
+  | { xargs -0 ldd 2>/dev/null || true; } \
+  | awk '/:$/ {next}   # ldd names each file it lists
+         /not found/ {print "MISSING " $1; next}
+         $2 == "=>" && $3 ~ /^\// {print $3; next}
+         $1 ~ /^\// {print $1}' \
+  | sort -u)
+if grep '^MISSING' <<<"$needed"; then echo "rootfs.sh: unresolved shared libraries" >&2; exit 1; fi
+while read -r lib; do copy_path "$lib"; done <<<"$needed"
+cp -a /etc/ld.so.conf /etc/ld.so.conf.d "$out/etc/" 2>/dev/null || true
+ldconfig -r "$out"
+
+cat >"$out/etc/passwd" <<'EOF'
+root:x:0:0:root:/root:/sbin/nologin
+nobody:x:65534:65534:nobody:/nonexistent:/sbin/nologin
+EOF
+cat >"$out/etc/group" <<'EOF'
+root:x:0:
+nogroup:x:65534:
+EOF
+cat >"$out/etc/nsswitch.conf" <<'EOF'
+passwd: files
+group: files
+hosts: files dns
+EOF
+
+# --- bytecode -------------------------------------------------------------------------------------
+# Compiled here, because the root is read-only in a pod: without bytecode every start compiles
+# whatever it imports, which for the Kubernetes client alone takes 3 s and peaks at 140 MB, near
+# the detector's memory limit. Unchecked-hash bytecode: Python never compares it with the source's
+# time, and its bytes do not depend on file times. The Kubernetes client keeps its bytecode
+# (25 MB) without its 34 MB of generated source, mostly docstrings: a traceback through it shows
+# file and line, not the line's text.
+compile=(python3 -m compileall -q -j 0 --invalidation-mode unchecked-hash -s "$out" -p /)
+if [ -d "$out$site/kubernetes" ]; then
+  "${compile[@]}" -b "$out$site/kubernetes"
+  find "$out$site/kubernetes" -name '*.py' -delete
+fi
+"${compile[@]}" "$out$stdlib" "$out$venv"
+
+# --- check: every module of the service imports inside the new root ----------------------------
+package=$(find "$src/services/$service/src" -mindepth 1 -maxdepth 1 -type d ! -name '*.egg-info' -printf '%f\n')
+chroot "$out" /opt/neuron/bin/python3 -B -c '
+import importlib, pkgutil, sys
+package = importlib.import_module(sys.argv[1])
+for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+    importlib.import_module(module.name)
+' "$package"
