@@ -846,3 +846,24 @@ def test_app_version_is_the_services_version() -> None:
         version = re.search(r'^version = "(.+)"', pyproject.read_text(), re.MULTILINE)
         assert version, pyproject
         assert version[1] == chart["appVersion"], pyproject
+
+
+# --- host paths come from the node model ----------------------------------------------------------
+
+
+def test_host_paths_are_the_node_models() -> None:
+    """The chart cannot import the host layout, so this checks every host path it writes against it."""
+    from neuron_sysfs import layout
+
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["kubeletRootDir"] == layout.KUBELET_DIR
+    assert values["npd"]["stateHostPath"] == layout.NPD_STATE_DIR
+    assert values["devicePlugin"]["cdi"]["specDir"] == layout.CDI_SPEC_DIR
+    docs = render()
+    plugin = container(daemonset(docs, "device-plugin"))["args"]
+    detector = container(daemonset(docs, "problem-detector"))["args"]
+    assert f"--device-plugin-path={layout.DEVICE_PLUGIN_DIR.rstrip('/')}" in plugin
+    assert f"--pod-resources-socket={layout.POD_RESOURCES_SOCKET}" in plugin
+    assert f"--verdict-dir={layout.VERDICT_DIR}" in plugin
+    assert f"--verdict-dir={layout.VERDICT_DIR}" in detector
+    assert f"--state-file={layout.NPD_STATE_FILE}" in detector
