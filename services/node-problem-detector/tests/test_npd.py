@@ -118,7 +118,8 @@ async def test_counters_growing(tmp_path: Path, node: Path, api: FakeApiServer) 
         await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
         sim.bump_counter(node, 9, "mem_ecc_repairable_uncorrected", by=2)
         await eventually(lambda: status(api) == ("True", "NeuronHasError_HBM_REPAIRABLE_UNCORRECTABLE_ERROR"))
-        assert "rose from 0 to 2" in api.event_list()[0]["message"]
+        # the Event is sent after the condition: wait for it rather than race the reporter
+        await eventually(lambda: any("rose from 0 to 2" in e["message"] for e in api.event_list()))
         # the driver is reloaded: its counters start again from zero, and a reload mends this kind
         sim.reload_driver(node)
         await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
