@@ -83,12 +83,15 @@ print("\n".join(sorted(names)))
 fi
 
 # --- smoke: an image, as its own user on a read-only root, serves what it should over a simulated node
-SIM="${SIM_ROOT:-/var/lib/neuron-sim/node}"
+# A node of its own: the cluster's simulated node needs real character devices (up.sh), and a
+# smoke run must not create or change it.
+SIM=$(mktemp -d /tmp/neuron-smoke-node.XXXXXX)
+trap 'rm -rf "$SIM"' EXIT
 smoke_serves() {  # image url-path pattern [service flags...]: the pattern shows up at the path in 10 s
   local image=$1 path=$2 pattern=$3 port=19840 name="neuron-smoke-$$" ok=1
   shift 3
   [ -e "$SIM/.neuron-sim/state.json" ] \
-    || .venv/bin/neuron-sim create --instance-type trn1.32xlarge --root "$SIM" >/dev/null
+    || .venv/bin/neuron-sim create --instance-type trn1.32xlarge --root "$SIM" --force >/dev/null
   "${PODMAN[@]}" run -d --rm --name "$name" "${LIMITS[@]}" --network host --read-only -v "$SIM:$SIM:ro" --tmpfs /run \
     "$image" --host-root "$SIM" --listen "127.0.0.1:$port" --pod-resources-socket /nonexistent "$@" >/dev/null
   for _ in $(seq 1 50); do
