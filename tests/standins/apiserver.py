@@ -1,7 +1,7 @@
-"""A stand-in for the kube-apiserver's Node and Event endpoints, over HTTP.
+"""A stand-in for the kube-apiserver's Node, Event and custom-object apply endpoints, over HTTP.
 
-STAND-IN, NOT THE REAL API SERVER: used by the problem detector's tests until the real-cluster
-tests run a real kube-apiserver. It implements what the detector calls, with the server-side
+STAND-IN, NOT THE REAL API SERVER: used by the problem detector's and the device plugin's
+tests; the real-cluster tests run a real kube-apiserver. It implements what they call, with the server-side
 semantics that matter:
 - `PATCH /api/v1/nodes/{name}/status` with `application/strategic-merge-patch+json` merges
   `status.conditions` by `type` (the kubelet's conditions survive); with
@@ -12,8 +12,7 @@ semantics that matter:
 - `PATCH /apis/{group}/{version}/{plural}/{name}` of a cluster-scoped custom object, only as a
   server-side apply (`application/apply-patch+yaml`, `fieldManager` required, 409 on another
   manager's fields without `force=true`); one manager applying the whole object, as the device
-  plugin does, replaces everything but the server's own metadata; `refuse` names objects whose
-  writes get a 403 with a message, as an admission policy's refusal;
+  plugin does, replaces everything but the server's own metadata;
 - `down()` / `up()` make it unreachable and reachable again (same port).
 """
 
@@ -49,7 +48,6 @@ class FakeApiServer:
         self.requests: list[tuple[str, str, str]] = []  # (method, path, content type)
         self.custom: dict[str, dict[str, dict[str, Any]]] = {}  # "plural.group" -> name -> object
         self.managers: dict[tuple[str, str], str] = {}  # (resource, name) -> field manager
-        self.refuse: dict[str, str] = {}  # object name -> the 403's message
         self._rv = 1
         self.port = _free_port()
         self._runner: web.AppRunner | None = None
@@ -177,8 +175,6 @@ class FakeApiServer:
         manager = request.query.get("fieldManager", "")
         if not manager:
             raise web.HTTPUnprocessableEntity(text=_status(422, "Invalid", "fieldManager is required for apply"))
-        if name in self.refuse:
-            raise web.HTTPForbidden(text=_status(403, "Forbidden", self.refuse[name]))
         resource = f"{plural}.{group}"
         previous = self.managers.get((resource, name))
         if previous not in (None, manager) and request.query.get("force") != "true":
