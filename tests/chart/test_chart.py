@@ -345,6 +345,220 @@ def test_an_existing_service_account_can_be_named() -> None:
     assert "neuron-helm-chart-device-plugin" not in {d["metadata"]["name"] for d in of_kind(docs, "ServiceAccount")}
 
 
+# --- the Neuron-aware scheduler: the device plugin's NeuronNode reports ------------------------
+
+SCHEDULER = sets(scheduler__enabled=True)
+TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+PLUGIN_SA = "neuron-helm-chart-device-plugin"
+
+
+def _plugin_pod(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    ds = daemonset(docs, "device-plugin")
+    return ds["spec"]["template"]["spec"], container(ds)
+
+
+def test_without_the_scheduler_nothing_of_the_report_is_rendered() -> None:
+    docs = render()
+    assert not [d for d in docs if "neuronnode" in json.dumps(d).lower()]
+    pod, c = _plugin_pod(docs)
+    assert not [a for a in c["args"] if a.startswith("--node-report")]
+    assert "env" not in c
+    assert pod["automountServiceAccountToken"] is False
+    assert not [m for m in c["volumeMounts"] if m["mountPath"] == TOKEN_DIR]
+
+
+def test_with_the_scheduler_the_plugin_reports_its_node_with_a_token_of_its_own_pod() -> None:
+    extra = [{"name": "NEURON_DP_LOG_LEVEL", "value": "debug"}]
+    docs = render(*SCHEDULER, *sets(scheduler__nodeReportInterval=45, devicePlugin__extraEnv=extra))
+    pod, c = _plugin_pod(docs)
+    assert c["args"][-2:] == ["--node-report", "--node-report-interval=45"]
+    assert c["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}, *extra]
+    # this container alone gets a token, bound to its pod (so it names the node)
+    assert pod["automountServiceAccountToken"] is False
+    (mount,) = [m for m in c["volumeMounts"] if m["mountPath"] == TOKEN_DIR]
+    assert mount["readOnly"] is True
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    # what the kubernetes client's in-cluster configuration reads: token, ca.crt, namespace
+    sources = volume["projected"]["sources"]
+    assert sources[0] == {"serviceAccountToken": {"path": "token", "expirationSeconds": 3607}}
+    assert sources[1]["configMap"] == {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    assert sources[2]["downwardAPI"]["items"] == [
+        {"path": "namespace", "fieldRef": {"fieldPath": "metadata.namespace"}}
+    ]
+    (sa,) = [d for d in of_kind(docs, "ServiceAccount") if d["metadata"]["name"] == PLUGIN_SA]
+    assert sa["automountServiceAccountToken"] is False
+    assert not [a for a in container(daemonset(docs, "node-metrics"))["args"] if "node-report" in a]
+
+
+def test_the_plugin_may_create_and_patch_neuronnodes_and_nothing_else() -> None:
+    docs = render(*SCHEDULER)
+    assert _rules(docs, PLUGIN_SA) == [
+        {"apiGroups": ["neuron.aws.com"], "resources": ["neuronnodes"], "verbs": ["create", "patch"]}
+    ]
+    (binding,) = [b for b in of_kind(docs, "ClusterRoleBinding") if b["roleRef"]["name"] == PLUGIN_SA]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": PLUGIN_SA, "namespace": "kube-system"}]
+
+
+def _policy(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    (policy,) = of_kind(docs, "ValidatingAdmissionPolicy")
+    (binding,) = of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    return policy, binding
+
+
+@pytest.mark.parametrize(
+    ("args", "user"),
+    [
+        ([], f"system:serviceaccount:kube-system:{PLUGIN_SA}"),
+        (sets(devicePlugin__serviceAccount={"create": False, "name": "my-sa", "annotations": {}}),
+         "system:serviceaccount:kube-system:my-sa"),
+    ],
+    ids=["created", "existing"],
+)  # fmt: skip
+def test_an_admission_policy_lets_the_plugin_write_only_its_own_nodes_report(args: list[str], user: str) -> None:
+    docs = render(*SCHEDULER, *args)
+    policy, binding = _policy(docs)
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    (rule,) = spec["matchConstraints"]["resourceRules"]
+    assert (rule["apiGroups"], rule["resources"]) == (["neuron.aws.com"], ["neuronnodes"])
+    assert set(rule["operations"]) == {"CREATE", "UPDATE", "DELETE"}
+    # it applies to the plugin's service account alone (the one its ClusterRoleBinding names)
+    (condition,) = spec["matchConditions"]
+    assert condition["expression"] == f'request.userInfo.username == "{user}"'
+    (crb,) = [b for b in of_kind(docs, "ClusterRoleBinding") if b["roleRef"]["name"] == PLUGIN_SA]
+    assert user == "system:serviceaccount:{namespace}:{name}".format(**crb["subjects"][0])
+    # keyed on the node claim of a pod-bound token, against the object's name
+    variables = {v["name"]: " ".join(v["expression"].split()) for v in spec["variables"]}
+    assert "request.userInfo.extra['authentication.kubernetes.io/node-name'][0]" in variables["node"]
+    assert "has(request.userInfo.extra)" in variables["node"], "a token without extra info must not be an error"
+    assert variables["target"] == "object != null ? object.metadata.name : oldObject.metadata.name"
+    assert [v["expression"] for v in spec["validations"]] == [
+        "variables.node != ''",
+        "variables.node == '' || variables.node == variables.target",
+    ]
+    assert {v["reason"] for v in spec["validations"]} == {"Forbidden"}
+    assert "may write only NeuronNode" in spec["validations"][1]["messageExpression"]
+    assert binding["spec"] == {"policyName": policy["metadata"]["name"], "validationActions": ["Deny"]}
+
+
+def _crd(docs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    (crd,) = of_kind(docs if docs is not None else render(*SCHEDULER), "CustomResourceDefinition")
+    return crd
+
+
+def _reports() -> list[dict[str, Any]]:
+    """A NeuronNode of every instance type, idle and busy (holdings, unhealthy devices, pods)."""
+    import datetime as dt
+
+    from neuron_sysfs.instance_types import INSTANCE_TYPES
+    from neuron_sysfs.report import NodeReport
+
+    now = dt.datetime(2026, 11, 24, 8, 0, tzinfo=dt.UTC)
+    objects = []
+    for it in INSTANCE_TYPES.values():
+        for cores_per_device in (2, 8):  # (trn2 at logical-core settings 2 and 1)
+            name = it.name.replace(".", "-") + f"-{cores_per_device}"
+            total = it.devices * cores_per_device
+            idle = NodeReport(name, it.name, it.topology, it.devices, it.torus_shape, it.adjacency(), cores_per_device,
+                              1, frozenset(range(total)), frozenset(), frozenset(), now)  # fmt: skip
+            busy = NodeReport(f"{name}-busy", None, it.topology, it.devices, it.torus_shape, it.adjacency(),
+                              cores_per_device, 2, frozenset(range(1, total, 3)), frozenset({it.devices - 1}),
+                              frozenset({"ml/train-0", "default/infer"}), now)  # fmt: skip
+            objects += [idle.to_object(), busy.to_object()]
+    return objects
+
+
+def _validate_reports(tmp_path: Path, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """kubectl-validate's verdict on each object, against the chart's CRD alone (the API server's own
+    structural-schema validation, offline)."""
+    crds = tmp_path / "crds"
+    crds.mkdir(exist_ok=True)
+    (crds / "neuronnode.yaml").write_text(yaml.safe_dump(_crd()))
+    manifests = tmp_path / "neuronnodes.yaml"
+    manifests.write_text(yaml.safe_dump_all(objects))
+    tools = chart_tools()
+    result = subprocess.run(
+        [tools["KUBECTL_VALIDATE"], str(manifests), "--version", "1.30", "--local-crds", str(crds), "-o", "json"],
+        capture_output=True, text=True, check=False, env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root")},
+    )  # fmt: skip
+    verdicts: list[dict[str, Any]] = json.loads(result.stdout)[str(manifests)]
+    assert len(verdicts) == len(objects), result.stdout + result.stderr
+    return verdicts
+
+
+def test_the_crd_accepts_the_report_of_every_instance_type(tmp_path: Path) -> None:
+    objects = _reports()
+    for obj, verdict in zip(objects, _validate_reports(tmp_path, objects), strict=True):
+        assert verdict["status"] == "Success", (obj["metadata"]["name"], verdict)
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "complaint"),
+    [
+        (["freeCores"], ["0"], "status.freeCores[0] in body must be of type integer"),
+        (["topology", "kind"], "mesh", "status.topology.kind: Unsupported value"),
+        (["heartbeatTime"], "yesterday", "status.heartbeatTime"),
+        (["pods"], ["no-namespace"], "status.pods[0] in body should match"),
+        (["devices"], None, "status.devices: Required value"),
+    ],
+    ids=["core-as-string", "unknown-topology", "not-a-time", "pod-without-namespace", "missing-column-field"],
+)
+def test_the_crd_refuses_a_malformed_report(tmp_path: Path, path: list[str], value: Any, complaint: str) -> None:
+    """The check above can fail: the API server would refuse these."""
+    good, obj = _reports()[:2]
+    target = obj["status"]
+    for key in path[:-1]:
+        target = target[key]
+    if value is None:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    accepted, refused = _validate_reports(tmp_path, [good, obj])
+    assert accepted["status"] == "Success", accepted
+    assert refused["status"] == "Failure", f"accepted {path}={value!r}"
+    assert complaint in refused["message"], refused["message"]
+
+
+def test_the_crd_types_every_field_of_the_report_and_its_columns_read_it() -> None:
+    from neuron_sysfs.instance_types import TopologyKind
+    from neuron_sysfs.report import GROUP, KIND, PLURAL, VERSION
+
+    crd = _crd()
+    assert crd["metadata"]["name"] == f"{PLURAL}.{GROUP}"
+    assert (crd["spec"]["group"], crd["spec"]["scope"], crd["spec"]["names"]["kind"]) == (GROUP, "Cluster", KIND)
+    (version,) = crd["spec"]["versions"]
+    assert (version["name"], version["served"], version["storage"]) == (VERSION, True, True)
+    assert "subresources" not in version, "the plugin applies the whole object"
+    status_schema = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    (busy,) = [r for r in _reports() if r["metadata"]["name"] == "trn1-32xlarge-2-busy"]
+    status = busy["status"]  # every optional field present
+    assert set(status_schema["properties"]) == set(status) == set(status_schema["required"])
+    assert set(status_schema["properties"]["topology"]["properties"]) == set(status["topology"])
+    assert set(status_schema["properties"]["topology"]["properties"]["kind"]["enum"]) == {str(k) for k in TopologyKind}
+    columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
+    assert list(columns) == ["Instance", "Devices", "Cores", "Health", "Heartbeat"]
+    assert columns["Heartbeat"]["type"] == "date"
+    for column in columns.values():
+        field = column["jsonPath"].removeprefix(".status.")
+        assert field in status, column
+        assert status_schema["properties"][field]["type"] == "string"
+    assert (status["devices"], status["health"]) == (f"{len(status['freeDevices'])}/16", "15/16 healthy")
+
+
+def test_the_scheduler_objects_validate_against_kubernetes_1_30_and_the_newest(tmp_path: Path) -> None:
+    docs = render(*SCHEDULER)
+    for doc in docs:
+        labels = doc["metadata"]["labels"]
+        assert {k: labels.get(k) for k in STANDARD_LABELS} == STANDARD_LABELS, doc["metadata"]["name"]
+    kinds = {d["kind"] for d in docs}
+    assert {"CustomResourceDefinition", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
+    manifests = tmp_path / "manifests.yaml"
+    manifests.write_text(yaml.safe_dump_all(docs))
+    for version, args in _kube_versions():
+        result = _validate(manifests, *args)
+        assert result.returncode == 0, f"Kubernetes {version}:\n{result.stdout}{result.stderr}"
+
+
 # --- images ----------------------------------------------------------------------------------
 
 
@@ -670,6 +884,7 @@ def test_custom_rules_replace_the_shipped_ones_and_roll_the_pods() -> None:
         (sets(npd__readinessProbe__initialDelay=5), "additional properties 'initialDelay' not allowed"),
         (sets(nodeMetrics__revisionHistoryLimit=-1), "/nodeMetrics/revisionHistoryLimit"),
         (sets(npd__terminationGracePeriodSeconds="30s"), "/npd/terminationGracePeriodSeconds"),
+        (sets(scheduler__nodeReportInterval=0), "/scheduler/nodeReportInterval"),
     ],
     ids=[
         "misspelt-key",
@@ -690,6 +905,7 @@ def test_custom_rules_replace_the_shipped_ones_and_roll_the_pods() -> None:
         "probe-unknown-key",
         "revision-history",
         "grace-period",
+        "report-interval",
     ],
 )
 def test_the_schema_rejects_mistakes_with_a_clear_message(args: list[str], message: str) -> None:
@@ -715,6 +931,10 @@ def test_the_schema_rejects_mistakes_with_a_clear_message(args: list[str], messa
             sets(npd__remediation__taint=True, npd__serviceAccount={"create": False, "name": "", "annotations": {}}),
             "npd.remediation needs",
         ),
+        (
+            sets(scheduler__enabled=True, devicePlugin__enabled=False),
+            "scheduler.enabled needs devicePlugin.enabled: the Neuron-aware scheduler places pods from the NeuronNode",
+        ),
     ],
     ids=[
         "nothing-enabled",
@@ -722,6 +942,7 @@ def test_the_schema_rejects_mistakes_with_a_clear_message(args: list[str], messa
         "nfd-rule-unused",
         "monitor-without-service",
         "remediation-without-sa",
+        "scheduler-without-plugin",
     ],
 )
 def test_contradictions_fail_with_what_to_change(args: list[str], message: str) -> None:

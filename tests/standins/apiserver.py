@@ -1,7 +1,7 @@
-"""A stand-in for the kube-apiserver's Node and Event endpoints, over HTTP.
+"""A stand-in for the kube-apiserver's Node, Event and custom-object apply endpoints, over HTTP.
 
-STAND-IN, NOT THE REAL API SERVER: used by the problem detector's tests until the real-cluster
-tests run a real kube-apiserver. It implements what the detector calls, with the server-side
+STAND-IN, NOT THE REAL API SERVER: used by the problem detector's and the device plugin's
+tests; the real-cluster tests run a real kube-apiserver. It implements what they call, with the server-side
 semantics that matter:
 - `PATCH /api/v1/nodes/{name}/status` with `application/strategic-merge-patch+json` merges
   `status.conditions` by `type` (the kubelet's conditions survive); with
@@ -9,6 +9,10 @@ semantics that matter:
 - `PATCH /api/v1/nodes/{name}` (merge patch) honours `metadata.resourceVersion` (409 on a
   stale one), and null deletes a key;
 - `POST/PATCH /api/v1/namespaces/{ns}/events[/{name}]`, `GET .../events`;
+- `PATCH /apis/{group}/{version}/{plural}/{name}` of a cluster-scoped custom object, only as a
+  server-side apply (`application/apply-patch+yaml`, `fieldManager` required, 409 on another
+  manager's fields without `force=true`); one manager applying the whole object, as the device
+  plugin does, replaces everything but the server's own metadata;
 - `down()` / `up()` make it unreachable and reachable again (same port).
 """
 
@@ -25,6 +29,7 @@ from typing import Any
 from aiohttp import web
 
 STRATEGIC = "application/strategic-merge-patch+json"
+APPLY = "application/apply-patch+yaml"
 
 
 def _merge(target: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
@@ -43,6 +48,8 @@ class FakeApiServer:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.events: dict[str, dict[str, dict[str, Any]]] = {}
         self.requests: list[tuple[str, str, str]] = []  # (method, path, content type)
+        self.custom: dict[str, dict[str, dict[str, Any]]] = {}  # "plural.group" -> name -> object
+        self.managers: dict[tuple[str, str], str] = {}  # (resource, name) -> field manager
         self._rv = 1
         self.port = _free_port()
         self._runner: web.AppRunner | None = None
@@ -96,6 +103,7 @@ class FakeApiServer:
         app.router.add_post("/api/v1/namespaces/{ns}/events", self._create_event)
         app.router.add_patch("/api/v1/namespaces/{ns}/events/{name}", self._patch_event)
         app.router.add_get("/api/v1/namespaces/{ns}/events", self._list_events)
+        app.router.add_patch("/apis/{group}/{version}/{plural}/{name}", self._apply_custom)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port, reuse_address=True).start()
@@ -161,8 +169,33 @@ class FakeApiServer:
         _merge(self.events[ns][name], await request.json())
         return web.json_response(self.events[ns][name])
 
+    async def _apply_custom(self, request: web.Request) -> web.Response:
+        group, plural, name = (request.match_info[k] for k in ("group", "plural", "name"))
+        self.requests.append(("PATCH", request.path, request.content_type))
+        if request.content_type != APPLY:
+            raise web.HTTPUnsupportedMediaType(text=_status(415, "UnsupportedMediaType", "only apply is stood in for"))
+        manager = request.query.get("fieldManager", "")
+        if not manager:
+            raise web.HTTPUnprocessableEntity(text=_status(422, "Invalid", "fieldManager is required for apply"))
+        resource = f"{plural}.{group}"
+        previous = self.managers.get((resource, name))
+        if previous not in (None, manager) and request.query.get("force") != "true":
+            raise web.HTTPConflict(text=_status(409, "Conflict", f"Apply failed with 1 conflict: {previous}"))
+        body = json.loads(await request.text())  # JSON is YAML: what the client sends
+        objects = self.custom.setdefault(resource, {})
+        created = name not in objects
+        metadata = {"uid": f"uid-{name}"} if created else {k: objects[name]["metadata"][k] for k in ("uid",)}
+        obj = dict(body, metadata={**body.get("metadata", {}), **metadata, "resourceVersion": self._next_rv()})
+        objects[name] = obj
+        self.managers[(resource, name)] = manager
+        return web.json_response(obj, status=201 if created else 200)
+
     async def _list_events(self, request: web.Request) -> web.Response:
         return web.json_response({"kind": "EventList", "items": self.event_list(request.match_info["ns"])})
+
+
+def _status(code: int, reason: str, message: str) -> str:
+    return json.dumps({"kind": "Status", "status": "Failure", "reason": reason, "code": code, "message": message})
 
 
 def _free_port() -> int:

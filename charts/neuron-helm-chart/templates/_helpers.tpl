@@ -276,6 +276,11 @@ spec:
 {{- end }}
 {{- end -}}
 
+{{/* Whether the device plugin publishes its node's NeuronNode: the Neuron-aware scheduler reads them. */}}
+{{- define "neuron.nodeReport" -}}
+{{- if and .Values.scheduler.enabled .Values.devicePlugin.enabled -}}true{{- end -}}
+{{- end -}}
+
 {{/* Whether the Prometheus-operator objects are rendered. */}}
 {{- define "neuron.monitoringApi" -}}
 {{- if or .Values.nodeMetrics.monitoring.force (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") -}}true{{- end -}}
@@ -299,6 +304,9 @@ spec:
 {{- if not .Values.npd.serviceAccount.name -}}
 {{- fail "npd.remediation needs the detector's ServiceAccount to hold 'patch nodes': set npd.serviceAccount.create=true or name an existing ServiceAccount that has it" -}}
 {{- end -}}
+{{- end -}}
+{{- if and .Values.scheduler.enabled (not .Values.devicePlugin.enabled) -}}
+{{- fail "scheduler.enabled needs devicePlugin.enabled: the Neuron-aware scheduler places pods from the NeuronNode reports the device plugin publishes, and refuses every node without one" -}}
 {{- end -}}
 {{- if and .Values.simulation.enabled (not (hasPrefix "/" .Values.simulation.hostRoot)) -}}
 {{- fail (printf "simulation.hostRoot must be an absolute host path, got %q" .Values.simulation.hostRoot) -}}

@@ -76,6 +76,7 @@ DURATIONS = {  # flag: Config attribute
     "--holdings-interval": "holdings_interval",
     "--pending-ttl": "pending_ttl",
     "--register-timeout": "register_timeout",
+    "--node-report-interval": "node_report_interval",
 }
 
 

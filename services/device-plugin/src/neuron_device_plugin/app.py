@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import logging
+from typing import Any
 
 from kubelet_api.podresources_client import PodResourcesClient
 from neuron_common.http import HealthServer
@@ -14,6 +16,7 @@ from neuron_device_plugin import cdi, registration
 from neuron_device_plugin.config import Config
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_device_plugin.monitor import HealthMonitor, KmsgWatcher
+from neuron_device_plugin.node_report import NodeReportPublisher, ServerSideApply, api_client, build_report
 from neuron_device_plugin.registration import Registrar, ResourceServer
 from neuron_device_plugin.server import DevicePluginServicer
 from neuron_device_plugin.state import PluginState
@@ -23,7 +26,8 @@ log = logging.getLogger(__name__)
 
 
 class Plugin:
-    def __init__(self, config: Config, stop: asyncio.Event) -> None:
+    def __init__(self, config: Config, stop: asyncio.Event, *, api: Any = None) -> None:
+        """`api`: a kubernetes ApiClient for --node-report; by default made from --kubeconfig or the pod's."""
         self.config = config
         self.stop = stop
         self.metrics = PluginMetrics()
@@ -70,6 +74,14 @@ class Plugin:
         self.monitor = HealthMonitor(
             self.state, self.metrics, config.host_root, config.health_interval, config.verdict_dir
         )
+        self.report: NodeReportPublisher | None = None
+        if config.node_report:
+            self.report = NodeReportPublisher(
+                self._report_object,
+                ServerSideApply(api if api is not None else api_client(config.kubeconfig)),
+                self.metrics,
+                interval=config.node_report_interval,
+            )
         self.supervisor = Supervisor(stop)
         host, port = config.listen
         self.http = HealthServer(host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready)
@@ -77,6 +89,9 @@ class Plugin:
     def _on_holdings(self, snapshot: PodResourcesSnapshot) -> None:
         self.metrics.podresources_up.set(1)
         self.state.set_kubelet_holdings(snapshot.holdings, snapshot.started_at)
+
+    def _report_object(self) -> dict[str, Any]:
+        return build_report(self.state, self.config.node_name, dt.datetime.now(dt.UTC)).to_object()
 
     def ready(self) -> tuple[bool, str]:
         missing = [r.resource.full_name for r in self.registrars if not r.registered]
@@ -99,6 +114,9 @@ class Plugin:
         if self.config.kmsg_path is not None:
             kmsg = KmsgWatcher(self.state, self.metrics, self.config.kmsg_path)
             self.supervisor.start("kmsg", lambda: kmsg.run(self.stop))
+        if self.report is not None:
+            report = self.report
+            self.supervisor.start("node-report", lambda: report.run(self.stop, lambda: self.state.changed))
         code = await self.supervisor.run()
         with contextlib.suppress(Exception):
             await self.http.stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +13,8 @@ from neuron_common.config import EnvArgumentParser, listen_address, log_level, p
 from neuron_sysfs import layout
 
 DEFAULT_LISTEN = "0.0.0.0:9841"
+# A Node's name is a DNS subdomain (RFC 1123); the NeuronNode is named after it.
+NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,10 @@ class Config:
     cdi_spec_dir: Path
     verdict_dir: Path | None
     register_timeout: float
+    node_report: bool
+    node_name: str
+    kubeconfig: str | None  # None: the in-cluster service account
+    node_report_interval: float
 
     @property
     def resources(self) -> list[resources.Resource]:
@@ -133,16 +141,42 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         type=positive_duration,
         help="how long to wait for the kubelet to answer Register",
     )
+    p.add_bool_flag(
+        "--node-report",
+        default=False,
+        help="publish this node's NeuronNode (free devices and cores, health, topology) to the API server "
+        "for the Neuron-aware scheduler",
+    )
+    p.add_flag("--node-name", default="", help="this node's name, for --node-report (default $NODE_NAME)")
+    p.add_flag(
+        "--kubeconfig", default="", help="kubeconfig file for --node-report; default: the in-cluster service account"
+    )
+    p.add_flag(
+        "--node-report-interval",
+        default="30s",
+        type=positive_duration,
+        help="longest time between two NeuronNode writes (a heartbeat); every change is written at once",
+    )
     return p
 
 
 def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
+    environ = os.environ if env is None else env
     p = parser(env)
     a = p.parse_args(argv)
     if not resources.is_valid_prefix(a.resource_prefix):
         p.error(f"--resource-prefix {a.resource_prefix!r} is not a valid DNS subdomain outside kubernetes.io")
     if a.health_quiet_period < a.health_interval:
         p.error("--health-quiet-period must be at least --health-interval")
+    node = a.node_name or environ.get("NODE_NAME", "")
+    if a.node_report:
+        if not node:
+            p.error(
+                "--node-report needs the node's name: pass --node-name or set NODE_NAME "
+                "(the chart sets it from the downward API)"
+            )
+        if len(node) > 253 or not NODE_NAME.fullmatch(node):
+            p.error(f"--node-name {node!r} is not a node name (a lowercase DNS subdomain)")
     kmsg: Path | None
     if a.kmsg_path == "none":
         kmsg = None
@@ -168,4 +202,8 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         cdi_spec_dir=a.cdi_spec_dir,
         verdict_dir=Path(a.verdict_dir) if a.verdict_dir else None,
         register_timeout=a.register_timeout,
+        node_report=a.node_report,
+        node_name=node,
+        kubeconfig=a.kubeconfig or None,
+        node_report_interval=a.node_report_interval,
     )

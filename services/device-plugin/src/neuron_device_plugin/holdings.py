@@ -65,5 +65,18 @@ def conflicts(
     return sorted((h for h in found if h.resource != resource.full_name), key=lambda h: (h.resource, h.owner))
 
 
+def unheld_cores(holdings: Holdings, cores_of_devices: Mapping[int, Iterable[int]]) -> frozenset[int]:
+    """The cores of `cores_of_devices` (device -> its cores) that no one holds through any resource:
+    neither the core itself nor its whole device. Unlike `conflicts`, a holding through the same
+    resource counts too: this is what is left for the next pod, whichever resource it asks for."""
+    return frozenset(
+        core
+        for device, cores in cores_of_devices.items()
+        if not holdings.devices.get(device)
+        for core in cores
+        if not holdings.cores.get(core)
+    )
+
+
 def describe(holders: list[Holder]) -> str:
     return "; ".join(f"{h.owner} (as {h.resource})" for h in holders)

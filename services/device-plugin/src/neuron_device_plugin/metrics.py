@@ -46,4 +46,15 @@ class PluginMetrics:
         self.podresources_up = Gauge(
             "neuron_device_plugin_podresources_up", "1 when the last PodResources List succeeded", registry=r
         )
+        self.node_report_writes = Counter(
+            "neuron_device_plugin_node_report_writes",
+            "NeuronNode writes to the API server (--node-report), by result (success or error)",
+            ["result"],
+            registry=r,
+        )
+        self.node_report_up = Gauge(
+            "neuron_device_plugin_node_report_up",
+            "1 when the last NeuronNode write succeeded (--node-report)",
+            registry=r,
+        )
         self.errors = Counter("neuron_device_plugin_errors", "Internal errors by kind", ["kind"], registry=r)

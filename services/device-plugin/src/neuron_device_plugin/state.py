@@ -220,6 +220,10 @@ class PluginState:
         entries.extend((r, i, "a pending allocation") for (_, i), (_, r) in self._pending.items())
         return build_holdings(entries)
 
+    def holding_pods(self) -> frozenset[str]:
+        """The pods ("namespace/name") the kubelet's last List showed holding one of our IDs."""
+        return frozenset(f"{h.namespace}/{h.pod}" for h in self._kubelet)
+
     def verdict(self, device: int) -> Verdict:
         return self._last_verdicts.get(device, Verdict(True, "", False))
 
