@@ -131,9 +131,10 @@ subsets: [{addresses: [{ip: 10.88.0.1}], ports: [{name: https, port: 6443, proto
 EOF
 
 # --- the simulated Neuron node, with real character devices ------------------------------------
-if [ ! -e "$SIM_ROOT/.neuron-sim/state.json" ]; then
+# (written again when an older neuron-sim left it without the PCI class node-feature-discovery needs)
+if [ ! -e "$SIM_ROOT/.neuron-sim/state.json" ] || ! compgen -G "$SIM_ROOT/sys/bus/pci/devices/*/class" >/dev/null; then
   log "creating a simulated $INSTANCE_TYPE at $SIM_ROOT"
-  "$REPO/.venv/bin/neuron-sim" create --instance-type "$INSTANCE_TYPE" --root "$SIM_ROOT" --char-devices
+  "$REPO/.venv/bin/neuron-sim" create --instance-type "$INSTANCE_TYPE" --root "$SIM_ROOT" --char-devices --force
 fi
 
 # --- containerd, runc, CNI ----------------------------------------------------------------------
