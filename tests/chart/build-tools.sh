@@ -6,15 +6,17 @@
 #                      tests/chart/tools/kubectl-validate/go.mod; it embeds Kubernetes 1.30's schemas
 #   openapi/<k8s>      the OpenAPI v3 documents of the newest Kubernetes release this repository pins
 #                      (tests/cluster/k8s), laid out as kubectl-validate's --local-schemas wants
-#   crds/              the CRDs of the optional objects the chart renders (Prometheus operator,
-#                      node-feature-discovery), from their Go modules at pinned versions
+#   crds/              the CRDs of the optional objects the chart renders: Prometheus operator and
+#                      node-feature-discovery from their Go modules at pinned versions (NFD's pin is the
+#                      one tests/nfd builds the real nfd-master and nfd-worker from), and Kernel Module
+#                      Management's from tests/chart/kmm-crds/<version>/ (see the README there)
 # Prints the cache directory on its last line.
 set -euo pipefail
 cd "$(dirname "$0")"
 HERE=$PWD
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/neuron-helm-chart/chart-tools"
 PROMETHEUS_OPERATOR=github.com/prometheus-operator/prometheus-operator@v0.85.0
-NFD=sigs.k8s.io/node-feature-discovery@v0.18.2
+KMM_VERSION=v2.6.0
 log() { printf '[chart-tools] %s\n' "$*" >&2; }
 pin() { sed -n "s#^require $1 \(v[0-9.]*\)\$#\1#p" "$2"; }
 module_dir() { (cd / && GOFLAGS= go mod download -json "$1" | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])'); }
@@ -22,7 +24,14 @@ module_dir() { (cd / && GOFLAGS= go mod download -json "$1" | python3 -c 'import
 CT_VERSION=$(pin github.com/helm/chart-testing/v3 tools/ct/go.mod)
 KV_VERSION=$(pin sigs.k8s.io/kubectl-validate tools/kubectl-validate/go.mod)
 K8S_VERSION=$(pin k8s.io/kubernetes ../cluster/k8s/go.mod)
-[ -n "$CT_VERSION" ] && [ -n "$KV_VERSION" ] && [ -n "$K8S_VERSION" ] || { log "cannot read the pins"; exit 1; }
+NFD_VERSION=$(pin sigs.k8s.io/node-feature-discovery ../nfd/tools/go.mod)
+[ -n "$CT_VERSION" ] && [ -n "$KV_VERSION" ] && [ -n "$K8S_VERSION" ] && [ -n "$NFD_VERSION" ] || { log "cannot read the pins"; exit 1; }
+NFD=sigs.k8s.io/node-feature-discovery@$NFD_VERSION
+KMM_CRDS_SRC=$HERE/kmm-crds/$KMM_VERSION
+KMM_CRD_FILES=(kmm.sigs.x-k8s.io_modules.yaml kmm.sigs.x-k8s.io_nodemodulesconfigs.yaml)
+kmm=present
+for f in "${KMM_CRD_FILES[@]}"; do [ -f "$KMM_CRDS_SRC/$f" ] || kmm=absent; done
+[ "$kmm" = present ] || log "KMM $KMM_VERSION CRDs not vendored in $KMM_CRDS_SRC: KMM Module checks are skipped"
 
 build() {  # module-dir package output version
   [ -x "$3" ] && return 0
@@ -57,13 +66,14 @@ if [ ! -f "$openapi/.complete" ]; then
   touch "$openapi/.complete"
 fi
 
-crds="$CACHE/crds/${PROMETHEUS_OPERATOR##*@}-${NFD##*@}"
+crds="$CACHE/crds/${PROMETHEUS_OPERATOR##*@}-$NFD_VERSION-kmm-$([ "$kmm" = present ] && echo "$KMM_VERSION" || echo none)"
 if [ ! -f "$crds/.complete" ]; then
-  log "collecting the CRDs of $PROMETHEUS_OPERATOR and $NFD"
+  log "collecting the CRDs of $PROMETHEUS_OPERATOR, $NFD and KMM $KMM_VERSION ($kmm)"
   rm -rf "$crds" && mkdir -p "$crds"
   po=$(module_dir "$PROMETHEUS_OPERATOR")/example/prometheus-operator-crd
   for kind in servicemonitors podmonitors prometheusrules; do cp "$po/monitoring.coreos.com_$kind.yaml" "$crds/"; done
   cp "$(module_dir "$NFD")/deployment/base/nfd-crds/nfd-api-crds.yaml" "$crds/nfd-api-crds.yaml"
+  if [ "$kmm" = present ]; then for f in "${KMM_CRD_FILES[@]}"; do cp "$KMM_CRDS_SRC/$f" "$crds/"; done; fi
   touch "$crds/.complete"
 fi
 
@@ -74,6 +84,9 @@ KUBECTL_VALIDATE=$CACHE/kubectl-validate-$KV_VERSION/kubectl-validate
 OPENAPI_NEWEST=$openapi
 OPENAPI_NEWEST_VERSION=${K8S_VERSION#v}
 CRDS=$crds
+NFD_VERSION=$NFD_VERSION
+KMM_VERSION=$KMM_VERSION
+KMM_CRDS=$([ "$kmm" = present ] && echo "$KMM_VERSION")
 EOF
 log "tools cached in $CACHE (paths in $CACHE/paths.env)"
 echo "$CACHE"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_tools import chart_tools
+from chart_tools import DRIVER, KMM_API, NFD_API, NODE_ENABLEMENT_GROUPS, NODE_ENABLEMENT_VARIANTS, chart_tools, sets
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "neuron-helm-chart"
@@ -25,7 +25,7 @@ CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
 HELM = str(REPO / ".venv" / "bin" / "helm")
 COMPONENTS = {"devicePlugin": "device-plugin", "nodeMetrics": "node-metrics", "npd": "problem-detector"}
 MONITORING_API = ["--api-versions", "monitoring.coreos.com/v1"]
-NFD_API = ["--api-versions", "nfd.k8s-sigs.io/v1alpha1"]
+OPENSHIFT_API = ["--api-versions", "security.openshift.io/v1"]
 
 
 def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -43,13 +43,6 @@ def _render(args: tuple[str, ...]) -> tuple[dict[str, Any], ...]:
 
 def render(*args: str) -> list[dict[str, Any]]:
     return list(_render(args))
-
-
-def sets(**values: object) -> list[str]:
-    out: list[str] = []
-    for key, value in values.items():
-        out += ["--set-json", f"{key.replace('__', '.')}={json.dumps(value)}"]
-    return out
 
 
 def of_kind(docs: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -124,7 +117,7 @@ STANDARD_LABELS = {
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
 def test_every_object_carries_the_standard_labels(values: Path) -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    for doc in render("-f", str(values), *MONITORING_API, *NFD_API):
+    for doc in render("-f", str(values), *MONITORING_API, *NFD_API, *KMM_API, *OPENSHIFT_API):
         labels = doc["metadata"]["labels"]
         for key, value in STANDARD_LABELS.items():
             assert labels.get(key) == value, f"{doc['kind']}/{doc['metadata']['name']}: {key}"
@@ -700,6 +693,238 @@ def test_placement_none_renders_no_affinity() -> None:
         assert "affinity" not in ds["spec"]["template"]["spec"]
 
 
+def test_the_rules_device_ids_are_the_librarys_neuron_ids() -> None:
+    """The rule's PCI ids and the simulator's come from one table (neuron_sysfs.pci)."""
+    from neuron_sysfs import pci
+
+    (rule,) = of_kind(render("-f", str(CHART / "ci" / "nfd-values.yaml")), "NodeFeatureRule")
+    (term,) = rule["spec"]["rules"][0]["matchFeatures"]
+    assert term["matchExpressions"]["vendor"]["value"] == ["1d0f"]
+    assert sorted(term["matchExpressions"]["device"]["value"]) == [f"{i:04x}" for i in pci.neuron_device_ids()]
+
+
+# --- the driver, through KMM -----------------------------------------------------------------
+
+
+def module(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    (m,) = of_kind(docs, "Module")
+    return m
+
+
+def test_the_driver_is_off_by_default_and_needs_its_api_or_force() -> None:
+    assert of_kind(render(*KMM_API), "Module") == []
+    assert of_kind(render(*DRIVER), "Module") == []
+    assert len(of_kind(render(*DRIVER, *KMM_API), "Module")) == 1
+    assert len(of_kind(render(*DRIVER, *sets(driver__force=True)), "Module")) == 1
+
+
+def test_the_module_loads_neuron_from_the_image_of_each_kernel() -> None:
+    m = module(render(*DRIVER, *KMM_API, *sets(driver__image__registry="registry.example.internal")))
+    assert m["apiVersion"] == "kmm.sigs.x-k8s.io/v1beta1"
+    assert m["metadata"]["namespace"] == "kube-system"
+    assert m["metadata"]["labels"]["app.kubernetes.io/component"] == "driver"
+    container = m["spec"]["moduleLoader"]["container"]
+    assert container["modprobe"] == {"moduleName": "neuron"}
+    assert container["imagePullPolicy"] == "IfNotPresent"
+    assert container["kernelMappings"] == [
+        {
+            "regexp": "^.+$",
+            "containerImage": "registry.example.internal/neuron/neuron-driver:2.22.2.0-${KERNEL_FULL_VERSION}",
+        }
+    ]
+    assert m["spec"]["selector"] == {"feature.node.kubernetes.io/aws-neuron": "true"}
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert m["spec"]["tolerations"] == values["driver"]["tolerations"]
+    assert "imageRepoSecret" not in m["spec"]
+
+
+def test_the_module_takes_the_global_registry_kernel_regexp_and_pull_policy() -> None:
+    m = module(render(*DRIVER, *KMM_API, *sets(
+        global__imageRegistry="mirror.example.internal:5000", driver__image__registry="ignored.example.internal",
+        driver__kernelVersionRegexp="^6\\.1\\..*$", driver__image__pullPolicy="Always",
+    )))  # fmt: skip
+    (mapping,) = m["spec"]["moduleLoader"]["container"]["kernelMappings"]
+    assert mapping == {
+        "regexp": "^6\\.1\\..*$",
+        "containerImage": "mirror.example.internal:5000/neuron/neuron-driver:2.22.2.0-${KERNEL_FULL_VERSION}",
+    }
+    assert m["spec"]["moduleLoader"]["container"]["imagePullPolicy"] == "Always"
+
+
+def test_the_module_pull_secret_defaults_to_the_first_global_one() -> None:
+    docs = render(*DRIVER, *KMM_API, *sets(global__imagePullSecrets=["first", "second"]))
+    assert module(docs)["spec"]["imageRepoSecret"] == {"name": "first"}
+    named = render(*DRIVER, *KMM_API, *sets(global__imagePullSecrets=["first"], driver__imageRepoSecret="kmm-pull"))
+    assert module(named)["spec"]["imageRepoSecret"] == {"name": "kmm-pull"}
+
+
+def test_the_module_selector_is_the_nfd_label_or_the_drivers_own() -> None:
+    custom = render(*DRIVER, *KMM_API, *sets(placement__nfdLabel="example.com/neuron"))
+    assert module(custom)["spec"]["selector"] == {"example.com/neuron": "true"}
+    selector = {"node.kubernetes.io/instance-type": "trn1.32xlarge", "neuron": "yes"}
+    own = render(*DRIVER, *KMM_API, *sets(placement__mode="instanceType", driver__nodeSelector=selector))
+    assert module(own)["spec"]["selector"] == selector
+
+
+KMM_READY = "kmm.node.kubernetes.io/kube-system.neuron-helm-chart-driver.ready"
+
+
+def test_the_device_plugin_can_wait_for_kmms_ready_label() -> None:
+    default = _match_expressions(daemonset(render(*DRIVER), "device-plugin"))
+    assert KMM_READY not in {e["key"] for e in default}, "opt-in"
+    docs = render(*DRIVER, *KMM_API, *sets(driver__devicePluginWaitsForModule=True))
+    assert _match_expressions(daemonset(docs, "device-plugin")) == [*default, {"key": KMM_READY, "operator": "Exists"}]
+    assert module(docs)["metadata"]["name"] == "neuron-helm-chart-driver", "the label names the Module"
+    for other in ("node-metrics", "problem-detector"):
+        assert KMM_READY not in {e["key"] for e in _match_expressions(daemonset(docs, other))}
+
+
+def test_the_ready_label_joins_every_term_of_the_plugins_own_affinity() -> None:
+    terms = [{"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}, {"matchExpressions": []}]
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+    docs = render(*DRIVER, *sets(driver__devicePluginWaitsForModule=True, devicePlugin__affinity=affinity))
+    spec = daemonset(docs, "device-plugin")["spec"]["template"]["spec"]
+    got = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert len(got) == 2
+    for term in got:
+        keys = [e["key"] for e in term["matchExpressions"]]
+        assert keys[0] == "feature.node.kubernetes.io/aws-neuron"
+        assert KMM_READY in keys
+    assert {"key": "gpu", "operator": "DoesNotExist"} in got[0]["matchExpressions"]
+
+
+# --- OpenShift -------------------------------------------------------------------------------
+
+OPENSHIFT_VALUES = ["-f", str(CHART / "ci" / "openshift-values.yaml")]
+
+
+@pytest.mark.parametrize(
+    ("args", "openshift"),
+    [([], False), (OPENSHIFT_API, True), (sets(openshift__force=True), True)],
+    ids=["kubernetes", "openshift-api", "forced"],
+)
+def test_helm_test_pods_fit_restricted_v2_on_openshift(args: list[str], openshift: bool) -> None:
+    pods = of_kind(render(*OPENSHIFT_VALUES, *args), "Pod")
+    assert pods
+    for pod in pods:
+        security = pod["spec"]["securityContext"]
+        assert security["runAsNonRoot"] is True
+        assert security["seccompProfile"] == {"type": "RuntimeDefault"}
+        # restricted-v2 assigns the UID from the namespace's range and refuses a fixed one
+        assert ("runAsUser" in security) is (not openshift)
+        assert ("runAsGroup" in security) is (not openshift)
+        for c in pod["spec"]["containers"]:
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False
+        assert not [v for v in pod["spec"].get("volumes", []) if "hostPath" in v]
+
+
+def test_openshift_values_grant_the_agents_the_privileged_scc() -> None:
+    docs = render(*OPENSHIFT_VALUES, *OPENSHIFT_API)
+    (role,) = [r for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-privileged-scc")]
+    assert role["rules"] == [{
+        "apiGroups": ["security.openshift.io"], "resources": ["securitycontextconstraints"],
+        "resourceNames": ["privileged"], "verbs": ["use"],
+    }]  # fmt: skip
+    (binding,) = [b for b in of_kind(docs, "RoleBinding") if b["metadata"]["name"] == role["metadata"]["name"]]
+    agents = {ds["spec"]["template"]["spec"]["serviceAccountName"] for ds in of_kind(docs, "DaemonSet")}
+    assert {s["name"] for s in binding["subjects"]} == agents
+    assert len(agents) == 3
+    # a disabled agent is not bound; without the value nothing is granted
+    fewer = render(*OPENSHIFT_VALUES, *sets(npd__enabled=False))
+    (binding,) = [b for b in of_kind(fewer, "RoleBinding") if b["metadata"]["name"].endswith("-privileged-scc")]
+    assert {s["name"] for s in binding["subjects"]} == {
+        "neuron-helm-chart-device-plugin",
+        "neuron-helm-chart-node-metrics",
+    }
+    assert not [r for r in of_kind(render(), "Role") if "scc" in r["metadata"]["name"]]
+
+
+def test_the_agents_need_the_privileged_scc_as_the_readme_says() -> None:
+    """What rules out restricted-v2 for every agent: a hostPath volume and UID 0."""
+    for ds in of_kind(render(*OPENSHIFT_VALUES, *OPENSHIFT_API), "DaemonSet"):
+        pod = ds["spec"]["template"]["spec"]
+        assert [v for v in pod["volumes"] if "hostPath" in v], ds["metadata"]["name"]
+        assert container(ds)["securityContext"]["runAsUser"] == 0
+        assert container(ds)["securityContext"]["capabilities"]["drop"] == ["ALL"]
+        assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    readme = (CHART / "README.md").read_text()
+    for component in ("device plugin", "node metrics", "problem detector"):
+        assert f"| {component} | `privileged` |" in readme
+    assert "| helm test pods | `restricted-v2` |" in readme
+
+
+# --- the AWS Neuron operator's DeviceConfig, field by field ----------------------------------
+
+
+def test_device_config_drivers_image() -> None:
+    m = module(render(*DRIVER, *KMM_API, *sets(driver__image__registry="ghcr.io")))
+    (mapping,) = m["spec"]["moduleLoader"]["container"]["kernelMappings"]
+    assert mapping["containerImage"] == "ghcr.io/neuron/neuron-driver:2.22.2.0-${KERNEL_FULL_VERSION}"
+
+
+def test_device_config_device_plugin_image() -> None:
+    image = {"registry": "public.example.internal", "repository": "neuron/neuron-device-plugin", "tag": "2.23.30.0"}
+    docs = render(*sets(**{f"devicePlugin__image__{k}": v for k, v in image.items()}))
+    assert (
+        container(daemonset(docs, "device-plugin"))["image"]
+        == "public.example.internal/neuron/neuron-device-plugin:2.23.30.0"
+    )
+
+
+def test_device_config_image_repo_secret() -> None:
+    docs = render(*DRIVER, *KMM_API, *sets(global__imagePullSecrets=["image-repo-secret"]))
+    assert module(docs)["spec"]["imageRepoSecret"] == {"name": "image-repo-secret"}
+    pods = [d["spec"]["template"]["spec"] for d in of_kind(docs, "DaemonSet")] + [
+        p["spec"] for p in of_kind(docs, "Pod")
+    ]
+    assert pods
+    assert all(p["imagePullSecrets"] == [{"name": "image-repo-secret"}] for p in pods)
+
+
+def test_device_config_selector() -> None:
+    label = "feature.node.kubernetes.io/aws-neuron"
+    docs = render(*DRIVER, *KMM_API, *NFD_API, *sets(placement__nodeFeatureRule__enabled=True))
+    assert module(docs)["spec"]["selector"] == {label: "true"}
+    for ds in of_kind(docs, "DaemonSet"):
+        assert _match_expressions(ds)[0] == {"key": label, "operator": "In", "values": ["true"]}
+    (rule,) = of_kind(docs, "NodeFeatureRule")
+    assert rule["spec"]["rules"][0]["labels"] == {label: "true"}
+    # any equality selector: placement none, the same labels for the driver and every agent
+    selector = {"example.com/accelerator": "neuron"}
+    per_component = {f"{k}__nodeSelector": selector for k in COMPONENTS}
+    docs = render(*DRIVER, *KMM_API, *sets(
+        placement__mode="none", placement__excludeComputeTypes=[], driver__nodeSelector=selector, **per_component
+    ))  # fmt: skip
+    assert module(docs)["spec"]["selector"] == selector
+    for ds in of_kind(docs, "DaemonSet"):
+        assert ds["spec"]["template"]["spec"]["nodeSelector"] == selector
+        assert "affinity" not in ds["spec"]["template"]["spec"]
+
+
+def test_the_device_config_table_names_only_values_that_exist() -> None:
+    """Each row's chart values exist in values.yaml, except rows still marked pending."""
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    readme = (CHART / "README.md").read_text()
+    section = readme.split("## Coming from the AWS Neuron operator", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in section.split("|---|---|", 1)[1].splitlines() if line.startswith("| `")]
+    fields = [re.match(r"\| `(\w+)`", row)[1] for row in rows]  # type: ignore[index]
+    assert fields == [
+        "driversImage", "devicePluginImage", "customSchedulerImage", "schedulerExtensionImage", "imageRepoSecret",
+        "selector",
+    ]  # fmt: skip
+    for row in rows:
+        if "pending" in row:
+            continue
+        chart_column = row.split(" | ", 1)[1]
+        for path in re.findall(r"`([a-zA-Z]+(?:\.[a-zA-Z]+)+)(?:=[^`]*)?`", chart_column):
+            node: Any = values
+            for key in path.split("."):
+                assert isinstance(node, dict), f"{path} goes below a leaf value"
+                assert key in node, f"{path} (row {row[:40]}...) is not a value"
+                node = node[key]
+
+
 # --- the DaemonSets' shared head: per-component values --------------------------------------
 
 
@@ -885,6 +1110,9 @@ def test_custom_rules_replace_the_shipped_ones_and_roll_the_pods() -> None:
         (sets(nodeMetrics__revisionHistoryLimit=-1), "/nodeMetrics/revisionHistoryLimit"),
         (sets(npd__terminationGracePeriodSeconds="30s"), "/npd/terminationGracePeriodSeconds"),
         (sets(scheduler__nodeReportInterval=0), "/scheduler/nodeReportInterval"),
+        (sets(driver__image__digest="sha256:" + "ab" * 32), "additional properties 'digest' not allowed"),
+        (sets(driver__image__tag="2.22:latest"), "/driver/image/tag"),
+        (sets(openshift__grantPrivilegedScc="yes"), "/openshift/grantPrivilegedScc"),
     ],
     ids=[
         "misspelt-key",
@@ -906,6 +1134,9 @@ def test_custom_rules_replace_the_shipped_ones_and_roll_the_pods() -> None:
         "revision-history",
         "grace-period",
         "report-interval",
+        "driver-digest",
+        "driver-tag",
+        "openshift-flag",
     ],
 )
 def test_the_schema_rejects_mistakes_with_a_clear_message(args: list[str], message: str) -> None:
@@ -935,6 +1166,14 @@ def test_the_schema_rejects_mistakes_with_a_clear_message(args: list[str], messa
             sets(scheduler__enabled=True, devicePlugin__enabled=False),
             "scheduler.enabled needs devicePlugin.enabled: the Neuron-aware scheduler places pods from the NeuronNode",
         ),
+        (sets(driver__enabled=True, placement__mode="nfd"), "driver.enabled needs driver.image.repository and"),
+        ([*DRIVER, *sets(driver__image__tag="")], "driver.enabled needs driver.image.repository and"),
+        ([*DRIVER, *sets(placement__mode="instanceType")], "set placement.mode=nfd, or driver.nodeSelector"),
+        (sets(driver__devicePluginWaitsForModule=True), "waits for a kernel module the chart does not load"),
+        (
+            [*DRIVER, *sets(driver__devicePluginWaitsForModule=True, fullnameOverride="n" * 50)],
+            "is longer than 63 characters",
+        ),
     ],
     ids=[
         "nothing-enabled",
@@ -943,6 +1182,11 @@ def test_the_schema_rejects_mistakes_with_a_clear_message(args: list[str], messa
         "monitor-without-service",
         "remediation-without-sa",
         "scheduler-without-plugin",
+        "driver-without-image",
+        "driver-without-tag",
+        "driver-without-selector",
+        "wait-without-driver",
+        "ready-label-too-long",
     ],
 )
 def test_contradictions_fail_with_what_to_change(args: list[str], message: str) -> None:
@@ -1007,9 +1251,14 @@ def _kube_versions() -> list[tuple[str, list[str]]]:
     ]
 
 
+def kmm_crds() -> bool:
+    """Whether KMM's CRDs are vendored (tests/chart/kmm-crds/README.md): without them no Module can be validated."""
+    return bool(chart_tools()["KMM_CRDS"])
+
+
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
 def test_rendered_manifests_validate_against_kubernetes_1_30_and_the_newest(values: Path, tmp_path: Path) -> None:
-    docs = render("-f", str(values), *MONITORING_API, *NFD_API)
+    docs = render("-f", str(values), *MONITORING_API, *NFD_API, *(KMM_API if kmm_crds() else []), *OPENSHIFT_API)
     manifests = tmp_path / "manifests.yaml"
     manifests.write_text(yaml.safe_dump_all(docs))
     newest = Path(chart_tools()["OPENAPI_NEWEST"])
@@ -1021,6 +1270,34 @@ def test_rendered_manifests_validate_against_kubernetes_1_30_and_the_newest(valu
     for version, args in _kube_versions():
         result = _validate(manifests, *args)
         assert result.returncode == 0, f"Kubernetes {version}:\n{result.stdout}{result.stderr}"
+
+
+def node_enablement_objects(variant: str) -> list[dict[str, Any]]:
+    docs = render(*NODE_ENABLEMENT_VARIANTS[variant], *NFD_API, *KMM_API)
+    return [d for d in docs if d["apiVersion"].startswith(NODE_ENABLEMENT_GROUPS)]
+
+
+@pytest.mark.parametrize("variant", NODE_ENABLEMENT_VARIANTS)
+def test_every_kmm_and_nfd_object_passes_the_real_crds(variant: str, tmp_path: Path) -> None:
+    """The schemas of the pinned NFD release and the vendored KMM release (kubectl-validate --local-crds)."""
+    objects = node_enablement_objects(variant)
+    assert objects
+    if any(d["kind"] == "Module" for d in objects) and not kmm_crds():
+        pytest.skip("KMM's CRDs are not vendored (tests/chart/kmm-crds/README.md): the Module cannot be validated")
+    manifests = tmp_path / "objects.yaml"
+    manifests.write_text(yaml.safe_dump_all(objects))
+    result = _validate(manifests, "--version", "1.30")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_crd_check_catches_an_invalid_rule(tmp_path: Path) -> None:
+    (rule,) = node_enablement_objects("rule")
+    rule["spec"]["rules"][0]["matchFeatures"][0]["matchExpressions"]["vendor"]["op"] = "Equals"
+    manifests = tmp_path / "bad.yaml"
+    manifests.write_text(yaml.safe_dump(rule))
+    result = _validate(manifests, "--version", "1.30")
+    assert result.returncode != 0
+    assert "Equals" in result.stdout + result.stderr
 
 
 def test_the_validator_catches_an_invalid_manifest(tmp_path: Path) -> None:

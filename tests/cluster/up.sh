@@ -131,9 +131,10 @@ subsets: [{addresses: [{ip: 10.88.0.1}], ports: [{name: https, port: 6443, proto
 EOF
 
 # --- the simulated Neuron node, with real character devices ------------------------------------
-# A node left by something else without character devices cannot serve pods ("not a device node"): replace it.
+# Written again when something left it without character devices (pods would fail with "not a device
+# node"), or an older neuron-sim left it without the PCI class node-feature-discovery needs.
 if ! "$PY" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get("char_devices") else 1)' \
-    "$SIM_ROOT/.neuron-sim/state.json" 2>/dev/null; then
+    "$SIM_ROOT/.neuron-sim/state.json" 2>/dev/null || ! compgen -G "$SIM_ROOT/sys/bus/pci/devices/*/class" >/dev/null; then
   log "creating a simulated $INSTANCE_TYPE at $SIM_ROOT"
   "$REPO/.venv/bin/neuron-sim" create --instance-type "$INSTANCE_TYPE" --root "$SIM_ROOT" --char-devices --force
 fi

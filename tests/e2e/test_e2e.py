@@ -21,8 +21,21 @@ from typing import Any
 import pykube
 import pytest
 import yaml
-from chart_tools import chart_tools
-from cluster_access import BIN, NODE, REPO, SIM_ROOT, eventually, kubectl, node, pod_phase, restart_kubelet
+from chart_tools import KMM_API, NFD_API, NODE_ENABLEMENT_GROUPS, NODE_ENABLEMENT_VARIANTS, chart_tools
+from cluster_access import (
+    BIN,
+    CLUSTER_DIR,
+    KUBECONFIG,
+    NODE,
+    REPO,
+    SIM_ROOT,
+    eventually,
+    kubectl,
+    node,
+    pod_phase,
+    restart_kubelet,
+)
+from nfd_tools import nfd_bin, worker_env
 from pytest_helm_charts.clusters import Cluster
 from pytest_helm_charts.k8s.daemon_set import wait_for_daemon_sets_to_run
 from pytest_helm_charts.utils import wait_for_objects_condition
@@ -48,11 +61,14 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def run(*args: str | Path, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str | Path, check: bool = True, timeout: float = 600, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")
     result = subprocess.run(
-        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, check=False
-    )
+        [str(a) for a in args], input=stdin, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO,
+        check=False,
+    )  # fmt: skip
     if check and result.returncode != 0:
         raise AssertionError(
             f"{' '.join(map(str, args))} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
@@ -242,6 +258,38 @@ def test_install_with_each_ci_values_file(kube_cluster: Cluster, values: Path) -
         assert objects["prometheusrules"]
 
 
+# --- KMM and NFD objects against the API server's own validation ------------------------------
+
+
+@pytest.mark.parametrize("variant", NODE_ENABLEMENT_VARIANTS)
+def test_every_kmm_and_nfd_object_passes_a_server_side_dry_run(variant: str) -> None:
+    """Every shape of KMM and NFD object the chart renders, validated by the API server against the CRDs
+    cluster_prepared installed (the pinned NFD release's and the vendored KMM release's); nothing is created."""
+    out = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *NODE_ENABLEMENT_VARIANTS[variant],
+               *NFD_API, *KMM_API).stdout  # fmt: skip
+    objects = [d for d in yaml.safe_load_all(out) if d and d["apiVersion"].startswith(NODE_ENABLEMENT_GROUPS)]
+    assert objects
+    if any(d["kind"] == "Module" for d in objects) and not chart_tools()["KMM_CRDS"]:
+        pytest.skip("KMM's CRDs are not vendored (tests/chart/kmm-crds/README.md): no Module CRD to validate against")
+    kubectl(
+        "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
+    )
+    applied = kubectl("apply", "--server-side", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(objects))
+    for d in objects:
+        assert f"{d['metadata']['name']} serverside-applied (server dry run)" in applied, applied
+
+
+def test_the_api_server_refuses_a_rule_its_crd_forbids() -> None:
+    """The dry-run above can fail: an operator outside the CRD's enum is refused."""
+    out = helm("template", RELEASE, str(CHART), *NODE_ENABLEMENT_VARIANTS["rule"], *NFD_API).stdout
+    (rule,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "NodeFeatureRule"]
+    rule["spec"]["rules"][0]["matchFeatures"][0]["matchExpressions"]["vendor"]["op"] = "Equals"
+    result = run(BIN / "kubectl", "apply", "--server-side", "--dry-run=server", "-f", "-", check=False,
+                 stdin=yaml.safe_dump(rule))  # fmt: skip
+    assert result.returncode != 0
+    assert "Equals" in result.stderr
+
+
 # --- the whole stack -------------------------------------------------------------------------
 
 
@@ -408,6 +456,108 @@ def test_trn2_48xlarge_advertises_16_devices_and_64_cores(kube_cluster: Cluster)
         install(kube_cluster, values=CHART / "ci" / "all-on-values.yaml")
         run("rm", "-rf", TRN2_ROOT)
     eventually(lambda: allocatable() == ("16", "32"), "back to trn1.32xlarge")
+
+
+# --- a real node-feature-discovery labels the node from its simulated PCI functions -------------
+
+NFD_NAMESPACE = "node-feature-discovery"
+NFD_LABEL = "feature.node.kubernetes.io/aws-neuron"
+NFD_MASTER_PORT = 18089
+NON_NEURON_ROOT = SIM_ROOT.parent / "e2e-non-neuron"
+
+
+@pytest.fixture
+def nfd_master(tmp_path: Path) -> Iterator[None]:
+    """The real nfd-master (tests/nfd/build-nfd.sh) as a host process with the cluster's kubeconfig, as the
+    cluster's own components run; the node loses the label cluster_prepared set, so only NFD can set it."""
+    kubectl(
+        "apply",
+        "-f",
+        "-",
+        stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NFD_NAMESPACE}}),
+    )
+    kubectl("label", "node", NODE, f"{NFD_LABEL}-", check=False)
+    log = (CLUSTER_DIR / "logs" / "nfd-master.log").open("w")
+    master = subprocess.Popen(
+        [str(nfd_bin() / "nfd-master"), f"-kubeconfig={KUBECONFIG}", f"-port={NFD_MASTER_PORT}",
+         f"-config={tmp_path / 'absent.conf'}"],
+        env=worker_env(NODE, NFD_NAMESPACE), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+
+    def healthy() -> bool:
+        with urllib.request.urlopen(f"http://127.0.0.1:{NFD_MASTER_PORT}/healthz", timeout=5) as response:
+            return response.status == 200  # type: ignore[no-any-return]
+
+    try:
+        eventually(healthy, "nfd-master serving /healthz (see .run/cluster/logs/nfd-master.log)", 60)
+        yield
+    finally:
+        master.terminate()
+        master.wait(timeout=30)
+        log.close()
+        kubectl("delete", "namespace", NFD_NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+        annotations = ("feature-labels", "master.version", "worker.version", "feature-annotations")
+        kubectl("annotate", "node", NODE, *(f"nfd.node.kubernetes.io/{a}-" for a in annotations), check=False)
+        kubectl("label", "node", NODE, f"{NFD_LABEL}=true", "--overwrite")  # as cluster_prepared left it
+        run("rm", "-rf", NON_NEURON_ROOT)
+
+
+def publish_features(root: Path, tmp_path: Path) -> None:
+    """One discovery by the real nfd-worker with `root` as the host (its working directory, see build-nfd.sh),
+    published as the node's NodeFeature object; nfd-master turns it into labels."""
+    (tmp_path / "nfd-worker.conf").write_text("{}")
+    result = subprocess.run(
+        [str(nfd_bin() / "nfd-worker"), "-oneshot", f"-kubeconfig={KUBECONFIG}",
+         f"-config={tmp_path / 'nfd-worker.conf'}", "-feature-sources=pci", "-label-sources=custom", "-owner-refs="],
+        cwd=root, env=worker_env(NODE, NFD_NAMESPACE), capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+
+
+def nfd_label() -> str | None:
+    return node()["metadata"].get("labels", {}).get(NFD_LABEL)  # type: ignore[no-any-return]
+
+
+def agent_pods() -> list[str]:
+    out = kubectl("get", "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name")
+    return out.split()
+
+
+def test_real_nfd_labels_the_node_from_its_simulated_pci_devices(
+    kube_cluster: Cluster, nfd_master: None, tmp_path: Path
+) -> None:
+    """nfd-worker over the simulated trn1.32xlarge, nfd-master with the chart's NodeFeatureRule: the node gets
+    the label from its PCI functions and the agents land on it; over a node whose PCI functions are not Neuron
+    (Amazon's NIC and NVMe share the vendor id) the label goes, and the agents with it."""
+    publish_features(SIM_ROOT, tmp_path)
+    features = json.loads(kubectl("get", "nodefeature", "-n", NFD_NAMESPACE, NODE, "-o", "json"))
+    functions = [e["attributes"] for e in features["spec"]["features"]["instances"]["pci.device"]["elements"]]
+    assert len([f for f in functions if (f["vendor"], f["device"]) == ("1d0f", "7164")]) == 16, functions
+    time.sleep(3)  # nfd-master has seen the NodeFeature by now; with no rule it sets nothing
+    assert nfd_label() is None, "no rule yet, so no label"
+    # placement.mode=nfd and the NodeFeatureRule (its API is served: the CRDs are installed)
+    install(kube_cluster, values=CHART / "ci" / "nfd-values.yaml")
+    eventually(lambda: nfd_label() == "true", f"{NFD_LABEL}=true from the simulated PCI functions")
+    wait_daemonsets(kube_cluster, list(DAEMONSETS.values()))
+    eventually(lambda: allocatable() == ("16", "32"), "the device plugin on the NFD-labelled node")
+
+    sim("create-non-neuron", "--root", NON_NEURON_ROOT, "--force")
+    publish_features(NON_NEURON_ROOT, tmp_path)
+    eventually(lambda: nfd_label() is None, f"{NFD_LABEL} removed from a node without Neuron PCI functions")
+    for name in DAEMONSETS.values():
+        eventually(
+            lambda name=name: json.loads(kubectl("get", "ds", "-n", NAMESPACE, name, "-o", "json"))["status"].get(
+                "desiredNumberScheduled"
+            ) == 0,
+            f"{name} wants no pod on the node",
+        )  # fmt: skip
+    eventually(lambda: agent_pods() == [], "no Neuron agent pod left on the node", 120)
+
+    # the same node's Neuron functions back: labelled again, and the agents return
+    publish_features(SIM_ROOT, tmp_path)
+    eventually(lambda: nfd_label() == "true", f"{NFD_LABEL}=true again")
+    wait_daemonsets(kube_cluster, list(DAEMONSETS.values()))
+    install(kube_cluster, values=CHART / "ci" / "all-on-values.yaml")
 
 
 def test_uninstall_leaves_no_object_behind() -> None:

@@ -106,12 +106,12 @@ imagePullSecrets:
 {{- toYaml $exprs -}}
 {{- end -}}
 
-{{/* A component's affinity: its own, with `placement`'s expressions ANDed into every required node selector term
-     (a node must be a Neuron node whatever else the user asks); preferred terms and pod (anti-)affinity are kept.
-     Kubernetes ORs the terms, so adding the expressions to only one would let the others place pods anywhere.
-     (dict "root" $ "values" ...) */}}
+{{/* A component's affinity: its own, with `placement`'s expressions (and the component's `extraExpressions`, a
+     list) ANDed into every required node selector term (a node must be a Neuron node whatever else the user asks);
+     preferred terms and pod (anti-)affinity are kept. Kubernetes ORs the terms, so adding the expressions to only
+     one would let the others place pods anywhere. (dict "root" $ "values" ... ["extraExpressions" (list ...)]) */}}
 {{- define "neuron.affinity" -}}
-{{- $exprs := include "neuron.placementExpressions" .root | fromYamlArray -}}
+{{- $exprs := concat (include "neuron.placementExpressions" .root | fromYamlArray) (.extraExpressions | default list) -}}
 {{- $affinity := deepCopy (.values.affinity | default dict) -}}
 {{- if $exprs -}}
 {{- $nodeAffinity := get $affinity "nodeAffinity" | default dict -}}
@@ -308,7 +308,52 @@ spec:
 {{- if and .Values.scheduler.enabled (not .Values.devicePlugin.enabled) -}}
 {{- fail "scheduler.enabled needs devicePlugin.enabled: the Neuron-aware scheduler places pods from the NeuronNode reports the device plugin publishes, and refuses every node without one" -}}
 {{- end -}}
+{{- $d := .Values.driver -}}
+{{- if and $d.enabled (not (and $d.image.repository $d.image.tag)) -}}
+{{- fail "driver.enabled needs driver.image.repository and driver.image.tag: KMM pulls <registry>/<repository>:<tag>-<kernel version>" -}}
+{{- end -}}
+{{- if and $d.enabled (not $d.nodeSelector) (ne .Values.placement.mode "nfd") -}}
+{{- fail (printf "driver.enabled loads the module on nodes labelled %s=true, which placement.mode=%s does not use: set placement.mode=nfd, or driver.nodeSelector to the labels of your Neuron nodes" .Values.placement.nfdLabel .Values.placement.mode) -}}
+{{- end -}}
+{{- if and $d.devicePluginWaitsForModule (not $d.enabled) -}}
+{{- fail "driver.devicePluginWaitsForModule waits for a kernel module the chart does not load: set driver.enabled=true, or turn it off" -}}
+{{- end -}}
+{{- if and $d.enabled $d.devicePluginWaitsForModule -}}
+{{- $labelName := include "neuron.driverReadyLabel" . | splitList "/" | last -}}
+{{- if gt (len $labelName) 63 -}}
+{{- fail (printf "driver.devicePluginWaitsForModule: KMM's ready label name %q is longer than 63 characters; shorten the release namespace or name (fullnameOverride)" $labelName) -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.simulation.enabled (not (hasPrefix "/" .Values.simulation.hostRoot)) -}}
 {{- fail (printf "simulation.hostRoot must be an absolute host path, got %q" .Values.simulation.hostRoot) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* The KMM Module's name (release-scoped, like every object of the chart). */}}
+{{- define "neuron.driverName" -}}
+{{- include "neuron.componentName" (dict "root" . "component" "driver") -}}
+{{- end -}}
+
+{{/* The node label KMM sets once it has loaded a Module's kernel module on the node. */}}
+{{- define "neuron.driverReadyLabel" -}}
+{{- printf "kmm.node.kubernetes.io/%s.%s.ready" .Release.Namespace (include "neuron.driverName" .) -}}
+{{- end -}}
+
+{{/* The nodes KMM loads the module on: driver.nodeSelector, else the label node-feature-discovery sets (a YAML map). */}}
+{{- define "neuron.driverSelector" -}}
+{{- if .Values.driver.nodeSelector -}}
+{{- toYaml .Values.driver.nodeSelector -}}
+{{- else -}}
+{{- toYaml (dict .Values.placement.nfdLabel "true") -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The Secret KMM pulls driver images with: driver.imageRepoSecret, else the first global pull secret (may be empty). */}}
+{{- define "neuron.driverImageRepoSecret" -}}
+{{- default (first .Values.global.imagePullSecrets | default "") .Values.driver.imageRepoSecret -}}
+{{- end -}}
+
+{{/* Whether pods render for OpenShift's restricted-v2 SCC (no fixed UID): on OpenShift, or with openshift.force. */}}
+{{- define "neuron.openshift" -}}
+{{- if or .Values.openshift.force (.Capabilities.APIVersions.Has "security.openshift.io/v1") -}}true{{- end -}}
 {{- end -}}

@@ -15,7 +15,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 
-from neuron_sysfs import layout
+from neuron_sysfs import layout, pci
 from neuron_sysfs.attrs import ISSUE_LOG, log, read_text
 from neuron_sysfs.errors import IssueKind, ScanIssue, SysfsError
 from neuron_sysfs.instance_types import INSTANCE_TYPES, InstanceType, guess_instance_type
@@ -375,8 +375,9 @@ def _numa_nodes(root: Path, device_count: int) -> dict[int, int]:
     """NUMA node per device index, when the host exposes it.
 
     The driver's class devices are virtual (no parent link), so the device's PCI function
-    is found by order: the driver probes Neuron PCI functions (vendor 0x1d0f) in bus order
-    and numbers them from 0. Only used when the counts agree; otherwise unknown.
+    is found by order: the driver probes Neuron PCI functions in bus order and numbers them
+    from 0. Only used when the counts agree; otherwise unknown. Amazon's NIC and NVMe
+    controller share the vendor id, so a Neuron function is told by its device id too.
     """
     pci_dir = layout.HostLayout(root).pci_devices_dir
     try:
@@ -387,9 +388,10 @@ def _numa_nodes(root: Path, device_count: int) -> dict[int, int]:
     for bdf in entries:
         try:
             vendor = int(read_text(pci_dir / bdf / "vendor").strip(), 16)
+            device = int(read_text(pci_dir / bdf / "device").strip(), 16)
         except (SysfsError, ValueError):
             continue
-        if vendor != layout.NEURON_PCI_VENDOR:
+        if not pci.is_neuron_function(vendor, device):
             continue
         try:
             node = parse_int(read_text(pci_dir / bdf / "numa_node"))

@@ -21,7 +21,7 @@ import time
 import uuid
 from pathlib import Path
 
-from neuron_sysfs import faults, layout
+from neuron_sysfs import faults, layout, pci
 from neuron_sysfs.errors import UnknownInstanceTypeError
 from neuron_sysfs.instance_types import InstanceType, get_instance_type
 from neuron_sysfs.kmsg import KERN_ERR, KERN_INFO, format_hw_error, format_record
@@ -63,13 +63,7 @@ def create(
         raise SimError(
             f"--lnc {lnc} is not supported on {it.name} (supported: {', '.join(map(str, it.family.supported_lnc))})"
         )
-    root = Path(root)
-    if (root / STATE_DIR).exists() or layout.HostLayout(root).devices_dir.exists():
-        if not force:
-            raise SimError(f"{root} already holds a simulated node; pass --force to replace it")
-        destroy(root)
-    root.mkdir(parents=True, exist_ok=True)
-
+    root = _fresh_root(root, force)
     write_attr(layout.HostLayout(root).dmi_product_name, it.name + "\n")
     write_attr(layout.HostLayout(root).boot_id, str(uuid.uuid4()) + "\n")
     if lnc is not None:
@@ -77,15 +71,10 @@ def create(
     layout.HostLayout(root).class_dir.mkdir(parents=True, exist_ok=True)
     layout.HostLayout(root).dev_dir.mkdir(parents=True, exist_ok=True)
     adjacency = it.adjacency()
-    per_node = max(it.devices // it.numa_nodes, 1)
     for index in range(it.devices):
         _write_device(root, it, index, adjacency[index])
-        bdf = f"0000:{0x10 + index:02x}:1e.0"
-        pci = layout.HostLayout(root).pci_devices_dir / bdf
-        write_attr(pci / "vendor", f"0x{layout.NEURON_PCI_VENDOR:04x}\n")
-        write_attr(pci / "device", f"0x{it.pci_device_id:04x}\n")
-        write_attr(pci / "numa_node", f"{min(index // per_node, it.numa_nodes - 1)}\n")
         _make_dev_node(root, index, char_devices)
+    _write_pci_functions(root, it)
     kmsg = layout.HostLayout(root).kmsg
     kmsg.touch()
     append_kmsg(root, "neuron: loading out-of-tree module taints kernel.", KERN_INFO)
@@ -93,6 +82,36 @@ def create(
     state = {"instance_type": it.name, "lnc": lnc, "char_devices": char_devices}
     write_attr(root / STATE_DIR / "state.json", json.dumps(state, indent=2) + "\n")
     return it
+
+
+def create_non_neuron(root: Path, instance_type: str = "m5.xlarge", force: bool = False) -> None:
+    """A node without Neuron devices: an EC2 instance's PCI functions (Amazon's own, vendor 0x1d0f
+    included) and no Neuron driver, for checking that nothing takes it for a Neuron node."""
+    root = _fresh_root(root, force)
+    write_attr(layout.HostLayout(root).dmi_product_name, instance_type + "\n")
+    write_attr(layout.HostLayout(root).boot_id, str(uuid.uuid4()) + "\n")
+    layout.HostLayout(root).dev_dir.mkdir(parents=True, exist_ok=True)
+    _write_pci_functions(root, None)
+    layout.HostLayout(root).kmsg.touch()
+    state = {"instance_type": instance_type, "neuron": False}
+    write_attr(root / STATE_DIR / "state.json", json.dumps(state, indent=2) + "\n")
+
+
+def _fresh_root(root: Path, force: bool) -> Path:
+    root = Path(root)
+    if (root / STATE_DIR).exists() or layout.HostLayout(root).devices_dir.exists():
+        if not force:
+            raise SimError(f"{root} already holds a simulated node; pass --force to replace it")
+        destroy(root)
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _write_pci_functions(root: Path, it: InstanceType | None) -> None:
+    for function in pci.node_functions(it):
+        directory = layout.HostLayout(root).pci_devices_dir / function.address
+        for name, text in function.sysfs_attributes().items():
+            write_attr(directory / name, text)
 
 
 class _FreshWriter:

@@ -42,6 +42,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     c.add_argument("--force", action="store_true", help="replace a simulated node already under --root")
 
+    n = sub.add_parser(
+        "create-non-neuron",
+        help="write a node without Neuron devices (an EC2 instance's PCI functions only), to check nothing "
+        "takes it for a Neuron node",
+    )
+    n.add_argument("--root", required=True, type=Path, help="directory to write the node under")
+    n.add_argument("--instance-type", default="m5.xlarge", help="EC2 instance type in the DMI product name")
+    n.add_argument("--force", action="store_true", help="replace a simulated node already under --root")
+
     d = sub.add_parser("destroy", help="remove the simulated node's files under --root")
     d.add_argument("--root", required=True, type=Path)
 
@@ -133,6 +142,10 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "create":
         it = sim.create(args.root, args.instance_type, args.lnc, args.char_devices, args.force)
         print(f"created a simulated {it.name} ({it.devices} devices) under {args.root}")
+        return 0
+    if args.command == "create-non-neuron":
+        sim.create_non_neuron(args.root, args.instance_type, args.force)
+        print(f"created a simulated {args.instance_type} without Neuron devices under {args.root}")
         return 0
     if args.command == "destroy":
         sim.destroy(args.root)
