@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import aiohttp
 
-from neuron_common.http import HealthServer
+from neuron_common.health_server import HealthServer
 
 Probes = dict[str, tuple[int, str]]  # path: (status, body)
 

@@ -8,7 +8,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from neuron_common import lifecycle
-from neuron_common.http import HealthServer
+from neuron_common.health_server import HealthServer
 from neuron_common.supervisor import Supervisor
 
 

@@ -40,7 +40,7 @@ class Supervisor:
         self._tasks[name] = task
 
     def healthy(self) -> tuple[bool, str]:
-        """A health check (see neuron_common.http): false, naming the loop, once one has died."""
+        """A health check (see neuron_common.health_server): false, naming the loop, once one has died."""
         if self.failure is not None:
             return False, self.failure
         running = [name for name, task in self._tasks.items() if not task.done()]

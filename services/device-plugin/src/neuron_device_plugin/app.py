@@ -9,7 +9,7 @@ import logging
 from typing import Any
 
 from kubelet_api.podresources_client import PodResourcesClient
-from neuron_common.http import HealthServer
+from neuron_common.health_server import HealthServer
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
 from neuron_common.supervisor import Supervisor
 from neuron_device_plugin import cdi, registration

@@ -7,7 +7,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from neuron_common.kmsg_follow import KmsgFollower, Malformed
+from neuron_common.kernel_log import KmsgFollower, Malformed
 from neuron_common.lifecycle import sleep_or_stop
 from neuron_common.verdicts import read_verdicts
 from neuron_device_plugin.health import Finding, counter_findings

@@ -14,7 +14,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
 from kubelet_api.podresources_client import PodResourcesClient
-from neuron_common.http import HealthServer
+from neuron_common.health_server import HealthServer
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
 from neuron_common.resources import Kind
 from neuron_common.supervisor import Supervisor

@@ -10,8 +10,8 @@ from kubernetes import config as kubeconfig
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from neuron_common import verdicts
-from neuron_common.http import HealthServer
-from neuron_common.kmsg_follow import KmsgFollower, Malformed
+from neuron_common.health_server import HealthServer
+from neuron_common.kernel_log import KmsgFollower, Malformed
 from neuron_common.lifecycle import sleep_or_stop
 from neuron_common.supervisor import Supervisor
 from neuron_problem_detector import rules as rules_mod
