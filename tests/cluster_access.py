@@ -66,3 +66,14 @@ def eventually(predicate: Callable[[], object], what: str, timeout: float = 120,
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout:.0f} s{last}")
         time.sleep(interval)
+
+
+# The project's images have no shell (they are built from scratch): a workload is Python run by the
+# image's own interpreter. SHOW_DEVICES prints what the container was given, then waits.
+WORKLOAD_PYTHON = "/opt/neuron/bin/python3"
+SHOW_DEVICES = (
+    "import glob, os, time\n"
+    "for d in sorted(glob.glob('/dev/neuron*')): print('device=' + d, flush=True)\n"
+    "print('cores=' + os.environ.get('NEURON_RT_VISIBLE_CORES', ''), flush=True)\n"
+    "time.sleep(3600)\n"
+)

@@ -63,7 +63,8 @@ spec:
   - name: trainer
     image: localhost/neuron-helm-chart/device-plugin:$(sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/neuron-helm-chart/Chart.yaml)
     imagePullPolicy: Never
-    command: [/bin/sh, -c, 'ls -l /dev/neuron*; env | grep ^NEURON_; sleep 3600']
+    # the project's images have no shell: the workload is Python from the image's own venv
+    command: [/opt/neuron/bin/python3, -c, "import glob, os, time; print(*sorted(glob.glob('/dev/neuron*'))); print(*(f'{k}={v}' for k, v in os.environ.items() if k.startswith('NEURON_')), sep='\\n', flush=True); time.sleep(3600)"]
     resources: {limits: {aws.amazon.com/neuroncore: 2}}
 EOF
 kubectl wait --for=condition=Ready pod/demo-two-cores -n default --timeout=120s >/dev/null

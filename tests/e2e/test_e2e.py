@@ -28,7 +28,9 @@ from cluster_access import (
     KUBECONFIG,
     NODE,
     REPO,
+    SHOW_DEVICES,
     SIM_ROOT,
+    WORKLOAD_PYTHON,
     eventually,
     kubectl,
     node,
@@ -133,6 +135,7 @@ def install(kube_cluster: Cluster, *args: str, values: Path | None = None) -> li
 
 
 def pod_manifest(name: str, limits: dict[str, int], script: str) -> str:
+    """A workload pod running `script` (Python) with the project's image."""
     return json.dumps({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -144,18 +147,15 @@ def pod_manifest(name: str, limits: dict[str, int], script: str) -> str:
                 "name": "main",
                 "image": WORKLOAD_IMAGE,
                 "imagePullPolicy": "Never",
-                "command": ["/bin/sh", "-c", script],
+                "command": [WORKLOAD_PYTHON, "-c", script],
                 "resources": {"limits": limits},
             }],
         },
     })  # fmt: skip
 
 
-SHOW = 'for d in /dev/neuron*; do echo "device=$d"; done; echo "cores=$NEURON_RT_VISIBLE_CORES"; sleep 3600'
-
-
 def start_pod(name: str, limits: dict[str, int]) -> dict[str, list[str]]:
-    kubectl("apply", "-f", "-", stdin=pod_manifest(name, limits, SHOW))
+    kubectl("apply", "-f", "-", stdin=pod_manifest(name, limits, SHOW_DEVICES))
     eventually(lambda: pod_phase(name, WORKLOADS) == "Running", f"pod {name} running", 180)
     seen: dict[str, list[str]] = {}
 
@@ -326,7 +326,9 @@ def test_four_devices_form_a_torus_row_and_too_many_stay_pending() -> None:
         devices = sorted(int(d.removeprefix("/dev/neuron")) for d in seen["device"])
         assert devices in ([0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]), devices
         assert seen["cores"][0] == ",".join(str(c) for d in devices for c in (2 * d, 2 * d + 1))
-        kubectl("apply", "-f", "-", stdin=pod_manifest("too-many", {f"{RESOURCE}/neuron": 13}, "sleep 1"))
+        kubectl(
+            "apply", "-f", "-", stdin=pod_manifest("too-many", {f"{RESOURCE}/neuron": 13}, "import time; time.sleep(1)")
+        )
         time.sleep(5)
         assert pod_phase("too-many", WORKLOADS) == "Pending"
         events = kubectl(
