@@ -259,28 +259,54 @@ class TestReadinessAndLeadership:
         assert ext.metric(metrics, "neuron_scheduler_extender_leader") == 1
         assert ext.metric(metrics, "neuron_scheduler_extender_view_age_seconds", source="pods") >= 0
 
-    async def test_the_standby_is_live_not_ready_and_refuses_to_bind(self, start: Callable[..., Any]) -> None:
+    async def test_the_standby_forwards_to_the_leader_and_takes_over_when_it_leaves(
+        self, start: Callable[..., Any]
+    ) -> None:
+        pods = [pod_object(f"p{i}", devices=1) for i in range(3)]
+        api = await cluster(report_object("n1"), pods=tuple(pods))
+        leader = await start(api, "--identity=one")
+        standby = await start(api, "--identity=two")  # ready: it knows where the leader is
+        status, text = await standby.get("/readyz")
+        assert (status, text.split(";")[0]) == (200, f"standby, forwarding to the leader at {leader.base}")
+        # a bind sent to the standby is the leader's: the leader remembers it
+        assert await standby.post("bind", binding_args(pods[0], "n1")) == (200, {"Error": ""})
+        assert api.bindings == [("default/p0", "n1")]
+        assert leader.extender.view.bound_to("default/p0") == "n1"
+        _, metrics = await standby.get("/metrics")
+        assert standby.metric(metrics, "neuron_scheduler_extender_forwarded_total", verb="bind", result="relayed") == 1
+        # a forwarded request is never forwarded again
+        async with standby.session.post(
+            f"{standby.base}/bind", json=binding_args(pods[1], "n1"), headers={"X-Neuron-Extender-Forwarded": "1"}
+        ) as response:
+            assert "is not the leader and the leader at" in (await response.json())["Error"]
+        # the leader leaves and releases the lease: the standby takes over at once
+        leader.extender.stop.set()
+
+        async def leading() -> bool:
+            return standby.extender.leader.leading
+
+        await until(leading, "the standby leads")
+        assert await standby.post("bind", binding_args(pods[2], "n1")) == (200, {"Error": ""})
+        assert api.bindings[-1] == ("default/p2", "n1")
+
+    async def test_a_standby_that_cannot_reach_the_leader_answers_filter_and_refuses_bind(
+        self, start: Callable[..., Any]
+    ) -> None:
         pod = pod_object("p", devices=1)
         api = await cluster(report_object("n1"), pods=(pod,))
         leader = await start(api, "--identity=one")
-        standby = await start(api, "--identity=two", wait_ready=False)
-        await until(standby.extender.synced, "the standby listed")
-        status, text = await standby.get("/readyz")
-        assert status == 503
-        assert text.startswith("standby: another replica holds the lease default/neuron-scheduler-extender")
-        assert (await standby.get("/healthz"))[0] == 200
+        standby = await start(api, "--identity=two")
+        await leader.extender.http.stop()  # alive and leading, but unreachable
+        _, body = await standby.post("filter", extender_args(pod, ["n1"]))
+        assert body["NodeNames"] == ["n1"]
         _, body = await standby.post("bind", binding_args(pod, "n1"))
-        assert "is not the leader" in body["Error"]
+        assert body["Error"] == (
+            f"this neuron-scheduler-extender replica is not the leader and the leader at {leader.base} did not answer; "
+            "retrying"
+        )
         assert api.bindings == []
-        # the leader shuts down and releases the lease: the standby takes over
-        leader.extender.stop.set()
-
-        async def ready() -> bool:
-            return (await standby.get("/readyz"))[0] == 200
-
-        await until(ready, "the standby ready")
-        _, body = await standby.post("bind", binding_args(pod, "n1"))
-        assert body == {"Error": ""}
+        _, metrics = await standby.get("/metrics")
+        assert standby.metric(metrics, "neuron_scheduler_extender_forwarded_total", verb="filter", result="failed") == 1
 
 
 async def test_nothing_is_lost_on_restart(start: Callable[..., Any]) -> None:

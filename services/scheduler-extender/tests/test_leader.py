@@ -28,6 +28,7 @@ def elector(api: FakeApi, identity: str, clock: Clock) -> LeaderElector:
         "ns",
         "neuron-scheduler-extender",
         identity,
+        url=f"http://{identity}:9843",
         lease_duration=15,
         renew_deadline=10,
         retry_period=2,
@@ -134,3 +135,21 @@ async def test_run_acquires_and_releases() -> None:
     await asyncio.wait_for(task, 5)
     assert changes == [True, False]
     assert api.leases[LEASE]["spec"]["holderIdentity"] == ""
+
+
+async def test_the_standby_knows_where_the_leader_serves_while_its_lease_lasts() -> None:
+    api, clock = FakeApi(), Clock()
+    a, b = elector(api, "a", clock), elector(api, "b", clock)
+    assert b.leader_url == ""
+    await step(a, b)
+    assert api.leases[LEASE]["metadata"]["annotations"] == {"neuron.aws.com/leader-url": "http://a:9843"}
+    assert (a.leader_url, b.leader_url) == ("http://a:9843", "http://a:9843")
+    clock.now += 15  # a has not renewed for a whole lease: b no longer trusts the address
+    assert b.leader_url == ""
+    assert await step(b) == [True]
+    assert b.leader_url == "http://b:9843"
+    assert api.leases[LEASE]["metadata"]["annotations"] == {"neuron.aws.com/leader-url": "http://b:9843"}
+    await b.release()
+    assert b.leader_url == ""
+    assert await step(a) == [True]  # released, not waited out: taken at once
+    assert a.leader_url == "http://a:9843"

@@ -97,19 +97,21 @@ class Extender:
         return self.reports.synced and self.pods.synced
 
     def ready(self) -> tuple[bool, str]:
-        """Ready = listed both sources and leading: the Service then sends requests here alone."""
+        """Ready = listed both sources, and leading or knowing the leader to forward to."""
         waiting = [r.resource.name for r in (self.reports, self.pods) if not r.synced]
         if waiting:
             errors = "; ".join(f"{r.resource.name}: {r.last_error}" for r in (self.reports, self.pods) if r.last_error)
             return False, f"listing {', '.join(waiting)} from the API server" + (f" ({errors})" if errors else "")
-        if not self.leader.leading:
-            return (
-                False,
-                f"standby: another replica holds the lease {self.config.lease_namespace}/{self.config.lease_name}",
-            )
+        lease = f"{self.config.lease_namespace}/{self.config.lease_name}"
+        if self.leader.leading:
+            role = "leader"
+        elif self.leader.leader_url:
+            role = f"standby, forwarding to the leader at {self.leader.leader_url}"
+        else:
+            return False, f"standby: no leader known yet on the lease {lease}"
         stats = self.view.stats(self.endpoints.now())
         return True, (
-            f"leader; {stats.reports} NeuronNode reports ({stats.stale_reports} stale, {stats.invalid_reports} "
+            f"{role}; {stats.reports} NeuronNode reports ({stats.stale_reports} stale, {stats.invalid_reports} "
             f"unreadable), {stats.in_flight_pods} pods in flight"
         )
 
@@ -135,6 +137,8 @@ class Extender:
 
     async def run(self) -> int:
         await self.http.start()
+        if isinstance(self.leader, LeaderElector):
+            self.leader.url = self.config.advertise_url.replace("{port}", str(self.http.bound_port))
         log.info(
             "serving the scheduler extender",
             extra={
@@ -143,6 +147,7 @@ class Extender:
                 "report_max_age": self.config.report_max_age,
                 "leader_elect": self.config.leader_elect,
                 "identity": self.config.identity,
+                "url": getattr(self.leader, "url", ""),
             },
         )
         self.supervisor.start("neuronnodes", lambda: self.reports.run(self.stop))
@@ -151,5 +156,6 @@ class Extender:
         self.supervisor.start("maintenance", self.maintain)
         code = await self.supervisor.run()
         await self.http.stop()
+        await self.endpoints.forwarder.close()
         await self.api.close()
         return code

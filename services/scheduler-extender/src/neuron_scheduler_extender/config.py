@@ -26,6 +26,7 @@ class Config:
     lease_name: str
     lease_namespace: str
     identity: str
+    advertise_url: str  # "" until the port is known: see `url_for`
     lease_duration: float
     renew_deadline: float
     retry_period: float
@@ -75,6 +76,12 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         help="this replica's name in the Lease (default $POD_NAME or the host name, plus a random suffix)",
     )
     p.add_flag(
+        "--advertise-url",
+        default="",
+        help="URL the other replica forwards requests to while this one leads "
+        "(default http://$POD_IP:<listen port>, which the chart sets)",
+    )
+    p.add_flag(
         "--lease-duration",
         default="15s",
         type=positive_duration,
@@ -105,6 +112,9 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         )
     if a.leader_elect and not a.retry_period < a.renew_deadline:
         p.error(f"--retry-period ({a.retry_period:g}s) must be shorter than --renew-deadline ({a.renew_deadline:g}s)")
+    if a.advertise_url and not a.advertise_url.startswith(("http://", "https://")):
+        p.error(f"--advertise-url must be an http:// or https:// URL, got {a.advertise_url!r}")
+    host = environ.get("POD_IP") or (a.listen[0] if a.listen[0] not in ("0.0.0.0", "::", "") else socket.gethostname())
     identity = a.identity or f"{environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     return Config(
         listen=a.listen,
@@ -117,7 +127,12 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         lease_name=a.lease_name,
         lease_namespace=a.lease_namespace or environ.get("POD_NAMESPACE") or "default",
         identity=identity,
+        advertise_url=a.advertise_url.rstrip("/") or f"http://{_bracketed(host)}:{{port}}",
         lease_duration=a.lease_duration,
         renew_deadline=a.renew_deadline,
         retry_period=a.retry_period,
     )
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -3,6 +3,12 @@
 Every request is answered, never crashed on: a malformed one gets the protocol's `Error` (filter,
 bind) or a 400 (prioritize, whose errors kube-scheduler ignores), with a message saying what is wrong.
 
+Only the leader decides. Both replicas are Ready (a Deployment, `helm --wait` and a
+PodDisruptionBudget all count on every replica becoming Ready), so the Service may send a request
+to the standby: the standby forwards it to the URL the leader wrote into the Lease and relays the
+answer. Should the leader not answer, the standby answers filter and prioritize from its own view
+(the leader's bind checks again) and refuses bind, which kube-scheduler retries.
+
 Bind is where the decision becomes authoritative. kube-scheduler filters the next pod as soon as
 it has *assumed* the previous one, before that pod's binding reaches the API server, let alone
 the watch; two filters can therefore pass the same free silicon. Bind is the one point every pod
@@ -23,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import aiohttp
 from aiohttp import web
 
 from neuron_scheduler_extender import decisions, protocol
@@ -38,9 +45,42 @@ log = logging.getLogger(__name__)
 REMEMBERED_REQUESTS = 10_000  # pods filtered lately, so bind need not fetch them again
 
 
+FORWARDED = "X-Neuron-Extender-Forwarded"  # on a forwarded request: never forwarded twice
+FORWARD_TIMEOUT = 5.0
+
+
 class Leadership(Protocol):
     @property
     def leading(self) -> bool: ...
+
+    @property
+    def leader_url(self) -> str: ...
+
+
+class Forwarder:
+    """Relays a request to the leader."""
+
+    def __init__(self, timeout: float = FORWARD_TIMEOUT) -> None:
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    async def post(self, url: str, verb: str, body: bytes) -> tuple[int, bytes]:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        try:
+            async with self._session.post(
+                f"{url}/{verb}",
+                data=body,
+                headers={FORWARDED: "1", "Content-Type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+            ) as response:
+                return response.status, await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ApiError(0, f"{type(exc).__name__}: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
 
 
 # (namespace, name) -> the Pod object; (binding) -> None. Both raise kube.ApiError.
@@ -57,6 +97,7 @@ class Endpoints:
     read_pod: PodReader
     bind_pod: Binder
     synced: Callable[[], bool]
+    forwarder: Forwarder = field(default_factory=Forwarder)
     now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
     monotonic: Callable[[], float] = time.monotonic
     _requests: OrderedDict[str, tuple[str, PodRequest]] = field(default_factory=OrderedDict)  # uid -> (key, request)
@@ -69,8 +110,11 @@ class Endpoints:
     # --- filter ----------------------------------------------------------------------------------
     async def filter(self, request: web.Request) -> web.Response:
         with self.metrics.latency.labels("filter").time():
+            body = await request.read()
+            if (relayed := await self._to_leader("filter", request, body)) is not None:
+                return relayed
             try:
-                args = protocol.extender_args(await _json(request))
+                args = protocol.extender_args(_json(body))
                 pod = self._request_of(args.pod)
             except (ProtocolError, PodError) as exc:
                 return self._error("filter", protocol.filter_error(f"neuron-scheduler-extender: {exc}"))
@@ -103,8 +147,11 @@ class Endpoints:
     # --- prioritize ------------------------------------------------------------------------------
     async def prioritize(self, request: web.Request) -> web.Response:
         with self.metrics.latency.labels("prioritize").time():
+            body = await request.read()
+            if (relayed := await self._to_leader("prioritize", request, body)) is not None:
+                return relayed
             try:
-                args = protocol.extender_args(await _json(request))
+                args = protocol.extender_args(_json(body))
                 pod = self._request_of(args.pod)
             except (ProtocolError, PodError) as exc:
                 # kube-scheduler ignores a failed prioritize: the other scores decide alone
@@ -116,15 +163,20 @@ class Endpoints:
     # --- bind ------------------------------------------------------------------------------------
     async def bind(self, request: web.Request) -> web.Response:
         with self.metrics.latency.labels("bind").time():
+            body = await request.read()
+            if (relayed := await self._to_leader("bind", request, body)) is not None:
+                return relayed
             try:
-                args = protocol.binding_args(await _json(request))
+                args = protocol.binding_args(_json(body))
             except ProtocolError as exc:
                 return self._bind_failure("malformed", f"neuron-scheduler-extender: {exc}")
             if not self.leadership.leading:
+                leader = self.leadership.leader_url
                 return self._bind_failure(
                     "not_leader",
-                    "this neuron-scheduler-extender replica is not the leader (its Service should not have sent the "
-                    "request); retrying",
+                    "this neuron-scheduler-extender replica is not the leader and "
+                    + (f"the leader at {leader} did not answer" if leader else "no leader is elected")
+                    + "; retrying",
                 )
             if not self.synced():
                 return self._bind_failure(
@@ -161,6 +213,22 @@ class Endpoints:
                 extra={"pod": args.key, "node": args.node, "devices": effective.devices, "cores": effective.cores},
             )
             return web.json_response(protocol.binding_result())
+
+    async def _to_leader(self, verb: str, request: web.Request, body: bytes) -> web.Response | None:
+        """The leader's answer, when this replica is not the leader; None: answer here."""
+        if self.leadership.leading or FORWARDED in request.headers:
+            return None
+        leader = self.leadership.leader_url
+        if not leader:
+            return None
+        try:
+            status, payload = await self.forwarder.post(leader, verb, body)
+        except ApiError as exc:
+            self.metrics.forwarded.labels(verb, "failed").inc()
+            log.warning("%s: the leader at %s did not answer (%s); answering here", verb, leader, exc.message)
+            return None
+        self.metrics.forwarded.labels(verb, "relayed").inc()
+        return web.Response(status=status, body=payload, content_type="application/json")
 
     async def _pod_request(self, args: BindingArgs) -> PodRequest | str:
         """The pod's request, remembered from filter or read from the API server; or why not."""
@@ -201,8 +269,8 @@ class Endpoints:
         return web.json_response(protocol.binding_result(message))
 
 
-async def _json(request: web.Request) -> Any:
+def _json(body: bytes) -> Any:
     try:
-        return json.loads(await request.read())
+        return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"the request body is not JSON: {exc}") from None

@@ -1,8 +1,9 @@
 """Leader election on a coordination.k8s.io/v1 Lease, as client-go's leaderelection does it.
 
-Only the leader is Ready, so the Service sends every request to the one process that remembers
-the pods it bound a moment ago; the standby watches the same sources and takes over when the lease
-expires (or at once, when the leader releases it on SIGTERM).
+Only the leader answers: it alone remembers the pods it bound a moment ago. The leader writes the
+URL it serves at into the Lease (annotation `LEADER_URL`); a standby forwards what it receives
+there (see `endpoints`), watches the same sources, and takes over when the lease expires (or at
+once, when the leader releases it on SIGTERM).
 - A replica that finds the lease free, expired or released writes itself in as holder; the write
   carries the lease's resourceVersion, so of two replicas racing, one wins and the other gets 409.
 - Expiry is judged by this replica's own clock: the lease is expired when its record has not
@@ -28,6 +29,8 @@ from neuron_scheduler_extender.kube import ApiError
 
 log = logging.getLogger(__name__)
 
+LEADER_URL = "neuron.aws.com/leader-url"
+
 
 class LeaseApi(Protocol):
     async def get(self, path: str) -> dict[str, Any]: ...
@@ -48,6 +51,7 @@ class LeaderElector:
     namespace: str
     name: str
     identity: str
+    url: str = ""  # where this replica serves; the standby forwards requests to the leader's
     lease_duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
@@ -58,6 +62,7 @@ class LeaderElector:
     _renewed_at: float = 0.0  # monotonic, last successful write of ourselves as holder
     _observed: tuple[str, str, str] | None = None  # (holder, renewTime, resourceVersion) last seen
     _observed_at: float = 0.0
+    _leader_url: str = ""  # the URL the current holder wrote into the lease, as last read
     transitions: int = field(default=0)
 
     @property
@@ -75,6 +80,17 @@ class LeaderElector:
         if self._leading and self.clock() - self._renewed_at >= self.renew_deadline:
             self._set_leading(False, f"no renewal for {self.renew_deadline:g}s")
         return self._leading
+
+    @property
+    def leader_url(self) -> str:
+        """Where the leader serves: this replica's own URL while it leads, else the URL the holder
+        wrote into the lease while that lease has not expired; "" when no leader is known."""
+        if self.leading:
+            return self.url
+        holder = self._observed[0] if self._observed else ""
+        if not holder or holder == self.identity or self.clock() - self._observed_at >= self.lease_duration:
+            return ""
+        return self._leader_url
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
@@ -100,7 +116,7 @@ class LeaderElector:
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace},
+                "metadata": {"name": self.name, "namespace": self.namespace, "annotations": {LEADER_URL: self.url}},
                 "spec": self._spec(now_wall, now_wall, 0),
             }
             try:
@@ -116,6 +132,8 @@ class LeaderElector:
         observed = (holder, str(spec.get("renewTime") or ""), str(meta.get("resourceVersion") or ""))
         if observed != self._observed:
             self._observed, self._observed_at = observed, self.clock()
+        annotations = meta.get("annotations") or {}
+        self._leader_url = str(annotations.get(LEADER_URL) or "") if holder != self.identity else self.url
         if holder and holder != self.identity and self.clock() - self._observed_at < self.lease_duration:
             self._set_leading(False, f"the lease is held by {holder}")
             return False
@@ -124,7 +142,10 @@ class LeaderElector:
             acquired = str(spec.get("acquireTime") or now_wall)
         else:
             acquired, transitions = now_wall, transitions + 1
-        updated = dict(lease, spec=self._spec(acquired, now_wall, transitions))
+        annotations = dict(meta.get("annotations") or {}, **{LEADER_URL: self.url})
+        updated = dict(
+            lease, metadata=dict(meta, annotations=annotations), spec=self._spec(acquired, now_wall, transitions)
+        )
         try:
             result = await self.api.update(self.path, updated)
         except ApiError as exc:
@@ -180,6 +201,7 @@ class AlwaysLeader:
     """With leader election off (one replica): always the leader."""
 
     leading = True
+    leader_url = ""
 
     async def run(self, stop: asyncio.Event) -> None:
         await stop.wait()

@@ -42,9 +42,17 @@ class Metrics:
         self.bind_failures = Counter(
             f"{PREFIX}_bind_failures_total", "Bindings refused or failed, by reason", ["reason"], registry=r
         )
+        self.forwarded = Counter(
+            f"{PREFIX}_forwarded_total",
+            "Requests a standby forwarded to the leader: relayed, or failed (then answered by the standby)",
+            ["verb", "result"],
+            registry=r,
+        )
         for verb in VERBS:
             self.latency.labels(verb)
             self.errors.labels(verb)
+            for result in ("relayed", "failed"):
+                self.forwarded.labels(verb, result)
         for kind in RefusalKind:
             self.nodes_refused.labels(str(kind))
         for reason in BIND_FAILURES:
