@@ -300,6 +300,16 @@ spec:
 {{- fail "npd.remediation needs the detector's ServiceAccount to hold 'patch nodes': set npd.serviceAccount.create=true or name an existing ServiceAccount that has it" -}}
 {{- end -}}
 {{- end -}}
+{{- if and .Values.scheduler.enabled (not .Values.devicePlugin.enabled) -}}
+{{- fail "scheduler.enabled needs devicePlugin.enabled: the scheduler extender places pods from the NeuronNode reports each node's device plugin publishes" -}}
+{{- end -}}
+{{- if .Values.scheduler.enabled -}}
+{{- range $key, $v := dict "extender" .Values.scheduler.extender "kubeScheduler" .Values.scheduler.kubeScheduler -}}
+{{- if and (dig "enabled" true $v) (gt (int $v.replicas) 1) (not $v.leaderElection.enabled) -}}
+{{- fail (printf "scheduler.%s.replicas=%d needs scheduler.%s.leaderElection.enabled: replicas that do not elect a leader would each place pods on their own" $key (int $v.replicas) $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.simulation.enabled (not (hasPrefix "/" .Values.simulation.hostRoot)) -}}
 {{- fail (printf "simulation.hostRoot must be an absolute host path, got %q" .Values.simulation.hostRoot) -}}
 {{- end -}}
