@@ -22,7 +22,7 @@ from neuron_sysfs.placement import FreeState, PodRequest, refusal
 MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
 
 
-@lru_cache(maxsize=1 << 14)
+@lru_cache(maxsize=8192)  # keys share their free states with the view and the placements
 def refusal_of(topo: Topology, free: FreeState, pod: PodRequest) -> str:
     """`refusal`, memoized: most nodes of a cluster share a few shapes and free states."""
     return refusal(topo, free, pod)
@@ -106,7 +106,7 @@ def prioritize(view: ClusterView, pod: PodRequest, nodes: Iterable[str], now: dt
     return [(node, score(node)) for node in order]
 
 
-@lru_cache(maxsize=1 << 14)
+@lru_cache(maxsize=4096)
 def leftover_of(topo: Topology, free: FreeState) -> Leftover:
     return free.leftover(topo)
 

@@ -100,7 +100,7 @@ class NodeState:
     in_flight: tuple[str, ...] = ()
 
 
-@lru_cache(maxsize=1 << 14)
+@lru_cache(maxsize=4096)  # a few KB each (two frozensets): about 20 MB when full
 def placement_of(topo: Topology, free: FreeState, pod: PodRequest) -> Placement:
     """`place`, memoized: the same (shape, free state, request) recurs across nodes and calls."""
     return place(topo, free, pod)
