@@ -872,6 +872,17 @@ def test_device_config_device_plugin_image() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("key", "name"),
+    [("kubeScheduler", "customSchedulerImage"), ("extender", "schedulerExtensionImage")],
+)
+def test_device_config_scheduler_images(key: str, name: str) -> None:
+    image = {"registry": "public.example.internal", "repository": f"neuron/{name.lower()}", "tag": "2.30.0.0"}
+    docs = render(*sets(scheduler__enabled=True, **{f"scheduler__{key}__image__{k}": v for k, v in image.items()}))
+    images = {c["image"] for d in of_kind(docs, "Deployment") for c in d["spec"]["template"]["spec"]["containers"]}
+    assert f"public.example.internal/neuron/{name.lower()}:2.30.0.0" in images
+
+
 def test_device_config_image_repo_secret() -> None:
     docs = render(*DRIVER, *KMM_API, *sets(global__imagePullSecrets=["image-repo-secret"]))
     assert module(docs)["spec"]["imageRepoSecret"] == {"name": "image-repo-secret"}
@@ -903,7 +914,7 @@ def test_device_config_selector() -> None:
 
 
 def test_the_device_config_table_names_only_values_that_exist() -> None:
-    """Each row's chart values exist in values.yaml, except rows still marked pending."""
+    """Each row's chart values exist in values.yaml."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     readme = (CHART / "README.md").read_text()
     section = readme.split("## Coming from the AWS Neuron operator", 1)[1].split("\n## ", 1)[0]
@@ -914,8 +925,6 @@ def test_the_device_config_table_names_only_values_that_exist() -> None:
         "selector",
     ]  # fmt: skip
     for row in rows:
-        if "pending" in row:
-            continue
         chart_column = row.split(" | ", 1)[1]
         for path in re.findall(r"`([a-zA-Z]+(?:\.[a-zA-Z]+)+)(?:=[^`]*)?`", chart_column):
             node: Any = values

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# tests/cluster/images.sh [--import]: builds the three service images from services/Dockerfile with
+# tests/cluster/images.sh [--import]: builds every service image from services/Dockerfile with
 # podman (rootful, runc), smoke-runs each and prints their sizes (`make images-build`). With
 # --import (`make images`, `make cluster-test`, `make demo`) it then imports them into the test
 # cluster's containerd (k8s.io namespace), and fails at once when that cluster is not running.
@@ -163,6 +163,8 @@ if [ "$import" = 1 ]; then
     rm -f "$archive"
     log "$image imported into the cluster's containerd"
   done
+  # the chart's second scheduler (scheduler.enabled): the cluster cannot pull registry.k8s.io
+  tests/cluster/kube-scheduler-image.sh
 fi
 
 # MB as podman images counts them (10^6 bytes), uncompressed

@@ -5,7 +5,10 @@
 A static C program that sleeps until SIGTERM/SIGINT and reaps children (what upstream's
 build/pause/linux/pause.c does), packed as a docker-archive that `ctr images import` loads.
 `apicheck`: a static Go program (tests/cluster/apicheck) that GETs /version in-cluster.
+`binary`: an existing static binary at a path of the image (kube-scheduler-image.sh: the second
+scheduler's image, from the cluster's own kube-scheduler build).
 Usage: pause_image.py OUT.tar IMAGE_REF [pause|apicheck]
+       pause_image.py OUT.tar IMAGE_REF binary SOURCE PATH_IN_IMAGE
 """
 
 from __future__ import annotations
@@ -51,19 +54,32 @@ def build(out: Path, ref: str, program: str = "pause") -> None:
                 env={**os.environ, "CGO_ENABLED": "0"},
                 check=True,
             )
-        layer = io.BytesIO()
-        with tarfile.open(fileobj=layer, mode="w") as t:
-            info = tarfile.TarInfo(program)
-            info.size, info.mode = binary.stat().st_size, 0o755
-            with binary.open("rb") as f:
-                t.addfile(info, f)
-        layer_bytes = layer.getvalue()
+        pack(out, ref, binary, f"/{program}", user="65535:65535")
+
+
+def pack(out: Path, ref: str, binary: Path, path: str, user: str = "") -> None:
+    """A docker-archive of one image: the static `binary` at `path` (its entry point), nothing else."""
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as t:
+        parts = path.strip("/").split("/")
+        for depth in range(1, len(parts)):
+            directory = tarfile.TarInfo("/".join(parts[:depth]))
+            directory.type, directory.mode = tarfile.DIRTYPE, 0o755
+            t.addfile(directory)
+        info = tarfile.TarInfo("/".join(parts))
+        info.size, info.mode = binary.stat().st_size, 0o755
+        with binary.open("rb") as f:
+            t.addfile(info, f)
+    layer_bytes = layer.getvalue()
     diff_id = "sha256:" + hashlib.sha256(layer_bytes).hexdigest()
+    image_config: dict[str, object] = {"Entrypoint": [path], "Env": ["PATH=/usr/local/bin:/usr/bin:/bin"]}
+    if user:
+        image_config["User"] = user
     config = json.dumps(
         {
             "architecture": "amd64",
             "os": "linux",
-            "config": {"Entrypoint": [f"/{program}"], "User": "65535:65535"},
+            "config": image_config,
             "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         }
     ).encode()
@@ -77,4 +93,7 @@ def build(out: Path, ref: str, program: str = "pause") -> None:
 
 
 if __name__ == "__main__":
-    build(Path(sys.argv[1]), sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "pause")
+    if len(sys.argv) == 6 and sys.argv[3] == "binary":  # OUT.tar IMAGE_REF binary SOURCE PATH_IN_IMAGE
+        pack(Path(sys.argv[1]), sys.argv[2], Path(sys.argv[4]), sys.argv[5])
+    else:
+        build(Path(sys.argv[1]), sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "pause")

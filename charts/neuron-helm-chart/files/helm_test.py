@@ -6,6 +6,8 @@ client and neuron_sysfs's instance table). One mode per test pod; exit 0 passes.
   allocation  run in a pod holding one neuroncore: exactly one /dev/neuronN and one visible core
   metrics     every node-metrics pod serves neuron_ samples
   health      every node running the problem detector carries the NeuronHealth condition
+  scheduling  run in a pod that neuron-scheduler placed (only it binds a pod naming it), holding one
+              whole device: exactly one /dev/neuronN, and the runtime told to use that device's cores
 
 Settings come from the environment the chart sets (see templates/tests/).
 """
@@ -118,6 +120,16 @@ def test_allocation() -> None:
     log(f"ok: one neuroncore holds {devices[0]} and NEURON_RT_VISIBLE_CORES={visible}")
 
 
+def test_scheduling() -> None:
+    devices = sorted(p for p in Path("/dev").glob("neuron*") if re.fullmatch(r"neuron\d+", p.name))
+    if len(devices) != 1:
+        fail(f"a pod holding one neuron device should see exactly one /dev/neuronN, saw {[str(d) for d in devices]}")
+    visible = os.environ.get("NEURON_RT_VISIBLE_CORES", "")
+    if not re.fullmatch(r"\d+([-,]\d+)*", visible):
+        fail(f"NEURON_RT_VISIBLE_CORES should name the device's cores, got {visible!r}")
+    log(f"ok: placed by the Neuron-aware scheduler, holding {devices[0]} (NEURON_RT_VISIBLE_CORES={visible})")
+
+
 def test_metrics() -> None:
     api = core_api()
     selector = os.environ["NODE_METRICS_SELECTOR"]
@@ -159,7 +171,13 @@ def test_health() -> None:
         eventually(has_condition, f"node {name} carries {condition}")
 
 
-MODES = {"capacity": test_capacity, "allocation": test_allocation, "metrics": test_metrics, "health": test_health}
+MODES = {
+    "capacity": test_capacity,
+    "allocation": test_allocation,
+    "metrics": test_metrics,
+    "health": test_health,
+    "scheduling": test_scheduling,
+}
 
 if __name__ == "__main__":
     if len(sys.argv) != 2 or sys.argv[1] not in MODES:

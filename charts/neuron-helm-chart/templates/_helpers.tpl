@@ -324,6 +324,13 @@ spec:
 {{- fail (printf "driver.devicePluginWaitsForModule: KMM's ready label name %q is longer than 63 characters; shorten the release namespace or name (fullnameOverride)" $labelName) -}}
 {{- end -}}
 {{- end -}}
+{{- if .Values.scheduler.enabled -}}
+{{- range $key, $v := dict "extender" .Values.scheduler.extender "kubeScheduler" .Values.scheduler.kubeScheduler -}}
+{{- if and (dig "enabled" true $v) (gt (int $v.replicas) 1) (not $v.leaderElection.enabled) -}}
+{{- fail (printf "scheduler.%s.replicas=%d needs scheduler.%s.leaderElection.enabled: replicas that do not elect a leader would each place pods on their own" $key (int $v.replicas) $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.simulation.enabled (not (hasPrefix "/" .Values.simulation.hostRoot)) -}}
 {{- fail (printf "simulation.hostRoot must be an absolute host path, got %q" .Values.simulation.hostRoot) -}}
 {{- end -}}

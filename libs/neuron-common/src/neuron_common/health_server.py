@@ -28,11 +28,13 @@ class HealthServer:
         live: Check = _always_ok,
         ready: Check = _always_ok,
         metrics_handler: Callable[[web.Request], object] | None = None,
+        client_max_size: int = 1024**2,
     ) -> None:
         self.host, self.port = host, port
         self.registry = registry
         self._live, self._ready = live, ready
-        self.app = web.Application()
+        # a service that serves more than probes (the scheduler extender) may take larger request bodies
+        self.app = web.Application(client_max_size=client_max_size)
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/readyz", self._readyz)
         self.app.router.add_get("/metrics", metrics_handler or self._metrics)  # type: ignore[arg-type]

@@ -1,0 +1,140 @@
+{{/* The second kube-scheduler's image: the cluster's own version unless a tag or digest is set, with any vendor
+     suffix dropped (v1.30.4-eks-a737599 -> v1.30.4), so that it is a tag the upstream registry has. */}}
+{{- define "neuron.kubeSchedulerImage" -}}
+{{- $image := deepCopy .Values.scheduler.kubeScheduler.image -}}
+{{- if not $image.tag -}}
+{{- $v := semver .Capabilities.KubeVersion.Version -}}
+{{- $_ := set $image "tag" (printf "v%d.%d.%d" $v.Major $v.Minor $v.Patch) -}}
+{{- end -}}
+{{- include "neuron.image" (dict "root" . "image" $image) -}}
+{{- end -}}
+
+{{/* Where the second scheduler reaches the extender: the Service's fixed ClusterIP when one is set (clusters
+     without cluster DNS), else its DNS name. */}}
+{{- define "neuron.extenderUrl" -}}
+{{- $v := .Values.scheduler.extender -}}
+{{- $host := printf "%s.%s.svc" (include "neuron.componentName" (dict "root" . "component" "scheduler-extender")) .Release.Namespace -}}
+{{- with $v.service.clusterIP }}{{ $host = . }}{{ end -}}
+{{- printf "http://%s:%d" $host (int $v.port) -}}
+{{- end -}}
+
+{{/* The Neuron resources the second scheduler hands to the extender: both, and the deprecated alias when the
+     device plugin advertises it. */}}
+{{- define "neuron.managedResources" -}}
+{{- $names := list "aws.amazon.com/neuron" "aws.amazon.com/neuroncore" -}}
+{{- if .Values.devicePlugin.neurondeviceAlias }}{{ $names = append $names "aws.amazon.com/neurondevice" }}{{ end -}}
+{{- range $names }}
+- name: {{ . }}
+  ignoredByScheduler: false
+{{- end -}}
+{{- end -}}
+
+{{/* The head of a scheduling Deployment, from apiVersion down to the pod spec's securityContext; the template
+     goes on with `containers:` at the pod spec's indentation (6). Without an affinity of their own the replicas
+     prefer different nodes. (dict "root" $ "component" "scheduler-extender" "values" ... "podAnnotations" (dict)) */}}
+{{- define "neuron.deploymentHead" -}}
+{{- $v := .values -}}
+apiVersion: apps/v1
+kind: Deployment
+metadata:
+  name: {{ include "neuron.componentName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "neuron.componentLabels" . | nindent 4 }}
+spec:
+  replicas: {{ $v.replicas }}
+  revisionHistoryLimit: {{ $v.revisionHistoryLimit }}
+  selector:
+    matchLabels:
+      {{- include "neuron.selectorLabels" . | nindent 6 }}
+  template:
+    metadata:
+      labels:
+        {{- include "neuron.componentLabels" . | nindent 8 }}
+        {{- with $v.podLabels }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      {{- with merge (dict) (.podAnnotations | default dict) ($v.podAnnotations | default dict) }}
+      annotations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+    spec:
+      serviceAccountName: {{ include "neuron.serviceAccountName" . }}
+      {{- include "neuron.imagePullSecrets" . | nindent 6 }}
+      {{- with $v.priorityClassName }}
+      priorityClassName: {{ . }}
+      {{- end }}
+      {{- with $v.nodeSelector }}
+      nodeSelector:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      {{- with $v.tolerations }}
+      tolerations:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+      affinity:
+        {{- if $v.affinity }}
+        {{- toYaml $v.affinity | nindent 8 }}
+        {{- else }}
+        podAntiAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+            - weight: 100
+              podAffinityTerm:
+                topologyKey: kubernetes.io/hostname
+                labelSelector:
+                  matchLabels:
+                    {{- include "neuron.selectorLabels" . | nindent 20 }}
+        {{- end }}
+      {{- with $v.podSecurityContext }}
+      securityContext:
+        {{- toYaml . | nindent 8 }}
+      {{- end }}
+{{- end -}}
+
+{{/* A ServiceAccount of a scheduling component. (dict "root" $ "component" ... "values" ...) */}}
+{{- define "neuron.schedulingServiceAccount" -}}
+{{- if .values.serviceAccount.create }}
+apiVersion: v1
+kind: ServiceAccount
+metadata:
+  name: {{ include "neuron.serviceAccountName" . }}
+  namespace: {{ .root.Release.Namespace }}
+  labels:
+    {{- include "neuron.componentLabels" . | nindent 4 }}
+  {{- with .values.serviceAccount.annotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The second scheduler's KubeSchedulerConfiguration (kubescheduler.config.k8s.io/v1): a file in its ConfigMap,
+     not an object the API server serves. */}}
+{{- define "neuron.kubeSchedulerConfiguration" -}}
+{{- $v := .Values.scheduler.kubeScheduler -}}
+{{- $x := .Values.scheduler.extender -}}
+apiVersion: kubescheduler.config.k8s.io/v1
+kind: KubeSchedulerConfiguration
+leaderElection:
+  leaderElect: {{ $v.leaderElection.enabled }}
+  resourceLock: leases
+  resourceName: {{ .Values.scheduler.schedulerName }}
+  resourceNamespace: {{ .Release.Namespace }}
+  leaseDuration: {{ $v.leaderElection.leaseDuration }}
+  renewDeadline: {{ $v.leaderElection.renewDeadline }}
+  retryPeriod: {{ $v.leaderElection.retryPeriod }}
+profiles:
+  - schedulerName: {{ .Values.scheduler.schedulerName }}
+extenders:
+  - urlPrefix: {{ include "neuron.extenderUrl" . }}
+    filterVerb: filter
+    prioritizeVerb: prioritize
+    weight: {{ $x.weight }}
+    bindVerb: bind
+    enableHTTPS: false
+    nodeCacheCapable: true
+    httpTimeout: {{ $x.httpTimeout }}
+    ignorable: false
+    managedResources:
+      {{- include "neuron.managedResources" . | trim | nindent 6 }}
+{{- end -}}

@@ -1,0 +1,161 @@
+"""Wiring: the API client, the two sources feeding the view, leader election, the HTTP server."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from neuron_common.health_server import HealthServer
+from neuron_common.lifecycle import sleep_or_stop
+from neuron_common.supervisor import Supervisor
+from neuron_scheduler_extender.config import Config
+from neuron_scheduler_extender.endpoints import Endpoints
+from neuron_scheduler_extender.kube import Api
+from neuron_scheduler_extender.leader import AlwaysLeader, LeaderElector
+from neuron_scheduler_extender.metrics import Metrics
+from neuron_scheduler_extender.pods import PodRecord, ResourceNames, pod_record
+from neuron_scheduler_extender.protocol import BindingArgs
+from neuron_scheduler_extender.sources import Reflector, Resource
+from neuron_scheduler_extender.state import ClusterView, ReportRecord, report_record
+from neuron_sysfs import report
+
+# Only bound pods that still run can hold silicon; the API server filters out the rest.
+BOUND_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
+NEURON_NODES = Resource("neuronnodes", f"/apis/{report.GROUP}/{report.VERSION}/{report.PLURAL}")
+PODS = Resource("pods", "/api/v1/pods", {"fieldSelector": BOUND_PODS})
+# With nodeCacheCapable=false kube-scheduler sends whole Node objects: several MB at 1,000 nodes.
+MAX_REQUEST_BYTES = 256 * 1024 * 1024
+MAINTENANCE_INTERVAL = 10.0
+
+log = logging.getLogger(__name__)
+
+
+class Extender:
+    def __init__(self, config: Config, stop: asyncio.Event, api: Api | None = None) -> None:
+        self.config = config
+        self.stop = stop
+        self.api = api or Api.from_kubeconfig(config.kubeconfig, config.api_timeout)
+        self.names = ResourceNames.under(config.resource_prefix)
+        self.view = ClusterView(report_max_age=config.report_max_age)
+        self.metrics = Metrics()
+        self.reports: Reflector[ReportRecord] = Reflector(
+            self.api,
+            NEURON_NODES,
+            reduce=report_record,
+            replace=lambda records, _: self.view.replace_reports(records),
+            apply=self.view.apply_report,
+        )
+        self.pods: Reflector[PodRecord] = Reflector(
+            self.api,
+            PODS,
+            reduce=lambda obj: pod_record(obj, self.names),
+            replace=self.view.replace_pods,
+            apply=self.view.apply_pod,
+        )
+        self.leader: LeaderElector | AlwaysLeader
+        if config.leader_elect:
+            self.leader = LeaderElector(
+                self.api,
+                config.lease_namespace,
+                config.lease_name,
+                config.identity,
+                lease_duration=config.lease_duration,
+                renew_deadline=config.renew_deadline,
+                retry_period=config.retry_period,
+            )
+        else:
+            self.leader = AlwaysLeader()
+        self.supervisor = Supervisor(stop)
+        host, port = config.listen
+        self.http = HealthServer(
+            host,
+            port,
+            self.metrics.registry,
+            live=self.supervisor.healthy,
+            ready=self.ready,
+            client_max_size=MAX_REQUEST_BYTES,
+        )
+        self.endpoints = Endpoints(
+            self.view,
+            self.names,
+            self.metrics,
+            self.leader,
+            read_pod=self.read_pod,
+            bind_pod=self.bind_pod,
+            synced=self.synced,
+        )
+        self.endpoints.add_routes(self.http.app)
+        self.metrics.watch_view(
+            lambda: self.view.stats(self.endpoints.now()),
+            lambda: {"neuronnodes": self.reports.age(), "pods": self.pods.age()},
+            lambda: self.leader.leading,
+        )
+
+    def synced(self) -> bool:
+        return self.reports.synced and self.pods.synced
+
+    def ready(self) -> tuple[bool, str]:
+        """Ready = listed both sources, and leading or knowing the leader to forward to."""
+        waiting = [r.resource.name for r in (self.reports, self.pods) if not r.synced]
+        if waiting:
+            errors = "; ".join(f"{r.resource.name}: {r.last_error}" for r in (self.reports, self.pods) if r.last_error)
+            return False, f"listing {', '.join(waiting)} from the API server" + (f" ({errors})" if errors else "")
+        lease = f"{self.config.lease_namespace}/{self.config.lease_name}"
+        if self.leader.leading:
+            role = "leader"
+        elif self.leader.leader_url:
+            role = f"standby, forwarding to the leader at {self.leader.leader_url}"
+        else:
+            return False, f"standby: no leader known yet on the lease {lease}"
+        stats = self.view.stats(self.endpoints.now())
+        return True, (
+            f"{role}; {stats.reports} NeuronNode reports ({stats.stale_reports} stale, {stats.invalid_reports} "
+            f"unreadable), {stats.in_flight_pods} pods in flight"
+        )
+
+    async def read_pod(self, namespace: str, name: str) -> dict[str, Any]:
+        return await self.api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+
+    async def bind_pod(self, args: BindingArgs) -> None:
+        await self.api.create(
+            f"/api/v1/namespaces/{args.pod_namespace}/pods/{args.pod_name}/binding",
+            {
+                "apiVersion": "v1",
+                "kind": "Binding",
+                # the UID makes the API server refuse the binding if the pod was replaced meanwhile
+                "metadata": {"name": args.pod_name, "namespace": args.pod_namespace, "uid": args.pod_uid},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": args.node},
+            },
+        )
+
+    async def maintain(self) -> None:
+        while not await sleep_or_stop(self.stop, MAINTENANCE_INTERVAL):
+            for key in self.view.expire_assumed(time.monotonic()):
+                log.warning("pod %s was bound by this extender but never seen bound; no longer counted", key)
+
+    async def run(self) -> int:
+        await self.http.start()
+        if isinstance(self.leader, LeaderElector):
+            self.leader.url = self.config.advertise_url.replace("{port}", str(self.http.bound_port))
+        log.info(
+            "serving the scheduler extender",
+            extra={
+                "address": f"{self.config.listen[0]}:{self.http.bound_port}",
+                "resources": ",".join(self.names.all),
+                "report_max_age": self.config.report_max_age,
+                "leader_elect": self.config.leader_elect,
+                "identity": self.config.identity,
+                "url": getattr(self.leader, "url", ""),
+            },
+        )
+        self.supervisor.start("neuronnodes", lambda: self.reports.run(self.stop))
+        self.supervisor.start("pods", lambda: self.pods.run(self.stop))
+        self.supervisor.start("leader-election", lambda: self.leader.run(self.stop))
+        self.supervisor.start("maintenance", self.maintain)
+        code = await self.supervisor.run()
+        await self.http.stop()
+        await self.endpoints.forwarder.close()
+        await self.api.close()
+        return code

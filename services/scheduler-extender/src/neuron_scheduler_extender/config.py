@@ -1,0 +1,138 @@
+"""Flags of `neuron-scheduler-extender`, each with a `NEURON_EXTENDER_*` environment twin."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from neuron_common import resources
+from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_duration
+
+DEFAULT_LISTEN = "0.0.0.0:9843"
+
+
+@dataclass(frozen=True)
+class Config:
+    listen: tuple[str, int]
+    log_level: str
+    kubeconfig: str | None
+    resource_prefix: str
+    report_max_age: float
+    api_timeout: float
+    leader_elect: bool
+    lease_name: str
+    lease_namespace: str
+    identity: str
+    advertise_url: str  # "" until the port is known: see `url_for`
+    lease_duration: float
+    renew_deadline: float
+    retry_period: float
+
+
+def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
+    p = EnvArgumentParser(
+        prog="neuron-scheduler-extender",
+        description="kube-scheduler extender for AWS Neuron: filter passes a node only where the pod's devices or "
+        "cores can be given as a connected set (from the NeuronNode reports each node's device plugin publishes, "
+        "and the pods bound there), prioritize prefers the node left least fragmented, bind re-checks and binds. "
+        "Serves POST /filter, /prioritize, /bind and GET /healthz, /readyz, /metrics on one port.",
+        env_prefix="NEURON_EXTENDER_",
+        env=env,
+    )
+    p.add_flag("--listen", default=DEFAULT_LISTEN, type=listen_address, help="address of the extender's HTTP server")
+    p.add_flag("--log-level", default="info", type=log_level, help="debug, info, warning or error")
+    p.add_flag("--kubeconfig", default="", help="kubeconfig file; default: the in-cluster service account")
+    p.add_flag(
+        "--resource-prefix",
+        default=resources.DEFAULT_PREFIX,
+        help="prefix of the Neuron resources (<prefix>/neuron, <prefix>/neuroncore), as the device plugin advertises",
+    )
+    p.add_flag(
+        "--report-max-age",
+        default="2m",
+        type=positive_duration,
+        help="refuse a node whose NeuronNode report is older than this (its device plugin heartbeats every 30s)",
+    )
+    p.add_flag(
+        "--api-timeout", default="10s", type=positive_duration, help="timeout of one API server request (not watches)"
+    )
+    p.add_bool_flag(
+        "--leader-elect",
+        default=True,
+        help="take part in leader election on a Lease; only the leader is ready (run 2 replicas for availability)",
+    )
+    p.add_flag("--lease-name", default="neuron-scheduler-extender", help="name of the Lease")
+    p.add_flag(
+        "--lease-namespace",
+        default="",
+        help="namespace of the Lease (default $POD_NAMESPACE, which the chart sets, else default)",
+    )
+    p.add_flag(
+        "--identity",
+        default="",
+        help="this replica's name in the Lease (default $POD_NAME or the host name, plus a random suffix)",
+    )
+    p.add_flag(
+        "--advertise-url",
+        default="",
+        help="URL the other replica forwards requests to while this one leads "
+        "(default http://$POD_IP:<listen port>, which the chart sets)",
+    )
+    p.add_flag(
+        "--lease-duration",
+        default="15s",
+        type=positive_duration,
+        help="how long a standby waits after the last renewal it saw before taking the lease",
+    )
+    p.add_flag(
+        "--renew-deadline",
+        default="10s",
+        type=positive_duration,
+        help="the leader stops leading when it could not renew for this long (less than --lease-duration)",
+    )
+    p.add_flag(
+        "--retry-period", default="2s", type=positive_duration, help="time between attempts to take or renew the lease"
+    )
+    return p
+
+
+def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
+    environ = os.environ if env is None else env
+    p = parser(env)
+    a = p.parse_args(argv)
+    if not resources.is_valid_prefix(a.resource_prefix):
+        p.error(f"--resource-prefix {a.resource_prefix!r} is not a DNS subdomain outside kubernetes.io")
+    if a.leader_elect and not a.renew_deadline < a.lease_duration:
+        p.error(
+            f"--renew-deadline ({a.renew_deadline:g}s) must be shorter than --lease-duration ({a.lease_duration:g}s): "
+            "a leader cut off from the API server must stop before a standby can take over"
+        )
+    if a.leader_elect and not a.retry_period < a.renew_deadline:
+        p.error(f"--retry-period ({a.retry_period:g}s) must be shorter than --renew-deadline ({a.renew_deadline:g}s)")
+    if a.advertise_url and not a.advertise_url.startswith(("http://", "https://")):
+        p.error(f"--advertise-url must be an http:// or https:// URL, got {a.advertise_url!r}")
+    host = environ.get("POD_IP") or (a.listen[0] if a.listen[0] not in ("0.0.0.0", "::", "") else socket.gethostname())
+    identity = a.identity or f"{environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+    return Config(
+        listen=a.listen,
+        log_level=a.log_level,
+        kubeconfig=a.kubeconfig or None,
+        resource_prefix=a.resource_prefix,
+        report_max_age=a.report_max_age,
+        api_timeout=a.api_timeout,
+        leader_elect=a.leader_elect,
+        lease_name=a.lease_name,
+        lease_namespace=a.lease_namespace or environ.get("POD_NAMESPACE") or "default",
+        identity=identity,
+        advertise_url=a.advertise_url.rstrip("/") or f"http://{_bracketed(host)}:{{port}}",
+        lease_duration=a.lease_duration,
+        renew_deadline=a.renew_deadline,
+        retry_period=a.retry_period,
+    )
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

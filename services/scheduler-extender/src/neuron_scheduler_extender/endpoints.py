@@ -1,0 +1,276 @@
+"""The extender's HTTP verbs, as kube-scheduler calls them: POST /filter, /prioritize and /bind.
+
+Every request is answered, never crashed on: a malformed one gets the protocol's `Error` (filter,
+bind) or a 400 (prioritize, whose errors kube-scheduler ignores), with a message saying what is wrong.
+
+Only the leader decides. Both replicas are Ready (a Deployment, `helm --wait` and a
+PodDisruptionBudget all count on every replica becoming Ready), so the Service may send a request
+to the standby: the standby forwards it to the URL the leader wrote into the Lease and relays the
+answer. Should the leader not answer, the standby answers filter and prioritize from its own view
+(the leader's bind checks again) and refuses bind, which kube-scheduler retries.
+
+Bind is where the decision becomes authoritative. kube-scheduler filters the next pod as soon as
+it has *assumed* the previous one, before that pod's binding reaches the API server, let alone
+the watch; two filters can therefore pass the same free silicon. Bind is the one point every pod
+goes through one at a time here: it asks the question again on the view as it is now, including
+the pods this extender bound a moment ago that no watch has shown yet, and only then writes the
+Binding. A pod that no longer fits is refused with an `Error`; kube-scheduler un-reserves it and
+schedules it again.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+from aiohttp import web
+
+from neuron_scheduler_extender import decisions, protocol
+from neuron_scheduler_extender.kube import ApiError
+from neuron_scheduler_extender.metrics import Metrics
+from neuron_scheduler_extender.pods import PodError, ResourceNames, neuron_request, pod_key, pod_uid
+from neuron_scheduler_extender.protocol import BindingArgs, ProtocolError
+from neuron_scheduler_extender.state import ClusterView
+from neuron_sysfs.placement import PodRequest
+
+log = logging.getLogger(__name__)
+
+REMEMBERED_REQUESTS = 10_000  # pods filtered lately, so bind need not fetch them again
+
+
+FORWARDED = "X-Neuron-Extender-Forwarded"  # on a forwarded request: never forwarded twice
+FORWARD_TIMEOUT = 5.0
+
+
+class Leadership(Protocol):
+    @property
+    def leading(self) -> bool: ...
+
+    @property
+    def leader_url(self) -> str: ...
+
+
+class Forwarder:
+    """Relays a request to the leader."""
+
+    def __init__(self, timeout: float = FORWARD_TIMEOUT) -> None:
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    async def post(self, url: str, verb: str, body: bytes) -> tuple[int, bytes]:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        try:
+            async with self._session.post(
+                f"{url}/{verb}",
+                data=body,
+                headers={FORWARDED: "1", "Content-Type": "application/json"},
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+            ) as response:
+                return response.status, await response.read()
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise ApiError(0, f"{type(exc).__name__}: {exc}") from exc
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+# (namespace, name) -> the Pod object; (binding) -> None. Both raise kube.ApiError.
+PodReader = Callable[[str, str], Awaitable[dict[str, Any]]]
+Binder = Callable[[BindingArgs], Awaitable[None]]
+
+
+@dataclass
+class Endpoints:
+    view: ClusterView
+    names: ResourceNames
+    metrics: Metrics
+    leadership: Leadership
+    read_pod: PodReader
+    bind_pod: Binder
+    synced: Callable[[], bool]
+    forwarder: Forwarder = field(default_factory=Forwarder)
+    now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+    monotonic: Callable[[], float] = time.monotonic
+    _requests: OrderedDict[str, tuple[str, PodRequest]] = field(default_factory=OrderedDict)  # uid -> (key, request)
+
+    def add_routes(self, app: web.Application) -> None:
+        app.router.add_post("/filter", self.filter)
+        app.router.add_post("/prioritize", self.prioritize)
+        app.router.add_post("/bind", self.bind)
+
+    # --- filter ----------------------------------------------------------------------------------
+    async def filter(self, request: web.Request) -> web.Response:
+        with self.metrics.latency.labels("filter").time():
+            body = await request.read()
+            if (relayed := await self._to_leader("filter", request, body)) is not None:
+                return relayed
+            try:
+                args = protocol.extender_args(_json(body))
+                pod = self._request_of(args.pod)
+            except (ProtocolError, PodError) as exc:
+                return self._error("filter", protocol.filter_error(f"neuron-scheduler-extender: {exc}"))
+            if not self.synced():
+                return self._error(
+                    "filter",
+                    protocol.filter_error(
+                        "neuron-scheduler-extender has not read the cluster's NeuronNodes and pods yet; retrying"
+                    ),
+                )
+            outcome = decisions.filter_nodes(self.view, pod, args.node_names, self.now())
+            for refused in (*outcome.failed.values(), *outcome.unresolvable.values()):
+                self.metrics.nodes_refused.labels(str(refused.kind)).inc()
+            log.debug(
+                "filter %s: %d of %d nodes pass",
+                args.pod_label,
+                len(outcome.passed),
+                len(args.node_names),
+                extra={"pod": args.pod_label, "passed": len(outcome.passed), "nodes": len(args.node_names)},
+            )
+            return web.json_response(
+                protocol.filter_result(
+                    args,
+                    outcome.passed,
+                    {n: r.reason for n, r in outcome.failed.items()},
+                    {n: r.reason for n, r in outcome.unresolvable.items()},
+                )
+            )
+
+    # --- prioritize ------------------------------------------------------------------------------
+    async def prioritize(self, request: web.Request) -> web.Response:
+        with self.metrics.latency.labels("prioritize").time():
+            body = await request.read()
+            if (relayed := await self._to_leader("prioritize", request, body)) is not None:
+                return relayed
+            try:
+                args = protocol.extender_args(_json(body))
+                pod = self._request_of(args.pod)
+            except (ProtocolError, PodError) as exc:
+                # kube-scheduler ignores a failed prioritize: the other scores decide alone
+                self.metrics.errors.labels("prioritize").inc()
+                return web.json_response({"error": str(exc)}, status=400)
+            scores = decisions.prioritize(self.view, pod, args.node_names, self.now())
+            return web.json_response(protocol.priority_list(scores))
+
+    # --- bind ------------------------------------------------------------------------------------
+    async def bind(self, request: web.Request) -> web.Response:
+        with self.metrics.latency.labels("bind").time():
+            body = await request.read()
+            if (relayed := await self._to_leader("bind", request, body)) is not None:
+                return relayed
+            try:
+                args = protocol.binding_args(_json(body))
+            except ProtocolError as exc:
+                return self._bind_failure("malformed", f"neuron-scheduler-extender: {exc}")
+            if not self.leadership.leading:
+                leader = self.leadership.leader_url
+                return self._bind_failure(
+                    "not_leader",
+                    "this neuron-scheduler-extender replica is not the leader and "
+                    + (f"the leader at {leader} did not answer" if leader else "no leader is elected")
+                    + "; retrying",
+                )
+            if not self.synced():
+                return self._bind_failure(
+                    "not_ready", "neuron-scheduler-extender has not read the cluster yet; retrying"
+                )
+            pod = await self._pod_request(args)
+            if isinstance(pod, str):
+                return self._bind_failure("unknown_pod", pod)
+            # No await from the check to `assume`: no other bind can slip in between.
+            refused = decisions.bind_refusal(self.view, pod, args.key, args.node, self.now())
+            if refused is not None:
+                log.info(
+                    "refusing to bind %s to %s: %s",
+                    args.key,
+                    args.node,
+                    refused.reason,
+                    extra={"pod": args.key, "node": args.node, "reason": str(refused.kind)},
+                )
+                return self._bind_failure(
+                    "no_longer_fits", f"pod {args.key} no longer fits node {args.node}: {refused.reason}"
+                )
+            self.view.assume(args.key, args.pod_uid, args.node, pod, self.monotonic())
+            try:
+                await self.bind_pod(args)
+            except ApiError as exc:
+                self.view.forget(args.key, args.pod_uid)
+                return self._bind_failure("api_error", f"binding {args.key} to {args.node} failed: {exc}")
+            self.metrics.pods_bound.inc()
+            effective = pod.effective
+            log.info(
+                "bound %s to %s",
+                args.key,
+                args.node,
+                extra={"pod": args.key, "node": args.node, "devices": effective.devices, "cores": effective.cores},
+            )
+            return web.json_response(protocol.binding_result())
+
+    async def _to_leader(self, verb: str, request: web.Request, body: bytes) -> web.Response | None:
+        """The leader's answer, when this replica is not the leader; None: answer here."""
+        if self.leadership.leading or FORWARDED in request.headers:
+            return None
+        leader = self.leadership.leader_url
+        if not leader:
+            return None
+        try:
+            status, payload = await self.forwarder.post(leader, verb, body)
+        except ApiError as exc:
+            self.metrics.forwarded.labels(verb, "failed").inc()
+            log.warning("%s: the leader at %s did not answer (%s); answering here", verb, leader, exc.message)
+            return None
+        self.metrics.forwarded.labels(verb, "relayed").inc()
+        return web.Response(status=status, body=payload, content_type="application/json")
+
+    async def _pod_request(self, args: BindingArgs) -> PodRequest | str:
+        """The pod's request, remembered from filter or read from the API server; or why not."""
+        remembered = self._requests.get(args.pod_uid)
+        if remembered is not None and remembered[0] == args.key:
+            return remembered[1]
+        try:
+            obj = await self.read_pod(args.pod_namespace, args.pod_name)
+        except ApiError as exc:
+            return f"cannot read pod {args.key}: {exc}"
+        if args.pod_uid and pod_uid(obj) != args.pod_uid:
+            return f"pod {args.key} was replaced (uid {pod_uid(obj)}, binding asked for {args.pod_uid})"
+        try:
+            return self._request_of(obj)
+        except PodError as exc:
+            return f"pod {args.key}: {exc}"
+
+    def _request_of(self, pod: Any) -> PodRequest:
+        result = neuron_request(pod, self.names)
+        uid = pod_uid(pod)
+        if uid:
+            self._requests[uid] = (pod_key(pod), result)
+            self._requests.move_to_end(uid)
+            while len(self._requests) > REMEMBERED_REQUESTS:
+                self._requests.popitem(last=False)
+        return result
+
+    def _error(self, verb: str, body: dict[str, Any]) -> web.Response:
+        self.metrics.errors.labels(verb).inc()
+        log.warning("%s: %s", verb, body.get("Error"))
+        return web.json_response(body)
+
+    def _bind_failure(self, reason: str, message: str) -> web.Response:
+        self.metrics.bind_failures.labels(reason).inc()
+        if reason != "no_longer_fits":
+            self.metrics.errors.labels("bind").inc()
+            log.warning("bind: %s", message, extra={"reason": reason})
+        return web.json_response(protocol.binding_result(message))
+
+
+def _json(body: bytes) -> Any:
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"the request body is not JSON: {exc}") from None

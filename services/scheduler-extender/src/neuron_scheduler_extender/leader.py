@@ -1,0 +1,207 @@
+"""Leader election on a coordination.k8s.io/v1 Lease, as client-go's leaderelection does it.
+
+Only the leader answers: it alone remembers the pods it bound a moment ago. The leader writes the
+URL it serves at into the Lease (annotation `LEADER_URL`); a standby forwards what it receives
+there (see `endpoints`), watches the same sources, and takes over when the lease expires (or at
+once, when the leader releases it on SIGTERM).
+- A replica that finds the lease free, expired or released writes itself in as holder; the write
+  carries the lease's resourceVersion, so of two replicas racing, one wins and the other gets 409.
+- Expiry is judged by this replica's own clock: the lease is expired when its record has not
+  changed for `lease_duration` since this replica first saw it, so clock skew between the
+  replicas does not matter.
+- The leader renews every `retry_period`; when no renewal has succeeded for `renew_deadline`
+  (shorter than `lease_duration`) it stops being the leader *before* another replica can take the
+  lease, so there is never a moment with two leaders.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from neuron_common.lifecycle import sleep_or_stop
+from neuron_scheduler_extender.kube import ApiError
+
+log = logging.getLogger(__name__)
+
+LEADER_URL = "neuron.aws.com/leader-url"
+
+
+class LeaseApi(Protocol):
+    async def get(self, path: str) -> dict[str, Any]: ...
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def update(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+
+def micro_time(when: dt.datetime) -> str:
+    """metav1.MicroTime's RFC 3339 form with microseconds."""
+    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class LeaderElector:
+    api: LeaseApi
+    namespace: str
+    name: str
+    identity: str
+    url: str = ""  # where this replica serves; the standby forwards requests to the leader's
+    lease_duration: float = 15.0
+    renew_deadline: float = 10.0
+    retry_period: float = 2.0
+    clock: Callable[[], float] = time.monotonic
+    wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+    on_change: Callable[[bool], None] = lambda leading: None
+    _leading: bool = False
+    _renewed_at: float = 0.0  # monotonic, last successful write of ourselves as holder
+    _observed: tuple[str, str, str] | None = None  # (holder, renewTime, resourceVersion) last seen
+    _observed_at: float = 0.0
+    _leader_url: str = ""  # the URL the current holder wrote into the lease, as last read
+    transitions: int = field(default=0)
+
+    @property
+    def path(self) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/{self.name}"
+
+    @property
+    def collection(self) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
+
+    @property
+    def leading(self) -> bool:
+        """Whether this replica holds the lease now (checked at the moment of asking, so a leader
+        cut off from the API server stops counting as one after `renew_deadline`)."""
+        if self._leading and self.clock() - self._renewed_at >= self.renew_deadline:
+            self._set_leading(False, f"no renewal for {self.renew_deadline:g}s")
+        return self._leading
+
+    @property
+    def leader_url(self) -> str:
+        """Where the leader serves: this replica's own URL while it leads, else the URL the holder
+        wrote into the lease while that lease has not expired; "" when no leader is known."""
+        if self.leading:
+            return self.url
+        holder = self._observed[0] if self._observed else ""
+        if not holder or holder == self.identity or self.clock() - self._observed_at >= self.lease_duration:
+            return ""
+        return self._leader_url
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                acquired = await self.try_acquire_or_renew()
+            except ApiError as exc:
+                acquired = False
+                log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
+            if acquired:
+                self._renewed_at = self.clock()
+                self._set_leading(True, "acquired the lease")
+            _ = self.leading  # steps down once the renew deadline has passed without a renewal
+            await sleep_or_stop(stop, self.retry_period)
+        await self.release()
+
+    async def try_acquire_or_renew(self) -> bool:
+        now_wall = micro_time(self.wall_clock())
+        try:
+            lease = await self.api.get(self.path)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            body = {
+                "apiVersion": "coordination.k8s.io/v1",
+                "kind": "Lease",
+                "metadata": {"name": self.name, "namespace": self.namespace, "annotations": {LEADER_URL: self.url}},
+                "spec": self._spec(now_wall, now_wall, 0),
+            }
+            try:
+                await self.api.create(self.collection, body)
+            except ApiError as create_error:
+                if create_error.status == 409:  # another replica created it first
+                    return False
+                raise
+            return True
+        spec = lease.get("spec") or {}
+        meta = lease.get("metadata") or {}
+        holder = str(spec.get("holderIdentity") or "")
+        observed = (holder, str(spec.get("renewTime") or ""), str(meta.get("resourceVersion") or ""))
+        if observed != self._observed:
+            self._observed, self._observed_at = observed, self.clock()
+        annotations = meta.get("annotations") or {}
+        self._leader_url = str(annotations.get(LEADER_URL) or "") if holder != self.identity else self.url
+        if holder and holder != self.identity and self.clock() - self._observed_at < self.lease_duration:
+            self._set_leading(False, f"the lease is held by {holder}")
+            return False
+        transitions = int(spec.get("leaseTransitions") or 0)
+        if holder == self.identity:
+            acquired = str(spec.get("acquireTime") or now_wall)
+        else:
+            acquired, transitions = now_wall, transitions + 1
+        annotations = dict(meta.get("annotations") or {}, **{LEADER_URL: self.url})
+        updated = dict(
+            lease, metadata=dict(meta, annotations=annotations), spec=self._spec(acquired, now_wall, transitions)
+        )
+        try:
+            result = await self.api.update(self.path, updated)
+        except ApiError as exc:
+            if exc.status == 409:  # someone wrote it since we read it
+                return False
+            raise
+        result_meta = result.get("metadata") or {}
+        self._observed = (self.identity, now_wall, str(result_meta.get("resourceVersion") or ""))
+        self._observed_at = self.clock()
+        return True
+
+    async def release(self) -> None:
+        """Give the lease up (on shutdown) so the standby need not wait for it to expire."""
+        if not self._leading:
+            return
+        self._set_leading(False, "shutting down")
+        try:
+            lease = await self.api.get(self.path)
+            spec = lease.get("spec") or {}
+            if spec.get("holderIdentity") != self.identity:
+                return
+            now_wall = micro_time(self.wall_clock())
+            released = dict(spec, holderIdentity="", leaseDurationSeconds=1, renewTime=now_wall, acquireTime=now_wall)
+            await self.api.update(self.path, dict(lease, spec=released))
+            log.info("released lease %s/%s", self.namespace, self.name)
+        except ApiError as exc:
+            log.warning("could not release lease %s/%s: %s (it expires by itself)", self.namespace, self.name, exc)
+
+    def _spec(self, acquired: str, renewed: str, transitions: int) -> dict[str, Any]:
+        return {
+            "holderIdentity": self.identity,
+            "leaseDurationSeconds": max(1, round(self.lease_duration)),
+            "acquireTime": acquired,
+            "renewTime": renewed,
+            "leaseTransitions": transitions,
+        }
+
+    def _set_leading(self, leading: bool, why: str) -> None:
+        if leading == self._leading:
+            return
+        self._leading = leading
+        self.transitions += 1
+        log.info(
+            "%s the leader (%s)",
+            "became" if leading else "stopped being",
+            why,
+            extra={"lease": f"{self.namespace}/{self.name}", "identity": self.identity},
+        )
+        self.on_change(leading)
+
+
+class AlwaysLeader:
+    """With leader election off (one replica): always the leader."""
+
+    leading = True
+    leader_url = ""
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await stop.wait()

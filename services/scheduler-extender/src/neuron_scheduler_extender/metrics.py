@@ -1,0 +1,114 @@
+"""The extender's Prometheus metrics: request latency per verb, refusals by reason, bindings, and the
+state of its view (reports known and stale, pods in flight, age of each source, leadership) read
+at scrape time."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from neuron_scheduler_extender.state import RefusalKind, ViewStats
+
+PREFIX = "neuron_scheduler_extender"
+# kube-scheduler waits `httpTimeout` (5 s by default) for an answer; the target is 20 ms at 1,000 nodes
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+VERBS = ("filter", "prioritize", "bind")
+BIND_FAILURES = ("no_longer_fits", "not_leader", "not_ready", "unknown_pod", "api_error", "malformed")
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.latency = Histogram(
+            f"{PREFIX}_request_duration_seconds",
+            "Time to answer kube-scheduler, per verb",
+            ["verb"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.errors = Counter(
+            f"{PREFIX}_request_errors_total",
+            "Requests answered with an error (malformed, or the pod cannot be read), per verb",
+            ["verb"],
+            registry=r,
+        )
+        self.nodes_refused = Counter(
+            f"{PREFIX}_nodes_refused_total", "Nodes the filter refused, by reason class", ["reason"], registry=r
+        )
+        self.pods_bound = Counter(f"{PREFIX}_pods_bound_total", "Pods bound to a node by this extender", registry=r)
+        self.bind_failures = Counter(
+            f"{PREFIX}_bind_failures_total", "Bindings refused or failed, by reason", ["reason"], registry=r
+        )
+        self.forwarded = Counter(
+            f"{PREFIX}_forwarded_total",
+            "Requests a standby forwarded to the leader: relayed, or failed (then answered by the standby)",
+            ["verb", "result"],
+            registry=r,
+        )
+        for verb in VERBS:
+            self.latency.labels(verb)
+            self.errors.labels(verb)
+            for result in ("relayed", "failed"):
+                self.forwarded.labels(verb, result)
+        for kind in RefusalKind:
+            self.nodes_refused.labels(str(kind))
+        for reason in BIND_FAILURES:
+            self.bind_failures.labels(reason)
+
+    def watch_view(
+        self,
+        stats: Callable[[], ViewStats],
+        source_ages: Callable[[], Mapping[str, float | None]],
+        leading: Callable[[], bool],
+    ) -> None:
+        """Gauges computed at scrape time from the live view."""
+        self.registry.register(_ViewCollector(stats, source_ages, leading))
+
+
+class _ViewCollector(Collector):
+    def __init__(
+        self,
+        stats: Callable[[], ViewStats],
+        source_ages: Callable[[], Mapping[str, float | None]],
+        leading: Callable[[], bool],
+    ) -> None:
+        self._stats, self._ages, self._leading = stats, source_ages, leading
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        s = self._stats()
+        yield GaugeMetricFamily(f"{PREFIX}_reports", "NeuronNode reports known (readable)", value=s.reports)
+        yield GaugeMetricFamily(
+            f"{PREFIX}_reports_stale", "Known reports older than --report-max-age", value=s.stale_reports
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_reports_invalid", "NeuronNode objects that cannot be read", value=s.invalid_reports
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_pods_bound",
+            "Bound, running pods asking for Neuron resources, from the watch",
+            value=s.bound_pods,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_pods_in_flight",
+            "Pods bound to a node that its report does not list yet, counted as admitted",
+            value=s.in_flight_pods,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_pods_assumed", "Pods this extender bound that the watch has not shown yet", value=s.assumed_pods
+        )
+        age = GaugeMetricFamily(
+            f"{PREFIX}_view_age_seconds",
+            "Seconds since the API server last answered each source (list, event or bookmark); "
+            "absent before the first answer",
+            labels=["source"],
+        )
+        for source, seconds in sorted(self._ages().items()):
+            if seconds is not None:
+                age.add_metric([source], seconds)
+        yield age
+        yield GaugeMetricFamily(
+            f"{PREFIX}_leader", "1 while this replica holds the lease (and answers)", value=int(self._leading())
+        )

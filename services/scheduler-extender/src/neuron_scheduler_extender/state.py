@@ -1,0 +1,396 @@
+"""The cluster's Neuron view: what each node has free, from its NeuronNode report and the pods bound to it.
+Pure: no I/O, no clock (callers pass `now`), no logging.
+
+Per node:
+- the latest report its device plugin published (or none, or one that cannot be read); the
+  report alone says what the plugin has admitted: its free cores and the pods holding IDs;
+- the pods bound to the node (`spec.nodeName` set, not Succeeded/Failed, asking for Neuron
+  resources) that the report does not list yet: the kubelet has not admitted them, or the plugin
+  has not published since. They are *in flight* and counted as if admitted: simulated with the
+  plugin's own allocator (`neuron_sysfs.placement.place`) in binding order on the report's free
+  state, so two pods bound back to back never count on the same silicon;
+- pods this extender bound a moment ago (`assume`) count the same way before the watch shows
+  them bound: the next filter can run before the binding is visible.
+A node whose report is missing, unreadable or older than `report_max_age` is refused with that
+reason. Nothing here outlives the process: a restarted extender rebuilds all of it from the API
+server (the reports and the pods), so no state can go stale across restarts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from neuron_scheduler_extender.pods import PodRecord
+from neuron_sysfs.allocator import Topology
+from neuron_sysfs.placement import FreeState, Placement, PodRequest, place
+from neuron_sysfs.report import NodeReport, ReportError
+
+
+class RefusalKind(enum.StrEnum):
+    """Why a node is refused, as a metric label and for the scheduler's preemption."""
+
+    MISSING_REPORT = "missing_report"
+    STALE_REPORT = "stale_report"
+    INVALID_REPORT = "invalid_report"
+    IN_FLIGHT_CONFLICT = "in_flight_conflict"  # a pod bound there does not fit what the report shows free
+    NEVER_FITS = "never_fits"  # not even with every healthy device of the node free
+    INSUFFICIENT = "insufficient"  # fewer devices or cores free than requested
+    NO_CONNECTED_SET = "no_connected_set"  # enough free, but no valid set among them
+
+    @property
+    def resolvable_by_preemption(self) -> bool:
+        """Whether evicting pods from the node could make room: only then may the scheduler try
+        (kube-scheduler considers only nodes refused as Unschedulable, not Unresolvable)."""
+        return self in (RefusalKind.INSUFFICIENT, RefusalKind.NO_CONNECTED_SET)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    kind: RefusalKind
+    reason: str  # for a person reading `kubectl describe pod`: what is wrong and where
+
+
+@dataclass(frozen=True, slots=True)
+class BadReport:
+    """A NeuronNode that cannot be read: the node is refused with `error` until it is fixed."""
+
+    node: str
+    error: str
+
+
+ReportRecord = NodeReport | BadReport
+
+
+def report_record(obj: Mapping[str, Any]) -> ReportRecord | None:
+    """What the view keeps of a NeuronNode object; None for one without a name."""
+    meta = obj.get("metadata")
+    name = meta.get("name") if isinstance(meta, Mapping) else None
+    if not isinstance(name, str) or not name:
+        return None
+    try:
+        return NodeReport.from_object(obj)
+    except ReportError as exc:
+        return BadReport(name, str(exc))
+
+
+@dataclass(frozen=True, slots=True)
+class BoundPod:
+    key: str  # namespace/name
+    uid: str
+    node: str
+    request: PodRequest
+    order: int  # binding order, as this process saw it
+
+
+@dataclass(frozen=True, slots=True)
+class NodeState:
+    """One node as the filter sees it: refused, or its topology and what is free once the pods in
+    flight hold their silicon."""
+
+    node: str
+    refusal: Refusal | None
+    topology: Topology | None = None
+    free: FreeState | None = None
+    capacity: FreeState | None = None  # every healthy device free: what the node could ever offer
+    in_flight: tuple[str, ...] = ()
+
+
+@lru_cache(maxsize=4096)  # a few KB each (two frozensets): about 20 MB when full
+def placement_of(topo: Topology, free: FreeState, pod: PodRequest) -> Placement:
+    """`place`, memoized: the same (shape, free state, request) recurs across nodes and calls."""
+    return place(topo, free, pod)
+
+
+@dataclass
+class _NodeCache:
+    version: int
+    state: NodeState  # without the staleness check, which depends on the time
+
+
+@dataclass
+class _Assumed:
+    pod: BoundPod
+    at: float  # monotonic seconds when this process bound it
+
+
+@dataclass
+class ViewStats:
+    reports: int
+    invalid_reports: int
+    stale_reports: int
+    bound_pods: int
+    assumed_pods: int
+    in_flight_pods: int
+
+
+@dataclass
+class ClusterView:
+    report_max_age: float  # seconds
+    assume_ttl: float = 300.0  # an assumed binding the watch never confirms is dropped after this
+    reports: dict[str, NodeReport] = field(default_factory=dict)
+    invalid_reports: dict[str, str] = field(default_factory=dict)  # node -> why its NeuronNode cannot be read
+    unreadable_pods: dict[str, str] = field(default_factory=dict)  # pod key -> why (counted nowhere)
+    _bound: dict[str, BoundPod] = field(default_factory=dict)  # from the watch
+    _assumed: dict[str, _Assumed] = field(default_factory=dict)  # bound by us, not yet seen bound
+    _by_node: dict[str, set[str]] = field(default_factory=dict)  # node -> keys of pods bound or assumed there
+    _order: int = 0
+    _versions: dict[str, int] = field(default_factory=dict)
+    _cache: dict[str, _NodeCache] = field(default_factory=dict)
+    _topologies: dict[tuple[Any, ...], Topology] = field(default_factory=dict)
+
+    # --- reports ---------------------------------------------------------------------------------
+    def replace_reports(self, records: Iterable[ReportRecord]) -> None:
+        """A fresh list of every NeuronNode."""
+        before = set(self.reports) | set(self.invalid_reports)
+        self.reports.clear()
+        self.invalid_reports.clear()
+        for record in records:
+            self._put_report(record)
+        for node in before | set(self.reports) | set(self.invalid_reports):
+            self._touch(node)
+
+    def apply_report(self, event: str, record: ReportRecord) -> None:
+        """A watch event on a NeuronNode."""
+        if event == "DELETED":
+            self.reports.pop(record.node, None)
+            self.invalid_reports.pop(record.node, None)
+            self._touch(record.node)
+        else:
+            self._put_report(record)
+
+    def _put_report(self, record: ReportRecord) -> None:
+        self._touch(record.node)
+        if isinstance(record, BadReport):
+            self.reports.pop(record.node, None)
+            self.invalid_reports[record.node] = record.error
+            return
+        self.invalid_reports.pop(record.node, None)
+        self.reports[record.node] = record
+        for key in self._by_node.get(record.node, set()) & record.pods:
+            assumed = self._assumed.get(key)
+            if assumed is not None and assumed.pod.node == record.node:
+                # the plugin has admitted it: the report counts it from now on
+                del self._assumed[key]
+                self._reindex(key, record.node)
+
+    # --- pods ------------------------------------------------------------------------------------
+    def replace_pods(self, records: Iterable[PodRecord], listed_after: float) -> None:
+        """A fresh list of the bound, non-terminal pods. Assumed bindings made before the list
+        began (`listed_after`, monotonic seconds) and absent from it are gone: the pod finished
+        or was deleted meanwhile."""
+        old = self._bound
+        self._bound = {}
+        self.unreadable_pods.clear()
+        for record in sorted(records, key=lambda r: r.scheduled_at):
+            self._put_pod(record, old)
+        for key, assumed in list(self._assumed.items()):
+            if assumed.at < listed_after and key not in self._bound:
+                del self._assumed[key]
+        self._rebuild_index()
+
+    def apply_pod(self, event: str, record: PodRecord) -> None:
+        before = self._node_of(record.key)
+        if event == "DELETED":
+            self._bound.pop(record.key, None)
+            self.unreadable_pods.pop(record.key, None)
+            assumed = self._assumed.get(record.key)
+            if assumed is not None and assumed.pod.uid == record.uid:
+                del self._assumed[record.key]
+        else:
+            self._put_pod(record, self._bound)
+        self._reindex(record.key, before)
+
+    def _put_pod(self, record: PodRecord, previous: Mapping[str, BoundPod]) -> None:
+        key = record.key
+        self.unreadable_pods.pop(key, None)
+        if record.terminal:
+            self._bound.pop(key, None)
+            assumed = self._assumed.get(key)
+            if assumed is not None and assumed.pod.uid == record.uid:
+                del self._assumed[key]  # it ran and finished before the watch showed it bound
+            return
+        if not record.node:  # an event from before the binding: an assumed binding stands
+            self._bound.pop(key, None)
+            return
+        if record.request is None:
+            self.unreadable_pods[key] = record.error
+            self._bound.pop(key, None)
+            return
+        known = previous.get(key)
+        assumed = self._assumed.pop(key, None)
+        if known is not None and known.uid == record.uid and known.node == record.node:
+            order = known.order
+        elif assumed is not None and assumed.pod.uid == record.uid and assumed.pod.node == record.node:
+            order = assumed.pod.order  # the watch confirms our binding: it keeps its place in line
+        else:
+            order = self._next_order()
+        self._bound[key] = BoundPod(key, record.uid, record.node, record.request, order)
+
+    def assume(self, key: str, uid: str, node: str, request: PodRequest, now: float) -> None:
+        """This process is binding the pod: count it on the node from now on (`now`: monotonic seconds)."""
+        before = self._node_of(key)
+        self._assumed[key] = _Assumed(BoundPod(key, uid, node, request, self._next_order()), now)
+        self._reindex(key, before)
+
+    def forget(self, key: str, uid: str) -> None:
+        """The binding of an assumed pod failed: it holds nothing."""
+        assumed = self._assumed.get(key)
+        if assumed is not None and assumed.pod.uid == uid:
+            before = self._node_of(key)
+            del self._assumed[key]
+            self._reindex(key, before)
+
+    def expire_assumed(self, now: float) -> list[str]:
+        """Drop assumed bindings older than `assume_ttl`, which neither the watch nor a report confirmed."""
+        gone = [k for k, a in self._assumed.items() if now - a.at > self.assume_ttl]
+        for key in gone:
+            before = self._node_of(key)
+            del self._assumed[key]
+            self._reindex(key, before)
+        return gone
+
+    def bound_to(self, key: str) -> str:
+        """The node a pod is bound (or being bound) to, or ""."""
+        return self._node_of(key)
+
+    def _node_of(self, key: str) -> str:
+        pod = self._pod(key)
+        return pod.node if pod is not None else ""
+
+    def _pod(self, key: str) -> BoundPod | None:
+        assumed = self._assumed.get(key)
+        return assumed.pod if assumed is not None else self._bound.get(key)
+
+    def _reindex(self, key: str, before: str) -> None:
+        after = self._node_of(key)
+        if before:
+            self._by_node.get(before, set()).discard(key)
+            self._touch(before)
+        if after:
+            self._by_node.setdefault(after, set()).add(key)
+            self._touch(after)
+
+    def _rebuild_index(self) -> None:
+        touched = set(self._by_node)
+        self._by_node = {}
+        for key in set(self._bound) | set(self._assumed):
+            self._by_node.setdefault(self._node_of(key), set()).add(key)
+        for node in touched | set(self._by_node):
+            self._touch(node)
+
+    def _next_order(self) -> int:
+        self._order += 1
+        return self._order
+
+    def _touch(self, node: str) -> None:
+        self._versions[node] = self._versions.get(node, 0) + 1
+
+    # --- per node --------------------------------------------------------------------------------
+    def node(self, node: str, now: dt.datetime, *, excluding: str = "") -> NodeState:
+        """The node's state at `now`; `excluding` leaves one pod out of the in-flight ones (the pod
+        being bound, should it already show as bound)."""
+        report = self.reports.get(node)
+        if report is not None and report.age(now) > self.report_max_age:
+            return NodeState(node, _stale(report, now, self.report_max_age))
+        if excluding and excluding in self._by_node.get(node, set()):
+            return self._compute(node, excluding)
+        version = self._versions.get(node, 0)
+        cached = self._cache.get(node)
+        if cached is None or cached.version != version:
+            cached = self._cache[node] = _NodeCache(version, self._compute(node, ""))
+        return cached.state
+
+    def _compute(self, node: str, excluding: str) -> NodeState:
+        report = self.reports.get(node)
+        if report is None:
+            if node in self.invalid_reports:
+                return NodeState(node, Refusal(RefusalKind.INVALID_REPORT, self.invalid_reports[node]))
+            return NodeState(
+                node,
+                Refusal(
+                    RefusalKind.MISSING_REPORT,
+                    f"no NeuronNode report for node {node}: is the Neuron device plugin running there, "
+                    "with scheduler reports enabled?",
+                ),
+            )
+        topo = self.topology(report)
+        unhealthy = {c for d in report.unhealthy_devices for c in topo.cores_of(d)}
+        free = FreeState.of(topo, report.free_cores - unhealthy)
+        capacity = FreeState.of(
+            topo, (c for d in range(topo.device_count) if d not in report.unhealthy_devices for c in topo.cores_of(d))
+        )
+        pending = sorted(
+            (p for k in self._by_node.get(node, ()) if k != excluding and k not in report.pods if (p := self._pod(k))),
+            key=lambda p: p.order,
+        )
+        for pod in pending:
+            placement = placement_of(topo, free, pod.request)
+            if not placement.fits:
+                return NodeState(
+                    node,
+                    Refusal(
+                        RefusalKind.IN_FLIGHT_CONFLICT,
+                        f"pod {pod.key} is bound to node {node} but not admitted yet, and does not fit what its "
+                        f"NeuronNode report shows free ({placement.reason}); waiting for the next report",
+                    ),
+                    topo,
+                    free,
+                    capacity,
+                    tuple(p.key for p in pending),
+                )
+            free = placement.free_after
+        return NodeState(node, None, topo, free, capacity, tuple(p.key for p in pending))
+
+    def topology(self, report: NodeReport) -> Topology:
+        """The report's topology, one shared object per shape, so per-shape caches are shared too."""
+        adjacency = tuple(tuple(report.adjacency.get(d, ())) for d in range(report.device_count))
+        key = (report.topology, report.device_count, report.cores_per_device, report.torus_shape, adjacency)
+        topo = self._topologies.get(key)
+        if topo is None:
+            topo = self._topologies[key] = Topology(
+                report.topology,
+                report.device_count,
+                dict(enumerate(adjacency)),
+                report.cores_per_device,
+                report.torus_shape,
+            )
+        return topo
+
+    def stats(self, now: dt.datetime) -> ViewStats:
+        in_flight = 0
+        for node, keys in self._by_node.items():
+            report = self.reports.get(node)
+            in_flight += len(keys - report.pods) if report is not None else len(keys)
+        return ViewStats(
+            reports=len(self.reports),
+            invalid_reports=len(self.invalid_reports),
+            stale_reports=sum(1 for r in self.reports.values() if r.age(now) > self.report_max_age),
+            bound_pods=len(self._bound),
+            assumed_pods=len(self._assumed),
+            in_flight_pods=in_flight,
+        )
+
+
+def _stale(report: NodeReport, now: dt.datetime, max_age: float) -> Refusal:
+    return Refusal(
+        RefusalKind.STALE_REPORT,
+        f"the NeuronNode report of node {report.node} is {_duration(report.age(now))} old "
+        f"(heartbeatTime {report.heartbeat.strftime('%Y-%m-%dT%H:%M:%SZ')}, limit {_duration(max_age)}): "
+        "is the Neuron device plugin running there and able to reach the API server?",
+    )
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    if seconds < 60:
+        return f"{seconds}s"
+    minutes, seconds = divmod(seconds, 60)
+    if minutes < 60:
+        return f"{minutes}m{seconds:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"

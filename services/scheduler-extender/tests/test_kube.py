@@ -1,0 +1,143 @@
+"""The REST client against a small HTTP server speaking the API server's list and watch formats."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from neuron_scheduler_extender.kube import MAX_LINE, Api, ApiError, Gone
+
+
+class Server:
+    def __init__(self) -> None:
+        self.app = web.Application()
+        self.requests: list[tuple[str, dict[str, str], str | None]] = []
+        self.watch_body: list[bytes] = []
+        self.app.router.add_get("/api/v1/pods", self.pods)
+        self.app.router.add_post("/api/v1/namespaces/ns/pods/p/binding", self.binding)
+
+    async def pods(self, request: web.Request) -> web.StreamResponse:
+        self.requests.append(("GET", dict(request.query), request.headers.get("Authorization")))
+        if request.query.get("watch") == "true":
+            response = web.StreamResponse()
+            await response.prepare(request)
+            for chunk in self.watch_body:
+                await response.write(chunk)
+                await asyncio.sleep(0)
+            return response
+        pages = {"": ("a", "b", "next"), "next": ("c", "", "")}
+        first, second, cont = pages[request.query.get("continue", "")]
+        items = [{"metadata": {"name": n}} for n in (first, second) if n]
+        meta = {"resourceVersion": "42", **({"continue": cont} if cont else {})}
+        return web.json_response({"kind": "PodList", "metadata": meta, "items": items})
+
+    async def binding(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if body["target"]["name"] == "taken":
+            return web.json_response(
+                {
+                    "kind": "Status",
+                    "status": "Failure",
+                    "message": 'pod p is already assigned to node "n0"',
+                    "code": 409,
+                },
+                status=409,
+            )
+        return web.json_response({"kind": "Status", "status": "Success"}, status=201)
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[Server, Api]]:
+    server = Server()
+    runner = web.AppRunner(server.app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    api = Api(f"http://127.0.0.1:{port}", authorization=lambda: "Bearer t0ken", timeout=5)
+    yield server, api
+    await api.close()
+    await runner.cleanup()
+
+
+def line(event: str, obj: dict[str, Any]) -> bytes:
+    return json.dumps({"type": event, "object": obj}).encode() + b"\n"
+
+
+async def test_lists_page_by_page_with_the_token(served: tuple[Server, Api]) -> None:
+    server, api = served
+    pages = [page async for page in api.list_pages("/api/v1/pods", {"fieldSelector": "spec.nodeName!="})]
+    assert [([i["metadata"]["name"] for i in items], rv) for items, rv in pages] == [(["a", "b"], ""), (["c"], "42")]
+    assert server.requests[0] == ("GET", {"fieldSelector": "spec.nodeName!=", "limit": "500"}, "Bearer t0ken")
+    assert server.requests[1][1]["continue"] == "next"
+
+
+async def test_watch_events_split_across_chunks_and_joined_in_one(served: tuple[Server, Api]) -> None:
+    server, api = served
+    one, two, three = (line("ADDED", {"metadata": {"name": n, "resourceVersion": str(i)}}) for i, n in enumerate("abc"))
+    server.watch_body = [one[:7], one[7:] + two + three[:3], three[3:]]
+    events = [e async for e in api.watch("/api/v1/pods", {}, "41", 60)]
+    assert [(e.type, e.object["metadata"]["name"]) for e in events] == [("ADDED", "a"), ("ADDED", "b"), ("ADDED", "c")]
+    query = server.requests[0][1]
+    assert query == {"watch": "true", "resourceVersion": "41", "allowWatchBookmarks": "true", "timeoutSeconds": "60"}
+
+
+async def test_a_410_error_event_is_gone(served: tuple[Server, Api]) -> None:
+    server, api = served
+    status = {"kind": "Status", "status": "Failure", "message": "too old resource version: 41 (52)", "code": 410}
+    server.watch_body = [line("ERROR", status)]
+    with pytest.raises(Gone, match=r"HTTP 410: too old resource version: 41 \(52\)"):
+        _ = [e async for e in api.watch("/api/v1/pods", {}, "41", 60)]
+
+
+async def test_an_event_longer_than_the_cap_is_an_error_not_a_memory_blow_up(served: tuple[Server, Api]) -> None:
+    server, api = served
+    server.watch_body = [b"x" * (MAX_LINE // 2)] * 3
+    with pytest.raises(ApiError, match="longer than"):
+        _ = [e async for e in api.watch("/api/v1/pods", {}, "1", 60)]
+
+
+async def test_errors_carry_the_servers_message(served: tuple[Server, Api]) -> None:
+    _, api = served
+    body = {"metadata": {"name": "p"}, "target": {"name": "taken"}}
+    with pytest.raises(ApiError) as caught:
+        await api.create("/api/v1/namespaces/ns/pods/p/binding", body)
+    assert (caught.value.status, caught.value.message) == (409, 'pod p is already assigned to node "n0"')
+    assert await api.create("/api/v1/namespaces/ns/pods/p/binding", {"target": {"name": "n1"}}) == {
+        "kind": "Status",
+        "status": "Success",
+    }
+
+
+async def test_an_unreachable_server_is_status_0() -> None:
+    api = Api("http://127.0.0.1:9", timeout=2)
+    with pytest.raises(ApiError) as caught:
+        await api.get("/api/v1/pods")
+    assert caught.value.status == 0
+    await api.close()
+
+
+async def test_configured_from_a_kubeconfig(served: tuple[Server, Api], tmp_path: Any) -> None:
+    server, plain = served
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(
+        json.dumps({
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "c", "cluster": {"server": plain.server}}],
+            "users": [{"name": "u", "user": {"token": "from-kubeconfig"}}],
+            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+            "current-context": "x",
+        })
+    )  # fmt: skip
+    api = Api.from_kubeconfig(str(kubeconfig), timeout=5)
+    try:
+        _ = [page async for page in api.list_pages("/api/v1/pods", {})]
+    finally:
+        await api.close()
+    assert server.requests[0][2] == "Bearer from-kubeconfig"

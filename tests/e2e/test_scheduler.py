@@ -1,0 +1,341 @@
+"""End to end: Neuron-aware scheduling on the real single-node cluster (make cluster-up), with the real
+kube-scheduler (`neuron-scheduler`, the cluster's own build), API server and kubelet, the chart's
+extender and the device plugin's NeuronNode report, over a simulated trn1.32xlarge.
+
+The node loses one device in each torus row (1, 5, 9, 13: twelve free, no free row of four): an
+8-device and a 4-device pod naming `neuron-scheduler` stay Pending with the reason in their
+FailedScheduling event while 1-device pods run; once the devices recover (a simulated reboot), the
+8-device pod runs on an aligned group of eight. The tests run in file order and share one release.
+
+Runs with `-m e2e` (make cluster-test) against $KUBECONFIG, which defaults to the test cluster's. It
+needs the images `make images` builds (the extender's among them) and the second scheduler's image
+(tests/cluster/kube-scheduler-image.sh).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cluster_access import (
+    BIN,
+    NODE,
+    REPO,
+    SHOW_DEVICES,
+    SIM_ROOT,
+    WORKLOAD_PYTHON,
+    eventually,
+    kubectl,
+    node,
+    pod_phase,
+)
+
+CHART = REPO / "charts" / "neuron-helm-chart"
+RELEASE = "neuron-helm-chart"
+NAMESPACE = "neuron-e2e-scheduling"
+WORKLOADS = "neuron-e2e-scheduling-workloads"
+VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+# any project image serves: it has Python, which prints what the container was given
+WORKLOAD_IMAGE = f"localhost/neuron-helm-chart/device-plugin:{VERSION}"
+SCHEDULER = "neuron-scheduler"
+EXTENDER = f"{RELEASE}-scheduler-extender"
+KUBE_SCHEDULER = f"{RELEASE}-kube-scheduler"
+# the test cluster runs no cluster DNS: the scheduler reaches the extender at a fixed address of the service range
+EXTENDER_IP = "10.96.0.54"
+ONE_PER_ROW = (1, 5, 9, 13)
+RESOURCE = "aws.amazon.com"
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def run(*args: str | Path, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")
+    result = subprocess.run(
+        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, check=False
+    )
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(map(str, args))} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+        )
+    return result
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return run(BIN / "helm", *args, check=check)
+
+
+def sim(*args: str | Path) -> None:
+    run(BIN / "neuron-sim", *args)
+
+
+def install(*args: str) -> None:
+    helm(
+        "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+        "--set", "simulation.enabled=true", "--set", f"simulation.hostRoot={SIM_ROOT}",
+        "--set", "scheduler.enabled=true", "--set", f"scheduler.extender.service.clusterIP={EXTENDER_IP}",
+        *args, "--wait", "--timeout", "300s",
+    )  # fmt: skip
+
+
+def allocatable() -> tuple[str | None, str | None]:
+    a = node()["status"].get("allocatable", {})
+    return a.get(f"{RESOURCE}/neuron"), a.get(f"{RESOURCE}/neuroncore")
+
+
+def report() -> dict[str, Any]:
+    return json.loads(kubectl("get", "neuronnodes", NODE, "-o", "json"))  # type: ignore[no-any-return]
+
+
+def pod_manifest(name: str, devices: int) -> str:
+    return json.dumps({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": WORKLOADS},
+        "spec": {
+            "schedulerName": SCHEDULER,
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": WORKLOAD_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": [WORKLOAD_PYTHON, "-c", SHOW_DEVICES],
+                "resources": {"limits": {f"{RESOURCE}/neuron": devices}},
+            }],
+        },
+    })  # fmt: skip
+
+
+def create_pod(name: str, devices: int) -> None:
+    kubectl("apply", "-f", "-", stdin=pod_manifest(name, devices))
+
+
+def shown(name: str) -> dict[str, list[str]]:
+    """What a running workload printed: its /dev/neuronN and NEURON_RT_VISIBLE_CORES."""
+    seen: dict[str, list[str]] = {}
+
+    def logged() -> bool:
+        seen.clear()
+        for line in kubectl("logs", "-n", WORKLOADS, name).splitlines():
+            key, _, value = line.partition("=")
+            seen.setdefault(key, []).append(value)
+        return "cores" in seen
+
+    eventually(logged, f"pod {name} printed its devices")
+    return seen
+
+
+def devices_of(name: str) -> list[int]:
+    return sorted(int(d.removeprefix("/dev/neuron")) for d in shown(name)["device"])
+
+
+def pod(name: str) -> dict[str, Any]:
+    return json.loads(kubectl("get", "pod", "-n", WORKLOADS, name, "-o", "json"))  # type: ignore[no-any-return]
+
+
+def unschedulable_reason(name: str) -> str:
+    """The PodScheduled=False message (kube-scheduler's FitError, the same text as the event)."""
+    for condition in pod(name)["status"].get("conditions", []):
+        if condition["type"] == "PodScheduled" and condition["status"] == "False":
+            return str(condition.get("message", ""))
+    return ""
+
+
+def failed_scheduling_events(name: str) -> list[str]:
+    events = kubectl("get", "events", "-n", WORKLOADS, "--field-selector", f"involvedObject.name={name}", "-o", "json")
+    return [e["message"] for e in json.loads(events)["items"] if e["reason"] == "FailedScheduling"]
+
+
+def delete_pods(*names: str) -> None:
+    kubectl("delete", "pod", "-n", WORKLOADS, *names, "--ignore-not-found", "--wait=true", "--timeout=60s")
+
+
+def extender_pods() -> list[dict[str, Any]]:
+    pods = json.loads(
+        kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=scheduler-extender", "-o", "json")
+    )
+    return [p for p in pods["items"] if p["metadata"].get("deletionTimestamp") is None]
+
+
+def get(pod_ip: str, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://{pod_ip}:9843{path}", timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def leader_pod() -> dict[str, Any]:
+    (leader,) = [p for p in extender_pods() if get(p["status"]["podIP"], "/readyz")[1].startswith("leader")]
+    return leader
+
+
+def restart_daemonset_pods(component: str) -> None:
+    name = f"{RELEASE}-{component}"
+    selector = f"app.kubernetes.io/component={component}"
+    before = kubectl("get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "name").split()
+    kubectl("delete", "-n", NAMESPACE, *before, "--wait=true", "--timeout=60s")
+    kubectl("rollout", "status", "-n", NAMESPACE, f"daemonset/{name}", "--timeout=180s")
+
+
+def simulated_reboot() -> None:
+    """A reboot as the node agents see it (as test_e2e does): a new boot id, an empty kernel log, every agent restarted."""
+    sim("inject", "--root", SIM_ROOT, "reboot")
+    for component in ("problem-detector", "device-plugin", "node-metrics"):
+        restart_daemonset_pods(component)
+
+
+# --- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release() -> Iterator[None]:
+    """The chart with scheduling on, a clean simulated node, the workloads' namespace; all removed afterwards."""
+    sim("inject", "--root", SIM_ROOT, "reboot")
+    kubectl("create", "namespace", WORKLOADS, check=False)
+    install()
+    eventually(lambda: allocatable() == ("16", "32"), "allocatable 16 neuron / 32 neuroncore", timeout=180)
+    yield
+    kubectl("delete", "namespace", WORKLOADS, "--ignore-not-found", "--wait=true", "--timeout=120s", check=False)
+    helm("uninstall", RELEASE, "-n", NAMESPACE, "--ignore-not-found", "--wait", check=False)
+    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+    sim("inject", "--root", SIM_ROOT, "reboot")
+
+
+# --- the tests, in order ----------------------------------------------------------------------
+
+
+def test_the_node_reports_and_both_extender_replicas_are_ready() -> None:
+    eventually(lambda: report()["status"]["devices"] == "16/16", "the NeuronNode report: 16 of 16 devices free")
+    printed = kubectl("get", "neuronnodes")
+    assert NODE in printed
+    pods = extender_pods()
+    assert len(pods) == 2
+    answers = [get(p["status"]["podIP"], "/readyz") for p in pods]
+    assert all(status == 200 for status, _ in answers), answers
+    roles = sorted(text.split(";")[0].split(",")[0] for _, text in answers)
+    assert roles == ["leader", "standby"], answers
+    status, metrics = get(pods[0]["status"]["podIP"], "/metrics")
+    assert status == 200
+    assert re.search(r"^neuron_scheduler_extender_reports 1\.0$", metrics, re.MULTILINE), metrics[-2000:]
+
+
+def free_devices_in(reason: str, size: int) -> set[int] | None:
+    """The free devices a refusal names: `no connected set of 8 free devices (free: 0,2,3,...)`."""
+    match = re.search(rf"no connected set of {size} free devices \(free: ([0-9,]+)\)", reason)
+    return {int(d) for d in match[1].split(",")} if match else None
+
+
+def test_one_device_lost_in_each_row_keeps_8_and_4_device_pods_pending_with_the_reason() -> None:
+    for device in ONE_PER_ROW:
+        sim("inject", "--root", SIM_ROOT, "fault", "--kind", "NC_UNCORRECTABLE_ERROR", "--device", str(device))
+    eventually(lambda: allocatable() == ("12", "24"), "devices 1, 5, 9, 13 Unhealthy", timeout=180)
+    eventually(
+        lambda: report()["status"]["unhealthyDevices"] == list(ONE_PER_ROW), "the report names the unhealthy devices"
+    )
+    create_pod("one-a", 1)
+    create_pod("one-b", 1)
+    eventually(lambda: pod_phase("one-a", WORKLOADS) == "Running", "one-a running", timeout=180)
+    eventually(lambda: pod_phase("one-b", WORKLOADS) == "Running", "one-b running", timeout=180)
+    for name in ("one-a", "one-b"):
+        (device,) = devices_of(name)
+        assert device not in ONE_PER_ROW
+        assert pod(name)["spec"]["schedulerName"] == SCHEDULER
+    held = {*devices_of("one-a"), *devices_of("one-b")}
+    assert len(held) == 2
+    # by count (12 healthy, 2 held) the default scheduler would bind both; neuron-scheduler keeps them Pending
+    create_pod("eight", 8)
+    create_pod("four", 4)
+    expected_free = set(range(16)) - set(ONE_PER_ROW) - held
+    for name, size in (("eight", 8), ("four", 4)):
+        eventually(
+            lambda name=name, size=size: free_devices_in(unschedulable_reason(name), size) == expected_free,
+            f"{name} unschedulable, naming the free devices {sorted(expected_free)}",
+            timeout=120,
+        )
+        reason = unschedulable_reason(name)
+        assert f"node {NODE} cannot hold it even with every healthy device free" in reason, reason
+        eventually(
+            lambda name=name, size=size: any(
+                f"no connected set of {size} free devices" in m for m in failed_scheduling_events(name)
+            ),
+            f"a FailedScheduling event for {name} with the reason",
+        )
+        assert pod_phase(name, WORKLOADS) == "Pending"
+        assert not pod(name)["spec"].get("nodeName")
+
+
+def test_restarting_both_extenders_loses_nothing() -> None:
+    """New processes know from the API server alone what is held and what is broken: the same refusal, to the device."""
+    held = {*devices_of("one-a"), *devices_of("one-b")}
+    before = {p["metadata"]["name"] for p in extender_pods()}
+    kubectl("delete", "pod", "-n", NAMESPACE, *before, "--wait=true", "--timeout=60s")
+    kubectl("rollout", "status", "-n", NAMESPACE, f"deployment/{EXTENDER}", "--timeout=180s")
+    assert not before & {p["metadata"]["name"] for p in extender_pods()}
+    create_pod("eight-again", 8)
+    expected_free = set(range(16)) - set(ONE_PER_ROW) - held
+    eventually(
+        lambda: free_devices_in(unschedulable_reason("eight-again"), 8) == expected_free,
+        f"eight-again unschedulable, naming the free devices {sorted(expected_free)}",
+        timeout=120,
+    )
+    delete_pods("eight-again")
+
+
+def test_after_the_devices_recover_the_8_device_pod_runs_on_an_aligned_group() -> None:
+    simulated_reboot()
+    eventually(lambda: allocatable() == ("16", "32"), "every device healthy again", timeout=180)
+    eventually(lambda: report()["status"]["unhealthyDevices"] == [], "the report shows no unhealthy device")
+    # kube-scheduler retries the pending pods on the node's change (at the latest after 5 minutes)
+    eventually(lambda: pod_phase("eight", WORKLOADS) == "Running", "the 8-device pod running", timeout=400)
+    devices = devices_of("eight")
+    assert devices in (list(range(8)), list(range(8, 16))), devices
+    cores = [int(c) for c in shown("eight")["cores"][0].split(",")]
+    assert cores == [c for d in devices for c in (2 * d, 2 * d + 1)]
+    eventually(lambda: pod_phase("four", WORKLOADS) == "Running", "the 4-device pod running", timeout=400)
+    four = devices_of("four")
+    assert four in ([0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]), four
+    held = {*devices, *four, *devices_of("one-a"), *devices_of("one-b")}
+    assert len(held) == 14, "no device is given twice"
+
+
+def test_the_standby_takes_over_when_the_leader_goes() -> None:
+    delete_pods("eight", "four")
+    leader = leader_pod()["metadata"]["name"]
+    kubectl("delete", "pod", "-n", NAMESPACE, leader, "--wait=true", "--timeout=60s")
+    create_pod("after-failover", 8)
+    eventually(
+        lambda: pod_phase("after-failover", WORKLOADS) == "Running", "a pod placed after the failover", timeout=180
+    )
+    assert devices_of("after-failover") in (list(range(8)), list(range(8, 16)))
+    kubectl("rollout", "status", "-n", NAMESPACE, f"deployment/{EXTENDER}", "--timeout=180s")
+    delete_pods("after-failover", "one-a", "one-b")
+
+
+def test_helm_test_passes_with_scheduling() -> None:
+    result = helm("test", RELEASE, "-n", NAMESPACE, "--logs", "--timeout", "300s")
+    assert re.search(rf"TEST SUITE:\s+{RELEASE}-tests-scheduling\n.*\n.*\nPhase:\s+Succeeded", result.stdout), (
+        result.stdout
+    )
+    assert "placed by the Neuron-aware scheduler" in result.stdout
+
+
+def test_the_second_scheduler_runs_the_clusters_own_version() -> None:
+    server = json.loads(kubectl("version", "-o", "json"))["serverVersion"]["gitVersion"]
+    deployment = json.loads(kubectl("get", "deployment", "-n", NAMESPACE, KUBE_SCHEDULER, "-o", "json"))
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["image"] == f"registry.k8s.io/kube-scheduler:{server}"
+    lease = json.loads(kubectl("get", "lease", "-n", NAMESPACE, SCHEDULER, "-o", "json"))
+    assert lease["spec"]["holderIdentity"]
