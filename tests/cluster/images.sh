@@ -86,6 +86,7 @@ fi
 # A node of its own: the cluster's simulated node needs real character devices (up.sh), and a
 # smoke run must not create or change it.
 SIM=$(mktemp -d /tmp/neuron-smoke-node.XXXXXX)
+chmod 755 "$SIM"  # the exporter smoke-runs as nobody
 trap 'rm -rf "$SIM"' EXIT
 smoke_serves() {  # image url-path pattern [service flags...]: the pattern shows up at the path in 10 s
   local image=$1 path=$2 pattern=$3 port=19840 name="neuron-smoke-$$" ok=1
