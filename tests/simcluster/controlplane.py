@@ -84,6 +84,9 @@ class Processes:
         self.running.append((name, proc))
         return proc.pid
 
+    def pids(self) -> dict[str, int]:
+        return {name: proc.pid for name, proc in self.running}
+
     def check(self) -> None:
         """Raises if a process has exited, with the end of its log."""
         for name, proc in self.running:

@@ -12,6 +12,7 @@ schedulers start from the same empty cluster.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from simcluster.nodes import PODS, REPORTS, Admission, SimulatedNodes
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command, start_extender, start_scheduler
 
 HERE = Path(__file__).parent
+SIMULATED_KUBELETS = "simulated kubelets"
 
 
 def neuronnode_crd() -> dict[str, Any]:
@@ -45,13 +47,13 @@ class Size:
     nodes: int
     pods: int
     seed: int = 1
-    report_interval: float = 60.0  # the simulated plugins' heartbeat
+    report_interval: float = 30.0  # the simulated plugins' heartbeat, as the real plugin's
     quiet: float = 10.0  # seconds without a binding that end the run
     deadline: float = 600.0  # seconds the scheduling may take at most
     probes: int = 100  # extender calls timed per verb and state
 
 
-FULL = Size(nodes=1000, pods=5000, deadline=900.0, quiet=15.0)
+FULL = Size(nodes=1000, pods=5000, deadline=900.0, quiet=15.0, probes=200)
 REDUCED = Size(nodes=40, pods=300, deadline=60.0, quiet=5.0, probes=20)
 
 
@@ -61,7 +63,6 @@ class ExtenderFigures:
     prioritize_seconds: dict[str, list[float]] = field(default_factory=dict)
     rss_peak_mb: float = 0.0
     rss_end_mb: float = 0.0
-    cpu_seconds: float = 0.0  # until scheduling settled, probes included
 
 
 @dataclass
@@ -76,7 +77,9 @@ class Outcome:
     free: dict[str, FreeState]  # node -> what its plugin has free at the end
     bind_times: list[float]  # monotonic, in order
     timed_out: bool
-    scheduler_cpu_seconds: float  # kube-scheduler's, over the whole run
+    # CPU seconds each process used while the scheduler ran: kube-scheduler (or neuron-scheduler),
+    # the extender, kube-apiserver, etcd and this process, the simulated kubelets (SIMULATED_KUBELETS)
+    cpu_seconds: dict[str, float]
     extender: ExtenderFigures | None = None
 
     @property
@@ -149,9 +152,13 @@ async def _time_extender(
     return filters, priorities
 
 
-def _cpu_seconds(pid: int) -> float:
-    times = psutil.Process(pid).cpu_times()
-    return float(times.user + times.system)
+def _cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds used so far by each named process (children not included)."""
+    used = {}
+    for name, pid in pids.items():
+        times = psutil.Process(pid).cpu_times()
+        used[name] = float(times.user + times.system)
+    return used
 
 
 def _rss_mb(pid: int) -> float:
@@ -214,11 +221,13 @@ async def simulate(size: Size, scheduler: str, work: Path, log: Callable[[str], 
                 extender = ExtenderFigures()
                 port = free_port()
                 url = f"http://127.0.0.1:{port}"
-                extender_pid = start_extender(cp, command, port, report_max_age=3 * size.report_interval)
+                extender_pid = start_extender(cp, command, port, report_max_age=4 * size.report_interval)
                 await asyncio.to_thread(wait_until_ready, cp.processes, "the extender", port, "/readyz", 60, None)
                 f, p = await _time_extender(url, names, stream, size.probes)
                 extender.filter_seconds["empty fleet"], extender.prioritize_seconds["empty fleet"] = f, p
-            name, scheduler_pid = start_scheduler(cp, scheduler, url or None)
+            name, _ = start_scheduler(cp, scheduler, url or None)
+            pids = {**cp.processes.pids(), SIMULATED_KUBELETS: os.getpid()}
+            cpu_before = _cpu_seconds(pids)
 
             def watch() -> None:
                 if kubelets.done():
@@ -228,14 +237,13 @@ async def simulate(size: Size, scheduler: str, work: Path, log: Callable[[str], 
 
             begun = time.monotonic()
             timed_out = await _until_settled(size, stream, nodes, cp, watch)
-            scheduler_cpu = _cpu_seconds(scheduler_pid)
+            cpu_after = _cpu_seconds(pids)
             cp.processes.stop(name)
-            log(
-                f"  [{scheduler}] scheduling settled in {time.monotonic() - begun:.0f}s{' (deadline)' if timed_out else ''}"
-            )
+            settled = f"{time.monotonic() - begun:.0f}s{' (deadline)' if timed_out else ''}"
+            log(f"  [{scheduler}] scheduling settled in {settled}")
+            await nodes.drain(60)  # the extender is timed again once the last reports are in
 
             if extender is not None:
-                extender.cpu_seconds = _cpu_seconds(extender_pid)
                 f, p = await _time_extender(url, names, stream, size.probes)
                 extender.filter_seconds["end of run"], extender.prioritize_seconds["end of run"] = f, p
                 extender.rss_end_mb = _rss_mb(extender_pid)
@@ -262,6 +270,6 @@ async def simulate(size: Size, scheduler: str, work: Path, log: Callable[[str], 
         free={name: node.free for name, node in nodes.nodes.items()},
         bind_times=sorted(nodes.bound_at.values()),
         timed_out=timed_out,
-        scheduler_cpu_seconds=scheduler_cpu,
+        cpu_seconds={n: cpu_after[n] - cpu_before[n] for n in pids},
         extender=extender,
     )
