@@ -55,7 +55,9 @@ class SimNode:
     topo: Topology
     free: FreeState
     holdings: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = field(default_factory=dict)
-    write_pending: bool = False
+    write_pending: bool = False  # a write is scheduled and will carry the state as it is then
+    writing: bool = False  # a write is in flight; one at a time, so they land in order
+    changed_since_write: bool = False
     last_write: float = float("-inf")
 
     def report(self, now: dt.datetime) -> dict[str, Any]:
@@ -93,7 +95,6 @@ class SimulatedNodes:
         self._status_queue: asyncio.Queue[str] = asyncio.Queue()
         self._report_queue: asyncio.Queue[str] = asyncio.Queue()
         self._statuses_unwritten = 0
-        self._reports_in_flight = 0
 
     # -- registration -----------------------------------------------------------------------
 
@@ -132,8 +133,8 @@ class SimulatedNodes:
         """Until every pod status and report change seen so far is written (bounded)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            busy = self._statuses_unwritten or self._reports_in_flight
-            if not busy and not any(n.write_pending for n in self.nodes.values()):
+            reports = any(n.write_pending or n.writing or n.changed_since_write for n in self.nodes.values())
+            if not self._statuses_unwritten and not reports:
                 return
             await asyncio.sleep(0.1)
         raise TimeoutError(f"pod statuses and reports not written within {timeout:.0f}s")
@@ -225,21 +226,28 @@ class SimulatedNodes:
     # -- writes -----------------------------------------------------------------------------
 
     def _changed(self, node: SimNode) -> None:
-        if node.write_pending:
-            return  # the write already scheduled will carry this change too
+        node.changed_since_write = True
+        self._schedule_write(node)
+
+    def _schedule_write(self, node: SimNode) -> None:
+        """Like the plugin's publisher, one write at a time per node: two in flight could land out of
+        order and leave an older state in the API server than the node holds."""
+        if node.write_pending or node.writing:
+            return  # the scheduled write carries this change; the one in flight schedules the next
         node.write_pending = True
         delay = max(0.0, node.last_write + REPORT_MIN_GAP - time.monotonic())
         asyncio.get_running_loop().call_later(delay, self._report_queue.put_nowait, node.spec.name)
 
     async def _write_report(self, node: SimNode) -> None:
-        node.write_pending = False  # a change from now on schedules another write
-        self._reports_in_flight += 1
+        node.write_pending, node.writing, node.changed_since_write = False, True, False
         try:
             await self.api.apply(f"{REPORTS}/{node.spec.name}", node.report(dt.datetime.now(dt.UTC)), FIELD_MANAGER)
         finally:
-            self._reports_in_flight -= 1
-        node.last_write = time.monotonic()
+            node.writing = False
+            node.last_write = time.monotonic()
         self.report_writes += 1
+        if node.changed_since_write:
+            self._schedule_write(node)
 
     async def _report_writer(self) -> None:
         while True:
@@ -265,5 +273,5 @@ class SimulatedNodes:
             await asyncio.sleep(1.0)
             now = time.monotonic()
             for node in self.nodes.values():
-                if not node.write_pending and now - node.last_write >= self.report_interval:
+                if not (node.write_pending or node.writing) and now - node.last_write >= self.report_interval:
                     self._changed(node)
