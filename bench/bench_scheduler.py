@@ -74,6 +74,8 @@ def _placement_figures(outcome: Outcome, default_throughput: float | None) -> li
             True,
         ),
     ]
+    for result in ("scheduled", "unschedulable", "error"):
+        figures.append(Figure(f"{label}: scheduling attempts, {result}", outcome.attempts.get(result, 0.0), ""))
     for process, seconds in outcome.cpu_seconds.items():
         per_pod_ms = 1000 * seconds / placed if placed else math.nan
         figures.append(Figure(f"{label}: CPU per pod placed, {process}", per_pod_ms, "ms"))

@@ -14,8 +14,12 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import aiohttp
+from prometheus_client.parser import text_string_to_metric_families
 
 from simcluster.controlplane import ControlPlane, free_port, k8s_bin
 from simcluster.fleet import DEFAULT_SCHEDULER, NEURON, NEURONCORE
@@ -52,19 +56,41 @@ def scheduler_config(kubeconfig: Path, scheduler_name: str, extender_url: str | 
     return config
 
 
-def start_scheduler(cp: ControlPlane, scheduler_name: str, extender_url: str | None = None) -> tuple[str, int]:
-    """Starts kube-scheduler with one profile; returns its name among `cp.processes` and its pid.
-    Its own HTTPS endpoint (health only; nothing here reads it) serves on a free port."""
+@dataclass(frozen=True)
+class Scheduler:
+    name: str  # among the control plane's processes
+    pid: int
+    port: int  # HTTPS: health, and /metrics without credentials
+
+    async def attempts(self) -> dict[str, float]:
+        """scheduler_schedule_attempts_total by result (scheduled, unschedulable, error) so far."""
+        url = f"https://127.0.0.1:{self.port}/metrics"
+        async with aiohttp.ClientSession() as session, session.get(url, ssl=False) as response:
+            text = await response.text()
+        found: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            if family.name == "scheduler_schedule_attempts":
+                for sample in family.samples:
+                    if sample.name.endswith("_total"):
+                        result = sample.labels["result"]
+                        found[result] = found.get(result, 0.0) + sample.value
+        return found
+
+
+def start_scheduler(cp: ControlPlane, scheduler_name: str, extender_url: str | None = None) -> Scheduler:
+    """Starts kube-scheduler with one profile, its metrics readable without credentials."""
     name = "kube-scheduler" if scheduler_name == DEFAULT_SCHEDULER else scheduler_name
     config = cp.dir / f"{name}.yaml"
     config.write_text(json.dumps(scheduler_config(cp.kubeconfig, scheduler_name, extender_url), indent=1))
+    port = free_port()
     argv: list[str | Path] = [
         k8s_bin() / "kube-scheduler",
         f"--config={config}",
         "--bind-address=127.0.0.1",
-        f"--secure-port={free_port()}",
+        f"--secure-port={port}",
+        "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
     ]
-    return name, cp.processes.start(name, argv)
+    return Scheduler(name, cp.processes.start(name, argv), port)
 
 
 def extender_command() -> Path | None:

@@ -80,6 +80,7 @@ class Outcome:
     # CPU seconds each process used while the scheduler ran: kube-scheduler (or neuron-scheduler),
     # the extender, kube-apiserver, etcd and this process, the simulated kubelets (SIMULATED_KUBELETS)
     cpu_seconds: dict[str, float]
+    attempts: dict[str, float]  # the scheduler's scheduling attempts by result: scheduled, unschedulable, error
     extender: ExtenderFigures | None = None
 
     @property
@@ -225,7 +226,7 @@ async def simulate(size: Size, scheduler: str, work: Path, log: Callable[[str], 
                 await asyncio.to_thread(wait_until_ready, cp.processes, "the extender", port, "/readyz", 60, None)
                 f, p = await _time_extender(url, names, stream, size.probes)
                 extender.filter_seconds["empty fleet"], extender.prioritize_seconds["empty fleet"] = f, p
-            name, _ = start_scheduler(cp, scheduler, url or None)
+            kube_scheduler = start_scheduler(cp, scheduler, url or None)
             pids = {**cp.processes.pids(), SIMULATED_KUBELETS: os.getpid()}
             cpu_before = _cpu_seconds(pids)
 
@@ -238,7 +239,8 @@ async def simulate(size: Size, scheduler: str, work: Path, log: Callable[[str], 
             begun = time.monotonic()
             timed_out = await _until_settled(size, stream, nodes, cp, watch)
             cpu_after = _cpu_seconds(pids)
-            cp.processes.stop(name)
+            attempts = await kube_scheduler.attempts()
+            cp.processes.stop(kube_scheduler.name)
             settled = f"{time.monotonic() - begun:.0f}s{' (deadline)' if timed_out else ''}"
             log(f"  [{scheduler}] scheduling settled in {settled}")
             await nodes.drain(60)  # the extender is timed again once the last reports are in
@@ -271,5 +273,6 @@ async def simulate(size: Size, scheduler: str, work: Path, log: Callable[[str], 
         bind_times=sorted(nodes.bound_at.values()),
         timed_out=timed_out,
         cpu_seconds={n: cpu_after[n] - cpu_before[n] for n in pids},
+        attempts=attempts,
         extender=extender,
     )
