@@ -95,6 +95,7 @@ def _extender_figures(outcome: Outcome) -> list[Figure]:
                 Figure(f"extender {verb} p99, {state}", percentile(samples, 99) * 1000, "ms", LATENCY_TARGET_MS)
             )
     figures.append(Figure("extender resident memory, peak", extender.rss_peak_mb, "MB", RSS_TARGET_MB))
+    figures.append(Figure("extender resident memory, end of run", extender.rss_end_mb, "MB"))
     return figures
 
 

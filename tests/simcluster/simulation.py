@@ -26,7 +26,7 @@ import yaml
 from neuron_sysfs.placement import FreeState, PodRequest, refusal
 from neuron_sysfs.report import NodeReport
 from simcluster.api import Api, bounded
-from simcluster.controlplane import control_plane, free_port, wait_until_ready
+from simcluster.controlplane import ControlPlane, control_plane, free_port, wait_until_ready
 from simcluster.fleet import NAMESPACE, NodeSpec, PodSpec, fleet, pod_stream
 from simcluster.nodes import PODS, REPORTS, Admission, SimulatedNodes
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command, start_extender, start_scheduler
@@ -167,7 +167,7 @@ def _rss_mb(pid: int) -> float:
 
 
 async def _until_settled(
-    size: Size, stream: list[PodSpec], nodes: SimulatedNodes, cp: Any, watch: Callable[[], None]
+    size: Size, stream: list[PodSpec], nodes: SimulatedNodes, cp: ControlPlane, watch: Callable[[], None]
 ) -> bool:
     """Until every pod is bound, or nothing was bound for `size.quiet` seconds and every unbound
     pod was reported unschedulable; True when `size.deadline` came first."""
@@ -211,9 +211,8 @@ async def simulate(size: Size, scheduler: str, work: Path, log: Callable[[str], 
                 await api.create(PODS, pod.pod_object(scheduler))
 
             await bounded(stream, create, 16)
-            log(
-                f"  [{scheduler}] {len(specs)} nodes, their reports and {len(stream)} pods ready in {time.monotonic() - started:.0f}s"
-            )
+            ready = time.monotonic() - started
+            log(f"  [{scheduler}] {len(specs)} nodes, their reports and {len(stream)} pods ready in {ready:.0f}s")
 
             extender: ExtenderFigures | None = None
             extender_pid = 0
