@@ -1,0 +1,114 @@
+"""The default kube-scheduler and `neuron-scheduler` on 1,000 simulated Neuron nodes and a stream of
+5,000 pods (tests/simcluster: a private etcd, kube-apiserver and the real kube-scheduler; simulated
+kubelets that admit each pod with the device plugin's own allocator).
+
+Targets (issue 15, item 6): neuron-scheduler places every pod on a node where a valid set is free
+(100 %), leaves no pod unbound while some node has a valid set for it, schedules at least half as
+many pods per second as the default scheduler on the same stream; the extender's filter and
+prioritize p99 at 1,000 nodes <= 20 ms; its resident memory <= 100 MB.
+
+How each figure is taken:
+- "placed where a valid set was free": of the pods bound, those for which the plugin's allocator
+  (`neuron_sysfs.placement.place`) found a valid set on the node's free silicon at admission, in
+  the order the bindings happened. The rest were admitted anyway: the kubelet counts IDs, and the
+  plugin hands out an invalid set ("on silicon another pod holds": not even the count was free,
+  because the scheduler counts `neuron` and `neuroncore` apart though they are the same silicon);
+- "left unschedulable though a node had a valid set": unbound at the end while the allocator
+  finds a valid set on some node's free silicon then;
+- throughput: pods bound per second from the first binding to the last (the pods are all created
+  before the scheduler starts). On two shared cores it depends on everything else running, so the
+  CPU time each process took while the scheduler ran is shown too, per pod placed: the scheduler,
+  the extender, kube-apiserver, etcd and the simulated kubelets (this process);
+- extender latencies: filter and prioritize called over HTTP with all 1,000 node names, one call
+  at a time as kube-scheduler makes them, with pods of the stream's mix, on the empty fleet before
+  scheduling and on the full one after; client time, so an upper bound of the extender's own;
+- extender memory: its resident set, sampled every half second during the run, the peak.
+
+NEURON_BENCH_SIM_SIZE=reduced runs the test's size (40 nodes, 300 pods) for a quick look.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+
+from common import Figure, percentile, work_dir
+from simcluster.controlplane import missing_prerequisites
+from simcluster.fleet import DEFAULT_SCHEDULER
+from simcluster.schedulers import NEURON_SCHEDULER, extender_command
+from simcluster.simulation import FULL, REDUCED, Outcome, simulate
+
+SIZE = REDUCED if os.environ.get("NEURON_BENCH_SIM_SIZE") == "reduced" else FULL
+TITLE = (
+    f"Neuron-aware scheduling: default kube-scheduler vs neuron-scheduler, "
+    f"{SIZE.nodes} simulated nodes, {SIZE.pods} pods"
+)
+LATENCY_TARGET_MS = 20.0
+RSS_TARGET_MB = 100.0
+
+
+def _placement_figures(outcome: Outcome, default_throughput: float | None) -> list[Figure]:
+    """The figures of one scheduler; targets only for neuron-scheduler (given the default's pace)."""
+    label = outcome.scheduler
+    neuron = default_throughput is not None
+    placed = len(outcome.admissions)
+    valid_share = 100.0 * outcome.placed_valid / placed if placed else math.nan
+    figures = [
+        Figure(f"{label}: pods placed", placed, "pods"),
+        Figure(f"{label}: placed where a valid set was free", valid_share, "%", 100.0 if neuron else None, True),
+        Figure(f"{label}: placed without a valid set", outcome.placed_invalid, "pods"),
+        Figure(f"{label}:   of which on silicon another pod holds", outcome.over_committed, "pods"),
+        Figure(f"{label}: left unschedulable", len(outcome.unbound), "pods"),
+        Figure(
+            f"{label}: left unbound though a valid set was free",
+            len(outcome.stranded()),
+            "pods",
+            0.0 if neuron else None,
+        ),
+        Figure(
+            f"{label}: throughput, first to last binding",
+            outcome.throughput,
+            "pods/s",
+            default_throughput / 2 if default_throughput is not None else None,
+            True,
+        ),
+    ]
+    for result in ("scheduled", "unschedulable", "error"):
+        figures.append(Figure(f"{label}: scheduling attempts, {result}", outcome.attempts.get(result, 0.0), ""))
+    for process, seconds in outcome.cpu_seconds.items():
+        per_pod_ms = 1000 * seconds / placed if placed else math.nan
+        figures.append(Figure(f"{label}: CPU per pod placed, {process}", per_pod_ms, "ms"))
+    if outcome.timed_out:
+        print(f"  ({label} had not settled by its deadline: the figures are of a cut-short run)")
+    return figures
+
+
+def _extender_figures(outcome: Outcome) -> list[Figure]:
+    extender = outcome.extender
+    assert extender is not None
+    figures = []
+    for verb, by_state in (("filter", extender.filter_seconds), ("prioritize", extender.prioritize_seconds)):
+        for state, samples in by_state.items():
+            figures.append(Figure(f"extender {verb} p50, {state}", percentile(samples, 50) * 1000, "ms"))
+            figures.append(
+                Figure(f"extender {verb} p99, {state}", percentile(samples, 99) * 1000, "ms", LATENCY_TARGET_MS)
+            )
+    figures.append(Figure("extender resident memory, peak", extender.rss_peak_mb, "MB", RSS_TARGET_MB))
+    figures.append(Figure("extender resident memory, end of run", extender.rss_end_mb, "MB"))
+    return figures
+
+
+def run() -> list[Figure]:
+    missing = missing_prerequisites()
+    if missing:
+        print(f"  not run: make setup provides {', '.join(missing)}")
+        return []
+    with work_dir("neuron-scheduling-") as work:
+        default = asyncio.run(simulate(SIZE, DEFAULT_SCHEDULER, work / "default"))
+        figures = _placement_figures(default, None)
+        if extender_command() is None:
+            print("  neuron-scheduler: extender not installed: skipped")
+            return figures
+        neuron = asyncio.run(simulate(SIZE, NEURON_SCHEDULER, work / "neuron"))
+    return figures + _placement_figures(neuron, default.throughput) + _extender_figures(neuron)

@@ -1,0 +1,158 @@
+"""The simulated fleet and the pod stream: seeded, so both schedulers see the same of each.
+
+Nodes mix inf2.48xlarge, inf2.24xlarge, trn1.32xlarge and trn2.48xlarge (trn2 at both logical-core
+settings). Pods ask for one resource in one container, in sizes people use: inference pods take
+one device or a few cores, training pods whole aligned groups (8, 16). Every hardware fact (device
+counts, cores, topology) comes from neuron_sysfs; nothing about the silicon is written here.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from neuron_common.resources import neuron, neuroncore
+from neuron_sysfs.allocator import Topology, topology_for
+from neuron_sysfs.instance_types import get_instance_type
+from neuron_sysfs.placement import ContainerRequest, PodRequest
+
+NEURON, NEURONCORE = neuron().full_name, neuroncore().full_name
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+SIMULATED = "neuron-sim/simulated"  # an annotation on every simulated Node
+NAMESPACE = "sim"
+DEFAULT_SCHEDULER = "default-scheduler"
+
+# (instance type, logical-core setting): weight
+NODE_MIX: Mapping[tuple[str, int], int] = {
+    ("inf2.48xlarge", 1): 20,
+    ("inf2.24xlarge", 1): 20,
+    ("trn1.32xlarge", 1): 30,
+    ("trn2.48xlarge", 2): 20,
+    ("trn2.48xlarge", 1): 10,
+}
+DEVICE_POD_SHARE = 0.55  # the rest ask for cores
+DEVICE_SIZES: Mapping[int, int] = {1: 40, 2: 20, 4: 20, 8: 12, 16: 8}
+CORE_SIZES: Mapping[int, int] = {1: 25, 2: 25, 3: 5, 4: 20, 5: 3, 6: 5, 7: 2, 8: 15}
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    name: str
+    instance_type: str
+    lnc: int  # logical-core setting
+
+    @property
+    def topology(self) -> Topology:
+        return _topology(self.instance_type, self.lnc)
+
+    def node_object(self) -> dict[str, Any]:
+        """A Node as a kubelet would register it, Ready, with the plugin's two resources."""
+        topo = self.topology
+        resources = {
+            "cpu": "192",
+            "memory": "768Gi",
+            "pods": "110",
+            NEURON: str(topo.device_count),
+            NEURONCORE: str(topo.device_count * topo.cores_per_device),
+        }
+        ready = {
+            "type": "Ready",
+            "status": "True",
+            "reason": "KubeletReady",
+            "message": "simulated",
+            "lastHeartbeatTime": "2026-01-01T00:00:00Z",
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": self.name,
+                "labels": {
+                    "kubernetes.io/hostname": self.name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    INSTANCE_TYPE_LABEL: self.instance_type,
+                },
+                "annotations": {SIMULATED: "true"},
+            },
+            "status": {"capacity": resources, "allocatable": resources, "conditions": [ready]},
+        }
+
+
+@cache
+def _topology(instance_type: str, lnc: int) -> Topology:
+    it = get_instance_type(instance_type)
+    return topology_for(it, it.logical_cores_per_device(lnc))
+
+
+@dataclass(frozen=True)
+class PodSpec:
+    name: str
+    devices: int  # aws.amazon.com/neuron
+    cores: int  # aws.amazon.com/neuroncore
+
+    @property
+    def request(self) -> PodRequest:
+        return PodRequest(containers=(ContainerRequest(self.devices, self.cores),))
+
+    def pod_object(self, scheduler: str) -> dict[str, Any]:
+        limits = {NEURON: str(self.devices)} if self.devices else {NEURONCORE: str(self.cores)}
+        return {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": self.name, "namespace": NAMESPACE},
+            "spec": {
+                "schedulerName": scheduler,
+                "automountServiceAccountToken": False,
+                "terminationGracePeriodSeconds": 0,
+                "containers": [
+                    {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}}
+                ],
+            },
+        }
+
+
+def fleet(count: int, seed: int) -> list[NodeSpec]:
+    rng = random.Random(f"fleet-{seed}")
+    kinds = list(NODE_MIX)
+    picks = rng.choices(kinds, weights=[NODE_MIX[k] for k in kinds], k=count)
+    return [NodeSpec(f"node-{i:04d}", it, lnc) for i, (it, lnc) in enumerate(picks)]
+
+
+def pod_stream(count: int, seed: int) -> list[PodSpec]:
+    """Named in stream order: the scheduler's queue takes pods listed at start in name order."""
+    rng = random.Random(f"pods-{seed}")
+
+    def size(mix: Mapping[int, int]) -> int:
+        return rng.choices(list(mix), weights=list(mix.values()))[0]
+
+    pods = []
+    for i in range(count):
+        if rng.random() < DEVICE_POD_SHARE:
+            pods.append(PodSpec(f"pod-{i:05d}", size(DEVICE_SIZES), 0))
+        else:
+            pods.append(PodSpec(f"pod-{i:05d}", 0, size(CORE_SIZES)))
+    return pods
+
+
+def pod_request(pod: Mapping[str, Any]) -> PodRequest:
+    """The Neuron request of a Pod object, per container, as the kubelet reads it (requests, or
+    limits when an extended resource is given only there)."""
+
+    def container(spec: Mapping[str, Any], restartable: bool = False) -> ContainerRequest:
+        resources = spec.get("resources", {})
+        asked = {**resources.get("limits", {}), **resources.get("requests", {})}
+        return ContainerRequest(
+            int(asked.get(NEURON, 0)), int(asked.get(NEURONCORE, 0)), spec.get("name", ""), restartable
+        )
+
+    spec = pod["spec"]
+    inits: Sequence[Mapping[str, Any]] = spec.get("initContainers", [])
+    return PodRequest(
+        tuple(container(c, c.get("restartPolicy") == "Always") for c in inits),
+        tuple(container(c) for c in spec["containers"]),
+    )

@@ -1,0 +1,277 @@
+"""One scheduler over the simulated fleet and pod stream, from an empty control plane to the figures.
+
+`simulate` starts a private control plane (etcd, kube-apiserver), creates the Nodes and their
+NeuronNode reports, creates the whole pod stream while no scheduler runs (so the queue takes the
+pods in stream order and the measured pace is the scheduler's, not the creator's), then starts the
+scheduler under test and lets the simulated kubelets admit what it binds. The run ends when every
+pod is bound, or when nothing was bound for `quiet` seconds and the scheduler has reported every
+unbound pod unschedulable, or at `deadline`. Each run has a control plane of its own: both
+schedulers start from the same empty cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+import yaml
+
+from neuron_sysfs.placement import FreeState, PodRequest, refusal
+from neuron_sysfs.report import NodeReport
+from simcluster.api import Api, bounded
+from simcluster.controlplane import ControlPlane, control_plane, free_port, wait_until_ready
+from simcluster.fleet import NAMESPACE, NodeSpec, PodSpec, fleet, pod_stream
+from simcluster.nodes import PODS, REPORTS, Admission, SimulatedNodes
+from simcluster.schedulers import NEURON_SCHEDULER, extender_command, start_extender, start_scheduler
+
+HERE = Path(__file__).parent
+SIMULATED_KUBELETS = "simulated kubelets"
+
+
+def neuronnode_crd() -> dict[str, Any]:
+    """The NeuronNode CRD the simulation installs. The stand-in, until the chart's
+    (charts/neuron-helm-chart/templates/scheduler/crd.yaml) lands: switch to it here."""
+    crd: dict[str, Any] = yaml.safe_load((HERE / "neuronnode-crd.yaml").read_text())
+    return crd
+
+
+@dataclass(frozen=True)
+class Size:
+    nodes: int
+    pods: int
+    seed: int = 1
+    report_interval: float = 30.0  # the simulated plugins' heartbeat, as the real plugin's
+    quiet: float = 10.0  # seconds without a binding that end the run
+    deadline: float = 600.0  # seconds the scheduling may take at most
+    probes: int = 100  # extender calls timed per verb and state
+
+
+FULL = Size(nodes=1000, pods=5000, deadline=900.0, quiet=15.0, probes=200)
+REDUCED = Size(nodes=40, pods=300, deadline=60.0, quiet=5.0, probes=20)
+
+
+@dataclass
+class ExtenderFigures:
+    filter_seconds: dict[str, list[float]] = field(default_factory=dict)  # state -> latencies
+    prioritize_seconds: dict[str, list[float]] = field(default_factory=dict)
+    rss_peak_mb: float = 0.0
+    rss_end_mb: float = 0.0
+
+
+@dataclass
+class Outcome:
+    scheduler: str
+    nodes: list[NodeSpec]
+    pods: list[PodSpec]
+    admissions: list[Admission]  # every binding the simulated kubelets admitted, in order
+    unbound: dict[str, str]  # pod -> the scheduler's last message for it ("" if none seen)
+    bound_in_api: dict[str, str]  # pod -> node, from a final list of the API server
+    reports: dict[str, NodeReport]  # node -> its NeuronNode as the API server has it at the end
+    free: dict[str, FreeState]  # node -> what its plugin has free at the end
+    bind_times: list[float]  # monotonic, in order
+    timed_out: bool
+    # CPU seconds each process used while the scheduler ran: kube-scheduler (or neuron-scheduler),
+    # the extender, kube-apiserver, etcd and this process, the simulated kubelets (SIMULATED_KUBELETS)
+    cpu_seconds: dict[str, float]
+    attempts: dict[str, float]  # the scheduler's scheduling attempts by result: scheduled, unschedulable, error
+    extender: ExtenderFigures | None = None
+
+    @property
+    def placed_valid(self) -> int:
+        return sum(1 for a in self.admissions if a.valid)
+
+    @property
+    def placed_invalid(self) -> int:
+        return sum(1 for a in self.admissions if not a.valid)
+
+    @property
+    def over_committed(self) -> int:
+        return sum(1 for a in self.admissions if a.shortfall)
+
+    @property
+    def throughput(self) -> float:
+        """Pods bound per second, from the first binding to the last."""
+        if len(self.bind_times) < 2:
+            return float("nan")
+        return (len(self.bind_times) - 1) / (self.bind_times[-1] - self.bind_times[0])
+
+    def stranded(self) -> list[str]:
+        """Unbound pods that some node could take with a valid set at the end."""
+        by_pod = {p.name: p for p in self.pods}
+        specs = {n.name: n for n in self.nodes}
+        fits: dict[PodRequest, bool] = {}
+        for pod in self.unbound:
+            request = by_pod[pod].request
+            if request not in fits:
+                fits[request] = any(not refusal(specs[n].topology, free, request) for n, free in self.free.items())
+        return [pod for pod in self.unbound if fits[by_pod[pod].request]]
+
+
+async def _wait_established(api: Api, name: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        crd = await api.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+        if any(
+            c["type"] == "Established" and c["status"] == "True"
+            for c in (crd.get("status") or {}).get("conditions") or []
+        ):
+            return
+        await asyncio.sleep(0.2)
+    raise TimeoutError(f"CRD {name} not established within {timeout:.0f}s")
+
+
+def _probe_pod(spec: PodSpec, index: int) -> dict[str, Any]:
+    pod = spec.pod_object(NEURON_SCHEDULER)
+    pod["metadata"].update(name=f"probe-{index:05d}", uid=f"00000000-0000-0000-0000-{index:012d}")
+    return pod
+
+
+async def _time_extender(
+    url: str, nodes: list[str], pods: list[PodSpec], count: int
+) -> tuple[list[float], list[float]]:
+    """Filter and prioritize latencies of `count` calls each, over every node, one at a time as the
+    scheduler makes them; the pods follow the stream's mix but are not in the API server."""
+    filters: list[float] = []
+    priorities: list[float] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        for i in range(count):
+            args = {"Pod": _probe_pod(pods[i % len(pods)], i), "NodeNames": nodes}
+            for verb, samples in (("filter", filters), ("prioritize", priorities)):
+                start = time.perf_counter()
+                async with session.post(f"{url}/{verb}", json=args) as response:
+                    await response.read()
+                    if response.status != 200:
+                        raise RuntimeError(f"extender {verb}: HTTP {response.status}")
+                samples.append(time.perf_counter() - start)
+    return filters, priorities
+
+
+def _cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds used so far by each named process (children not included)."""
+    used = {}
+    for name, pid in pids.items():
+        times = psutil.Process(pid).cpu_times()
+        used[name] = float(times.user + times.system)
+    return used
+
+
+def _rss_mb(pid: int) -> float:
+    return float(psutil.Process(pid).memory_info().rss) / 2**20
+
+
+async def _until_settled(
+    size: Size, stream: list[PodSpec], nodes: SimulatedNodes, cp: ControlPlane, watch: Callable[[], None]
+) -> bool:
+    """Until every pod is bound, or nothing was bound for `size.quiet` seconds and every unbound
+    pod was reported unschedulable; True when `size.deadline` came first."""
+    begun = time.monotonic()
+    while True:
+        await asyncio.sleep(0.5)
+        cp.processes.check()
+        watch()
+        unbound = [p.name for p in stream if p.name not in nodes.bound_at]
+        if not unbound:
+            return False
+        last = max([begun, *nodes.bound_at.values()])
+        if time.monotonic() - last >= size.quiet and all(p in nodes.unschedulable for p in unbound):
+            return False
+        if time.monotonic() - begun > size.deadline:
+            return True
+
+
+async def simulate(size: Size, scheduler: str, work: Path, log: Callable[[str], None] = print) -> Outcome:
+    """One run of `scheduler` (DEFAULT_SCHEDULER or NEURON_SCHEDULER) in `work`, an empty directory
+    the caller removes afterwards."""
+    specs, stream = fleet(size.nodes, size.seed), pod_stream(size.pods, size.seed)
+    names = [s.name for s in specs]
+    command = extender_command() if scheduler == NEURON_SCHEDULER else None
+    if scheduler == NEURON_SCHEDULER and command is None:
+        raise RuntimeError("neuron-scheduler needs the extender's command, which is not installed")
+    started = time.monotonic()
+    with control_plane(work) as cp:
+        async with Api(cp) as api:
+            await api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+            await api.create(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts", {"metadata": {"name": "default"}})
+            crd = neuronnode_crd()
+            await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+            await _wait_established(api, crd["metadata"]["name"])
+            nodes = SimulatedNodes(api, specs, report_interval=size.report_interval)
+            await nodes.register()
+            stop = asyncio.Event()
+            kubelets = asyncio.create_task(nodes.run(stop))
+
+            async def create(pod: PodSpec) -> None:
+                await api.create(PODS, pod.pod_object(scheduler))
+
+            await bounded(stream, create, 16)
+            ready = time.monotonic() - started
+            log(f"  [{scheduler}] {len(specs)} nodes, their reports and {len(stream)} pods ready in {ready:.0f}s")
+
+            extender: ExtenderFigures | None = None
+            extender_pid = 0
+            url = ""
+            if command is not None:
+                extender = ExtenderFigures()
+                port = free_port()
+                url = f"http://127.0.0.1:{port}"
+                extender_pid = start_extender(cp, command, port, report_max_age=4 * size.report_interval)
+                await asyncio.to_thread(wait_until_ready, cp.processes, "the extender", port, "/readyz", 60, None)
+                f, p = await _time_extender(url, names, stream, size.probes)
+                extender.filter_seconds["empty fleet"], extender.prioritize_seconds["empty fleet"] = f, p
+            kube_scheduler = start_scheduler(cp, scheduler, url or None)
+            pids = {**cp.processes.pids(), SIMULATED_KUBELETS: os.getpid()}
+            cpu_before = _cpu_seconds(pids)
+
+            def watch() -> None:
+                if kubelets.done():
+                    kubelets.result()  # raises what ended the simulated kubelets
+                if extender is not None:
+                    extender.rss_peak_mb = max(extender.rss_peak_mb, _rss_mb(extender_pid))
+
+            begun = time.monotonic()
+            timed_out = await _until_settled(size, stream, nodes, cp, watch)
+            cpu_after = _cpu_seconds(pids)
+            attempts = await kube_scheduler.attempts()
+            cp.processes.stop(kube_scheduler.name)
+            settled = f"{time.monotonic() - begun:.0f}s{' (deadline)' if timed_out else ''}"
+            log(f"  [{scheduler}] scheduling settled in {settled}")
+            await nodes.drain(60)  # the extender is timed again once the last reports are in
+
+            if extender is not None:
+                f, p = await _time_extender(url, names, stream, size.probes)
+                extender.filter_seconds["end of run"], extender.prioritize_seconds["end of run"] = f, p
+                extender.rss_end_mb = _rss_mb(extender_pid)
+                extender.rss_peak_mb = max(extender.rss_peak_mb, extender.rss_end_mb)
+
+            pods, _ = await api.list(PODS)
+            seen_by = time.monotonic() + 10  # the watch may lag the list by a few events
+            while any(p["spec"].get("nodeName") and p["metadata"]["name"] not in nodes.bound_at for p in pods):
+                if time.monotonic() > seen_by:
+                    break  # the accounting will show which
+                await asyncio.sleep(0.1)
+            await nodes.drain(60)
+            objects, _ = await api.list(REPORTS)
+            stop.set()
+            await kubelets
+    return Outcome(
+        scheduler=scheduler,
+        nodes=specs,
+        pods=stream,
+        admissions=list(nodes.admissions),
+        unbound={p.name: nodes.unschedulable.get(p.name, "") for p in stream if p.name not in nodes.bound_at},
+        bound_in_api={p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")},
+        reports={o["metadata"]["name"]: NodeReport.from_object(o) for o in objects},
+        free={name: node.free for name, node in nodes.nodes.items()},
+        bind_times=sorted(nodes.bound_at.values()),
+        timed_out=timed_out,
+        cpu_seconds={n: cpu_after[n] - cpu_before[n] for n in pids},
+        attempts=attempts,
+        extender=extender,
+    )

@@ -1,0 +1,133 @@
+"""The multi-node scheduling simulation (tests/simcluster), at reduced size (40 nodes, 300 pods),
+checks its own accounting: every pod is either admitted once or left unbound, the API server agrees,
+each admission's verdict (a valid set was free, or not) matches the exhaustive oracles replayed over
+the recorded holdings, and the NeuronNode reports hold what the simulated plugins hold.
+
+The real etcd, kube-apiserver and kube-scheduler run (a private control plane on loopback, not the
+test cluster). The 1,000-node figures are bench/bench_scheduler.py's; nothing here is timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from oracles.neuron_sets import exhaustive_fits, topology
+from simcluster.controlplane import missing_prerequisites
+from simcluster.fleet import DEFAULT_SCHEDULER, NAMESPACE
+from simcluster.schedulers import NEURON_SCHEDULER, extender_command
+from simcluster.simulation import REDUCED, Outcome, simulate
+
+from neuron_sysfs.placement import FreeState, PodRequest
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(missing_prerequisites()), reason=f"make setup provides: {missing_prerequisites()}"),
+]
+
+
+@pytest.fixture(scope="module")
+def default_run(tmp_path_factory: pytest.TempPathFactory) -> Outcome:
+    return asyncio.run(simulate(REDUCED, DEFAULT_SCHEDULER, tmp_path_factory.mktemp("default")))
+
+
+def replay(outcome: Outcome, upto: int | None = None) -> tuple[dict[str, set[int]], list[str]]:
+    """Each node's free cores after the first `upto` admissions (all by default), and the admissions
+    whose verdict the oracle contradicts, from the recorded holdings alone: before each admission a
+    node has free every core that no earlier admission on it holds, directly or through a device."""
+    specs = {n.name: n for n in outcome.nodes}
+    free: dict[str, set[int]] = {}
+    for name, spec in specs.items():
+        t = topology(spec.instance_type, spec.lnc)
+        free[name] = set(range(t.device_count * t.cores_per_device))
+    wrong = []
+    for a in sorted(outcome.admissions, key=lambda a: a.order)[:upto]:
+        spec = specs[a.node]
+        t = topology(spec.instance_type, spec.lnc)
+        fits = exhaustive_fits(t, free[a.node], a.request)
+        if fits != a.valid:
+            wrong.append(f"{a.pod} on {a.node} ({spec.instance_type}): counted valid={a.valid}, oracle says {fits}")
+        held = {c for d in a.devices for c in t.cores_of(d)} | set(a.cores)
+        if a.valid:
+            assert held <= free[a.node], f"{a.pod} was given silicon already held"
+            assert (len(a.devices), len(a.cores), a.shortfall) == (
+                a.request.effective.devices,
+                a.request.effective.cores,
+                0,
+            )
+        free[a.node] -= held
+    return free, wrong
+
+
+def assert_accounted(outcome: Outcome) -> None:
+    names = {p.name for p in outcome.pods}
+    admitted = [a.pod for a in outcome.admissions]
+    assert not outcome.timed_out
+    assert len(admitted) == len(set(admitted)), "a pod admitted twice"
+    assert set(admitted).isdisjoint(outcome.unbound)
+    assert set(admitted) | set(outcome.unbound) == names
+    assert outcome.bound_in_api == {a.pod: a.node for a in outcome.admissions}
+    assert all(outcome.unbound.values()), "an unbound pod without the scheduler's reason"
+
+
+def test_every_pod_is_admitted_once_or_left_unbound(default_run: Outcome) -> None:
+    assert_accounted(default_run)
+    assert default_run.admissions, "the default scheduler placed nothing"
+
+
+def test_verdicts_agree_with_the_exhaustive_oracle(default_run: Outcome) -> None:
+    _, wrong = replay(default_run)
+    assert not wrong, "\n".join(wrong)
+    # both verdicts occur, so the comparison above could have failed either way
+    assert default_run.placed_valid
+    assert default_run.placed_invalid
+
+
+def test_reports_in_the_api_server_hold_what_the_plugins_hold(default_run: Outcome) -> None:
+    free, _ = replay(default_run)
+    pods_on: dict[str, set[str]] = defaultdict(set)
+    for a in default_run.admissions:
+        pods_on[a.node].add(f"{NAMESPACE}/{a.pod}")
+    assert set(default_run.reports) == {n.name for n in default_run.nodes}
+    for name, report in default_run.reports.items():
+        assert set(report.free_cores) == free[name], name
+        assert report.pods == pods_on[name], name
+
+
+def test_stranded_pods_are_those_some_node_could_take(default_run: Outcome) -> None:
+    """As if every pod of the stream were left unbound at a point of the run where some would fit
+    somewhere and some nowhere (at the end the default scheduler has filled every node)."""
+    specs = {n.name: n for n in default_run.nodes}
+    for tenth in range(9, 0, -1):
+        free, _ = replay(default_run, upto=len(default_run.admissions) * tenth // 10)
+        fits: dict[PodRequest, bool] = {}
+        for pod in default_run.pods:
+            if pod.request not in fits:
+                fits[pod.request] = any(
+                    exhaustive_fits(topology(specs[n].instance_type, specs[n].lnc), cores, pod.request)
+                    for n, cores in free.items()
+                )
+        if set(fits.values()) == {True, False}:
+            break
+    else:
+        pytest.fail("no point of the run where some requests fit and some do not")
+    then = dataclasses.replace(
+        default_run,
+        unbound={p.name: "" for p in default_run.pods},
+        free={n: FreeState.of(specs[n].topology, cores) for n, cores in free.items()},
+    )
+    assert then.stranded() == [p.name for p in default_run.pods if fits[p.request]]
+
+
+@pytest.mark.skipif(extender_command() is None, reason="neuron-scheduler-extender is not installed")
+def test_neuron_scheduler_places_only_where_a_valid_set_is_free(tmp_path: Path) -> None:
+    outcome = asyncio.run(simulate(REDUCED, NEURON_SCHEDULER, tmp_path))
+    assert_accounted(outcome)
+    _, wrong = replay(outcome)
+    assert not wrong, "\n".join(wrong)
+    invalid = [f"{a.pod} on {a.node}: {a.reason}" for a in outcome.admissions if not a.valid]
+    assert not invalid, "\n".join(invalid)
+    assert outcome.stranded() == []
