@@ -9,12 +9,13 @@ counts, cores, topology) comes from neuron_sysfs; nothing about the silicon is w
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
 from neuron_common.resources import neuron, neuroncore
+from neuron_scheduler_extender.pods import ResourceNames, neuron_request
 from neuron_sysfs.allocator import Topology, topology_for
 from neuron_sysfs.instance_types import get_instance_type
 from neuron_sysfs.placement import ContainerRequest, PodRequest
@@ -140,19 +141,5 @@ def pod_stream(count: int, seed: int) -> list[PodSpec]:
 
 
 def pod_request(pod: Mapping[str, Any]) -> PodRequest:
-    """The Neuron request of a Pod object, per container, as the kubelet reads it (requests, or
-    limits when an extended resource is given only there)."""
-
-    def container(spec: Mapping[str, Any], restartable: bool = False) -> ContainerRequest:
-        resources = spec.get("resources", {})
-        asked = {**resources.get("limits", {}), **resources.get("requests", {})}
-        return ContainerRequest(
-            int(asked.get(NEURON, 0)), int(asked.get(NEURONCORE, 0)), spec.get("name", ""), restartable
-        )
-
-    spec = pod["spec"]
-    inits: Sequence[Mapping[str, Any]] = spec.get("initContainers", [])
-    return PodRequest(
-        tuple(container(c, c.get("restartPolicy") == "Always") for c in inits),
-        tuple(container(c) for c in spec["containers"]),
-    )
+    """The Neuron request of a Pod object, read exactly as the scheduler extender reads it."""
+    return neuron_request(pod, ResourceNames.under())

@@ -24,14 +24,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from neuron_device_plugin.node_report import FIELD_MANAGER, MIN_GAP  # the real plugin's writes
 from neuron_sysfs.allocator import Topology, choose_cores, choose_devices
 from neuron_sysfs.placement import FreeState, PodRequest, place
 from neuron_sysfs.report import GROUP, PLURAL, VERSION, NodeReport
 from simcluster.api import Api, ApiError, bounded
 from simcluster.fleet import NAMESPACE, NodeSpec, pod_request
 
-FIELD_MANAGER = "neuron-device-plugin"  # the real plugin's, so the objects look the same
-REPORT_MIN_GAP = 0.5  # seconds between two writes of one node's report, as the plugin
 PODS = f"/api/v1/namespaces/{NAMESPACE}/pods"
 REPORTS = f"/apis/{GROUP}/{VERSION}/{PLURAL}"
 
@@ -235,7 +234,7 @@ class SimulatedNodes:
         if node.write_pending or node.writing:
             return  # the scheduled write carries this change; the one in flight schedules the next
         node.write_pending = True
-        delay = max(0.0, node.last_write + REPORT_MIN_GAP - time.monotonic())
+        delay = max(0.0, node.last_write + MIN_GAP - time.monotonic())
         asyncio.get_running_loop().call_later(delay, self._report_queue.put_nowait, node.spec.name)
 
     async def _write_report(self, node: SimNode) -> None:
