@@ -168,6 +168,16 @@ cat > "$CLUSTER_DIR/cni/net.d/10-neuron-test.conflist" <<EOF
             "routes": [{"dst": "0.0.0.0/0"}]}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 EOF
+# podman's default network is 10.88.0.0/16 as well: the bridge a plain `podman run` leaves behind
+# takes the pod network's route, and the kubelet's probes then time out. Remove such a bridge; refuse
+# to go on over anything else holding an address there.
+for dev in $(ip -o -4 addr show | awk '$4 ~ /^10\.88\./ {print $2}' | sort -u); do
+  [ "$dev" = neuron0br ] && continue
+  case $dev in
+    cni-podman*|podman*) log "removing $dev: podman's default network overlaps the pod network $POD_CIDR"; ip link delete "$dev" ;;
+    *) die "$dev holds an address in the pod network $POD_CIDR: remove it first" ;;
+  esac
+done
 # The bridge (and its address, where the API server is advertised) exists before any pod.
 ip link show neuron0br >/dev/null 2>&1 || ip link add neuron0br type bridge
 # (grep without -q reads to the end: with pipefail, grep -q exiting early makes the producer die of SIGPIPE and the test false)
