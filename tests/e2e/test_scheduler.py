@@ -296,7 +296,9 @@ def test_restarting_both_extenders_loses_nothing() -> None:
 
 def test_after_the_devices_recover_the_8_device_pod_runs_on_an_aligned_group() -> None:
     simulated_reboot()
-    eventually(lambda: allocatable() == ("16", "32"), "every device healthy again", timeout=180)
+    # neuron allocatable counts healthy devices; neuroncore's also lacks the cores of devices the
+    # 1-device pods hold whole, so only the former says "every device healthy"
+    eventually(lambda: allocatable()[0] == "16", "every device healthy again", timeout=180)
     eventually(lambda: report()["status"]["unhealthyDevices"] == [], "the report shows no unhealthy device")
     # kube-scheduler retries the pending pods on the node's change (at the latest after 5 minutes)
     eventually(lambda: pod_phase("eight", WORKLOADS) == "Running", "the 8-device pod running", timeout=400)
