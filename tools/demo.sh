@@ -64,7 +64,7 @@ spec:
     image: localhost/neuron-helm-chart/device-plugin:$(sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/neuron-helm-chart/Chart.yaml)
     imagePullPolicy: Never
     # the project's images have no shell: the workload is Python from the image's own venv
-    command: [/opt/neuron/bin/python3, -c, "import glob, os, time; print(*sorted(glob.glob('/dev/neuron*'))); print(*(f'{k}={v}' for k, v in os.environ.items() if k.startswith('NEURON_')), sep='\\n', flush=True); time.sleep(3600)"]
+    command: [/opt/neuron/bin/python3, -c, "import glob, os, time; [print(d) for d in sorted(glob.glob('/dev/neuron*'))]; [print(f'{k}={v}', flush=True) for k, v in sorted(os.environ.items()) if k.startswith('NEURON_')]; time.sleep(3600)"]
     resources: {limits: {aws.amazon.com/neuroncore: 2}}
 EOF
 kubectl wait --for=condition=Ready pod/demo-two-cores -n default --timeout=120s >/dev/null
