@@ -77,3 +77,29 @@ SHOW_DEVICES = (
     "print('cores=' + os.environ.get('NEURON_RT_VISIBLE_CORES', ''), flush=True)\n"
     "time.sleep(3600)\n"
 )
+
+
+# --- the project's command-line tools, with the venv's bin first on PATH ----------------------
+
+
+def run(
+    *args: str | Path, check: bool = True, timeout: float = 600, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")
+    result = subprocess.run(
+        [str(a) for a in args], input=stdin, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO,
+        check=False,
+    )  # fmt: skip
+    if check and result.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(map(str, args))} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+        )
+    return result
+
+
+def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return run(BIN / "helm", *args, check=check)
+
+
+def sim(*args: str | Path) -> None:
+    run(BIN / "neuron-sim", *args)

@@ -9,7 +9,6 @@ the test cluster's; pytest-helm-charts supplies the cluster connection and the D
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -32,10 +31,13 @@ from cluster_access import (
     SIM_ROOT,
     WORKLOAD_PYTHON,
     eventually,
+    helm,
     kubectl,
     node,
     pod_phase,
     restart_kubelet,
+    run,
+    sim,
 )
 from nfd_tools import nfd_bin, worker_env
 from pytest_helm_charts.clusters import Cluster
@@ -61,29 +63,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def run(
-    *args: str | Path, check: bool = True, timeout: float = 600, stdin: str | None = None
-) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")
-    result = subprocess.run(
-        [str(a) for a in args], input=stdin, capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO,
-        check=False,
-    )  # fmt: skip
-    if check and result.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(map(str, args))} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
-        )
-    return result
-
-
-def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return run(BIN / "helm", *args, check=check)
-
-
-def sim(*args: str | Path) -> None:
-    run(BIN / "neuron-sim", *args)
 
 
 def allocatable() -> tuple[str | None, str | None]:

@@ -15,28 +15,26 @@ needs the images `make images` builds (the extender's among them) and the second
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 from cluster_access import (
-    BIN,
     NODE,
     REPO,
     SHOW_DEVICES,
     SIM_ROOT,
     WORKLOAD_PYTHON,
     eventually,
+    helm,
     kubectl,
     node,
     pod_phase,
+    sim,
 )
 
 CHART = REPO / "charts" / "neuron-helm-chart"
@@ -58,26 +56,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def run(*args: str | Path, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}")
-    result = subprocess.run(
-        [str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO, check=False
-    )
-    if check and result.returncode != 0:
-        raise AssertionError(
-            f"{' '.join(map(str, args))} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
-        )
-    return result
-
-
-def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return run(BIN / "helm", *args, check=check)
-
-
-def sim(*args: str | Path) -> None:
-    run(BIN / "neuron-sim", *args)
 
 
 def install(*args: str) -> None:
