@@ -17,7 +17,7 @@ BIN=$REPO/.venv/bin
 export KUBECONFIG="$CLUSTER_DIR/admin.kubeconfig" PATH="$BIN:$PATH"
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 jp() { kubectl get node $NODE -o jsonpath="$1"; }
-trap 'kubectl delete pod demo-two-cores -n default --ignore-not-found --wait=false >/dev/null 2>&1 || true' EXIT
+trap 'kubectl delete pod demo-two-cores demo-connected-devices -n default --ignore-not-found --wait=false >/dev/null 2>&1 || true' EXIT
 
 say "the cluster and the project's images"
 tests/cluster/up.sh
@@ -43,8 +43,8 @@ head -6 <<<"$inventory"
 say "helm upgrade --install $RELEASE charts/neuron-helm-chart (simulation mode)"
 helm upgrade --install $RELEASE charts/neuron-helm-chart --namespace $NAMESPACE --create-namespace \
   --set simulation.enabled=true --set "simulation.hostRoot=$SIM_ROOT" --set nodeMetrics.attributionInterval=2 \
-  --wait --timeout 300s >/dev/null
-kubectl get daemonsets -n $NAMESPACE
+  -f charts/neuron-helm-chart/ci/scheduler-values.yaml --wait --timeout 300s >/dev/null
+kubectl get daemonsets,deployments -n $NAMESPACE
 devices=$(neuron-inventory --root "$SIM_ROOT" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["device_count"])')
 until [ "$(jp '{.status.allocatable.aws\.amazon\.com/neuron}')" = "$devices" ]; do sleep 1; done
 
@@ -80,6 +80,37 @@ metrics() { curl -s "$exporter:9840/metrics" || true; }
 until [[ "$(metrics)" == *'pod="demo-two-cores"'* ]]; do sleep 1; done
 attributed=$(metrics | grep 'pod="demo-two-cores"' | grep -E 'status="success"|allocation_info' || true)
 head -4 <<<"$attributed"
+
+# a connected group the two-core pod above leaves free: a torus row on trn, an arc of the ring on inf
+want=$(( devices >= 8 ? 4 : devices / 2 ))
+say "a pod placed by neuron-scheduler: the node's NeuronNode report, then a pod of $want connected device(s)"
+if [ "$want" -ge 1 ]; then
+until kubectl get neuronnode $NODE >/dev/null 2>&1; do sleep 1; done
+kubectl get neuronnodes
+kubectl delete pod demo-connected-devices -n default --ignore-not-found --wait=true >/dev/null
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: {name: demo-connected-devices, namespace: default}
+spec:
+  schedulerName: neuron-scheduler
+  terminationGracePeriodSeconds: 1
+  containers:
+  - name: trainer
+    image: localhost/neuron-helm-chart/device-plugin:$(sed -n 's/^appVersion: "\(.*\)"/\1/p' charts/neuron-helm-chart/Chart.yaml)
+    imagePullPolicy: Never
+    command: [/opt/neuron/bin/python3, -c, "import glob, time; [print(d) for d in sorted(glob.glob('/dev/neuron*'))]; time.sleep(3600)"]
+    resources: {limits: {aws.amazon.com/neuron: $want}}
+EOF
+kubectl wait --for=condition=Ready pod/demo-connected-devices -n default --timeout=180s >/dev/null
+kubectl get pod demo-connected-devices -n default \
+  -o custom-columns='POD:.metadata.name,SCHEDULER:.spec.schedulerName,NODE:.spec.nodeName,PHASE:.status.phase'
+sleep 1
+echo "its devices: $(kubectl logs demo-connected-devices -n default | tr '\n' ' ')"
+kubectl delete pod demo-connected-devices -n default --wait=true >/dev/null
+else
+  echo "(skipped: a $INSTANCE_TYPE has $devices device, and the pod above holds it)"
+fi
 
 say "a hardware error on the pod's device: NEURON_HW_ERR=NC_UNCORRECTABLE_ERROR nd-id=$device"
 neuron-sim inject --root "$SIM_ROOT" hw-error --kind NC_UNCORRECTABLE_ERROR --device "$device" --core 1 >/dev/null
