@@ -7,12 +7,16 @@ that cluster (the simulated node's root, the kubelet's pid file), so they are fo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
+import sys
 import time
-from collections.abc import Callable
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,3 +107,45 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 
 def sim(*args: str | Path) -> None:
     run(BIN / "neuron-sim", *args)
+
+
+# --- the device plugin as a host process on the simulated node ------------------------------------
+
+
+def plugin_readyz(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=2) as r:
+            return int(r.status)
+    except (urllib.error.URLError, OSError):
+        return 0
+
+
+@contextlib.contextmanager
+def host_device_plugin(
+    name: str, port: int, *flags: str, leftover_pods: Sequence[str] = ()
+) -> Iterator[subprocess.Popen[bytes]]:
+    """The device plugin run from the venv on the cluster's simulated node (no chart), registered and
+    advertising 16 devices; stopped with SIGTERM afterwards, and `leftover_pods` deleted."""
+    # No plugin yet: the kubelet reports 0 (or nothing) once a previous plugin's stream ended.
+    # Starting before that, a pod could be scheduled on the stale figure and fail admission.
+    eventually(
+        lambda: node()["status"]["allocatable"].get("aws.amazon.com/neuron", "0") == "0", "no stale allocatable", 60
+    )
+    log = (CLUSTER_DIR / "logs" / f"{name}.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "neuron_device_plugin", "--host-root", str(SIM_ROOT),
+         "--pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock",
+         "--listen", f"127.0.0.1:{port}", "--kmsg-path", "none", "--health-quiet-period", "2",
+         # its own verdict directory: a detector's verdicts left on this host (make demo) must not leak in
+         "--verdict-dir", str(CLUSTER_DIR / f"{name}-verdicts"), *flags],
+        stdout=log, stderr=log,
+    )  # fmt: skip
+    try:
+        eventually(lambda: plugin_readyz(port) == 200, "plugin registered")
+        eventually(lambda: node()["status"]["allocatable"].get("aws.amazon.com/neuron") == "16", "allocatable", 60)
+        yield proc
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(20)
+        for pod in leftover_pods:
+            kubectl("delete", "pod", pod, "--ignore-not-found", "--wait=false", check=False)

@@ -7,7 +7,6 @@ Runs only with `-m cluster` (make cluster-test / make test), after cluster-up.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from cluster_access import (
     REPO,
     SIM_ROOT,
     eventually,
+    host_device_plugin,
     kubectl,
     node,
     pod_phase,
@@ -88,40 +88,10 @@ def test_a_pod_reaches_the_api_server() -> None:
 
 @pytest.fixture(scope="module")
 def device_plugin() -> Iterator[subprocess.Popen[bytes]]:
-    # No plugin yet: the kubelet reports 0 (or nothing) once a previous plugin's stream ended.
-    # Starting before that, a pod could be scheduled on the stale figure and fail admission.
-    eventually(
-        lambda: node()["status"]["allocatable"].get("aws.amazon.com/neuron", "0") == "0", "no stale allocatable", 60
-    )
-    log = (CLUSTER_DIR / "logs" / "device-plugin-test.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "neuron_device_plugin", "--host-root", str(SIM_ROOT),
-         "--pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock",
-         "--listen", "127.0.0.1:19841", "--kmsg-path", "none", "--health-quiet-period", "2",
-         # its own verdict directory: a detector's verdicts left on this host (make demo) must not leak in
-         "--verdict-dir", str(CLUSTER_DIR / "device-plugin-test-verdicts")],
-        stdout=log, stderr=log,
-    )  # fmt: skip
-    try:
-        eventually(lambda: readyz() == 200, "plugin registered")
-        eventually(lambda: node()["status"]["allocatable"].get("aws.amazon.com/neuron") == "16", "allocatable", 60)
+    with host_device_plugin(
+        "device-plugin-test", 19841, leftover_pods=("cores", "too-many", "devices4", "after-restart", "exporter")
+    ) as proc:
         yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
-        for pod in ("cores", "too-many", "devices4", "after-restart", "exporter"):
-            kubectl("delete", "pod", pod, "--ignore-not-found", "--wait=false", check=False)
-
-
-def readyz() -> int:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen("http://127.0.0.1:19841/readyz", timeout=2) as r:
-            return int(r.status)
-    except (urllib.error.URLError, OSError):
-        return 0
 
 
 def test_real_kubelet_allocatable(device_plugin: subprocess.Popen[bytes]) -> None:

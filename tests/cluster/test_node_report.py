@@ -16,18 +16,25 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import signal
 import subprocess
-import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from cluster_access import BIN, CLUSTER_DIR, KUBECONFIG, NODE, REPO, SIM_ROOT, eventually, kubectl, node, pod_phase
+from cluster_access import (
+    BIN,
+    KUBECONFIG,
+    NODE,
+    REPO,
+    SIM_ROOT,
+    eventually,
+    host_device_plugin,
+    kubectl,
+    node,
+    pod_phase,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -123,38 +130,13 @@ def pod_manifest(name: str, limits: dict[str, int]) -> str:
     })  # fmt: skip
 
 
-def readyz() -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{PORT}/readyz", timeout=2) as r:
-            return int(r.status)
-    except (urllib.error.URLError, OSError):
-        return 0
-
-
 @pytest.fixture(scope="module")
 def reporting_plugin(report_api: None) -> Iterator[subprocess.Popen[bytes]]:
-    # a previous plugin's figures must be gone first (see test_cluster.py's device_plugin)
-    eventually(
-        lambda: node()["status"]["allocatable"].get("aws.amazon.com/neuron", "0") == "0", "no stale allocatable", 60
-    )
-    log = (CLUSTER_DIR / "logs" / "device-plugin-report-test.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "neuron_device_plugin", "--host-root", str(SIM_ROOT),
-         "--pod-resources-socket", "/var/lib/kubelet/pod-resources/kubelet.sock",
-         "--listen", f"127.0.0.1:{PORT}", "--kmsg-path", "none", "--health-quiet-period", "2",
-         "--verdict-dir", str(CLUSTER_DIR / "device-plugin-report-test-verdicts"),
-         "--node-report", "--node-name", NODE, "--kubeconfig", str(KUBECONFIG), "--node-report-interval", "2s"],
-        stdout=log, stderr=log,
-    )  # fmt: skip
-    try:
-        eventually(lambda: readyz() == 200, "plugin registered")
-        eventually(lambda: node()["status"]["allocatable"].get("aws.amazon.com/neuron") == "16", "allocatable", 60)
+    flags = ("--node-report", "--node-name", NODE, "--kubeconfig", str(KUBECONFIG), "--node-report-interval", "2s")
+    with host_device_plugin(
+        "device-plugin-report-test", PORT, *flags, leftover_pods=("report-devices", "report-cores")
+    ) as proc:
         yield proc
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
-        for pod in ("report-devices", "report-cores"):
-            kubectl("delete", "pod", pod, "--ignore-not-found", "--wait=false", check=False)
 
 
 # --- (a) the plugin's report against the real kubelet and API server ---------------------------
