@@ -43,7 +43,7 @@ def test_flags_then_environment_then_defaults() -> None:
         ),
         (["--renew-deadline=20s"], {}, "--renew-deadline (20s) must be shorter than --lease-duration (15s)"),
         (["--retry-period=10s"], {}, "--retry-period (10s) must be shorter than --renew-deadline (10s)"),
-        (["--resource-prefix=kubernetes.io"], {}, "is not a DNS subdomain outside kubernetes.io"),
+        (["--resource-prefix=kubernetes.io"], {}, "is not a valid DNS subdomain outside kubernetes.io"),
         (["--listen=9843"], {}, "expected host:port"),
     ],
 )

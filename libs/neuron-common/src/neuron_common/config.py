@@ -116,3 +116,11 @@ def log_level(text: str) -> str:
     if value not in ("debug", "info", "warning", "error"):
         raise argparse.ArgumentTypeError(f"must be debug, info, warning or error, got {text!r}")
     return value
+
+
+def require_resource_prefix(parser: argparse.ArgumentParser, prefix: str) -> None:
+    """Stop at start, naming the flag, when `--resource-prefix` cannot prefix an extended resource."""
+    from neuron_common import resources
+
+    if not resources.is_valid_prefix(prefix):
+        parser.error(f"--resource-prefix {prefix!r} is not a valid DNS subdomain outside kubernetes.io")

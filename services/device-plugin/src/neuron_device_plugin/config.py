@@ -9,7 +9,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_common import resources
-from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_duration
+from neuron_common.config import (
+    EnvArgumentParser,
+    listen_address,
+    log_level,
+    positive_duration,
+    require_resource_prefix,
+)
 from neuron_sysfs import layout
 
 DEFAULT_LISTEN = "0.0.0.0:9841"
@@ -164,8 +170,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
     environ = os.environ if env is None else env
     p = parser(env)
     a = p.parse_args(argv)
-    if not resources.is_valid_prefix(a.resource_prefix):
-        p.error(f"--resource-prefix {a.resource_prefix!r} is not a valid DNS subdomain outside kubernetes.io")
+    require_resource_prefix(p, a.resource_prefix)
     if a.health_quiet_period < a.health_interval:
         p.error("--health-quiet-period must be at least --health-interval")
     node = a.node_name or environ.get("NODE_NAME", "")

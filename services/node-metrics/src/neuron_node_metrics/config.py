@@ -7,7 +7,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_common import resources
-from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_duration, positive_int
+from neuron_common.config import (
+    EnvArgumentParser,
+    listen_address,
+    log_level,
+    positive_duration,
+    positive_int,
+    require_resource_prefix,
+)
 from neuron_node_metrics.catalogue import FAMILIES
 from neuron_sysfs import layout
 
@@ -95,8 +102,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
                 f"--metrics: unknown famil{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)}; "
                 f"known: {', '.join(FAMILIES)}"
             )
-    if not resources.is_valid_prefix(a.resource_prefix):
-        p.error(f"--resource-prefix {a.resource_prefix!r} is not a valid DNS subdomain outside kubernetes.io")
+    require_resource_prefix(p, a.resource_prefix)
     return Config(
         host_root=a.host_root,
         pod_resources_socket=a.pod_resources_socket,

@@ -9,7 +9,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from neuron_common import resources
-from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_duration
+from neuron_common.config import (
+    EnvArgumentParser,
+    listen_address,
+    log_level,
+    positive_duration,
+    require_resource_prefix,
+)
 
 DEFAULT_LISTEN = "0.0.0.0:9843"
 
@@ -103,8 +109,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
     environ = os.environ if env is None else env
     p = parser(env)
     a = p.parse_args(argv)
-    if not resources.is_valid_prefix(a.resource_prefix):
-        p.error(f"--resource-prefix {a.resource_prefix!r} is not a DNS subdomain outside kubernetes.io")
+    require_resource_prefix(p, a.resource_prefix)
     if a.leader_elect and not a.renew_deadline < a.lease_duration:
         p.error(
             f"--renew-deadline ({a.renew_deadline:g}s) must be shorter than --lease-duration ({a.lease_duration:g}s): "
