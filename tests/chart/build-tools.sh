@@ -9,8 +9,9 @@
 #   crds/              the CRDs of the optional objects the chart renders: Prometheus operator and
 #                      node-feature-discovery from their Go modules at pinned versions (NFD's pin is the
 #                      one tests/nfd builds the real nfd-master and nfd-worker from), and Kernel Module
-#                      Management's from tests/chart/kmm-crds/<version>/ (see the README there)
-# Prints the cache directory on its last line.
+#                      Management's Module CRD, vendored in tests/chart/kmm-crds/$KMM_VERSION/ because the Go
+#                      module proxy refuses KMM's module (see the README there)
+# Prints, on its last line, the directory of the paths.env that names them.
 set -euo pipefail
 cd "$(dirname "$0")"
 HERE=$PWD
@@ -28,10 +29,11 @@ NFD_VERSION=$(pin sigs.k8s.io/node-feature-discovery ../nfd/tools/go.mod)
 [ -n "$CT_VERSION" ] && [ -n "$KV_VERSION" ] && [ -n "$K8S_VERSION" ] && [ -n "$NFD_VERSION" ] || { log "cannot read the pins"; exit 1; }
 NFD=sigs.k8s.io/node-feature-discovery@$NFD_VERSION
 KMM_CRDS_SRC=$HERE/kmm-crds/$KMM_VERSION
-KMM_CRD_FILES=(kmm.sigs.x-k8s.io_modules.yaml kmm.sigs.x-k8s.io_nodemodulesconfigs.yaml)
-kmm=present
-for f in "${KMM_CRD_FILES[@]}"; do [ -f "$KMM_CRDS_SRC/$f" ] || kmm=absent; done
-[ "$kmm" = present ] || log "KMM $KMM_VERSION CRDs not vendored in $KMM_CRDS_SRC: KMM Module checks are skipped"
+# Module is the only KMM kind the chart renders
+KMM_CRD=$KMM_CRDS_SRC/kmm.sigs.x-k8s.io_modules.yaml
+[ -f "$KMM_CRD" ] || { log "KMM $KMM_VERSION's Module CRD is not in $KMM_CRDS_SRC (kmm-crds/README.md)"; exit 1; }
+# the cache follows the vendored file's content, not only its version directory
+KMM_KEY=$KMM_VERSION-$(sha256sum "$KMM_CRD" | cut -c1-12)
 
 build() {  # module-dir package output version
   [ -x "$3" ] && return 0
@@ -66,18 +68,23 @@ if [ ! -f "$openapi/.complete" ]; then
   touch "$openapi/.complete"
 fi
 
-crds="$CACHE/crds/${PROMETHEUS_OPERATOR##*@}-$NFD_VERSION-kmm-$([ "$kmm" = present ] && echo "$KMM_VERSION" || echo none)"
+crds="$CACHE/crds/${PROMETHEUS_OPERATOR##*@}-$NFD_VERSION-kmm-$KMM_KEY"
 if [ ! -f "$crds/.complete" ]; then
-  log "collecting the CRDs of $PROMETHEUS_OPERATOR, $NFD and KMM $KMM_VERSION ($kmm)"
-  rm -rf "$crds" && mkdir -p "$crds"
+  log "collecting the CRDs of $PROMETHEUS_OPERATOR, $NFD and KMM $KMM_VERSION"
+  # collected aside and moved in whole: another clone may be reading or collecting the same directory
+  tmp="$crds.tmp.$$" && rm -rf "$tmp" && mkdir -p "$tmp"
   po=$(module_dir "$PROMETHEUS_OPERATOR")/example/prometheus-operator-crd
-  for kind in servicemonitors podmonitors prometheusrules; do cp "$po/monitoring.coreos.com_$kind.yaml" "$crds/"; done
-  cp "$(module_dir "$NFD")/deployment/base/nfd-crds/nfd-api-crds.yaml" "$crds/nfd-api-crds.yaml"
-  if [ "$kmm" = present ]; then for f in "${KMM_CRD_FILES[@]}"; do cp "$KMM_CRDS_SRC/$f" "$crds/"; done; fi
-  touch "$crds/.complete"
+  for kind in servicemonitors podmonitors prometheusrules; do cp "$po/monitoring.coreos.com_$kind.yaml" "$tmp/"; done
+  cp "$(module_dir "$NFD")/deployment/base/nfd-crds/nfd-api-crds.yaml" "$tmp/nfd-api-crds.yaml"
+  cp "$KMM_CRD" "$tmp/"
+  touch "$tmp/.complete"
+  [ -f "$crds/.complete" ] || rm -rf "$crds"  # half collected by an interrupted build
+  mv -T "$tmp" "$crds" 2>/dev/null || rm -rf "$tmp"  # another clone's build was first
 fi
 
-cat > "$CACHE/paths.env" <<EOF
+# paths.env lives in a directory named by its content: clones with other pins or other vendored CRDs share the
+# cache, and one clone's build must not change what another clone's tests read
+paths=$(cat <<EOF
 CT=$ct_dir/ct
 CT_ETC=$ct_dir/etc
 KUBECTL_VALIDATE=$CACHE/kubectl-validate-$KV_VERSION/kubectl-validate
@@ -86,7 +93,11 @@ OPENAPI_NEWEST_VERSION=${K8S_VERSION#v}
 CRDS=$crds
 NFD_VERSION=$NFD_VERSION
 KMM_VERSION=$KMM_VERSION
-KMM_CRDS=$([ "$kmm" = present ] && echo "$KMM_VERSION")
 EOF
-log "tools cached in $CACHE (paths in $CACHE/paths.env)"
-echo "$CACHE"
+)
+env_dir="$CACHE/env/$(printf '%s\n' "$paths" | sha256sum | cut -c1-16)"
+if [ ! -f "$env_dir/paths.env" ]; then
+  mkdir -p "$env_dir" && printf '%s\n' "$paths" > "$env_dir/paths.env.$$" && mv "$env_dir/paths.env.$$" "$env_dir/paths.env"
+fi
+log "tools cached in $CACHE (paths in $env_dir/paths.env)"
+echo "$env_dir"

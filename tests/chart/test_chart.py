@@ -1260,14 +1260,9 @@ def _kube_versions() -> list[tuple[str, list[str]]]:
     ]
 
 
-def kmm_crds() -> bool:
-    """Whether KMM's CRDs are vendored (tests/chart/kmm-crds/README.md): without them no Module can be validated."""
-    return bool(chart_tools()["KMM_CRDS"])
-
-
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
 def test_rendered_manifests_validate_against_kubernetes_1_30_and_the_newest(values: Path, tmp_path: Path) -> None:
-    docs = render("-f", str(values), *MONITORING_API, *NFD_API, *(KMM_API if kmm_crds() else []), *OPENSHIFT_API)
+    docs = render("-f", str(values), *MONITORING_API, *NFD_API, *KMM_API, *OPENSHIFT_API)
     manifests = tmp_path / "manifests.yaml"
     manifests.write_text(yaml.safe_dump_all(docs))
     newest = Path(chart_tools()["OPENAPI_NEWEST"])
@@ -1291,8 +1286,6 @@ def test_every_kmm_and_nfd_object_passes_the_real_crds(variant: str, tmp_path: P
     """The schemas of the pinned NFD release and the vendored KMM release (kubectl-validate --local-crds)."""
     objects = node_enablement_objects(variant)
     assert objects
-    if any(d["kind"] == "Module" for d in objects) and not kmm_crds():
-        pytest.skip("KMM's CRDs are not vendored (tests/chart/kmm-crds/README.md): the Module cannot be validated")
     manifests = tmp_path / "objects.yaml"
     manifests.write_text(yaml.safe_dump_all(objects))
     result = _validate(manifests, "--version", "1.30")
