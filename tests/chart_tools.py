@@ -41,7 +41,9 @@ DRIVER = sets(
 )  # fmt: skip
 
 # Every shape of KMM and NFD object the chart renders: the rule (default, and another label and ids) and the
-# Module (NFD label or its own selector, with and without a pull secret, another kernel regexp and pull policy).
+# Module (NFD label, another NFD label or its own selector; no pull secret, the first global one or its own;
+# another kernel regexp, pull policy, registry and tolerations). tests/chart also validates every combination
+# of the Module's values.
 NODE_ENABLEMENT_VARIANTS = {
     "rule": sets(placement__mode="nfd", placement__nodeFeatureRule__enabled=True),
     "rule-custom": sets(
@@ -52,5 +54,11 @@ NODE_ENABLEMENT_VARIANTS = {
     "module-secret-selector": [*DRIVER, *sets(
         placement__mode="instanceType", driver__nodeSelector={"a": "b", "c": "d"}, global__imagePullSecrets=["s"],
         driver__kernelVersionRegexp="^6\\..*$", driver__image__pullPolicy="Always", driver__tolerations=[],
+    )],
+    "module-own-secret-label-tolerations": [*DRIVER, *sets(
+        placement__nfdLabel="example.com/neuron", driver__imageRepoSecret="kmm-pull",
+        global__imageRegistry="mirror.example.internal:5000",
+        driver__tolerations=[{"key": "dedicated", "operator": "Equal", "value": "neuron", "effect": "NoExecute",
+                              "tolerationSeconds": 60}],
     )],
 }  # fmt: skip

@@ -4,7 +4,9 @@ and every contradiction the chart refuses."""
 
 from __future__ import annotations
 
+import copy
 import functools
+import itertools
 import json
 import os
 import re
@@ -1278,7 +1280,8 @@ def test_rendered_manifests_validate_against_kubernetes_1_30_and_the_newest(valu
 
 def node_enablement_objects(variant: str) -> list[dict[str, Any]]:
     docs = render(*NODE_ENABLEMENT_VARIANTS[variant], *NFD_API, *KMM_API)
-    return [d for d in docs if d["apiVersion"].startswith(NODE_ENABLEMENT_GROUPS)]
+    # copies: the checks that the validator can fail break them, and render's results are cached
+    return [copy.deepcopy(d) for d in docs if d["apiVersion"].startswith(NODE_ENABLEMENT_GROUPS)]
 
 
 @pytest.mark.parametrize("variant", NODE_ENABLEMENT_VARIANTS)
@@ -1300,6 +1303,75 @@ def test_the_crd_check_catches_an_invalid_rule(tmp_path: Path) -> None:
     result = _validate(manifests, "--version", "1.30")
     assert result.returncode != 0
     assert "Equals" in result.stdout + result.stderr
+
+
+# Every combination of the values that shape the Module or decide whether it renders, each with one of the
+# values that only fill it in (registry, kernel regexp and pull policy, tolerations) in turn.
+MODULE_PULL_SECRETS = {
+    "no-secret": {},
+    "first-global-secret": {"global__imagePullSecrets": ["first", "second"]},
+    "own-secret": {"global__imagePullSecrets": ["first"], "driver__imageRepoSecret": "kmm-pull"},
+}
+MODULE_SELECTORS = {
+    "nfd-label": {},
+    "other-nfd-label": {"placement__nfdLabel": "example.com/neuron"},
+    "own-selector": {
+        "placement__mode": "instanceType",
+        "driver__nodeSelector": {"a": "b", "kubernetes.io/os": "linux"},
+    },
+}
+MODULE_ORDERINGS = {"plugin-at-once": {}, "plugin-waits": {"driver__devicePluginWaitsForModule": True}}
+MODULE_AVAILABILITY = {"api-served": KMM_API, "forced": sets(driver__force=True)}
+MODULE_FILLINGS = [
+    {"driver__image__registry": "registry.example.internal"},
+    {"global__imageRegistry": "mirror.example.internal:5000", "driver__kernelVersionRegexp": "^6\\.1\\..*$",
+     "driver__image__pullPolicy": "Always", "driver__tolerations": []},
+    {"driver__tolerations": [{"key": "dedicated", "operator": "Equal", "value": "neuron", "effect": "NoExecute",
+                              "tolerationSeconds": 60}, {"operator": "Exists"}]},
+]  # fmt: skip
+
+
+def module_combinations() -> dict[str, tuple[tuple[str, str, int], list[str]]]:
+    """Name -> (what shapes the Module: pull secret, selector, filling; the render arguments)."""
+    combos = itertools.product(MODULE_PULL_SECRETS.items(), MODULE_SELECTORS.items(), MODULE_ORDERINGS.items())
+    out: dict[str, tuple[tuple[str, str, int], list[str]]] = {}
+    for i, ((secret, s), (selector, sel), (ordering, o)) in enumerate(combos):
+        filling = i % len(MODULE_FILLINGS)
+        for availability, api in MODULE_AVAILABILITY.items():
+            name = f"{secret}.{selector}.{ordering}.{availability}.filling-{filling}"
+            out[name] = (
+                (secret, selector, filling),
+                [*DRIVER, *sets(**s, **sel, **o, **MODULE_FILLINGS[filling]), *api],
+            )
+    return out
+
+
+def test_every_module_the_driver_values_can_render_passes_the_real_crd(tmp_path: Path) -> None:
+    """KMM's Module CRD of the pinned release (tests/chart/kmm-crds), on each combination, in one validator run."""
+    combinations = module_combinations()
+    rendered = {name: module(render(*args)) for name, (_, args) in combinations.items()}
+    # force and the ordering leave the Module as it is; the pull secret, selector and filling each change it
+    shapes = {key: {json.dumps(rendered[name], sort_keys=True) for name, (k, _) in combinations.items() if k == key}
+              for key, _ in combinations.values()}  # fmt: skip
+    assert all(len(same) == 1 for same in shapes.values())
+    assert len(set().union(*shapes.values())) == len(shapes)
+    for name, m in rendered.items():
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(m))
+    result = _validate(tmp_path, "--version", "1.30", "--output", "json")
+    verdicts = {Path(file).stem: [r["status"] for r in results] for file, results in json.loads(result.stdout).items()}
+    assert verdicts == {name: ["Success"] for name in combinations}, result.stdout + result.stderr
+    assert result.returncode == 0, result.stderr
+
+
+def test_the_crd_check_catches_an_invalid_module(tmp_path: Path) -> None:
+    (m,) = node_enablement_objects("module")
+    del m["spec"]["selector"]
+    m["spec"]["moduleLoader"]["container"]["kernelMappings"][0]["containerImage"] = 7
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(m))
+    result = _validate(tmp_path / "bad.yaml", "--version", "1.30")
+    assert result.returncode != 0
+    assert "spec.selector" in result.stdout + result.stderr
+    assert "containerImage" in result.stdout + result.stderr
 
 
 def test_the_validator_catches_an_invalid_manifest(tmp_path: Path) -> None:
