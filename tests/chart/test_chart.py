@@ -781,6 +781,37 @@ def test_the_device_plugin_can_wait_for_kmms_ready_label() -> None:
         assert KMM_READY not in {e["key"] for e in _match_expressions(daemonset(docs, other))}
 
 
+# How KMM names the label (the pinned release's internal/utils/kmmlabels.go: GetKernelModuleReadyNodeLabel formats
+# "kmm.node.kubernetes.io/%s.%s.ready" from the Module's namespace and name; its node labeller only keeps and
+# removes labels this expression parses, and sets them with an empty value, hence Exists).
+KMM_READY_LABEL = re.compile(r"^kmm\.node\.kubernetes\.io/([a-zA-Z0-9-]+)\.([a-zA-Z0-9-\.]+)\.ready$")
+
+
+@pytest.mark.parametrize(("release", "namespace"), [("neuron-helm-chart", "kube-system"), ("n", "neuron-system")])
+def test_the_plugin_waits_for_the_label_kmm_sets_for_this_module(release: str, namespace: str) -> None:
+    out = helm("template", release, str(CHART), "--namespace", namespace, *DRIVER, *KMM_API,
+               *sets(driver__devicePluginWaitsForModule=True)).stdout  # fmt: skip
+    docs = [d for d in yaml.safe_load_all(out) if d]
+    m = module(docs)
+    (waited,) = [e for e in _match_expressions(daemonset(docs, "device-plugin")) if e["key"].startswith("kmm.")]
+    parsed = KMM_READY_LABEL.match(waited["key"])
+    assert parsed, waited["key"]
+    assert parsed.groups() == (m["metadata"]["namespace"], m["metadata"]["name"]) == (namespace, m["metadata"]["name"])
+    assert waited["operator"] == "Exists"
+
+
+def test_kmms_limit_on_the_modules_name_and_namespace_is_reached_not_passed() -> None:
+    """KMM's admission webhook (the pinned release's internal/webhook/module.go, maxCombinedLength) refuses a
+    Module whose name and namespace together are longer than 40 characters: 40 renders, 41 is refused before
+    KMM sees it."""
+    out = helm("template", "x", str(CHART), "--namespace", "default", *DRIVER, *KMM_API,
+               *sets(fullnameOverride="n" * 26)).stdout  # fmt: skip
+    m = module([d for d in yaml.safe_load_all(out) if d])
+    assert len(m["metadata"]["name"] + m["metadata"]["namespace"]) == 40
+    unserved = helm("template", "x", str(CHART), *DRIVER, *sets(fullnameOverride="n" * 27)).stdout
+    assert "kind: Module" not in unserved, "no Module, no limit"
+
+
 def test_the_ready_label_joins_every_term_of_the_plugins_own_affinity() -> None:
     terms = [{"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}, {"matchExpressions": []}]
     affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
@@ -1185,6 +1216,10 @@ def test_the_schema_rejects_mistakes_with_a_clear_message(args: list[str], messa
             [*DRIVER, *sets(driver__devicePluginWaitsForModule=True, fullnameOverride="n" * 50)],
             "is longer than 63 characters",
         ),
+        (
+            [*DRIVER, *sets(driver__force=True, fullnameOverride="n" * 27)],
+            f'the Module "{"n" * 27}-driver" in namespace "default" has 41',
+        ),
     ],
     ids=[
         "nothing-enabled",
@@ -1198,6 +1233,7 @@ def test_the_schema_rejects_mistakes_with_a_clear_message(args: list[str], messa
         "driver-without-selector",
         "wait-without-driver",
         "ready-label-too-long",
+        "module-name-too-long-for-kmm",
     ],
 )
 def test_contradictions_fail_with_what_to_change(args: list[str], message: str) -> None:

@@ -318,6 +318,13 @@ spec:
 {{- if and $d.devicePluginWaitsForModule (not $d.enabled) -}}
 {{- fail "driver.devicePluginWaitsForModule waits for a kernel module the chart does not load: set driver.enabled=true, or turn it off" -}}
 {{- end -}}
+{{- if include "neuron.driverModuleRendered" . -}}
+{{- $name := include "neuron.driverName" . -}}
+{{- $combined := len (printf "%s%s" $name .Release.Namespace) -}}
+{{- if gt $combined 40 -}}
+{{- fail (printf "driver.enabled: KMM's admission webhook refuses a Module whose name and namespace together are longer than 40 characters; the Module %q in namespace %q has %d: shorten the release name or namespace, or set fullnameOverride" $name .Release.Namespace $combined) -}}
+{{- end -}}
+{{- end -}}
 {{- if and $d.enabled $d.devicePluginWaitsForModule -}}
 {{- $labelName := include "neuron.driverReadyLabel" . | splitList "/" | last -}}
 {{- if gt (len $labelName) 63 -}}
@@ -334,6 +341,12 @@ spec:
 {{- if and .Values.simulation.enabled (not (hasPrefix "/" .Values.simulation.hostRoot)) -}}
 {{- fail (printf "simulation.hostRoot must be an absolute host path, got %q" .Values.simulation.hostRoot) -}}
 {{- end -}}
+{{- end -}}
+
+{{/* "true" when the KMM Module renders: the driver is enabled and KMM's API is served, or forced. */}}
+{{- define "neuron.driverModuleRendered" -}}
+{{- $d := .Values.driver -}}
+{{- if and $d.enabled (or $d.force (.Capabilities.APIVersions.Has "kmm.sigs.x-k8s.io/v1beta1")) -}}true{{- end -}}
 {{- end -}}
 
 {{/* The KMM Module's name (release-scoped, like every object of the chart). */}}
