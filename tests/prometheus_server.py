@@ -1,9 +1,9 @@
 """A real Prometheus (Debian's, from make setup) for the dashboard tests, and the panels' queries.
 
 `prometheus()` runs one on a free loopback port over the scrape jobs given; `query()` asks it over
-its HTTP API. `panel_queries(source)` are the queries of every committed board whose `source`
-(tools/dashboards.py) is that component: each test that runs a real exporter checks exactly the
-boards that exporter serves.
+its HTTP API. `panel_queries(scraped)` are the queries of every committed board whose `sources`
+(tools/dashboards.py) are all among the components a test scrapes: each test that runs real
+exporters checks exactly the boards they serve.
 """
 
 from __future__ import annotations
@@ -32,8 +32,11 @@ REPO = Path(__file__).resolve().parents[1]
 DASHBOARDS = REPO / "charts/neuron-helm-chart/dashboards"
 PROMETHEUS = shutil.which("prometheus")
 SCRAPE_INTERVAL = "1s"
-# Sources some test scrapes a real exporter of, with every panel query checked (add one with its test).
-TESTED_SOURCES = {"neuron-node-metrics"}
+# What each test that checks panel queries scrapes, real processes all (add a set with its test).
+TESTED_SOURCES = (
+    frozenset({"neuron-node-metrics"}),  # integration/test_prometheus_dashboards.py
+    frozenset({"neuron-scheduler-extender", "kube-scheduler"}),  # integration/test_prometheus_scheduling.py
+)
 _METRIC = re.compile(r"\b(?:neuron|scheduler)_[a-z0-9_]+\b")
 
 
@@ -45,11 +48,11 @@ def generator() -> ModuleType:
     return importlib.import_module("dashboards")
 
 
-def panel_queries(source: str) -> list[tuple[str, str, str]]:
-    """(file, panel title, expr) of every panel of the committed boards of `source`."""
+def panel_queries(scraped: frozenset[str]) -> list[tuple[str, str, str]]:
+    """(file, panel title, expr) of every panel of the committed boards whose sources are all `scraped`."""
     boards = generator().BOARDS
     found = []
-    for name in sorted(n for n, board in boards.items() if board.source == source):
+    for name in sorted(n for n, board in boards.items() if board.sources <= scraped):
         for panel in json.loads((DASHBOARDS / name).read_text())["panels"]:
             for target in panel["targets"]:
                 found.append((name, panel["title"], target["expr"]))
@@ -57,8 +60,10 @@ def panel_queries(source: str) -> list[tuple[str, str, str]]:
 
 
 def concrete(expr: str, rate_interval: str = "20s") -> str:
-    """The query as Grafana sends it with every node and namespace selected."""
-    return expr.replace("$node", ".*").replace("$namespace", ".*").replace("$__rate_interval", rate_interval)
+    """The query as Grafana sends it with every node and namespace selected, and the profile's default."""
+    for variable, value in (("$node", ".*"), ("$namespace", ".*"), ("$profile", "neuron-scheduler")):
+        expr = expr.replace(variable, value)
+    return expr.replace("$__rate_interval", rate_interval)
 
 
 def metrics_read(expr: str) -> set[str]:

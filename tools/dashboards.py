@@ -7,7 +7,7 @@ scrape config sets `node` from the pod's node name; the extender labels its per-
 with it) and `namespace` where pods are shown, `$__rate_interval` for rates, `or vector(0)` where
 a series may legitimately not exist yet, uids and panel ids that never change (users link to them).
 A test keeps the committed JSON equal to this script's output; others run every panel's query
-against a real Prometheus scraping the component named as the board's `source`.
+against a real Prometheus scraping real processes of the components named as the board's `sources`.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ def board(
     *,
     nodes_from: str = "neuron_device_info",
     with_namespace: bool = False,
+    extra_variables: Sequence[grafana.TextBoxVariable] = (),
 ) -> Dashboard:
     """A dashboard with the shared settings and variables; panel ids count from 1 in order, so a
     panel keeps its id (and users' `viewPanel` links) as long as panels are only appended."""
@@ -102,6 +103,8 @@ def board(
     )
     if with_namespace:
         d = d.with_variable(namespace_variable())
+    for variable in extra_variables:
+        d = d.with_variable(variable)
     for number, p in enumerate(panels, start=1):
         d = d.with_panel(p.id(number))
     return d.build()
@@ -434,8 +437,12 @@ def latency(verb: str) -> list[prometheus.Dataquery]:
 
 
 def scheduling() -> Dashboard:
-    """The scheduler extender (neuron-scheduler's filter, prioritize and bind). Gauges of the view
-    are taken with `max`: every replica keeps the same view, only the leader decides."""
+    """The scheduler extender (neuron-scheduler's filter, prioritize and bind), and the pods
+    neuron-scheduler holds back, from its own kube-scheduler metrics (selected by profile: the
+    scheduler's scrape job is the user's). Gauges of the extender's view are taken with `max`:
+    every replica keeps the same view, only the leader decides."""
+    attempts = 'scheduler_schedule_attempts_total{profile="$profile"}'
+
     return board(
         "neuron-scheduling",
         "Neuron / Scheduling",
@@ -468,6 +475,34 @@ def scheduling() -> Dashboard:
             panel(timeseries.Panel(), "Filter latency", latency("filter"), 8, 8, "s"),
             panel(timeseries.Panel(), "Prioritize latency", latency("prioritize"), 8, 8, "s"),
             panel(timeseries.Panel(), "Bind latency", latency("bind"), 8, 8, "s"),
+            panel(
+                timeseries.Panel(),
+                "Pods waiting in neuron-scheduler, by queue",
+                # scheduler_pending_pods has no profile label: the processes that run the profile
+                [query(f"sum by (queue) (scheduler_pending_pods and on (job, instance) {attempts})", "{{queue}}")],
+                8,
+                8,
+            ),
+            panel(
+                timeseries.Panel(),
+                "Pods unschedulable, by plugin (Extender: refused by the extender)",
+                [
+                    query(
+                        'sum by (plugin) (scheduler_unschedulable_pods{profile="$profile"}) or vector(0)',
+                        "{{plugin}}",
+                    )
+                ],
+                8,
+                8,
+            ),
+            panel(
+                timeseries.Panel(),
+                "Scheduling attempts / s by result",
+                [query(f"sum by (result) (rate({attempts}[$__rate_interval]))", "{{result}}")],
+                8,
+                8,
+                "ops",
+            ),
             panel(
                 timeseries.Panel(),
                 "Nodes refused / s by reason",
@@ -551,6 +586,12 @@ def scheduling() -> Dashboard:
             ),
         ],
         nodes_from=f"{EXTENDER}_node_cores",
+        extra_variables=[
+            grafana.TextBoxVariable("profile")
+            .label("Scheduler profile")
+            .description("neuron-scheduler's profile: the chart's scheduler.schedulerName")
+            .default_value("neuron-scheduler")
+        ],
     )
 
 
@@ -643,22 +684,27 @@ def dra() -> Dashboard:
 @dataclass(frozen=True)
 class Board:
     build: Callable[[], Dashboard]
-    # The component whose /metrics serves every series the panels read (its scrape job in the
-    # tests); a board whose source no test scrapes fails the tests.
-    source: str
+    # The components whose /metrics serve every series the panels read (their scrape jobs in the
+    # tests); a board no test checks against real processes of all of them fails the tests.
+    sources: frozenset[str]
 
 
 NODE_METRICS = "neuron-node-metrics"
 SCHEDULER_EXTENDER = "neuron-scheduler-extender"
+KUBE_SCHEDULER = "kube-scheduler"  # neuron-scheduler, the chart's second kube-scheduler
+DRA_DRIVER = "neuron-dra-driver"
 
-# Every board the chart ships, by file name. Register a board here only once a test runs a real
-# exporter of its `source` (tests/integration/test_prometheus_dashboards.py). The DRA board waits
-# for the driver: add `"neuron-dra.json": Board(dra, "neuron-dra-driver")` and scrape the driver there.
+# Every board the chart ships, by file name. Register a board here only once a test runs real
+# processes of all its `sources` under a real Prometheus (tests/prometheus_server.py: TESTED_SOURCES).
+# The DRA board waits for the driver: once merged, add
+#     "neuron-dra.json": Board(dra, frozenset({DRA_DRIVER})),
+# and a test that scrapes a real driver and checks panel_queries({DRA_DRIVER}).
 BOARDS: dict[str, Board] = {
-    "neuron-node-overview.json": Board(node_overview, NODE_METRICS),
-    "neuron-devices-cores.json": Board(devices_and_cores, NODE_METRICS),
-    "neuron-pods.json": Board(pods_and_namespaces, NODE_METRICS),
-    "neuron-hardware-errors.json": Board(hardware_errors, NODE_METRICS),
+    "neuron-node-overview.json": Board(node_overview, frozenset({NODE_METRICS})),
+    "neuron-devices-cores.json": Board(devices_and_cores, frozenset({NODE_METRICS})),
+    "neuron-pods.json": Board(pods_and_namespaces, frozenset({NODE_METRICS})),
+    "neuron-hardware-errors.json": Board(hardware_errors, frozenset({NODE_METRICS})),
+    "neuron-scheduling.json": Board(scheduling, frozenset({SCHEDULER_EXTENDER, KUBE_SCHEDULER})),
 }
 
 
