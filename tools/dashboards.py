@@ -698,7 +698,9 @@ DRA_DRIVER = "neuron-dra-driver"
 # processes of all its `sources` under a real Prometheus (tests/prometheus_server.py: TESTED_SOURCES).
 # The DRA board waits for the driver: once merged, add
 #     "neuron-dra.json": Board(dra, frozenset({DRA_DRIVER})),
-# and a test that scrapes a real driver and checks panel_queries({DRA_DRIVER}).
+# a test that scrapes a real driver and checks panel_queries(frozenset({DRA_DRIVER})), its set in
+# TESTED_SOURCES, and, the driver being optional, `"neuron-dra" <its enabled value>` in the chart's
+# $shippedWith (templates/node-metrics/dashboards.yaml); then `make dashboards`.
 BOARDS: dict[str, Board] = {
     "neuron-node-overview.json": Board(node_overview, frozenset({NODE_METRICS})),
     "neuron-devices-cores.json": Board(devices_and_cores, frozenset({NODE_METRICS})),
