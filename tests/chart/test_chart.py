@@ -1085,9 +1085,16 @@ def test_prometheus_rule_is_the_promtool_tested_rules_file() -> None:
 
 
 def test_dashboards_are_config_maps_for_the_grafana_sidecar() -> None:
-    docs = render(*sets(nodeMetrics__dashboards__namespace="monitoring"))
-    maps = [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+    def shipped(*values: str) -> list[dict[str, Any]]:
+        docs = render(*sets(nodeMetrics__dashboards__namespace="monitoring"), *values)
+        return [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
+
     files = sorted(p.name for p in (CHART / "dashboards").glob("*.json"))
+    assert "neuron-scheduling.json" in files
+    # the scheduling board reads the scheduler extender's metrics: only with the extender
+    without_scheduler = [f for f in files if f != "neuron-scheduling.json"]
+    assert sorted(k for m in shipped() for k in m["data"]) == without_scheduler
+    maps = shipped(*sets(scheduler__enabled=True))
     assert sorted(k for m in maps for k in m["data"]) == files
     for m in maps:
         assert m["metadata"]["namespace"] == "monitoring"

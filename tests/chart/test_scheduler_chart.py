@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 import yaml
-from chart.test_chart import container, of_kind, refusal, render, sets
+from chart.test_chart import MONITORING_API, container, of_kind, refusal, render, sets
+from prometheus_server import generator
 
 ON = sets(scheduler__enabled=True)
 RELEASE = "neuron-helm-chart"
@@ -325,3 +326,27 @@ def test_the_real_kube_scheduler_refuses_a_broken_configuration(tmp_path: Path) 
     result = load_with_kube_scheduler(config, tmp_path)
     assert result.returncode != 0
     assert "extenders[0].weight: Invalid value: 0: must have a positive weight applied to it" in result.stderr
+
+
+def test_the_extenders_service_monitor_feeds_the_scheduling_dashboard() -> None:
+    def monitors(*args: str, kind: str = "ServiceMonitor") -> list[dict[str, Any]]:
+        return [d for d in of_kind(render(*ON, *args), kind) if d["metadata"]["name"] == EXTENDER]
+
+    assert monitors() == [], "like the exporter's: only where the monitoring API is served, or forced"
+    assert monitors(*MONITORING_API, *sets(scheduler__extender__monitoring__enabled=False)) == []
+    assert monitors(*MONITORING_API, *sets(nodeMetrics__monitoring__kind="none")) == []
+    assert len(monitors(*sets(nodeMetrics__monitoring__force=True))) == 1
+    (pod_monitor,) = monitors(*MONITORING_API, *sets(nodeMetrics__monitoring__kind="PodMonitor"), kind="PodMonitor")
+    (endpoint,) = pod_monitor["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] == "http"
+    docs = render(*ON, *MONITORING_API, *sets(nodeMetrics__monitoring__additionalLabels={"release": "kps"}))
+    sm = named(docs, "ServiceMonitor", EXTENDER)
+    service = named(docs, "Service", EXTENDER)
+    assert sm["metadata"]["labels"]["release"] == "kps"
+    assert sm["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    (endpoint,) = sm["spec"]["endpoints"]
+    assert endpoint["port"] in {p["name"] for p in service["spec"]["ports"]}
+    assert endpoint["path"] == "/metrics"
+    # the job the dashboards' tests scrape the extender as
+    job = {"targetLabel": "job", "replacement": generator().SCHEDULER_EXTENDER}
+    assert job in endpoint["relabelings"]

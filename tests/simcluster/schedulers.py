@@ -102,12 +102,15 @@ def extender_command() -> Path | None:
     return Path(found) if found else None
 
 
-def start_extender(cp: ControlPlane, command: Path, port: int, report_max_age: float) -> int:
-    """Starts the extender on 127.0.0.1:`port`; returns its pid.
+def start_extender(
+    cp: ControlPlane, command: Path, port: int, report_max_age: float, name: str = EXTENDER_COMMAND
+) -> int:
+    """Starts the extender on 127.0.0.1:`port`; returns its pid. Replicas started under different
+    `name`s elect a leader on the same Lease; the others forward to it.
 
     The flags are the extender's; change them here, and only here, if its command line changes."""
     return cp.processes.start(
-        EXTENDER_COMMAND,
+        name,
         [
             command,
             f"--kubeconfig={cp.kubeconfig}",

@@ -127,6 +127,19 @@ async def _wait_established(api: Api, name: str, timeout: float = 30.0) -> None:
     raise TimeoutError(f"CRD {name} not established within {timeout:.0f}s")
 
 
+async def prepare(api: Api, specs: list[NodeSpec], report_interval: float) -> SimulatedNodes:
+    """The pods' namespace, the NeuronNode CRD, and the Nodes with their first reports: the fleet,
+    registered and ready for its simulated kubelets to `run`."""
+    await api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
+    await api.create(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts", {"metadata": {"name": "default"}})
+    crd = neuronnode_crd()
+    await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
+    await _wait_established(api, crd["metadata"]["name"])
+    nodes = SimulatedNodes(api, specs, report_interval=report_interval)
+    await nodes.register()
+    return nodes
+
+
 def _probe_pod(spec: PodSpec, index: int) -> dict[str, Any]:
     pod = spec.pod_object(NEURON_SCHEDULER)
     pod["metadata"].update(name=f"probe-{index:05d}", uid=f"00000000-0000-0000-0000-{index:012d}")
@@ -197,13 +210,7 @@ async def simulate(size: Size, scheduler: str, work: Path, log: Callable[[str], 
     started = time.monotonic()
     with control_plane(work) as cp:
         async with Api(cp) as api:
-            await api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
-            await api.create(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts", {"metadata": {"name": "default"}})
-            crd = neuronnode_crd()
-            await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
-            await _wait_established(api, crd["metadata"]["name"])
-            nodes = SimulatedNodes(api, specs, report_interval=size.report_interval)
-            await nodes.register()
+            nodes = await prepare(api, specs, size.report_interval)
             stop = asyncio.Event()
             kubelets = asyncio.create_task(nodes.run(stop))
 

@@ -92,6 +92,7 @@ class Extender:
             lambda: {"neuronnodes": self.reports.age(), "pods": self.pods.age()},
             lambda: self.leader.leading,
         )
+        self.metrics.watch_nodes(lambda: (self.view.node(n, self.endpoints.now()) for n in list(self.view.reports)))
 
     def synced(self) -> bool:
         return self.reports.synced and self.pods.synced

@@ -1,16 +1,16 @@
 """The extender's Prometheus metrics: request latency per verb, refusals by reason, bindings, and the
-state of its view (reports known and stale, pods in flight, age of each source, leadership) read
-at scrape time."""
+state of its view (reports known and stale, pods in flight, age of each source, leadership, what
+each node has free as the filter sees it) read at scrape time."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from neuron_scheduler_extender.state import RefusalKind, ViewStats
+from neuron_scheduler_extender.state import NodeState, RefusalKind, ViewStats
 
 PREFIX = "neuron_scheduler_extender"
 # kube-scheduler waits `httpTimeout` (5 s by default) for an answer; the target is 20 ms at 1,000 nodes
@@ -67,6 +67,10 @@ class Metrics:
         """Gauges computed at scrape time from the live view."""
         self.registry.register(_ViewCollector(stats, source_ages, leading))
 
+    def watch_nodes(self, nodes: Callable[[], Iterable[NodeState]]) -> None:
+        """Per-node gauges computed at scrape time from the nodes' states (refused nodes have none)."""
+        self.registry.register(_NodeCollector(nodes))
+
 
 class _ViewCollector(Collector):
     def __init__(
@@ -112,3 +116,36 @@ class _ViewCollector(Collector):
         yield GaugeMetricFamily(
             f"{PREFIX}_leader", "1 while this replica holds the lease (and answers)", value=int(self._leading())
         )
+
+
+class _NodeCollector(Collector):
+    def __init__(self, nodes: Callable[[], Iterable[NodeState]]) -> None:
+        self._nodes = nodes
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        cores = GaugeMetricFamily(
+            f"{PREFIX}_node_cores", "NeuronCores of the node's healthy devices, from its report", labels=["node"]
+        )
+        free_cores = GaugeMetricFamily(
+            f"{PREFIX}_node_free_cores",
+            "NeuronCores free on the node as the filter sees it: its report, less the pods in flight",
+            labels=["node"],
+        )
+        free_groups = GaugeMetricFamily(
+            f"{PREFIX}_node_free_device_groups",
+            "Valid connected device groups of `size` devices entirely free on the node, as the filter sees it: "
+            "how many pods of that many devices it can still take",
+            labels=["node", "size"],
+        )
+        for state in self._nodes():
+            if state.topology is None or state.free is None or state.capacity is None:
+                continue
+            topo = state.topology
+            cores.add_metric([state.node], len(state.capacity.cores))
+            free_cores.add_metric([state.node], len(state.free.cores))
+            left = dict(state.free.leftover(topo).groups)
+            for size in topo.group_masks:
+                free_groups.add_metric([state.node, str(size)], left.get(size, 0))
+        yield cores
+        yield free_cores
+        yield free_groups

@@ -1,0 +1,140 @@
+"""A real Prometheus (Debian's, from make setup) for the dashboard tests, and the panels' queries.
+
+`prometheus()` runs one on a free loopback port over the scrape jobs given; `query()` asks it over
+its HTTP API. `panel_queries(scraped)` are the queries of every committed board whose `sources`
+(tools/dashboards.py) are all among the components a test scrapes: each test that runs real
+exporters checks exactly the boards they serve.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import importlib
+import json
+import math
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+from urllib.parse import urlencode
+
+import aiohttp
+import yaml
+from simcluster.controlplane import free_port
+
+REPO = Path(__file__).resolve().parents[1]
+DASHBOARDS = REPO / "charts/neuron-helm-chart/dashboards"
+PROMETHEUS = shutil.which("prometheus")
+SCRAPE_INTERVAL = "1s"
+# What each test that checks panel queries scrapes, real processes all (add a set with its test).
+TESTED_SOURCES = (
+    frozenset({"neuron-node-metrics"}),  # integration/test_prometheus_dashboards.py
+    frozenset({"neuron-scheduler-extender", "kube-scheduler"}),  # integration/test_prometheus_scheduling.py
+)
+_METRIC = re.compile(r"\b(?:neuron|scheduler)_[a-z0-9_]+\b")
+
+
+def generator() -> ModuleType:
+    """tools/dashboards.py, the boards' generator."""
+    tools = str(REPO / "tools")
+    if tools not in sys.path:
+        sys.path.insert(0, tools)
+    return importlib.import_module("dashboards")
+
+
+def panel_queries(scraped: frozenset[str]) -> list[tuple[str, str, str]]:
+    """(file, panel title, expr) of every panel of the committed boards whose sources are all `scraped`."""
+    boards = generator().BOARDS
+    found = []
+    for name in sorted(n for n, board in boards.items() if board.sources <= scraped):
+        for panel in json.loads((DASHBOARDS / name).read_text())["panels"]:
+            for target in panel["targets"]:
+                found.append((name, panel["title"], target["expr"]))
+    return found
+
+
+def concrete(expr: str, rate_interval: str = "20s") -> str:
+    """The query as Grafana sends it with every node and namespace selected, and the profile's default."""
+    for variable, value in (("$node", ".*"), ("$namespace", ".*"), ("$profile", "neuron-scheduler")):
+        expr = expr.replace(variable, value)
+    return expr.replace("$__rate_interval", rate_interval)
+
+
+def metrics_read(expr: str) -> set[str]:
+    """The series names a query reads (every metric this project serves or reads starts so)."""
+    return set(_METRIC.findall(expr))
+
+
+@contextlib.contextmanager
+def prometheus(work: Path, scrape_configs: Sequence[dict[str, Any]], rule_files: Sequence[Path] = ()) -> Iterator[str]:
+    """A Prometheus scraping every second, storing in `work`; yields its base URL."""
+    assert PROMETHEUS is not None, "Debian's prometheus is installed by make setup"
+    work.mkdir(parents=True, exist_ok=True)
+    config = {
+        "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
+        "rule_files": [str(r) for r in rule_files],
+        "scrape_configs": list(scrape_configs),
+    }
+    (work / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    proc = subprocess.Popen(
+        [PROMETHEUS, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'tsdb'}",
+         f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+async def query(base: str, expr: str, at: float | None = None) -> dict[str, Any]:
+    """An instant query's `data`, at `at` (Unix seconds) or now."""
+    params = {"query": expr} | ({"time": f"{at:.3f}"} if at is not None else {})
+    async with aiohttp.ClientSession() as s, s.get(f"{base}/api/v1/query?{urlencode(params)}") as r:
+        body = await r.json()
+    assert body["status"] == "success", (expr, body)
+    data: dict[str, Any] = body["data"]
+    return data
+
+
+async def wait_for(base: str, expr: str, what: str, timeout: float = 60) -> None:
+    """Until `expr` has a result (an `== 1`-style filter); Prometheus may not be up yet."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(aiohttp.ClientError, AssertionError):
+            if (await query(base, expr))["result"]:
+                return
+        await asyncio.sleep(0.5)
+    raise TimeoutError(f"Prometheus never saw {what}: {expr}")
+
+
+def numbers(data: dict[str, Any]) -> list[float]:
+    """The values of an instant query's vector (or scalar) result."""
+    if data["resultType"] == "scalar":
+        return [float(data["result"][1])]
+    return [float(r["value"][1]) for r in data["result"]]
+
+
+async def check_panel_query(base: str, board: str, title: str, expr: str, at: float | None = None, **kw: str) -> None:
+    """The query returns numbers (no NaN: a quantile of nothing, a ratio of nothing), and it filters
+    by `$node` wherever the series it reads carry a `node` label."""
+    sent = concrete(expr, **kw)
+    values = numbers(await query(base, sent, at))
+    assert values, f"{board} / {title}: no data for {sent}"
+    assert not any(math.isnan(v) for v in values), f"{board} / {title}: NaN from {sent}"
+    if "$node" not in expr:
+        for metric in metrics_read(expr):
+            with_node = await query(base, f'count({metric}{{node!=""}})', at)
+            assert not with_node["result"], f"{board} / {title}: {metric} has a node label the query does not filter"
