@@ -202,6 +202,17 @@ def test_a_dirty_tree_is_refused_before_anything_is_built(tmp_path: Path, change
     assert "building" not in result.stdout
 
 
+def test_an_unreachable_registry_is_reported_before_anything_is_built() -> None:
+    with socket.socket() as s:  # a port nobody listens on while the socket holds it unlistened
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        result = release_cli("--registry", f"127.0.0.1:{port}", "--version", "1.0.0", "--allow-dirty")
+    assert result.returncode == 1
+    assert f"could not ask 127.0.0.1:{port} whether" in result.stderr
+    assert "connection refused" in result.stderr
+    assert "building" not in result.stdout
+
+
 # --- a real release to a real registry ---------------------------------------------------------------------------
 
 
