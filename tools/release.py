@@ -6,7 +6,8 @@ the way users install them (`helm upgrade --install neuron-helm-chart oci://$REG
 1. refuses a bad VERSION (semantic version) or REGISTRY (host[:port][/path], no scheme), a dirty work tree, and
    a VERSION whose chart the registry already has;
 2. builds every service image with tests/cluster/images.sh (the one image build; it smoke-runs each image);
-3. pushes each to $REGISTRY/neuron/<service>:$VERSION and records the digest the registry stored;
+3. pushes each to $REGISTRY/neuron/<service>:$VERSION (semver's `+` as `_`, as Helm stores chart tags) and
+   records the digest the registry stored;
 4. packages the chart with version and appVersion VERSION, each project image's registry, repository, tag and
    digest filled in (so an install pulls exactly the pushed bytes) and the Artifact Hub image list to match;
 5. pushes the chart to oci://$REGISTRY/neuron.
@@ -72,6 +73,12 @@ def check_version(version: str) -> str:
             "1.2.3-rc.1; no leading 'v'): Helm requires one for a chart version"
         )
     return version
+
+
+def image_tag(version: str) -> str:
+    """The images' tag for a version: an OCI tag cannot hold semver's `+` (build metadata), and Helm stores such a
+    chart version under `_` instead, so the images follow the same rule."""
+    return version.replace("+", "_")
 
 
 def check_registry(registry: str) -> str:
@@ -265,14 +272,14 @@ def push_images(
     with tempfile.TemporaryDirectory() as tmp:
         for service, (local_name, image_id) in sorted(built.items()):
             repository = f"{NAMESPACE}/{service}"
-            destination = f"{registry}/{repository}:{version}"
+            destination = f"{registry}/{repository}:{image_tag(version)}"
             digest_file = Path(tmp) / f"{service}.digest"
             log(f"pushing {local_name} ({image_id[:19]}) to {destination}")
             run("podman", "push", "-q", *tls, "--digestfile", digest_file, image_id, f"docker://{destination}")
             digest = digest_file.read_text().strip()
             if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
                 raise ReleaseError(f"podman push recorded no digest for {destination} ({digest!r})")
-            pushed[service] = PushedImage(service, repository, version, digest)
+            pushed[service] = PushedImage(service, repository, image_tag(version), digest)
     return pushed
 
 

@@ -61,10 +61,10 @@ def released() -> Iterator[dict[str, str]]:
         timeout=1800)  # fmt: skip
     values = yaml.safe_load(helm("show", "values", OCI_CHART, "--version", VERSION, "--plain-http").stdout)
     refs = {
-        key: f"{values[key]['image']['registry']}/{values[key]['image']['repository']}:{VERSION}"
-        f"@{values[key]['image']['digest']}"
-        for key in ("devicePlugin", "nodeMetrics", "npd")
+        key: f"{image['registry']}/{image['repository']}:{image['tag']}@{image['digest']}"
+        for key, image in ((key, values[key]["image"]) for key in ("devicePlugin", "nodeMetrics", "npd"))
     }
+    assert all(ref.split("@")[0].endswith(f":{VERSION}") for ref in refs.values()), refs
     yield refs
     helm("uninstall", RELEASE, "-n", NAMESPACE, "--ignore-not-found", "--wait", check=False)
     kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)

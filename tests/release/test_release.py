@@ -29,7 +29,9 @@ HELM = str(REPO / ".venv" / "bin" / "helm")
 RELEASE_PY = REPO / "tools" / "release.py"
 REGISTRY_SH = REPO / "tests" / "registry.sh"
 CHART_NAME = "neuron-helm-chart"
-VERSION = "0.1.0-test.1"
+# with build metadata: Helm stores the chart under 0.1.0-test.1_release.2, and so must the images be tagged
+VERSION = "0.1.0-test.1+release.2"
+TAG = "0.1.0-test.1_release.2"
 
 
 def load_release() -> ModuleType:
@@ -130,6 +132,11 @@ def test_a_bad_registry_is_refused_with_examples(registry: str, says: str) -> No
 )
 def test_only_loopback_registries_get_plain_http(registry: str, loopback: bool) -> None:
     assert release.is_loopback(registry) is loopback
+
+
+def test_build_metadata_becomes_an_underscore_in_image_tags_as_helm_does_for_charts() -> None:
+    assert release.image_tag("1.2.3+build.7") == "1.2.3_build.7"
+    assert release.image_tag("1.2.3-rc.1") == "1.2.3-rc.1"
 
 
 def test_make_release_without_version_says_how_to_call_it() -> None:
@@ -261,7 +268,7 @@ def pulled_chart(registry: str, tmp_path: Path) -> Path:
     result = run(HELM, "pull", f"oci://{registry}/neuron/{CHART_NAME}", "--version", VERSION, "--plain-http",
                  "--destination", tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr
-    package = tmp_path / f"{CHART_NAME}-{VERSION}.tgz"
+    (package,) = tmp_path.glob(f"{CHART_NAME}-*.tgz")
     with tarfile.open(package) as tar:
         tar.extractall(tmp_path, filter="data")
     return tmp_path / CHART_NAME
@@ -288,8 +295,7 @@ def test_the_pulled_chart_refers_to_the_pushed_images_by_tag_and_the_registrys_d
     meta = yaml.safe_load((chart / "Chart.yaml").read_text())
     assert (meta["version"], meta["appVersion"]) == (VERSION, VERSION)
     expected = {
-        svc: f"{registry}/neuron/{svc}:{VERSION}@{manifest_digest(registry, f'neuron/{svc}', VERSION)}"
-        for svc in services()
+        svc: f"{registry}/neuron/{svc}:{TAG}@{manifest_digest(registry, f'neuron/{svc}', TAG)}" for svc in services()
     }
     # the digest is the one the tag resolves to, and the registry serves the manifest by it
     for svc, ref in expected.items():
