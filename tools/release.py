@@ -10,7 +10,9 @@ the way users install them (`helm upgrade --install neuron-helm-chart oci://$REG
    records the digest the registry stored;
 4. packages the chart with version and appVersion VERSION, each project image's registry, repository, tag and
    digest filled in (so an install pulls exactly the pushed bytes) and the Artifact Hub image list to match;
-5. pushes the chart to oci://$REGISTRY/neuron.
+5. pushes the chart to oci://$REGISTRY/neuron;
+6. records what it pushed, every reference with its digest, in build/release-$VERSION.json (for signing,
+   mirroring or a deployment's pin).
 
 Loopback registries (127.0.0.0/8, localhost, [::1]) are spoken to over plain HTTP, any other over HTTPS.
 Credentials are the clients' own: `podman login` and `helm registry login` beforehand.
@@ -39,6 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "neuron-helm-chart"
 IMAGES_SH = REPO / "tests" / "cluster" / "images.sh"
 IMAGES_TSV = REPO / "build" / "images.tsv"
+RECORD = REPO / "build" / "release-{version}.json"
 NAMESPACE = "neuron"  # $REGISTRY/neuron/<service> for the images, oci://$REGISTRY/neuron for the chart
 SOURCE_REPOSITORY_PREFIX = "neuron-helm-chart/"  # values.yaml's repositories of the project's images (make images)
 ARTIFACTHUB_IMAGES = "artifacthub.io/images"
@@ -308,8 +311,18 @@ def release(registry: str, version: str, allow_dirty: bool = False) -> dict[str,
         log(f"pushing {package.name} to {ref}")
         result = run(helm(), "push", package, ref, *plain_http)
         log((result.stdout + result.stderr).strip())
-    for image in pushed.values():
-        log(f"{registry}/{image.repository}:{image.tag}@{image.digest}")
+    chart_digest = re.search(r"^Digest: (sha256:[0-9a-f]{64})$", result.stdout + result.stderr, re.MULTILINE)
+    if not chart_digest:
+        raise ReleaseError(f"helm push printed no chart digest:\n{result.stdout}{result.stderr}")
+    chart_ref = f"{ref}/{CHART.name}:{image_tag(version)}@{chart_digest[1]}"
+    image_refs = {s: f"{registry}/{p.repository}:{p.tag}@{p.digest}" for s, p in sorted(pushed.items())}
+    record = {"version": version, "chart": chart_ref, "images": image_refs}
+    record_path = Path(str(RECORD).format(version=version))
+    record_path.parent.mkdir(exist_ok=True)
+    record_path.write_text(json.dumps(record, indent=2) + "\n")
+    for line in [chart_ref, *image_refs.values()]:
+        log(line)
+    log(f"recorded in {record_path.relative_to(REPO)}")
     log(f"install: helm upgrade --install {CHART.name} {ref}/{CHART.name} --version {version}")
     return pushed
 

@@ -304,6 +304,10 @@ def test_the_pulled_chart_refers_to_the_pushed_images_by_tag_and_the_registrys_d
     assert project_images == set(expected.values())
     annotated = yaml.safe_load(meta["annotations"]["artifacthub.io/images"])
     assert {entry["name"]: entry["image"] for entry in annotated} == expected
+    record = json.loads((REPO / "build" / f"release-{VERSION}.json").read_text())
+    assert record["images"] == expected
+    chart_digest = manifest_digest(registry, f"neuron/{CHART_NAME}", TAG)
+    assert record["chart"] == f"oci://{registry}/neuron/{CHART_NAME}:{TAG}@{chart_digest}"
 
 
 @pytest.mark.usefixtures("released")
