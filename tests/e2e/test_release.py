@@ -93,19 +93,25 @@ def test_helm_test_passes_on_the_installed_release(released: dict[str, str]) -> 
         assert re.search(rf"TEST SUITE:\s+{RELEASE}-tests-{check}\n.*\n.*\nPhase:\s+Succeeded", result.stdout), check
 
 
-def test_a_wrong_digest_fails_helm_test_with_the_kubelets_pull_error(released: dict[str, str]) -> None:
-    """The exporter's digest replaced by one the registry lacks: its pod cannot start, and `helm test` says why in
-    the kubelet's words (the exporter: a stale node status cannot make its check pass, unlike capacity or health)."""
+def test_a_wrong_digest_fails_the_install_and_helm_test_shows_the_kubelets_pull_error(
+    released: dict[str, str],
+) -> None:
+    """The exporter's digest replaced by one the registry lacks: the upgrade never becomes ready, and `helm test`
+    says why in the kubelet's words (the exporter: a stale node status cannot make its check pass, unlike the
+    capacity or health checks)."""
     wrong = released["nodeMetrics"].rsplit("@", 1)[0] + "@" + MISSING_DIGEST
-    helm(
+    failed = helm(
         "upgrade", RELEASE, OCI_CHART, "--version", VERSION, "--plain-http", "--namespace", NAMESPACE,
         *SIMULATED_NODE, "--set", f"nodeMetrics.image.digest={MISSING_DIGEST}", "--set", "tests.timeoutSeconds=30",
+        "--wait", "--timeout", "90s", check=False,
     )  # fmt: skip
+    assert failed.returncode != 0, f"an install whose image cannot be pulled succeeded:\n{failed.stdout}"
     selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=node-metrics"
     eventually(lambda: pod_images(selector) == [wrong], "the exporter's pod is the one with the wrong digest", 120)
     result = helm("test", RELEASE, "-n", NAMESPACE, "--logs", "--timeout", "300s", check=False)
     output = result.stdout + result.stderr
     assert result.returncode != 0, output
+    # the test pod's log, printed by --logs: the check's reason, then the kubelet's waiting reason and message
     assert re.search(r"(ErrImagePull|ImagePullBackOff): .*" + re.escape(MISSING_DIGEST), output), output
     assert "not found" in output, output
 
