@@ -33,6 +33,9 @@ CHART_NAME = "neuron-helm-chart"
 VERSION = "0.1.0-test.1+release.2"
 TAG = "0.1.0-test.1_release.2"
 
+# on a fresh machine the first release builds the base image and every image (several minutes, cached afterwards)
+pytestmark = pytest.mark.timeout(1800)
+
 
 def load_release() -> ModuleType:
     spec = importlib.util.spec_from_file_location("release", RELEASE_PY)
