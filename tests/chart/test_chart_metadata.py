@@ -125,3 +125,14 @@ def test_notes_name_every_image_the_kubelet_pulls() -> None:
     assert f"localhost/neuron-helm-chart/node-metrics:{CHART_YAML['appVersion']}@{digest}" in notes
     assert "helm test" in notes
     assert "kubectl describe pod" in notes
+
+
+def test_notes_warn_that_local_images_are_in_no_registry_unless_a_registry_is_set() -> None:
+    def notes(*args: str) -> str:
+        out = helm("install", "neuron-helm-chart", str(CHART), "--dry-run=client", *args)
+        return out[out.index("NOTES:") :]
+
+    warning = "These are the local images `make images` builds"
+    assert warning in notes()
+    assert warning not in notes(*sets(global__imageRegistry="registry.example.com/team"))
+    assert warning not in notes(*sets(devicePlugin__image__registry="registry.example.com/team"))
