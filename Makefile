@@ -13,7 +13,7 @@ PY_DIRS   := $(wildcard libs services tests bench tools charts)
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup test lint typecheck unit bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images images-build
+.PHONY: help setup test lint typecheck unit bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images images-build release
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -32,6 +32,9 @@ typecheck: ## mypy --strict over every package's src/
 
 unit: ## pytest over libs, services and tests
 	$(BIN)/pytest -q
+
+release: ## publish the images and the chart to an OCI registry: make release REGISTRY=host[:port][/path] VERSION=x.y.z
+	$(PYTHON) tools/release.py --registry "$(REGISTRY)" --version "$(VERSION)"
 
 cluster-up: ## start the real single-node cluster (etcd, API server, kubelet, containerd) on this machine
 	tests/cluster/up.sh

@@ -27,6 +27,9 @@ NODE = os.environ.get("NODE_NAME", "neuron-sim-node")
 SIM_ROOT = Path(os.environ.get("SIM_ROOT", "/var/lib/neuron-sim/node"))
 os.environ.setdefault("KUBECONFIG", str(CLUSTER_DIR / "admin.kubeconfig"))
 KUBECONFIG = Path(os.environ["KUBECONFIG"])
+# The registry up.sh starts for the cluster (tests/registry.sh, plain HTTP on loopback); containerd pulls from it
+# through $CLUSTER_DIR/containerd/certs.d. Keep in step with up.sh's REGISTRY_ADDR.
+REGISTRY = "127.0.0.1:5000"
 
 
 def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> str:

@@ -575,10 +575,13 @@ def test_global_image_registry_wins_over_every_component_registry() -> None:
     assert all(i.startswith("registry.example.internal:5000/neuron-helm-chart/") for i in images)
 
 
-def test_a_digest_wins_over_the_tag() -> None:
+def test_a_digest_pins_the_tagged_image() -> None:
     digest = "sha256:" + "ab" * 32
     docs = render(*sets(devicePlugin__image__digest=digest, devicePlugin__image__tag="9.9.9"))
-    assert container(daemonset(docs, "device-plugin"))["image"] == f"localhost/neuron-helm-chart/device-plugin@{digest}"
+    image = container(daemonset(docs, "device-plugin"))["image"]
+    assert image == f"localhost/neuron-helm-chart/device-plugin:9.9.9@{digest}"
+    docs = render(*sets(devicePlugin__image__digest=digest))  # the tag defaults to appVersion, digest or not
+    assert container(daemonset(docs, "device-plugin"))["image"].endswith(f"/device-plugin:0.1.0@{digest}")
     assert container(daemonset(docs, "node-metrics"))["image"].endswith(":0.1.0")
 
 

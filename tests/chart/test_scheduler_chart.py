@@ -218,7 +218,8 @@ def test_a_configuration_change_rolls_the_scheduler() -> None:
         (["--kube-version", "v1.31.2-eks-7f9249a"], "registry.k8s.io/kube-scheduler:v1.31.2"),
         (["--kube-version", "v1.36.3", *sets(scheduler__kubeScheduler__image__tag="v1.36.0")], "registry.k8s.io/kube-scheduler:v1.36.0"),
         (sets(global__imageRegistry="mirror.internal"), "mirror.internal/kube-scheduler:v"),
-        (sets(scheduler__kubeScheduler__image__digest="sha256:" + "ab" * 32), "registry.k8s.io/kube-scheduler@sha256:abab"),
+        (["--kube-version", "v1.36.3", *sets(scheduler__kubeScheduler__image__digest="sha256:" + "ab" * 32)],
+         "registry.k8s.io/kube-scheduler:v1.36.3@sha256:abab"),
     ],
     ids=["cluster-version", "vendor-suffix-dropped", "tag", "global-registry", "digest"],
 )  # fmt: skip

@@ -29,6 +29,10 @@ for name in kubelet kube-proxy kube-scheduler kube-controller-manager kube-apise
   fi
   rm -f "$pidfile"
 done
+if tests/registry.sh status "$CLUSTER_DIR/registry" >/dev/null; then  # its storage stays, as the images' cache
+  log "stopping the registry"
+  tests/registry.sh stop "$CLUSTER_DIR/registry"
+fi
 pkill -f "containerd-shim-runc-v2 .*$CLUSTER_DIR" 2>/dev/null || true
 # what the runtime and kubelet mounted under the cluster directory and /var/lib/kubelet
 for mnt in $(awk -v d="$CLUSTER_DIR" -v k=/var/lib/kubelet '$2 ~ "^"d || $2 ~ "^"k {print $2}' /proc/mounts | sort -r); do

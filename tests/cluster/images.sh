@@ -3,6 +3,9 @@
 # podman (rootful, runc), smoke-runs each and prints their sizes (`make images-build`). With
 # --import (`make images`, `make cluster-test`, `make demo`) it then imports them into the test
 # cluster's containerd (k8s.io namespace), and fails at once when that cluster is not running.
+# It is the one image build: `make release` (tools/release.py) runs it too, then pushes the images
+# it lists in build/images.tsv (service, local name, image ID: the ID, since other builds on this
+# machine may retag the local name meanwhile).
 #
 # No registry serves images here, so the base image (Debian bookworm with Python 3.11) is made
 # with debootstrap from the Debian mirror this machine's apt already uses, and cached outside
@@ -117,6 +120,7 @@ revision=$(git rev-parse HEAD)
 commit_time=$(git log -1 --format=%ct HEAD)
 source_url=$(git remote get-url origin 2>/dev/null | sed -E 's#//[^/@]*@#//#' || true)
 declare -A sizes
+: > build/images.tsv.tmp
 for svc in "${SERVICES[@]}"; do
   version=$(package_field "$svc" version)
   image="localhost/neuron-helm-chart/$svc:$version"
@@ -128,7 +132,7 @@ for svc in "${SERVICES[@]}"; do
       --build-arg "VERSION=$version" --build-arg "LICENSES=$(package_field "$svc" license.text)" \
       --build-arg "REVISION=$revision" --build-arg "SOURCE=$source_url" \
       --build-arg "CREATED=$(date -u -d "@$commit_time" +%Y-%m-%dT%H:%M:%SZ)" \
-      -f services/Dockerfile -t "$image" . >"build/image-$svc.log" 2>&1; then
+      --iidfile "build/image-$svc.iid" -f services/Dockerfile -t "$image" . >"build/image-$svc.log" 2>&1; then
     tail -40 "build/image-$svc.log" >&2
     echo "$image: build failed (whole log: build/image-$svc.log)" >&2
     exit 1
@@ -152,8 +156,10 @@ for svc in "${SERVICES[@]}"; do
         || { echo "$image: the helm test pods' imports failed" >&2; exit 1; } ;;
   esac
   sizes[$image]=$("${PODMAN[@]}" image inspect "$image" --format '{{.Size}}')
+  printf '%s\t%s\t%s\n' "$svc" "$image" "$(cat "build/image-$svc.iid")" >> build/images.tsv.tmp
   log "$image ok"
 done
+mv build/images.tsv.tmp build/images.tsv
 
 if [ "$import" = 1 ]; then
   for svc in "${SERVICES[@]}"; do

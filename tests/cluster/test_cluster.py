@@ -18,6 +18,7 @@ from cluster_access import (
     CLUSTER_DIR,
     KUBECONFIG,
     NODE,
+    REGISTRY,
     REPO,
     SIM_ROOT,
     eventually,
@@ -169,6 +170,30 @@ def test_project_images_are_in_containerd() -> None:
     ).stdout.split()
     for svc in ("device-plugin", "node-metrics", "node-problem-detector"):
         assert any(ref.startswith(f"localhost/neuron-helm-chart/{svc}:") for ref in listed), svc
+
+
+def test_the_kubelet_pulls_from_the_clusters_registry_over_plain_http() -> None:
+    """up.sh's registry and containerd's hosts.toml for it: an image pushed there (a tag no other run used)
+    runs as a pod that must pull it."""
+    version = next(
+        line.split('"')[1]
+        for line in (REPO / "services/node-metrics/pyproject.toml").read_text().splitlines()
+        if line.startswith("version = ")
+    )
+    ref = f"{REGISTRY}/neuron-test/registry-check:{int(time.time())}"
+    subprocess.run(
+        ["podman", "push", "-q", "--tls-verify=false", f"localhost/neuron-helm-chart/node-metrics:{version}",
+         f"docker://{ref}"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    kubectl("delete", "pod", "registry-check", "--ignore-not-found", "--wait=true")
+    kubectl("run", "registry-check", f"--image={ref}", "--image-pull-policy=Always", "--restart=Never", "--", "--help")
+    try:
+        eventually(lambda: pod_phase("registry-check") == "Succeeded", "a pod of the pushed image ran", 120)
+        events = kubectl("get", "events", "--field-selector", "involvedObject.name=registry-check,reason=Pulled")
+        assert "Successfully pulled image" in events, events
+    finally:
+        kubectl("delete", "pod", "registry-check", "--ignore-not-found", "--wait=false")
 
 
 def test_the_exporter_image_runs_as_a_pod_over_the_simulated_node() -> None:

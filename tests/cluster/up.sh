@@ -17,6 +17,9 @@ SIM_ROOT="${SIM_ROOT:-/var/lib/neuron-sim/node}"
 POD_CIDR=10.88.0.0/16
 PAUSE_IMAGE=registry.k8s.io/pause:3.10
 APICHECK_IMAGE=localhost/neuron-test/apicheck:1
+# The registry the kubelet pulls released images from (make release REGISTRY=127.0.0.1:5000); plain HTTP,
+# loopback only. tests/cluster_access.py's REGISTRY names it too.
+REGISTRY_ADDR=127.0.0.1:5000
 PY="$REPO/.venv/bin/python"
 
 log() { printf '[cluster-up] %s\n' "$*"; }
@@ -141,6 +144,15 @@ fi
 
 # --- containerd, runc, CNI ----------------------------------------------------------------------
 CTR_SOCK="$CLUSTER_DIR/containerd/containerd.sock"
+# containerd's per-registry host configuration (hosts.toml): the loopback registry over plain HTTP. Both
+# containerd 1.6 (its CRI registry config_path below) and 2.x read this directory layout.
+mkdir -p "$CLUSTER_DIR/containerd/certs.d/$REGISTRY_ADDR"
+cat > "$CLUSTER_DIR/containerd/certs.d/$REGISTRY_ADDR/hosts.toml" <<EOF
+server = "http://$REGISTRY_ADDR"
+
+[host."http://$REGISTRY_ADDR"]
+  capabilities = ["pull", "resolve"]
+EOF
 cat > "$CLUSTER_DIR/containerd/config.toml" <<EOF
 version = 2
 root = "$CLUSTER_DIR/containerd/root"
@@ -160,6 +172,8 @@ state = "$CLUSTER_DIR/containerd/state"
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "$CLUSTER_DIR/cni/net.d"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "$CLUSTER_DIR/containerd/certs.d"
 EOF
 cat > "$CLUSTER_DIR/cni/net.d/10-neuron-test.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "neuron-test", "plugins": [
@@ -183,6 +197,9 @@ ip link show neuron0br >/dev/null 2>&1 || ip link add neuron0br type bridge
 # (grep without -q reads to the end: with pipefail, grep -q exiting early makes the producer die of SIGPIPE and the test false)
 ip addr show dev neuron0br | grep 10.88.0.1/16 >/dev/null || ip addr add 10.88.0.1/16 dev neuron0br
 ip link set neuron0br up
+tests/registry.sh start "$CLUSTER_DIR/registry" "${REGISTRY_ADDR##*:}" \
+  || die "the registry did not start on $REGISTRY_ADDR (is the port taken?)"
+log "registry on $REGISTRY_ADDR (storage: $CLUSTER_DIR/registry)"
 start containerd containerd --config "$CLUSTER_DIR/containerd/config.toml"
 wait_for containerd 30 ctr --address "$CTR_SOCK" version
 

@@ -62,6 +62,32 @@ def component_pods(api: Any, selector: str) -> list[Any]:
     return [p for p in pods if p.spec.node_name]
 
 
+# Waiting reasons of a container that is merely on its way; any other (ErrImagePull, ImagePullBackOff,
+# CrashLoopBackOff, CreateContainerConfigError, ...) is why a component never becomes ready.
+STARTING = {"ContainerCreating", "PodInitializing"}
+
+
+def stuck_containers(api: Any, selector: str) -> str:
+    """The kubelet's own word on each of the component's containers that is stuck, e.g. a pull error naming the
+    image reference and what the registry answered; empty when none is."""
+    stuck: list[str] = []
+    for pod in component_pods(api, selector):
+        statuses = (pod.status.init_container_statuses or []) + (pod.status.container_statuses or [])
+        for status in statuses:
+            waiting = status.state.waiting if status.state else None
+            if waiting and waiting.reason not in STARTING:
+                stuck.append(f"pod {pod.metadata.name} container {status.name}: {waiting.reason}: {waiting.message}")
+    return "; ".join(stuck)
+
+
+def with_stuck(reason: str | None, api: Any, selector: str) -> str | None:
+    """A check's reason for failing, followed by what the kubelet says of the component's stuck containers."""
+    if reason is None:
+        return None
+    stuck = stuck_containers(api, selector)
+    return f"{reason} [{stuck}]" if stuck else reason
+
+
 def nodes_running(api: Any, selector: str, component: str) -> list[str]:
     """The nodes the component's pods are scheduled on, once there is at least one."""
     nodes: list[str] = []
@@ -89,10 +115,11 @@ def expected_counts(instance_type: str, lnc_setting: int) -> tuple[int, int]:
 
 def test_capacity() -> None:
     api = core_api()
+    selector = os.environ["DEVICE_PLUGIN_SELECTOR"]
     prefix = os.environ.get("RESOURCE_PREFIX", "aws.amazon.com")
     label = os.environ.get("INSTANCE_TYPE_LABEL", "node.kubernetes.io/instance-type")
     lnc = int(os.environ.get("LOGICAL_NC_CONFIG", "0"))
-    for name in nodes_running(api, os.environ["DEVICE_PLUGIN_SELECTOR"], "device plugin"):
+    for name in nodes_running(api, selector, "device plugin"):
         node = api.read_node(name)
         instance_type = (node.metadata.labels or {}).get(label)
         if not instance_type:
@@ -103,7 +130,8 @@ def test_capacity() -> None:
             capacity = api.read_node(name).status.capacity or {}
             got = (capacity.get(f"{prefix}/neuron"), capacity.get(f"{prefix}/neuroncore"))
             want = (str(devices), str(cores))
-            return None if got == want else f"capacity neuron/neuroncore is {got}, expected {want}"
+            reason = None if got == want else f"capacity neuron/neuroncore is {got}, expected {want}"
+            return with_stuck(reason, api, selector)
 
         eventually(advertised, f"node {name} ({instance_type}) advertises {devices} neuron and {cores} neuroncore")
 
@@ -151,7 +179,7 @@ def test_metrics() -> None:
                 with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=10) as response:
                     body = response.read().decode()
             except OSError as e:
-                return f"GET http://{ip}:{port}/metrics failed: {e}"
+                return with_stuck(f"GET http://{ip}:{port}/metrics failed: {e}", api, selector)
             samples = [line for line in body.splitlines() if line.startswith("neuron_")]
             return None if samples else "the response holds no neuron_ sample"
 
@@ -161,12 +189,13 @@ def test_metrics() -> None:
 def test_health() -> None:
     api = core_api()
     condition = os.environ.get("CONDITION_TYPE", "NeuronHealth")
-    for name in nodes_running(api, os.environ["NPD_SELECTOR"], "problem detector"):
+    selector = os.environ["NPD_SELECTOR"]
+    for name in nodes_running(api, selector, "problem detector"):
 
         def has_condition(name: str = name) -> str | None:
             conditions = api.read_node(name).status.conditions or []
             found = [c for c in conditions if c.type == condition]
-            return None if found else f"node {name} has no {condition} condition"
+            return with_stuck(None if found else f"node {name} has no {condition} condition", api, selector)
 
         eventually(has_condition, f"node {name} carries {condition}")
 

@@ -67,17 +67,18 @@ app.kubernetes.io/component: {{ .component }}
 {{- end -}}
 
 {{/* Image reference: (dict "root" $ "image" .Values.devicePlugin.image). global.imageRegistry wins over the
-     image's registry; a digest wins over the tag; the tag defaults to the chart's appVersion. */}}
+     image's registry; the tag defaults to the chart's appVersion; a digest is appended (`repo:tag@digest`): the
+     runtime pulls by the digest, and the tag stays for the people reading the pod. */}}
 {{- define "neuron.image" -}}
 {{- $registry := .image.registry -}}
 {{- with .root.Values.global.imageRegistry }}{{ $registry = . }}{{ end -}}
 {{- $repository := .image.repository -}}
 {{- if $registry }}{{ $repository = printf "%s/%s" $registry .image.repository }}{{ end -}}
+{{- $reference := printf "%s:%s" $repository (default .root.Chart.AppVersion .image.tag) -}}
 {{- if .image.digest -}}
-{{- printf "%s@%s" $repository .image.digest -}}
-{{- else -}}
-{{- printf "%s:%s" $repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- $reference = printf "%s@%s" $reference .image.digest -}}
 {{- end -}}
+{{- $reference -}}
 {{- end -}}
 
 {{/* imagePullSecrets of a pod: the global ones, then the component's. (dict "root" $ "values" .Values.devicePlugin) */}}

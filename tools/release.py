@@ -1,0 +1,345 @@
+"""`make release REGISTRY=... VERSION=...`: publishes the service images and the chart to an OCI registry,
+the way users install them (`helm upgrade --install neuron-helm-chart oci://$REGISTRY/neuron/neuron-helm-chart`).
+
+    release.py --registry REGISTRY --version VERSION [--allow-dirty]
+
+1. refuses a bad VERSION (semantic version) or REGISTRY (host[:port][/path], no scheme), a dirty work tree, and
+   a VERSION whose chart the registry already has;
+2. builds every service image with tests/cluster/images.sh (the one image build; it smoke-runs each image);
+3. pushes each to $REGISTRY/neuron/<service>:$VERSION (semver's `+` as `_`, as Helm stores chart tags) and
+   records the digest the registry stored;
+4. packages the chart with version and appVersion VERSION, each project image's registry, repository, tag and
+   digest filled in (so an install pulls exactly the pushed bytes) and the Artifact Hub image list to match;
+5. pushes the chart to oci://$REGISTRY/neuron;
+6. records what it pushed, every reference with its digest, in build/release-$VERSION.json (for signing,
+   mirroring or a deployment's pin).
+
+Loopback registries (127.0.0.0/8, localhost, [::1]) are spoken to over plain HTTP, any other over HTTPS.
+Credentials are the clients' own: `podman login` and `helm registry login` beforehand.
+--allow-dirty is for the test harness (its images then carry a `-dirty` revision label): `make release` never
+passes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "charts" / "neuron-helm-chart"
+IMAGES_SH = REPO / "tests" / "cluster" / "images.sh"
+IMAGES_TSV = REPO / "build" / "images.tsv"
+RECORD = REPO / "build" / "release-{version}.json"
+NAMESPACE = "neuron"  # $REGISTRY/neuron/<service> for the images, oci://$REGISTRY/neuron for the chart
+SOURCE_REPOSITORY_PREFIX = "neuron-helm-chart/"  # values.yaml's repositories of the project's images (make images)
+ARTIFACTHUB_IMAGES = "artifacthub.io/images"
+
+# Semantic Versioning 2.0.0's own grammar (semver.org), which Helm requires of a chart version.
+SEMVER = re.compile(
+    r"(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?"
+)
+# The distribution reference grammar's host (a DNS name or an IPv4 address, or an IPv6 one in brackets), port
+# and lowercase path components.
+_HOST = (
+    r"(?:[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*|\[[0-9a-fA-F:.]+\])"
+)
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+REGISTRY = re.compile(rf"(?P<host>{_HOST})(?::(?P<port>[0-9]{{1,5}}))?(?P<path>(?:/{_PATH_COMPONENT})*)")
+
+
+class ReleaseError(Exception):
+    """A refusal or failure, worded for the person who ran `make release`."""
+
+
+def check_version(version: str) -> str:
+    if not version:
+        raise ReleaseError(
+            "VERSION is not set: make release REGISTRY=<registry> VERSION=<semantic version, e.g. 1.2.3>"
+        )
+    if not SEMVER.fullmatch(version):
+        raise ReleaseError(
+            f"VERSION '{version}' is not a semantic version (MAJOR.MINOR.PATCH[-prerelease][+build], e.g. 1.2.3 or "
+            "1.2.3-rc.1; no leading 'v'): Helm requires one for a chart version"
+        )
+    return version
+
+
+def image_tag(version: str) -> str:
+    """The images' tag for a version: an OCI tag cannot hold semver's `+` (build metadata), and Helm stores such a
+    chart version under `_` instead, so the images follow the same rule."""
+    return version.replace("+", "_")
+
+
+def check_registry(registry: str) -> str:
+    if not registry:
+        raise ReleaseError(
+            "REGISTRY is not set: make release REGISTRY=<host[:port][/path]> VERSION=<version>, e.g. "
+            "REGISTRY=ghcr.io/<owner> or REGISTRY=127.0.0.1:5000"
+        )
+    if "://" in registry:
+        raise ReleaseError(
+            f"REGISTRY '{registry}' has a scheme: give host[:port][/path] alone (the release pushes the chart to "
+            "oci://$REGISTRY/neuron and picks plain HTTP for loopback registries itself)"
+        )
+    match = REGISTRY.fullmatch(registry.rstrip("/"))
+    if not match or (match["port"] and not 0 < int(match["port"]) < 65536):
+        raise ReleaseError(
+            f"REGISTRY '{registry}' is not host[:port][/path] with a lowercase path (e.g. 123456789012.dkr.ecr."
+            "us-east-1.amazonaws.com, ghcr.io/<owner>, harbor.example.com/<project>, 127.0.0.1:5000)"
+        )
+    return registry.rstrip("/")
+
+
+def is_loopback(registry: str) -> bool:
+    """Whether the registry's host is this machine: the only ones spoken to over plain HTTP."""
+    match = REGISTRY.fullmatch(registry)
+    if not match:
+        return False
+    host = match["host"].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class PushedImage:
+    service: str
+    repository: str  # without the registry: neuron/<service>
+    tag: str
+    digest: str
+
+
+def image_blocks(values: Mapping[str, Any], path: tuple[str, ...] = ()) -> dict[tuple[str, ...], str]:
+    """The values paths of every `image` block of a project image, and that image's service (its directory under
+    services/): the blocks whose repository is `neuron-helm-chart/<service>`."""
+    found: dict[tuple[str, ...], str] = {}
+    for key, value in values.items():
+        if not isinstance(value, Mapping):
+            continue
+        repository = value.get("repository")
+        if key == "image" and isinstance(repository, str) and repository.startswith(SOURCE_REPOSITORY_PREFIX):
+            found[(*path, key)] = repository.removeprefix(SOURCE_REPOSITORY_PREFIX)
+        else:
+            found |= image_blocks(value, (*path, key))
+    return found
+
+
+_KEY_LINE = re.compile(r"^(?P<indent> *)(?P<key>[A-Za-z0-9_.\-]+):(?P<rest>.*)$")
+
+
+def set_scalars(text: str, updates: Mapping[tuple[str, ...], str]) -> str:
+    """values.yaml's text with the scalar at each path replaced, and every comment kept (`helm show values` is the
+    users' documentation). Every path must name an existing scalar."""
+    stack: list[tuple[int, str]] = []
+    out: list[str] = []
+    done: set[tuple[str, ...]] = set()
+    for original in text.splitlines(keepends=True):
+        match = _KEY_LINE.match(original)
+        if match is None or original.lstrip().startswith("#"):
+            out.append(original)
+            continue
+        indent = len(match["indent"])
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        stack.append((indent, match["key"]))
+        path = tuple(key for _, key in stack)
+        if path not in updates:
+            out.append(original)
+            continue
+        comment = re.search(r"\s+#.*$", match["rest"])
+        newline = "\n" if original.endswith("\n") else ""
+        # a JSON string is a YAML double-quoted scalar
+        value = json.dumps(updates[path])
+        out.append(f"{match['indent']}{match['key']}: {value}{comment[0] if comment else ''}{newline}")
+        done.add(path)
+    missing = set(updates) - done
+    if missing:
+        raise ReleaseError(f"values.yaml has no {', '.join('.'.join(p) for p in sorted(missing))}")
+    result = "".join(out)
+    parsed = yaml.safe_load(result)
+    for path, value in updates.items():
+        node = parsed
+        for key in path:
+            node = node[key]
+        if node != value:
+            raise ReleaseError(f"values.yaml: {'.'.join(path)} did not become {value!r} (its layout is unexpected)")
+    return result
+
+
+def released_values(text: str, registry: str, images: Mapping[str, PushedImage]) -> str:
+    """values.yaml as released: each project image block names the registry, repository, tag and digest pushed."""
+    updates: dict[tuple[str, ...], str] = {}
+    for path, service in image_blocks(yaml.safe_load(text)).items():
+        if service not in images:
+            raise ReleaseError(f"values.yaml's {'.'.join(path)} names {service}, which the image build did not make")
+        pushed = images[service]
+        updates |= {
+            (*path, "registry"): registry,
+            (*path, "repository"): pushed.repository,
+            (*path, "tag"): pushed.tag,
+            (*path, "digest"): pushed.digest,
+        }
+    return set_scalars(text, updates)
+
+
+def artifacthub_images(rendered_images: Sequence[tuple[str, str]]) -> str:
+    """The `artifacthub.io/images` annotation's value: a YAML list of {name, image}."""
+    return "".join(f"- name: {name}\n  image: {image}\n" for name, image in rendered_images)
+
+
+def released_chart_yaml(text: str, registry: str, images: Mapping[str, PushedImage]) -> str:
+    """Chart.yaml with the Artifact Hub image list naming the pushed images by tag and digest (version and
+    appVersion are set by `helm package`)."""
+    block = re.compile(rf"^(  {re.escape(ARTIFACTHUB_IMAGES)}: \|\n)(?:    .*\n)+", re.MULTILINE)
+    if not block.search(text):
+        raise ReleaseError(f"Chart.yaml has no '{ARTIFACTHUB_IMAGES}: |' annotation")
+    listed = artifacthub_images(
+        [(name, f"{registry}/{p.repository}:{p.tag}@{p.digest}") for name, p in sorted(images.items())]
+    )
+    indented = "".join(f"    {line}\n" for line in listed.splitlines())
+    return block.sub(lambda m: m[1] + indented, text, count=1)
+
+
+# --- I/O ---------------------------------------------------------------------------------------------------------
+
+
+def log(message: str) -> None:
+    print(f"[release] {message}", flush=True)
+
+
+def run(*args: str | Path, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([str(a) for a in args], capture_output=capture, text=True, check=False, cwd=REPO)
+    if check and result.returncode != 0:
+        raise ReleaseError(f"{' '.join(map(str, args))} failed ({result.returncode}):\n{result.stderr or ''}")
+    return result
+
+
+def helm() -> str:
+    venv_helm = REPO / ".venv" / "bin" / "helm"
+    return str(venv_helm) if venv_helm.exists() else "helm"
+
+
+def refuse_dirty_tree() -> None:
+    status = run("git", "status", "--porcelain").stdout
+    if status.strip():
+        raise ReleaseError(
+            "the work tree has uncommitted changes or untracked files: a release is built from a commit, so "
+            f"commit or stash them first:\n{status}"
+        )
+
+
+def refuse_existing_version(registry: str, version: str, plain_http: list[str]) -> None:
+    ref = f"oci://{registry}/{NAMESPACE}/{CHART.name}"
+    result = run(helm(), "show", "chart", ref, "--version", version, *plain_http, check=False)
+    if result.returncode == 0:
+        raise ReleaseError(
+            f"{ref} version {version} is already in the registry: a released version is never replaced, pick "
+            "another VERSION"
+        )
+    if "not found" not in result.stderr:
+        raise ReleaseError(f"could not ask {registry} whether {ref}:{version} exists:\n{result.stderr}")
+
+
+def build_images() -> dict[str, tuple[str, str]]:
+    """Service -> (local name, image ID) of the images tests/cluster/images.sh built."""
+    log(f"building the images ({IMAGES_SH.relative_to(REPO)})")
+    run(IMAGES_SH, capture=False)
+    built: dict[str, tuple[str, str]] = {}
+    for line in IMAGES_TSV.read_text().splitlines():
+        service, local_name, image_id = line.split("\t")
+        built[service] = (local_name, image_id)
+    return built
+
+
+def push_images(
+    registry: str, version: str, built: Mapping[str, tuple[str, str]], tls: list[str]
+) -> dict[str, PushedImage]:
+    pushed: dict[str, PushedImage] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for service, (local_name, image_id) in sorted(built.items()):
+            repository = f"{NAMESPACE}/{service}"
+            destination = f"{registry}/{repository}:{image_tag(version)}"
+            digest_file = Path(tmp) / f"{service}.digest"
+            log(f"pushing {local_name} ({image_id[:19]}) to {destination}")
+            run("podman", "push", "-q", *tls, "--digestfile", digest_file, image_id, f"docker://{destination}")
+            digest = digest_file.read_text().strip()
+            if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
+                raise ReleaseError(f"podman push recorded no digest for {destination} ({digest!r})")
+            pushed[service] = PushedImage(service, repository, image_tag(version), digest)
+    return pushed
+
+
+def package_chart(registry: str, version: str, pushed: Mapping[str, PushedImage], out: Path) -> Path:
+    staged = out / CHART.name
+    shutil.copytree(CHART, staged, ignore=shutil.ignore_patterns("ci"))
+    (staged / "values.yaml").write_text(released_values((CHART / "values.yaml").read_text(), registry, pushed))
+    (staged / "Chart.yaml").write_text(released_chart_yaml((CHART / "Chart.yaml").read_text(), registry, pushed))
+    run(helm(), "lint", "--strict", staged)
+    run(helm(), "package", staged, "--version", version, "--app-version", version, "--destination", out)
+    return out / f"{CHART.name}-{version}.tgz"
+
+
+def release(registry: str, version: str, allow_dirty: bool = False) -> dict[str, PushedImage]:
+    registry, version = check_registry(registry), check_version(version)
+    loopback = is_loopback(registry)
+    plain_http = ["--plain-http"] if loopback else []
+    tls = ["--tls-verify=false"] if loopback else []
+    if not allow_dirty:
+        refuse_dirty_tree()
+    refuse_existing_version(registry, version, plain_http)
+    pushed = push_images(registry, version, build_images(), tls)
+    with tempfile.TemporaryDirectory() as tmp:
+        package = package_chart(registry, version, pushed, Path(tmp))
+        ref = f"oci://{registry}/{NAMESPACE}"
+        log(f"pushing {package.name} to {ref}")
+        result = run(helm(), "push", package, ref, *plain_http)
+        log((result.stdout + result.stderr).strip())
+    chart_digest = re.search(r"^Digest: (sha256:[0-9a-f]{64})$", result.stdout + result.stderr, re.MULTILINE)
+    if not chart_digest:
+        raise ReleaseError(f"helm push printed no chart digest:\n{result.stdout}{result.stderr}")
+    chart_ref = f"{ref}/{CHART.name}:{image_tag(version)}@{chart_digest[1]}"
+    image_refs = {s: f"{registry}/{p.repository}:{p.tag}@{p.digest}" for s, p in sorted(pushed.items())}
+    record = {"version": version, "chart": chart_ref, "images": image_refs}
+    record_path = Path(str(RECORD).format(version=version))
+    record_path.parent.mkdir(exist_ok=True)
+    record_path.write_text(json.dumps(record, indent=2) + "\n")
+    for line in [chart_ref, *image_refs.values()]:
+        log(line)
+    log(f"recorded in {record_path.relative_to(REPO)}")
+    log(f"install: helm upgrade --install {CHART.name} {ref}/{CHART.name} --version {version}")
+    return pushed
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--registry", default="", help="host[:port][/path] (no scheme)")
+    parser.add_argument("--version", default="", help="the chart's and the images' semantic version")
+    parser.add_argument("--allow-dirty", action="store_true", help="for the test harness: release uncommitted work")
+    args = parser.parse_args(argv)
+    try:
+        release(args.registry, args.version, args.allow_dirty)
+    except ReleaseError as e:
+        print(f"[release] error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
