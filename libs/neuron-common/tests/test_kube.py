@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from neuron_scheduler_extender.kube import MAX_LINE, Api, ApiError, Gone
+from neuron_common.kube import MAX_LINE, Api, ApiError, Gone
 
 
 class Server:

@@ -1,7 +1,8 @@
-"""The API server over its REST interface, with aiohttp, configured by the `kubernetes` client's loaders.
+"""The API server over its REST interface, with aiohttp, configured by the `kubernetes` client's loaders
+(the scheduler extender and the DRA driver use it; the `kube` extra brings the loaders).
 
 Why not the `kubernetes` client itself: its watch parses every object into generated model classes
-in a thread; here each object is read as JSON and reduced at once to the few fields the extender
+in a thread; here each object is read as JSON and the caller reduces it at once to the few fields it
 keeps, so memory stays bounded by what is kept, not by what the API server sends. Lists are paged
 (`limit`/`continue`); watch lines are read with an explicit size cap.
 
@@ -43,7 +44,7 @@ class WatchEvent:
 
 
 class Api:
-    """The calls the extender makes: list, watch, get, create, update."""
+    """The calls the services make: list, watch, get, create, update, patch, delete."""
 
     def __init__(
         self,
@@ -106,15 +107,26 @@ class Api:
             self._session = None
 
     async def request(
-        self, method: str, path: str, *, params: Mapping[str, str] | None = None, body: Any = None
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
     ) -> dict[str, Any]:
+        headers = self._headers()
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = content_type
         try:
             async with self.session.request(
                 method,
                 self.server + path,
                 params=params,
-                json=body,
-                headers=self._headers(),
+                data=data,
+                headers=headers,
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
             ) as response:
                 text = await response.text()
@@ -133,6 +145,19 @@ class Api:
 
     async def update(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self.request("PUT", path, body=body)
+
+    async def apply(self, path: str, body: Mapping[str, Any], field_manager: str) -> dict[str, Any]:
+        """Server-side apply (JSON is YAML), taking over the fields from any other manager."""
+        return await self.request(
+            "PATCH",
+            path,
+            params={"fieldManager": field_manager, "force": "true"},
+            body=body,
+            content_type="application/apply-patch+yaml",
+        )
+
+    async def delete(self, path: str) -> dict[str, Any]:
+        return await self.request("DELETE", path)
 
     async def list_pages(
         self, path: str, params: Mapping[str, str]
