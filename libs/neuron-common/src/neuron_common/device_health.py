@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from neuron_sysfs import faults
 from neuron_sysfs.faults import Severity
+from neuron_sysfs.inventory import InstanceTypeSource, NodeInventory
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,15 @@ class HealthTracker:
         if state.absent or now - state.last_error_at < self.quiet_period:
             return Verdict(False, state.reason, False)
         return HEALTHY
+
+
+def expected_devices(inventory: NodeInventory) -> set[int]:
+    """Devices the node should have: a device missing at start is reported, not ignored, when the
+    instance type is known for sure (read from DMI, not guessed from the devices found)."""
+    it = inventory.instance_type
+    if it is not None and inventory.instance_type_source is InstanceTypeSource.DMI:
+        return set(range(it.devices))
+    return set()
 
 
 def merged_verdicts(

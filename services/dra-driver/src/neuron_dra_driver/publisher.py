@@ -1,0 +1,132 @@
+"""Keeps this node's ResourceSlices in the API server equal to what the node model says.
+
+On start, and whenever the health or the inventory changes (and every `resync` anyway), the
+slices are rebuilt; when their content differs from what the API server has, they are written
+with server-side apply under a new pool generation (the scheduler uses only the highest
+generation of a pool, so a half-written update is never mixed with the previous one), and slices
+no longer needed are deleted. A failed write is retried with back-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from neuron_common.backoff import Backoff
+from neuron_common.kube import ApiError
+from neuron_common.lifecycle import wait_any
+from neuron_dra_driver import slices
+from neuron_dra_driver.metrics import DriverMetrics
+
+log = logging.getLogger(__name__)
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+FIELD_MANAGER = "neuron-dra-driver"
+
+
+class SliceApi(Protocol):
+    async def get(self, path: str) -> dict[str, Any]: ...
+
+    async def apply(self, path: str, body: Any, field_manager: str) -> dict[str, Any]: ...
+
+    async def delete(self, path: str) -> dict[str, Any]: ...
+
+    async def request(self, method: str, path: str, *, params: Any = None) -> dict[str, Any]: ...
+
+
+class SlicePublisher:
+    def __init__(
+        self,
+        api: SliceApi,
+        node_name: str,
+        model: Callable[[], slices.NodeDevices],
+        metrics: DriverMetrics,
+        *,
+        resync: float,
+    ) -> None:
+        self.api = api
+        self.node_name = node_name
+        self.model = model
+        self.metrics = metrics
+        self.resync = resync
+        self.generation = 0
+        self.published: list[Any] | None = None  # content last written or found
+        self.synced = False  # the API server has the current slices
+
+    async def existing(self) -> list[dict[str, Any]]:
+        selector = f"spec.nodeName={self.node_name},spec.driver={slices.DRIVER}"
+        answer = await self.api.request("GET", SLICES, params={"fieldSelector": selector})
+        items = answer.get("items") or []
+        return [i for i in items if isinstance(i, dict)]
+
+    async def sync(self) -> bool:
+        """One pass; True when something was written."""
+        model = self.model()
+        found = await self.existing()
+        found_gen = max((int(s["spec"]["pool"].get("generation", 0)) for s in found), default=0)
+        self.generation = max(self.generation, found_gen)
+        desired = slices.build(model, self.generation)
+        counts = slices.published_counts(desired)
+        for kind, count in counts.items():
+            self.metrics.published_devices.labels(kind).set(count)
+        self.metrics.unhealthy_devices.set(len(set(model.unhealthy)))
+        one_generation = len({s["spec"]["pool"].get("generation") for s in found}) == 1
+        if one_generation and _comparable(found) == _comparable(desired):
+            self.synced = True
+            return False
+        self.generation += 1
+        desired = slices.build(model, self.generation)
+        for obj in desired:
+            await self.api.apply(f"{SLICES}/{obj['metadata']['name']}", obj, FIELD_MANAGER)
+        wanted = {s["metadata"]["name"] for s in desired}
+        for obj in found:
+            name = obj["metadata"]["name"]
+            if name not in wanted:
+                await self.api.delete(f"{SLICES}/{name}")
+        self.metrics.slice_updates.inc()
+        self.synced = True
+        log.info(
+            "published %d device(s) and %d core(s) in %d slice(s), pool generation %d",
+            counts["device"],
+            counts["core"],
+            len(desired),
+            self.generation,
+            extra={"unhealthy": sorted(model.unhealthy)},
+        )
+        return True
+
+    async def run(self, stop: asyncio.Event, changed: Callable[[], asyncio.Event]) -> None:
+        backoff = Backoff(initial=0.5, maximum=30.0)
+        while not stop.is_set():
+            wake = changed()
+            try:
+                await self.sync()
+                backoff.reset()
+                await wait_any(wake, stop, timeout=self.resync)
+            except ApiError as exc:
+                self.synced = False
+                self.metrics.errors.labels("publish").inc()
+                delay = backoff.next_delay()
+                log.warning("cannot publish the ResourceSlices (%s); again in %.1fs", exc, delay)
+                await wait_any(stop, timeout=delay)
+
+    async def withdraw(self) -> None:
+        """Deletes this node's slices (on uninstall: the chart's pre-delete; not on a restart)."""
+        for obj in await self.existing():
+            await self.api.delete(f"{SLICES}/{obj['metadata']['name']}")
+
+
+def _comparable(objs: list[dict[str, Any]]) -> list[Any]:
+    """Slices' content without the pool generation, by name, without the empty defaults the API
+    server may add: equal means nothing to write."""
+    return [(name, _strip(spec)) for name, spec in sorted(slices.content(objs), key=lambda item: str(item[0]))]
+
+
+def _strip(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if v not in (None, [], {}, False)}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value
