@@ -10,7 +10,7 @@ from pathlib import Path
 from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_duration, require_node_name
 from neuron_sysfs import layout
 
-DEFAULT_LISTEN = "0.0.0.0:9843"
+DEFAULT_LISTEN = "0.0.0.0:9844"
 
 
 @dataclass(frozen=True)
