@@ -166,3 +166,39 @@ async def _has_devices(h: Harness, count: int) -> bool:
 
 async def _lacks(h: Harness, names: set[str]) -> bool:
     return not (await h.device_names()) & names
+
+
+async def test_credentials_from_a_kubeconfig_with_inline_data_reach_the_api_server(apiserver, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """What `neuron-dra-driver --kubeconfig` loads without the kubernetes client: CA and client
+    certificate inline, against the real API server."""
+    import asyncio
+    import base64
+    import sys
+
+    from neuron_common.kube import Api
+
+    creds = apiserver.credentials
+    inline = {
+        "clusters": [{"name": "c", "cluster": {
+            "server": apiserver.server, "certificate-authority-data": base64.b64encode(creds.ca.read_bytes()).decode()}}],
+        "users": [{"name": "u", "user": {
+            "client-certificate-data": base64.b64encode(creds.client_cert.read_bytes()).decode(),
+            "client-key-data": base64.b64encode(creds.client_key.read_bytes()).decode()}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }  # fmt: skip
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(inline))
+    api = Api.from_kubeconfig(str(path), 10.0)
+    try:
+        answer = await api.get("/apis/resource.k8s.io/v1")
+        assert answer["groupVersion"] == "resource.k8s.io/v1"
+    finally:
+        await api.close()
+    # and without importing the kubernetes client (18 MB resident), in a process of its own
+    code = "import sys; from neuron_common.kube import Api; Api.from_kubeconfig(sys.argv[1], 1.0); "
+    code += "print('kubernetes' in sys.modules)"
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, str(path), stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0
+    assert out.decode().strip() == "False"
