@@ -64,7 +64,7 @@ class DraDriver:
             on_error=lambda kind: self.metrics.errors.labels(kind).inc(),
         )
         self.publisher = SlicePublisher(api, config.node_name, self.model, self.metrics, resync=config.resync_interval)
-        self.registration = servers.RegistrationServicer(config.dra_socket, self.metrics, on_change=lambda: None)
+        self.registration = servers.RegistrationServicer(config.dra_socket, self.metrics, on_change=self.publisher.kick)
         self.supervisor = Supervisor(stop)
         host, port = config.listen
         self.http = HealthServer(host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready)

@@ -106,7 +106,7 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
     )
     p.add_flag(
         "--resync-interval",
-        default="5m",
+        default="1m",
         type=positive_duration,
         help="longest time between two checks that the ResourceSlices are as published",
     )

@@ -52,8 +52,13 @@ class SlicePublisher:
         self.metrics = metrics
         self.resync = resync
         self.generation = 0
-        self.published: list[Any] | None = None  # content last written or found
         self.synced = False  # the API server has the current slices
+        self._kick = asyncio.Event()
+
+    def kick(self) -> None:
+        """Check the API server now: the kubelet deletes a node's slices of a driver it has lost
+        (and after its own restart), and registers the driver again afterwards."""
+        self._kick.set()
 
     async def existing(self) -> list[dict[str, Any]]:
         selector = f"spec.nodeName={self.node_name},spec.driver={slices.DRIVER}"
@@ -101,10 +106,11 @@ class SlicePublisher:
         backoff = Backoff(initial=0.5, maximum=30.0)
         while not stop.is_set():
             wake = changed()
+            self._kick.clear()
             try:
                 await self.sync()
                 backoff.reset()
-                await wait_any(wake, stop, timeout=self.resync)
+                await wait_any(wake, self._kick, stop, timeout=self.resync)
             except ApiError as exc:
                 self.synced = False
                 self.metrics.errors.labels("publish").inc()
