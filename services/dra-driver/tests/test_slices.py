@@ -191,3 +191,12 @@ def test_content_ignores_the_generation_only() -> None:
     a = slices.build(model("inf2.24xlarge", 1), 1)
     assert slices.content(a) == slices.content(slices.build(model("inf2.24xlarge", 1), 7))
     assert slices.content(a) != slices.content(slices.build(model("inf2.24xlarge", 1, frozenset({2})), 1))
+
+
+def test_slice_names_stay_valid_for_the_longest_node_names() -> None:
+    assert slices.slice_name("node-a", 2) == "node-a-neuron.aws.com-2"
+    long_a, long_b = "a" * 240 + ".example.com", "a" * 240 + ".example.org"
+    name_a, name_b = slices.slice_name(long_a, 10), slices.slice_name(long_b, 10)
+    assert len(name_a) <= 253
+    assert name_a != name_b
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name_a)

@@ -23,6 +23,7 @@ Ids are the lowest device index of the group (an int).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,7 @@ COUNTER_SET_PREFIX = "neuroncores"
 MAX_DEVICES_PER_SLICE = 64
 MAX_COUNTERS_PER_SET = 32
 MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_NAME = 253
 
 
 def device_name(index: int) -> str:
@@ -162,7 +164,14 @@ def counter_sets(model: NodeDevices) -> list[dict[str, Any]]:
 
 
 def slice_name(node_name: str, index: int) -> str:
-    return f"{node_name}-{DRIVER}-{index}"
+    """`<node>-neuron.aws.com-<i>`; a node name too long for that (a name is at most 253
+    characters) is cut and told apart by a hash of it."""
+    name = f"{node_name}-{DRIVER}-{index}"
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(node_name.encode()).hexdigest()[:10]
+    keep = MAX_NAME - len(f"-{digest}-{DRIVER}-{index}")
+    return f"{node_name[:keep].rstrip('.-')}-{digest}-{DRIVER}-{index}"
 
 
 def build(model: NodeDevices, generation: int) -> list[dict[str, Any]]:
