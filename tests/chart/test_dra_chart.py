@@ -108,7 +108,7 @@ def test_rbac_is_least_privilege() -> None:
         {
             "apiGroups": ["resource.k8s.io"],
             "resources": ["resourceslices"],
-            "verbs": ["list", "create", "patch", "delete"],
+            "verbs": ["list", "watch", "create", "patch", "delete"],
         },
     ]
     assert [r for r in of_kind(docs, "Role") if DRIVER in r["metadata"]["name"]] == []

@@ -108,6 +108,7 @@ class DraDriver:
             kmsg = KmsgWatcher(self.health, c.kmsg_path)
             self.supervisor.start("kmsg", lambda: kmsg.run(self.stop))
         self.supervisor.start("slices", lambda: self.publisher.run(self.stop, lambda: self.health.changed))
+        self.supervisor.start("slice-deletions", lambda: self.publisher.watch_deletions(self.stop))
         code = await self.supervisor.run()
         with contextlib.suppress(Exception):
             await self.http.stop()

@@ -10,12 +10,13 @@ no longer needed are deleted. A failed write is retried with back-off.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any, Protocol
 
 from neuron_common.backoff import Backoff
-from neuron_common.kube import ApiError
+from neuron_common.kube import ApiError, WatchEvent
 from neuron_common.lifecycle import wait_any
 from neuron_dra_driver import slices
 from neuron_dra_driver.metrics import DriverMetrics
@@ -34,6 +35,10 @@ class SliceApi(Protocol):
     async def delete(self, path: str) -> dict[str, Any]: ...
 
     async def request(self, method: str, path: str, *, params: Any = None) -> dict[str, Any]: ...
+
+    def watch(
+        self, path: str, params: Mapping[str, str], resource_version: str, seconds: float
+    ) -> AsyncIterator[WatchEvent]: ...
 
 
 class SlicePublisher:
@@ -60,9 +65,12 @@ class SlicePublisher:
         (and after its own restart), and registers the driver again afterwards."""
         self._kick.set()
 
+    @property
+    def selector(self) -> str:
+        return f"spec.nodeName={self.node_name},spec.driver={slices.DRIVER}"
+
     async def existing(self) -> list[dict[str, Any]]:
-        selector = f"spec.nodeName={self.node_name},spec.driver={slices.DRIVER}"
-        answer = await self.api.request("GET", SLICES, params={"fieldSelector": selector})
+        answer = await self.api.request("GET", SLICES, params={"fieldSelector": self.selector})
         items = answer.get("items") or []
         return [i for i in items if isinstance(i, dict)]
 
@@ -116,6 +124,32 @@ class SlicePublisher:
                 self.metrics.errors.labels("publish").inc()
                 delay = backoff.next_delay()
                 log.warning("cannot publish the ResourceSlices (%s); again in %.1fs", exc, delay)
+                await wait_any(stop, timeout=delay)
+
+    async def watch_deletions(self, stop: asyncio.Event) -> None:
+        """Republish at once when one of this node's slices is deleted (the kubelet deletes them
+        all when it starts, possibly after the driver has published)."""
+        task = asyncio.create_task(self._watch(stop))
+        try:
+            await stop.wait()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _watch(self, stop: asyncio.Event) -> None:
+        backoff = Backoff(initial=0.5, maximum=30.0)
+        while not stop.is_set():
+            try:
+                answer = await self.api.request("GET", SLICES, params={"fieldSelector": self.selector})
+                version = str((answer.get("metadata") or {}).get("resourceVersion") or "")
+                async for event in self.api.watch(SLICES, {"fieldSelector": self.selector}, version, 300):
+                    backoff.reset()
+                    if event.type == "DELETED":
+                        self.kick()
+            except ApiError as exc:
+                delay = backoff.next_delay()
+                log.debug("watching the ResourceSlices: %s; again in %.1fs", exc, delay)
                 await wait_any(stop, timeout=delay)
 
     async def withdraw(self) -> None:
