@@ -298,3 +298,20 @@ def test_a_driver_writes_only_its_own_nodes_slices(apiserver: ControlPlane) -> N
     assert "token bound to its pod" in outcomes["a token bound to no pod"]
     assert outcomes["read a claim"].startswith("404")  # allowed to read; there is none
     assert outcomes["write a claim"].startswith("403")  # RBAC: claims are read-only
+
+
+def test_helm_test_checks_the_published_slices() -> None:
+    docs = render(*ON)
+    (pod,) = [p for p in of_kind(docs, "Pod") if p["metadata"]["name"].endswith("-slices")]
+    (c,) = pod["spec"]["containers"]
+    assert c["command"][-1] == "slices"
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["DRA_DRIVER_SELECTOR"].endswith("app.kubernetes.io/component=dra-driver")
+    assert env["PUBLISH_CORES"] == "true"
+    (role,) = [r for r in of_kind(docs, "ClusterRole") if r["metadata"]["name"] == f"{RELEASE}-tests"]
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]} in role["rules"]
+    # without the DRA driver, neither the check nor the permission
+    plain = render()
+    assert not [p for p in of_kind(plain, "Pod") if p["metadata"]["name"].endswith("-slices")]
+    (role,) = [r for r in of_kind(plain, "ClusterRole") if r["metadata"]["name"] == f"{RELEASE}-tests"]
+    assert all("resource.k8s.io" not in rule["apiGroups"] for rule in role["rules"])

@@ -214,6 +214,8 @@ def test_the_slices_carry_the_torus_groups_and_the_driver_is_ready() -> None:
     assert devices["neurondevice5"]["attributes"]["instanceType"] == {"string": "trn1.32xlarge"}
     assert devices["neuroncore11"]["attributes"]["deviceId"] == {"int": 5}
     kubectl("rollout", "status", "-n", NAMESPACE, f"daemonset/{DRIVER}", "--timeout=60s")
+    result = helm("test", RELEASE, "-n", NAMESPACE, "--logs", "--timeout", "300s")
+    assert "(trn1.32xlarge) publishes 16 devices and 32 cores for DRA" in result.stdout
 
 
 def test_four_connected_devices_and_the_container_sees_exactly_them() -> None:
