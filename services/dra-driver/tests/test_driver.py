@@ -217,3 +217,12 @@ async def test_slices_the_kubelet_wiped_come_back_at_once(start_driver) -> None:
     await h.kubelet.register()
     await eventually(lambda: h.driver.publisher.synced)
     assert h.driver.publisher.generation == generation  # nothing changed: nothing written
+
+
+async def test_the_slices_carry_this_drivers_version(start_driver) -> None:  # type: ignore[no-untyped-def]
+    from importlib.metadata import version
+
+    h: Harness = await start_driver("trn1.2xlarge")
+    await eventually(lambda: _has_devices(h, 1 + 2))
+    device = next(d for s in await h.slices() for d in s["spec"].get("devices", []) if d["name"] == "neurondevice0")
+    assert device["attributes"]["draDriverVersion"] == {"version": version("neuron-dra-driver")}

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from neuron_common.health_monitor import HealthMonitor, KmsgWatcher
@@ -22,6 +23,13 @@ from neuron_sysfs import layout
 from neuron_sysfs.inventory import scan
 
 log = logging.getLogger(__name__)
+
+
+def own_version() -> str:
+    try:
+        return version("neuron-dra-driver")
+    except PackageNotFoundError:  # run from a source tree
+        return "0.0.0"
 
 
 def driver_version(host_root: Path) -> str | None:
@@ -46,6 +54,7 @@ class DraDriver:
         )
         self.health = NodeHealth(inventory, config.health_quiet_period)
         self.kernel_driver_version = driver_version(config.host_root)
+        self.plugin_version = own_version()
         self.driver = Driver(
             node_name=config.node_name,
             api=api,
@@ -75,6 +84,7 @@ class DraDriver:
             self.health.inventory,
             tuple(self.health.unhealthy()),
             driver_version=self.kernel_driver_version,
+            plugin_version=self.plugin_version,
             publish_cores=self.config.publish_cores,
         )
 

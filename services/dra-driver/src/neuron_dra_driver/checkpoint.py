@@ -21,6 +21,8 @@ from neuron_dra_driver.claims import CLAIM_KIND, PreparedClaim
 log = logging.getLogger(__name__)
 
 VERSION = 1
+# The annotation of a claim's CDI spec that records the prepared claim, for `claims_from_specs`.
+CHECKPOINT_ANNOTATION = "neuron.aws.com/prepared-claim"
 
 
 class CheckpointError(Exception):
@@ -113,9 +115,6 @@ def _specs(cdi_dir: Path, prefix: str) -> Iterable[Path]:
         return sorted(p for p in cdi_dir.iterdir() if p.name.startswith(prefix) and p.suffix == ".json")
     except FileNotFoundError:
         return []
-
-
-CHECKPOINT_ANNOTATION = "neuron.aws.com/prepared-claim"
 
 
 def annotate(spec: dict[str, Any], claim: PreparedClaim) -> dict[str, Any]:

@@ -152,11 +152,6 @@ class SlicePublisher:
                 log.debug("watching the ResourceSlices: %s; again in %.1fs", exc, delay)
                 await wait_any(stop, timeout=delay)
 
-    async def withdraw(self) -> None:
-        """Deletes this node's slices (on uninstall: the chart's pre-delete; not on a restart)."""
-        for obj in await self.existing():
-            await self.api.delete(f"{SLICES}/{obj['metadata']['name']}")
-
 
 def _comparable(objs: list[dict[str, Any]]) -> list[Any]:
     """Slices' content without the pool generation, by name, without the empty defaults the API

@@ -80,7 +80,7 @@ class NodeDevices:
     inventory: NodeInventory
     unhealthy: Collection[int] = ()  # device indices taken out of the pool
     driver_version: str | None = None  # the Neuron kernel driver's, when the node tells it
-    plugin_version: str = "0.1.0"  # this DRA driver's (a semantic version)
+    plugin_version: str = "0.0.0"  # this DRA driver's package version (a semantic version)
     publish_cores: bool = True
 
 
