@@ -26,8 +26,8 @@ from kubernetes import config as kubeconfig
 from standins.apiserver import FakeApiServer, serving
 
 from neuron_common import resources
+from neuron_common.health_monitor import HealthMonitor, KmsgWatcher
 from neuron_device_plugin.metrics import PluginMetrics
-from neuron_device_plugin.monitor import HealthMonitor, KmsgWatcher
 from neuron_device_plugin.state import PluginState
 from neuron_problem_detector import config as npd_config
 from neuron_problem_detector import rules
@@ -69,8 +69,8 @@ class Plugin:
             quiet_period=3600,
             pending_ttl=60,
         )
-        self.monitor = HealthMonitor(self.state, metrics, root, 1.0, verdict_dir)
-        self.kmsg = None if verdict_dir is not None else KmsgWatcher(self.state, metrics, root / layout.KMSG_FILE)
+        self.monitor = HealthMonitor(self.state, root, 1.0, verdict_dir, after_tick=self.state.expire_pending)
+        self.kmsg = None if verdict_dir is not None else KmsgWatcher(self.state, root / layout.KMSG_FILE)
 
     def tick(self, times: int = 4) -> None:
         for _ in range(times):  # core status counters are read every few ticks

@@ -11,14 +11,16 @@ work=$(mktemp -d); trap 'rm -rf "$work"' EXIT
 (cd "$work" && go mod init protos >/dev/null 2>&1 && go mod download -json "k8s.io/kubelet@$KUBELET_MODULE_VERSION" > dl.json)
 src=$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["Dir"])' "$work/dl.json")
 
-for api in deviceplugin/v1beta1 podresources/v1; do
-  mkdir -p "src/kubelet_api/$api"
-  install -m 0644 "$src/pkg/apis/$api/api.proto" "src/kubelet_api/$api/api.proto"
+# upstream directory under pkg/apis -> Python package under kubelet_api (a module name has no "-")
+for api in deviceplugin/v1beta1 podresources/v1 dra/v1 dra/v1beta1 pluginregistration/v1 dra-health/v1alpha1; do
+  pkg="${api//-/_}"
+  mkdir -p "src/kubelet_api/$pkg"
+  install -m 0644 "$src/pkg/apis/$api/api.proto" "src/kubelet_api/$pkg/api.proto"
   "$PY" -m grpc_tools.protoc -I src \
     --python_out=src --grpc_python_out=src \
     --mypy_out=src --mypy_grpc_out=src \
-    "src/kubelet_api/$api/api.proto"
-  touch "src/kubelet_api/${api%%/*}/__init__.py" "src/kubelet_api/$api/__init__.py"
+    "src/kubelet_api/$pkg/api.proto"
+  touch "src/kubelet_api/${pkg%%/*}/__init__.py" "src/kubelet_api/$pkg/__init__.py"
 done
 echo "k8s.io/kubelet $KUBELET_MODULE_VERSION" > src/kubelet_api/UPSTREAM
 echo "regenerated from k8s.io/kubelet $KUBELET_MODULE_VERSION"

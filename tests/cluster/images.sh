@@ -154,6 +154,10 @@ for svc in "${SERVICES[@]}"; do
         --entrypoint /opt/neuron/bin/python "$image" \
         -c 'import kubernetes.client, kubernetes.config, neuron_sysfs.instance_types; kubernetes.client.CoreV1Api' \
         || { echo "$image: the helm test pods' imports failed" >&2; exit 1; } ;;
+    dra-driver)  # without a kubelet and an API server it cannot serve: every module and stub must import
+      "${PODMAN[@]}" run --rm "${LIMITS[@]}" --network none --read-only --entrypoint /opt/neuron/bin/python "$image" \
+        -c 'import neuron_dra_driver.app, kubernetes.config, kubelet_api.dra.v1.api_pb2_grpc' \
+        || { echo "$image: the driver's imports failed" >&2; exit 1; } ;;
   esac
   sizes[$image]=$("${PODMAN[@]}" image inspect "$image" --format '{{.Size}}')
   printf '%s\t%s\t%s\n' "$svc" "$image" "$(cat "build/image-$svc.iid")" >> build/images.tsv.tmp

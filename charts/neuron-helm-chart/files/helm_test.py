@@ -8,6 +8,8 @@ client and neuron_sysfs's instance table). One mode per test pod; exit 0 passes.
   health      every node running the problem detector carries the NeuronHealth condition
   scheduling  run in a pod that neuron-scheduler placed (only it binds a pod naming it), holding one
               whole device: exactly one /dev/neuronN, and the runtime told to use that device's cores
+  slices      every node running the DRA driver publishes, in a pool named after it, the Neuron
+              devices (and cores) its instance type implies
 
 Settings come from the environment the chart sets (see templates/tests/).
 """
@@ -200,12 +202,46 @@ def test_health() -> None:
         eventually(has_condition, f"node {name} carries {condition}")
 
 
+def test_slices() -> None:
+    from kubernetes import client
+
+    api = core_api()
+    objects = client.CustomObjectsApi()
+    label = os.environ.get("INSTANCE_TYPE_LABEL", "node.kubernetes.io/instance-type")
+    lnc = int(os.environ.get("LOGICAL_NC_CONFIG", "0"))
+    with_cores = os.environ.get("PUBLISH_CORES", "true") == "true"
+    for name in nodes_running(api, os.environ["DRA_DRIVER_SELECTOR"], "DRA driver"):
+        instance_type = (api.read_node(name).metadata.labels or {}).get(label)
+        if not instance_type:
+            fail(f"node {name} has no {label} label")
+        devices, cores = expected_counts(instance_type, lnc)
+        cores = cores if with_cores else 0
+
+        def published(name: str = name, devices: int = devices, cores: int = cores) -> str | None:
+            slices = objects.list_cluster_custom_object(
+                "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={name}"
+            )["items"]
+            ours = [s for s in slices if s["spec"]["driver"] == "neuron.aws.com" and s["spec"]["pool"]["name"] == name]
+            newest = max((s["spec"]["pool"]["generation"] for s in ours), default=0)
+            names = [
+                d["name"]
+                for s in ours
+                if s["spec"]["pool"]["generation"] == newest
+                for d in s["spec"].get("devices", [])
+            ]
+            got = (sum(n.startswith("neurondevice") for n in names), sum(n.startswith("neuroncore") for n in names))
+            return None if got == (devices, cores) else f"published devices/cores {got}, expected {(devices, cores)}"
+
+        eventually(published, f"node {name} ({instance_type}) publishes {devices} devices and {cores} cores for DRA")
+
+
 MODES = {
     "capacity": test_capacity,
     "allocation": test_allocation,
     "metrics": test_metrics,
     "health": test_health,
     "scheduling": test_scheduling,
+    "slices": test_slices,
 }
 
 if __name__ == "__main__":

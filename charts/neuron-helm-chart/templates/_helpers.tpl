@@ -289,8 +289,20 @@ spec:
 
 {{/* Contradictory values: fail with a message that says what to change. */}}
 {{- define "neuron.validate" -}}
-{{- if not (or .Values.devicePlugin.enabled .Values.nodeMetrics.enabled .Values.npd.enabled) -}}
-{{- fail "devicePlugin.enabled, nodeMetrics.enabled and npd.enabled are all false: the release would install nothing; enable at least one component" -}}
+{{- if not (or .Values.devicePlugin.enabled .Values.draDriver.enabled .Values.nodeMetrics.enabled .Values.npd.enabled) -}}
+{{- fail "devicePlugin.enabled, draDriver.enabled, nodeMetrics.enabled and npd.enabled are all false: the release would install nothing; enable at least one component" -}}
+{{- end -}}
+{{- if and .Values.devicePlugin.enabled .Values.draDriver.enabled -}}
+{{- /* Both would hand out the same devices, each unaware of the other: only disjoint node selectors are allowed. */ -}}
+{{- $apart := false -}}
+{{- range $key, $value := .Values.draDriver.nodeSelector -}}
+{{- if and (hasKey $.Values.devicePlugin.nodeSelector $key) (ne (toString (index $.Values.devicePlugin.nodeSelector $key)) (toString $value)) -}}
+{{- $apart = true -}}
+{{- end -}}
+{{- end -}}
+{{- if not $apart -}}
+{{- fail "devicePlugin.enabled and draDriver.enabled would both run on the same Neuron nodes, and each would hand out devices the other has already given away. Switch the release to DRA with --set devicePlugin.enabled=false,draDriver.enabled=true, or run each on its own nodes: give devicePlugin.nodeSelector and draDriver.nodeSelector the same label with different values (e.g. neuron.aws.com/allocator: device-plugin and dra)" -}}
+{{- end -}}
 {{- end -}}
 {{- if and (eq .Values.placement.mode "instanceType") (empty .Values.placement.instanceTypes) -}}
 {{- fail "placement.mode=instanceType needs at least one entry in placement.instanceTypes (or use placement.mode=nfd or none)" -}}

@@ -18,7 +18,7 @@ import copy
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from neuron_scheduler_extender.kube import ApiError, Gone, WatchEvent
+from neuron_common.kube import ApiError, Gone, WatchEvent
 
 PODS = "/api/v1/pods"
 NEURON_NODES = "/apis/neuron.aws.com/v1alpha1/neuronnodes"

@@ -8,7 +8,7 @@ import datetime as dt
 
 from fake_api import FakeApi
 
-from neuron_scheduler_extender.kube import ApiError
+from neuron_common.kube import ApiError
 from neuron_scheduler_extender.leader import LeaderElector, micro_time
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/neuron-scheduler-extender"

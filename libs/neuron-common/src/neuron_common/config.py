@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -124,3 +125,13 @@ def require_resource_prefix(parser: argparse.ArgumentParser, prefix: str) -> Non
 
     if not resources.is_valid_prefix(prefix):
         parser.error(f"--resource-prefix {prefix!r} is not a valid DNS subdomain outside kubernetes.io")
+
+
+# A Node's name is a DNS subdomain (RFC 1123).
+NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def require_node_name(parser: argparse.ArgumentParser, name: str) -> None:
+    """Stop at start, naming the flag, when `--node-name` cannot be a Node's name."""
+    if len(name) > 253 or not NODE_NAME.fullmatch(name):
+        parser.error(f"--node-name {name!r} is not a node name (a lowercase DNS subdomain)")

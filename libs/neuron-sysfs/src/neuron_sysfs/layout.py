@@ -27,6 +27,7 @@ DMI_PRODUCT_NAME = "sys/class/dmi/id/product_name"
 PCI_DEVICES_DIR = "sys/bus/pci/devices"
 KMSG_FILE = "dev/kmsg"
 BOOT_ID_FILE = "proc/sys/kernel/random/boot_id"
+DRIVER_VERSION_FILE = "sys/module/neuron/version"  # MODULE_VERSION of the loaded kernel driver, when it sets one
 LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
 
 # -- absolute host paths (the chart mounts each at the same path) ------------------------------
@@ -38,6 +39,13 @@ NPD_STATE_DIR = "/var/lib/neuron-problem-detector"
 NPD_STATE_FILE = f"{NPD_STATE_DIR}/state.json"
 VERDICT_DIR = f"{NPD_STATE_DIR}/verdicts"  # the detector writes, the device plugin reads
 CDI_SPEC_DIR = "/var/run/cdi"
+DRA_DRIVER_NAME = "neuron.aws.com"
+DRA_PLUGINS_DIR = f"{KUBELET_DIR}/plugins"  # a DRA driver's sockets and state live in <this>/<driver>/
+DRA_REGISTRY_DIR = f"{KUBELET_DIR}/plugins_registry"  # the kubelet watches it for registration sockets
+DRA_PLUGIN_DIR = f"{DRA_PLUGINS_DIR}/{DRA_DRIVER_NAME}"
+DRA_SOCKET = f"{DRA_PLUGIN_DIR}/dra.sock"
+DRA_REGISTRATION_SOCKET = f"{DRA_REGISTRY_DIR}/{DRA_DRIVER_NAME}-reg.sock"
+DRA_CHECKPOINT_FILE = f"{DRA_PLUGIN_DIR}/checkpoint.json"
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,10 @@ class HostLayout:
     @property
     def boot_id(self) -> Path:
         return self.root / BOOT_ID_FILE
+
+    @property
+    def driver_version(self) -> Path:
+        return self.root / DRIVER_VERSION_FILE
 
     def device_dir(self, index: int) -> Path:
         return self.devices_dir / f"neuron{index}"

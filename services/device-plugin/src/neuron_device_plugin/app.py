@@ -9,13 +9,13 @@ import logging
 from typing import Any
 
 from kubelet_api.podresources_client import PodResourcesClient
+from neuron_common.health_monitor import HealthMonitor, KmsgWatcher
 from neuron_common.health_server import HealthServer
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
 from neuron_common.supervisor import Supervisor
 from neuron_device_plugin import cdi, registration
 from neuron_device_plugin.config import Config
 from neuron_device_plugin.metrics import PluginMetrics
-from neuron_device_plugin.monitor import HealthMonitor, KmsgWatcher
 from neuron_device_plugin.node_report import NodeReportPublisher, ServerSideApply, api_client, build_report
 from neuron_device_plugin.registration import Registrar, ResourceServer
 from neuron_device_plugin.server import DevicePluginServicer
@@ -72,7 +72,12 @@ class Plugin:
                 Registrar(server, config.kubelet_socket, self.metrics, register_timeout=config.register_timeout)
             )
         self.monitor = HealthMonitor(
-            self.state, self.metrics, config.host_root, config.health_interval, config.verdict_dir
+            self.state,
+            config.host_root,
+            config.health_interval,
+            config.verdict_dir,
+            on_error=lambda kind: self.metrics.errors.labels(kind).inc(),
+            after_tick=self.state.expire_pending,
         )
         self.report: NodeReportPublisher | None = None
         if config.node_report:
@@ -112,7 +117,7 @@ class Plugin:
         self.supervisor.start("health", lambda: self.monitor.run(self.stop))
         self.supervisor.start("holdings", self._poll_holdings)
         if self.config.kmsg_path is not None:
-            kmsg = KmsgWatcher(self.state, self.metrics, self.config.kmsg_path)
+            kmsg = KmsgWatcher(self.state, self.config.kmsg_path)
             self.supervisor.start("kmsg", lambda: kmsg.run(self.stop))
         if self.report is not None:
             report = self.report

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,13 +13,12 @@ from neuron_common.config import (
     listen_address,
     log_level,
     positive_duration,
+    require_node_name,
     require_resource_prefix,
 )
 from neuron_sysfs import layout
 
 DEFAULT_LISTEN = "0.0.0.0:9841"
-# A Node's name is a DNS subdomain (RFC 1123); the NeuronNode is named after it.
-NODE_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 @dataclass(frozen=True)
@@ -180,8 +178,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
                 "--node-report needs the node's name: pass --node-name or set NODE_NAME "
                 "(the chart sets it from the downward API)"
             )
-        if len(node) > 253 or not NODE_NAME.fullmatch(node):
-            p.error(f"--node-name {node!r} is not a node name (a lowercase DNS subdomain)")
+        require_node_name(p, node)
     kmsg: Path | None
     if a.kmsg_path == "none":
         kmsg = None

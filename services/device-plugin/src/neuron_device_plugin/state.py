@@ -15,12 +15,12 @@ from dataclasses import dataclass
 from kubelet_api import HEALTHY, UNHEALTHY
 from kubelet_api.podresources_client import Holding
 from neuron_common import resources
+from neuron_common.device_health import Finding, HealthTracker, Verdict, expected_devices, merged_verdicts, transitions
 from neuron_common.resources import Kind, Resource
-from neuron_device_plugin.health import Finding, HealthTracker, Verdict
 from neuron_device_plugin.holdings import Holdings, build_holdings, conflicts, describe
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_sysfs.allocator import Topology, topology_from
-from neuron_sysfs.inventory import InstanceTypeSource, NodeInventory
+from neuron_sysfs.inventory import NodeInventory
 from neuron_sysfs.lnc import LncSource
 
 log = logging.getLogger(__name__)
@@ -101,10 +101,7 @@ class PluginState:
             )
             self.known.clear()
         self.topology = topology
-        expected: set[int] = set()
-        it = inventory.instance_type
-        if it is not None and inventory.instance_type_source is InstanceTypeSource.DMI:
-            expected = set(range(it.devices))  # a device missing at start is reported, not ignored
+        expected = expected_devices(inventory)
         present = {d.index for d in inventory.devices}
         for dev in inventory.devices:
             self.known[dev.index] = KnownDevice(dev.index, dev.numa_node, topology_cores(topology, dev.index))
@@ -140,28 +137,18 @@ class PluginState:
 
     def refresh_health(self) -> bool:
         """Recompute verdicts; log and count transitions; wake the streams if anything changed."""
-        now = self.clock()
-        verdicts = {}
-        for index in self.known:
-            verdict = self.health.verdict(index, now)
-            if verdict.healthy and index in self.external:
-                verdict = Verdict(False, f"problem detector: {self.external[index]}", False)
-            verdicts[index] = verdict
-        changed = False
-        for index, verdict in verdicts.items():
-            before = self._last_verdicts.get(index)
-            if before is None or before.healthy != verdict.healthy:
-                if before is not None or not verdict.healthy:
-                    to = "healthy" if verdict.healthy else "unhealthy"
-                    log.warning(
-                        "device %d is now %s%s",
-                        index,
-                        to,
-                        f": {verdict.reason}" if verdict.reason else "",
-                        extra={"device": index, "health": to, "reason": verdict.reason, "permanent": verdict.permanent},
-                    )
-                    self.metrics.health_transitions.labels(str(index), to).inc()
-                changed = True
+        verdicts = merged_verdicts(self.health, self.known, self.external, self.clock())
+        changed, reported = transitions(self._last_verdicts, verdicts)
+        for index, verdict in reported:
+            to = "healthy" if verdict.healthy else "unhealthy"
+            log.warning(
+                "device %d is now %s%s",
+                index,
+                to,
+                f": {verdict.reason}" if verdict.reason else "",
+                extra={"device": index, "health": to, "reason": verdict.reason, "permanent": verdict.permanent},
+            )
+            self.metrics.health_transitions.labels(str(index), to).inc()
         self._last_verdicts = verdicts
         if changed:
             self.notify()

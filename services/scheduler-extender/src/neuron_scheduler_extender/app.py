@@ -8,11 +8,11 @@ import time
 from typing import Any
 
 from neuron_common.health_server import HealthServer
+from neuron_common.kube import Api
 from neuron_common.lifecycle import sleep_or_stop
 from neuron_common.supervisor import Supervisor
 from neuron_scheduler_extender.config import Config
 from neuron_scheduler_extender.endpoints import Endpoints
-from neuron_scheduler_extender.kube import Api
 from neuron_scheduler_extender.leader import AlwaysLeader, LeaderElector
 from neuron_scheduler_extender.metrics import Metrics
 from neuron_scheduler_extender.pods import PodRecord, ResourceNames, pod_record

@@ -32,8 +32,8 @@ from typing import Any, Protocol
 import aiohttp
 from aiohttp import web
 
+from neuron_common.kube import ApiError
 from neuron_scheduler_extender import decisions, protocol
-from neuron_scheduler_extender.kube import ApiError
 from neuron_scheduler_extender.metrics import Metrics
 from neuron_scheduler_extender.pods import PodError, ResourceNames, neuron_request, pod_key, pod_uid
 from neuron_scheduler_extender.protocol import BindingArgs, ProtocolError

@@ -24,8 +24,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from neuron_common.kube import ApiError
 from neuron_common.lifecycle import sleep_or_stop
-from neuron_scheduler_extender.kube import ApiError
 
 log = logging.getLogger(__name__)
 

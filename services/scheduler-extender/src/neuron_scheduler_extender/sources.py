@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from neuron_common.backoff import Backoff
+from neuron_common.kube import ApiError, Gone, WatchEvent
 from neuron_common.lifecycle import sleep_or_stop
-from neuron_scheduler_extender.kube import ApiError, Gone, WatchEvent
 
 log = logging.getLogger(__name__)
 

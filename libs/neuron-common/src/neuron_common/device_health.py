@@ -1,4 +1,4 @@
-"""Per-device health verdicts. Pure: time is passed in.
+"""Per-device health verdicts, shared by the device plugin and the DRA driver. Pure: time is passed in.
 
 What a fault does comes from the fault table (`neuron_sysfs.faults`), the same table the problem
 detector's rules are made from, so a device leaves and rejoins allocatable the same way whether
@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from neuron_sysfs import faults
 from neuron_sysfs.faults import Severity
+from neuron_sysfs.inventory import InstanceTypeSource, NodeInventory
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,42 @@ class HealthTracker:
         if state.absent or now - state.last_error_at < self.quiet_period:
             return Verdict(False, state.reason, False)
         return HEALTHY
+
+
+def expected_devices(inventory: NodeInventory) -> set[int]:
+    """Devices the node should have: a device missing at start is reported, not ignored, when the
+    instance type is known for sure (read from DMI, not guessed from the devices found)."""
+    it = inventory.instance_type
+    if it is not None and inventory.instance_type_source is InstanceTypeSource.DMI:
+        return set(range(it.devices))
+    return set()
+
+
+def merged_verdicts(
+    tracker: HealthTracker, devices: Iterable[int], external: Mapping[int, str], now: float
+) -> dict[int, Verdict]:
+    """Each device's verdict: the tracker's, or unhealthy when the problem detector says so."""
+    result = {}
+    for index in devices:
+        verdict = tracker.verdict(index, now)
+        if verdict.healthy and index in external:
+            verdict = Verdict(False, f"problem detector: {external[index]}", False)
+        result[index] = verdict
+    return result
+
+
+def transitions(before: Mapping[int, Verdict], after: Mapping[int, Verdict]) -> tuple[bool, list[tuple[int, Verdict]]]:
+    """Whether anything changed between two verdict sets, and the transitions worth reporting
+    (a device's first verdict counts only when unhealthy)."""
+    changed = False
+    reported = []
+    for index, verdict in after.items():
+        previous = before.get(index)
+        if previous is None or previous.healthy != verdict.healthy:
+            changed = True
+            if previous is not None or not verdict.healthy:
+                reported.append((index, verdict))
+    return changed, reported
 
 
 def _rank(severity: Severity) -> int:

@@ -1,25 +1,36 @@
-"""The API server over its REST interface, with aiohttp, configured by the `kubernetes` client's loaders.
+"""The API server over its REST interface, with aiohttp, configured by the `kubernetes` client's loaders
+(the scheduler extender and the DRA driver use it; the `kube` extra brings the loaders).
 
 Why not the `kubernetes` client itself: its watch parses every object into generated model classes
-in a thread; here each object is read as JSON and reduced at once to the few fields the extender
+in a thread; here each object is read as JSON and the caller reduces it at once to the few fields it
 keeps, so memory stays bounded by what is kept, not by what the API server sends. Lists are paged
 (`limit`/`continue`); watch lines are read with an explicit size cap.
 
-The kubeconfig or in-cluster service account is loaded by `kubernetes.config`, which also keeps a
-projected service-account token fresh (its refresh hook runs on every request's header).
+Credentials: the pod's service account (the in-cluster case, every chart deployment) and
+kubeconfig files naming files or inline data for the CA, client certificates or a token are read
+here, with the token file re-read every minute (the kubelet rotates projected tokens). Anything else
+(exec plugins, auth providers) goes to the `kubernetes` client's loaders, which cost about 18 MB
+of resident memory to import; the node agents (the DRA driver) stay without them.
 """
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import ssl
+import tempfile
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 
 LIST_PAGE = 500
+SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+TOKEN_REREAD = 60.0  # seconds: a projected token is rotated well before it expires
 MAX_LINE = 16 * 1024 * 1024  # one watch event; a Pod object is rarely above 100 KiB
 
 
@@ -43,7 +54,7 @@ class WatchEvent:
 
 
 class Api:
-    """The calls the extender makes: list, watch, get, create, update."""
+    """The calls the services make: list, watch, get, create, update, patch, delete."""
 
     def __init__(
         self,
@@ -62,6 +73,9 @@ class Api:
     @classmethod
     def from_kubeconfig(cls, kubeconfig: str | None, timeout: float) -> Api:
         """The kubeconfig file, or the pod's service account when `kubeconfig` is None."""
+        light = in_cluster(timeout) if kubeconfig is None else from_simple_kubeconfig(Path(kubeconfig), timeout)
+        if light is not None:
+            return light
         from kubernetes import client
         from kubernetes import config as loader
 
@@ -106,15 +120,26 @@ class Api:
             self._session = None
 
     async def request(
-        self, method: str, path: str, *, params: Mapping[str, str] | None = None, body: Any = None
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
     ) -> dict[str, Any]:
+        headers = self._headers()
+        data = None
+        if body is not None:
+            data = json.dumps(body).encode()
+            headers["Content-Type"] = content_type
         try:
             async with self.session.request(
                 method,
                 self.server + path,
                 params=params,
-                json=body,
-                headers=self._headers(),
+                data=data,
+                headers=headers,
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
             ) as response:
                 text = await response.text()
@@ -133,6 +158,19 @@ class Api:
 
     async def update(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self.request("PUT", path, body=body)
+
+    async def apply(self, path: str, body: Mapping[str, Any], field_manager: str) -> dict[str, Any]:
+        """Server-side apply (JSON is YAML), taking over the fields from any other manager."""
+        return await self.request(
+            "PATCH",
+            path,
+            params={"fieldManager": field_manager, "force": "true"},
+            body=body,
+            content_type="application/apply-patch+yaml",
+        )
+
+    async def delete(self, path: str) -> dict[str, Any]:
+        return await self.request("DELETE", path)
 
     async def list_pages(
         self, path: str, params: Mapping[str, str]
@@ -188,6 +226,93 @@ class Api:
                     yield _event(bytes(buffer))
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise ApiError(0, f"watch {path}: {type(exc).__name__}: {exc}") from exc
+
+
+class _TokenFile:
+    """A bearer token read from a file, again at most every `TOKEN_REREAD` seconds."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._token = ""
+        self._read_at = -TOKEN_REREAD
+
+    def __call__(self) -> str | None:
+        now = time.monotonic()
+        if now - self._read_at >= TOKEN_REREAD:
+            self._token = self.path.read_text().strip()
+            self._read_at = now
+        return f"Bearer {self._token}" if self._token else None
+
+
+def in_cluster(timeout: float, directory: Path = SERVICE_ACCOUNT_DIR) -> Api:
+    """The pod's service account: the API server's Service address from the environment, its CA
+    and the (rotated) token from the mounted service-account directory."""
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    if not host or not port:
+        raise ApiError(0, "not in a pod: KUBERNETES_SERVICE_HOST and KUBERNETES_SERVICE_PORT are not set")
+    token = directory / "token"
+    if not token.exists():
+        raise ApiError(0, f"no service-account token at {token} (is automountServiceAccountToken off?)")
+    context = ssl.create_default_context(cafile=str(directory / "ca.crt"))
+    server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    return Api(server, ssl_context=context, authorization=_TokenFile(token), timeout=timeout)
+
+
+def from_simple_kubeconfig(path: Path, timeout: float) -> Api | None:
+    """A kubeconfig whose current context needs only files, inline data or a token; None when it
+    needs more (exec plugins, auth providers), for the `kubernetes` client's loaders."""
+    import yaml
+
+    config = yaml.safe_load(path.read_text()) or {}
+    named = {
+        kind: {entry["name"]: entry.get(kind.rstrip("s"), {}) for entry in config.get(kind) or []}
+        for kind in ("clusters", "users", "contexts")
+    }
+    context = named["contexts"].get(config.get("current-context", ""), {})
+    cluster = named["clusters"].get(context.get("cluster", ""))
+    user = named["users"].get(context.get("user", ""), {})
+    if not cluster or not cluster.get("server") or user.get("exec") or user.get("auth-provider"):
+        return None
+    if user.get("username") or cluster.get("proxy-url") or cluster.get("tls-server-name"):
+        return None
+    base = path.parent
+    server = str(cluster["server"])
+    context_ssl: ssl.SSLContext | bool = True
+    if server.startswith("https"):
+        ca = _material(cluster, "certificate-authority", base)
+        context_ssl = ssl.create_default_context(cadata=ca.decode() if ca else None)
+        if cluster.get("insecure-skip-tls-verify"):
+            context_ssl.check_hostname = False
+            context_ssl.verify_mode = ssl.CERT_NONE
+        cert, key = _material(user, "client-certificate", base), _material(user, "client-key", base)
+        if cert and key:
+            _load_cert_chain(context_ssl, cert, key)
+    authorization: Callable[[], str | None] = lambda: None  # noqa: E731
+    if user.get("token"):
+        token = str(user["token"])
+        authorization = lambda: f"Bearer {token}"  # noqa: E731
+    elif user.get("tokenFile"):
+        authorization = _TokenFile(base / str(user["tokenFile"]))
+    return Api(server, ssl_context=context_ssl, authorization=authorization, timeout=timeout)
+
+
+def _material(section: Mapping[str, Any], key: str, base: Path) -> bytes | None:
+    """`<key>-data` (base64) or the file `<key>` (relative to the kubeconfig's directory)."""
+    if section.get(f"{key}-data"):
+        return base64.b64decode(section[f"{key}-data"])
+    if section.get(key):
+        return (base / str(section[key])).read_bytes()
+    return None
+
+
+def _load_cert_chain(context: ssl.SSLContext, cert: bytes, key: bytes) -> None:
+    # ssl reads a certificate chain only from files: a private file, removed once loaded
+    with tempfile.TemporaryDirectory(prefix="kube-cert-") as scratch:
+        cert_file, key_file = Path(scratch, "cert.pem"), Path(scratch, "key.pem")
+        cert_file.write_bytes(cert)
+        key_file.touch(mode=0o600)
+        key_file.write_bytes(key)
+        context.load_cert_chain(str(cert_file), str(key_file))
 
 
 def _event(line: bytes) -> WatchEvent:

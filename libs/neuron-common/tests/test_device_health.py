@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from neuron_device_plugin.health import Finding, HealthTracker, counter_findings
+from neuron_common.device_health import Finding, HealthTracker, counter_findings
 from neuron_sysfs.faults import Severity
 
 

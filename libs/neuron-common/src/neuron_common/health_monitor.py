@@ -1,23 +1,45 @@
-"""The loops that feed `PluginState`: device presence and error counters, the kernel log,
-and the problem detector's per-device verdicts."""
+"""The loops that feed a node's device health (the device plugin's state, the DRA driver's):
+device presence and error counters, the kernel log, and the problem detector's per-device verdicts."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Protocol
 
+from neuron_common.device_health import Finding, counter_findings
 from neuron_common.kernel_log import KmsgFollower, Malformed
 from neuron_common.lifecycle import sleep_or_stop
 from neuron_common.verdicts import read_verdicts
-from neuron_device_plugin.health import Finding, counter_findings
-from neuron_device_plugin.metrics import PluginMetrics
-from neuron_device_plugin.state import PluginState
 from neuron_sysfs import faults
 from neuron_sysfs.counters import CounterKind, CounterReader, device_totals, devices_reset
-from neuron_sysfs.inventory import InventoryTracker
+from neuron_sysfs.inventory import InventoryTracker, NodeInventory
 
 log = logging.getLogger(__name__)
+
+
+class HealthSink(Protocol):
+    """What the monitors feed: the node's current inventory and its health inputs."""
+
+    @property
+    def inventory(self) -> NodeInventory: ...
+
+    def set_inventory(self, inventory: NodeInventory) -> None: ...
+
+    def observe(self, findings: Iterable[Finding]) -> None: ...
+
+    def driver_reloaded(self, devices: Iterable[int]) -> None: ...
+
+    def set_external_verdicts(self, unhealthy: dict[int, str]) -> None: ...
+
+    def refresh_health(self) -> bool: ...
+
+
+def _ignore(kind: str) -> None:
+    pass
+
 
 STATUS_EVERY = 4
 # Only the per-core statuses behind a fault that takes a device out are worth reading here.
@@ -30,14 +52,18 @@ class HealthMonitor:
 
     def __init__(
         self,
-        state: PluginState,
-        metrics: PluginMetrics,
+        state: HealthSink,
         host_root: Path,
         interval: float,
         verdict_dir: Path | None = None,
+        *,
+        on_error: Callable[[str], None] = _ignore,
+        after_tick: Callable[[], None] | None = None,
     ) -> None:
+        """`on_error` counts a failed tick (by kind); `after_tick` runs after each tick."""
         self.state = state
-        self.metrics = metrics
+        self.on_error = on_error
+        self.after_tick = after_tick
         self.host_root = host_root
         self.interval = interval
         self.verdict_dir = verdict_dir
@@ -80,14 +106,15 @@ class HealthMonitor:
         if self.verdict_dir is not None:
             self.state.set_external_verdicts(read_verdicts(self.verdict_dir, self.host_root))
         self.state.refresh_health()
-        self.state.expire_pending()
+        if self.after_tick is not None:
+            self.after_tick()
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
                 self.tick()
             except Exception:  # one bad tick must not end health reporting
-                self.metrics.errors.labels("health_tick").inc()
+                self.on_error("health_tick")
                 log.exception("health check failed; trying again next interval")
             await sleep_or_stop(stop, self.interval)
 
@@ -96,9 +123,8 @@ class KmsgWatcher:
     """NEURON_HW_ERR lines naming a device make that device Unhealthy. The whole log of this
     boot is read at start, so a restart of the plugin does not forget an error."""
 
-    def __init__(self, state: PluginState, metrics: PluginMetrics, path: Path, retry: float = 30.0) -> None:
+    def __init__(self, state: HealthSink, path: Path, retry: float = 30.0) -> None:
         self.state = state
-        self.metrics = metrics
         self.path = path
         self.retry = retry
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from neuron_scheduler_extender.kube import MAX_LINE, Api, ApiError, Gone
+from neuron_common.kube import MAX_LINE, Api, ApiError, Gone
 
 
 class Server:
@@ -141,3 +141,52 @@ async def test_configured_from_a_kubeconfig(served: tuple[Server, Api], tmp_path
     finally:
         await api.close()
     assert server.requests[0][2] == "Bearer from-kubeconfig"
+
+
+# --- credentials without the kubernetes client ---------------------------------------------------
+
+
+def test_in_cluster_reads_the_service_account_and_rereads_the_token(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    import ssl
+
+    from neuron_common import kube
+
+    monkeypatch.setattr(ssl, "create_default_context", lambda **_: ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
+    (tmp_path / "token").write_text("first\n")
+    (tmp_path / "ca.crt").write_text("")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "fd00::1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    api = kube.in_cluster(5.0, tmp_path)
+    assert api.server == "https://[fd00::1]:443"
+    assert api._headers()["Authorization"] == "Bearer first"
+    (tmp_path / "token").write_text("rotated\n")
+    monkeypatch.setattr(kube, "TOKEN_REREAD", 0.0)
+    api._authorization._read_at = -1.0  # type: ignore[attr-defined]
+    assert api._headers()["Authorization"] == "Bearer rotated"
+
+
+def test_in_cluster_outside_a_pod_is_a_clear_error(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from neuron_common import kube
+
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ApiError, match="not in a pod"):
+        kube.in_cluster(5.0, tmp_path)
+
+
+def test_simple_kubeconfig_with_a_token_and_one_needing_the_client(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from neuron_common import kube
+
+    config = {
+        "clusters": [{"name": "c", "cluster": {"server": "http://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "abc"}}, {"name": "e", "user": {"exec": {"command": "x"}}}],
+        "contexts": [{"name": "t", "context": {"cluster": "c", "user": "u"}}, {"name": "x", "context": {"cluster": "c", "user": "e"}}],
+        "current-context": "t",
+    }  # fmt: skip
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(config))
+    api = kube.from_simple_kubeconfig(path, 5.0)
+    assert api is not None
+    assert api.server == "http://127.0.0.1:1"
+    assert api._headers()["Authorization"] == "Bearer abc"
+    path.write_text(json.dumps(config | {"current-context": "x"}))
+    assert kube.from_simple_kubeconfig(path, 5.0) is None  # exec plugins: the kubernetes client's loaders

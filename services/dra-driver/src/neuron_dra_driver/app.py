@@ -1,0 +1,126 @@
+"""Wiring: the node model and its health monitors, the claim driver, the kubelet's gRPC servers,
+the slice publisher and the HTTP endpoint, every loop under one supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+
+from neuron_common.health_monitor import HealthMonitor, KmsgWatcher
+from neuron_common.health_server import HealthServer
+from neuron_common.kube import Api
+from neuron_common.supervisor import Supervisor
+from neuron_dra_driver import servers, slices
+from neuron_dra_driver.config import Config
+from neuron_dra_driver.driver import Driver
+from neuron_dra_driver.health import NodeHealth
+from neuron_dra_driver.metrics import DriverMetrics
+from neuron_dra_driver.publisher import SlicePublisher
+from neuron_sysfs import layout
+from neuron_sysfs.inventory import scan
+
+log = logging.getLogger(__name__)
+
+
+def own_version() -> str:
+    try:
+        return version("neuron-dra-driver")
+    except PackageNotFoundError:  # run from a source tree
+        return "0.0.0"
+
+
+def driver_version(host_root: Path) -> str | None:
+    try:
+        return layout.HostLayout(host_root).driver_version.read_text().strip() or None
+    except OSError:
+        return None
+
+
+class DraDriver:
+    def __init__(self, config: Config, stop: asyncio.Event, api: Api) -> None:
+        self.config = config
+        self.stop = stop
+        self.api = api
+        self.metrics = DriverMetrics()
+        inventory = scan(config.host_root)
+        log.info(
+            "discovered %d Neuron device(s), %d logical core(s)",
+            len(inventory.devices),
+            len(inventory.cores),
+            extra={"instance_type": inventory.instance_type_name, "logical_nc_config": inventory.lnc.value},
+        )
+        self.health = NodeHealth(inventory, config.health_quiet_period)
+        self.kernel_driver_version = driver_version(config.host_root)
+        self.plugin_version = own_version()
+        self.driver = Driver(
+            node_name=config.node_name,
+            api=api,
+            inventory=lambda: self.health.inventory,
+            unhealthy=self.health.unhealthy,
+            checkpoint_file=config.checkpoint_file,
+            cdi_dir=config.cdi_spec_dir,
+            host_dev_root=config.host_dev_root,
+            metrics=self.metrics,
+        )
+        self.monitor = HealthMonitor(
+            self.health,
+            config.host_root,
+            config.health_interval,
+            config.verdict_dir,
+            on_error=lambda kind: self.metrics.errors.labels(kind).inc(),
+        )
+        self.publisher = SlicePublisher(api, config.node_name, self.model, self.metrics, resync=config.resync_interval)
+        self.registration = servers.RegistrationServicer(config.dra_socket, self.metrics, on_change=self.publisher.kick)
+        self.supervisor = Supervisor(stop)
+        host, port = config.listen
+        self.http = HealthServer(host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready)
+
+    def model(self) -> slices.NodeDevices:
+        return slices.NodeDevices(
+            self.config.node_name,
+            self.health.inventory,
+            tuple(self.health.unhealthy()),
+            driver_version=self.kernel_driver_version,
+            plugin_version=self.plugin_version,
+            publish_cores=self.config.publish_cores,
+        )
+
+    def ready(self) -> tuple[bool, str]:
+        if not self.registration.registered:
+            why = f": {self.registration.error}" if self.registration.error else ""
+            return False, "not registered with the kubelet" + why
+        if not self.publisher.synced:
+            return False, "ResourceSlices not published yet"
+        detail = f"; {self.driver.problem}" if self.driver.problem else ""
+        return True, f"registered; {len(self.driver.prepared)} prepared claim(s){detail}"
+
+    async def run(self) -> int:
+        self.driver.load()
+        await self.http.start()
+        c = self.config
+        self.supervisor.start(
+            "grpc",
+            lambda: servers.serve(
+                self.driver,
+                self.health,
+                self.registration,
+                c.dra_socket,
+                c.registration_socket,
+                c.node_name,
+                self.stop,
+            ),
+        )
+        self.supervisor.start("health", lambda: self.monitor.run(self.stop))
+        if c.kmsg_path is not None:
+            kmsg = KmsgWatcher(self.health, c.kmsg_path)
+            self.supervisor.start("kmsg", lambda: kmsg.run(self.stop))
+        self.supervisor.start("slices", lambda: self.publisher.run(self.stop, lambda: self.health.changed))
+        self.supervisor.start("slice-deletions", lambda: self.publisher.watch_deletions(self.stop))
+        code = await self.supervisor.run()
+        with contextlib.suppress(Exception):
+            await self.http.stop()
+        await self.api.close()
+        return code

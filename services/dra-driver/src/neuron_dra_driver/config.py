@@ -1,0 +1,153 @@
+"""Flags of `neuron-dra-driver`, each with a `NEURON_DRA_*` environment twin."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_duration, require_node_name
+from neuron_sysfs import layout
+
+DEFAULT_LISTEN = "0.0.0.0:9844"
+
+
+@dataclass(frozen=True)
+class Config:
+    node_name: str
+    host_root: Path
+    host_dev_root: Path  # the root the container runtime resolves /dev/neuronN against
+    plugin_dir: Path  # dra.sock and the checkpoint
+    registry_dir: Path  # the kubelet's plugins_registry
+    cdi_spec_dir: Path
+    kubeconfig: str | None  # None: the in-cluster service account
+    listen: tuple[str, int]
+    log_level: str
+    health_interval: float
+    health_quiet_period: float
+    kmsg_path: Path | None
+    verdict_dir: Path | None
+    publish_cores: bool
+    resync_interval: float
+    api_timeout: float
+
+    @property
+    def dra_socket(self) -> Path:
+        return self.plugin_dir / Path(layout.DRA_SOCKET).name
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.registry_dir / Path(layout.DRA_REGISTRATION_SOCKET).name
+
+    @property
+    def checkpoint_file(self) -> Path:
+        return self.plugin_dir / Path(layout.DRA_CHECKPOINT_FILE).name
+
+
+def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
+    p = EnvArgumentParser(
+        prog="neuron-dra-driver",
+        description="Kubernetes DRA kubelet plugin for AWS Neuron (driver neuron.aws.com): publishes the node's "
+        "Neuron devices and NeuronCores as ResourceSlices and prepares allocated claims with CDI.",
+        env_prefix="NEURON_DRA_",
+        env=env,
+    )
+    p.add_flag("--node-name", default="", help="this node's name (default $NODE_NAME); the pool is named after it")
+    p.add_flag("--host-root", default="/", type=Path, help="host root where sys/, dev/ and opt/aws/ are found")
+    p.add_flag(
+        "--host-dev-root",
+        default="",
+        help="root the container runtime resolves /dev/neuronN against in CDI specs; default: --host-root",
+    )
+    p.add_flag(
+        "--plugin-dir",
+        default=layout.DRA_PLUGIN_DIR,
+        type=Path,
+        help="the driver's directory under the kubelet's plugins/ (dra.sock, checkpoint.json)",
+    )
+    p.add_flag(
+        "--registry-dir",
+        default=layout.DRA_REGISTRY_DIR,
+        type=Path,
+        help="the kubelet's plugins_registry directory (the registration socket)",
+    )
+    p.add_flag("--cdi-spec-dir", default=layout.CDI_SPEC_DIR, type=Path, help="where claims' CDI specs are written")
+    p.add_flag("--kubeconfig", default="", help="kubeconfig file; default: the in-cluster service account")
+    p.add_flag("--listen", default=DEFAULT_LISTEN, type=listen_address, help="address of /healthz, /readyz, /metrics")
+    p.add_flag("--log-level", default="info", type=log_level, help="debug, info, warning or error")
+    p.add_flag(
+        "--health-interval",
+        default="500ms",
+        type=positive_duration,
+        help="time between reads of the error counters and device presence",
+    )
+    p.add_flag(
+        "--health-quiet-period",
+        default="5m",
+        type=positive_duration,
+        help="time without a new error before a device with a recoverable error is healthy again",
+    )
+    p.add_flag(
+        "--kmsg-path",
+        default="",
+        help="kernel log to watch for NEURON_HW_ERR lines; default <host-root>/dev/kmsg; 'none' disables",
+    )
+    p.add_flag(
+        "--verdict-dir",
+        default="",
+        help="directory of per-device verdicts from neuron-problem-detector; '' disables",
+    )
+    p.add_bool_flag(
+        "--publish-cores",
+        default=True,
+        help="publish each NeuronCore as a device too, sharing a counter with its Neuron device "
+        "(needs the DRAPartitionableDevices feature, Beta and on in Kubernetes 1.36)",
+    )
+    p.add_flag(
+        "--resync-interval",
+        default="1m",
+        type=positive_duration,
+        help="longest time between two checks that the ResourceSlices are as published",
+    )
+    p.add_flag("--api-timeout", default="10s", type=positive_duration, help="timeout of one API server request")
+    return p
+
+
+def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
+    environ = os.environ if env is None else env
+    p = parser(env)
+    a = p.parse_args(argv)
+    if a.health_quiet_period < a.health_interval:
+        p.error("--health-quiet-period must be at least --health-interval")
+    node = a.node_name or environ.get("NODE_NAME", "")
+    if not node:
+        p.error(
+            "the node's name is needed: pass --node-name or set NODE_NAME (the chart sets it from the downward API)"
+        )
+    require_node_name(p, node)
+    kmsg: Path | None
+    if a.kmsg_path == "none":
+        kmsg = None
+    elif a.kmsg_path:
+        kmsg = Path(a.kmsg_path)
+    else:
+        kmsg = layout.HostLayout(a.host_root).kmsg
+    return Config(
+        node_name=node,
+        host_root=a.host_root,
+        host_dev_root=Path(a.host_dev_root) if a.host_dev_root else a.host_root,
+        plugin_dir=a.plugin_dir,
+        registry_dir=a.registry_dir,
+        cdi_spec_dir=a.cdi_spec_dir,
+        kubeconfig=a.kubeconfig or None,
+        listen=a.listen,
+        log_level=a.log_level,
+        health_interval=a.health_interval,
+        health_quiet_period=a.health_quiet_period,
+        kmsg_path=kmsg,
+        verdict_dir=Path(a.verdict_dir) if a.verdict_dir else None,
+        publish_cores=a.publish_cores,
+        resync_interval=a.resync_interval,
+        api_timeout=a.api_timeout,
+    )

@@ -1,0 +1,142 @@
+"""Preparing and unpreparing claims: the API server's word on each claim, the health verdicts,
+the CDI specs and the checkpoint, in that order.
+
+Calls are serialised (one lock): the checkpoint is rewritten after each, and two calls for the
+same claim must not interleave. Both operations are idempotent, as the kubelet requires: a claim
+prepared before answers with the same devices, without asking the API server again; unpreparing
+a claim not prepared (or already unprepared, or whose object is gone) succeeds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from neuron_common import cdi
+from neuron_dra_driver import checkpoint
+from neuron_dra_driver.checkpoint import Checkpoint
+from neuron_dra_driver.claims import ClaimRefused, PreparedClaim, prepare, spec_file_name
+from neuron_dra_driver.metrics import DriverMetrics
+from neuron_sysfs.inventory import NodeInventory
+
+log = logging.getLogger(__name__)
+
+
+class ClaimSource(Protocol):
+    async def get(self, path: str) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    uid: str
+    namespace: str
+    name: str
+
+
+def claim_path(namespace: str, name: str) -> str:
+    return f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+
+
+class Driver:
+    def __init__(
+        self,
+        *,
+        node_name: str,
+        api: ClaimSource,
+        inventory: Callable[[], NodeInventory],
+        unhealthy: Callable[[], Mapping[int, str]],
+        checkpoint_file: Path,
+        cdi_dir: Path,
+        host_dev_root: Path,
+        metrics: DriverMetrics,
+    ) -> None:
+        self.node_name = node_name
+        self.api = api
+        self.inventory = inventory
+        self.unhealthy = unhealthy
+        self.checkpoint = Checkpoint(checkpoint_file)
+        self.cdi_dir = cdi_dir
+        self.host_dev_root = host_dev_root
+        self.metrics = metrics
+        self.lock = asyncio.Lock()
+        self.prepared: dict[str, PreparedClaim] = {}
+        self.problem = ""  # a checkpoint recovery to report on /readyz's detail
+
+    def load(self) -> None:
+        self.prepared, self.problem = self.checkpoint.recover(self.cdi_dir)
+        if self.problem:
+            self.metrics.errors.labels("checkpoint").inc()
+        self.metrics.prepared_claims.set(len(self.prepared))
+        if self.prepared:
+            log.info("%d prepared claim(s) from the checkpoint", len(self.prepared))
+
+    async def prepare(self, refs: Iterable[ClaimRef]) -> dict[str, PreparedClaim | str]:
+        """Per claim UID: the prepared claim, or why it was refused."""
+        results: dict[str, PreparedClaim | str] = {}
+        async with self.lock:
+            for ref in refs:
+                started = time.perf_counter()
+                results[ref.uid] = await self._prepare_one(ref)
+                self.metrics.prepare_duration.labels("prepare").observe(time.perf_counter() - started)
+            self.metrics.prepared_claims.set(len(self.prepared))
+        return results
+
+    async def _prepare_one(self, ref: ClaimRef) -> PreparedClaim | str:
+        known = self.prepared.get(ref.uid)
+        if known is not None:
+            return known
+        try:
+            claim = await self.api.get(claim_path(ref.namespace, ref.name))
+            prepared = prepare(claim, ref.uid, self.node_name, self.inventory(), self.unhealthy(), self.host_dev_root)
+        except ClaimRefused as exc:
+            self.metrics.refusals.labels("refused").inc()
+            log.warning("refused claim %s/%s: %s", ref.namespace, ref.name, exc, extra={"claim_uid": ref.uid})
+            return f"claim {ref.namespace}/{ref.name}: {exc}"
+        except Exception as exc:  # the API server's answer, or none: the kubelet retries
+            self.metrics.refusals.labels("error").inc()
+            log.warning("cannot prepare claim %s/%s: %s", ref.namespace, ref.name, exc, extra={"claim_uid": ref.uid})
+            return f"claim {ref.namespace}/{ref.name}: {exc}"
+        try:
+            cdi.write_spec(self.cdi_dir, spec_file_name(ref.uid), checkpoint.annotate(dict(prepared.spec), prepared))
+            self.prepared[ref.uid] = prepared
+            self.checkpoint.save(self.prepared)
+        except OSError as exc:
+            self.prepared.pop(ref.uid, None)
+            cdi.remove_spec(self.cdi_dir, spec_file_name(ref.uid))
+            self.metrics.errors.labels("write").inc()
+            return f"claim {ref.namespace}/{ref.name}: cannot write its CDI spec or the checkpoint: {exc}"
+        log.info(
+            "prepared claim %s/%s: %s",
+            ref.namespace,
+            ref.name,
+            ",".join(d.device for d in prepared.devices),
+            extra={"claim_uid": ref.uid},
+        )
+        return prepared
+
+    async def unprepare(self, refs: Iterable[ClaimRef]) -> dict[str, str]:
+        """Per claim UID: "" when unprepared (or never prepared), else the error."""
+        results: dict[str, str] = {}
+        async with self.lock:
+            for ref in refs:
+                started = time.perf_counter()
+                results[ref.uid] = self._unprepare_one(ref)
+                self.metrics.prepare_duration.labels("unprepare").observe(time.perf_counter() - started)
+            self.metrics.prepared_claims.set(len(self.prepared))
+        return results
+
+    def _unprepare_one(self, ref: ClaimRef) -> str:
+        try:
+            cdi.remove_spec(self.cdi_dir, spec_file_name(ref.uid))
+            if self.prepared.pop(ref.uid, None) is not None:
+                self.checkpoint.save(self.prepared)
+                log.info("unprepared claim %s/%s", ref.namespace, ref.name, extra={"claim_uid": ref.uid})
+        except OSError as exc:
+            self.metrics.errors.labels("write").inc()
+            return f"claim {ref.namespace}/{ref.name}: {exc}"
+        return ""

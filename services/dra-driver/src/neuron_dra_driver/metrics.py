@@ -1,0 +1,36 @@
+"""The driver's Prometheus metrics (served on /metrics). The names are a contract: the dashboards use them."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class DriverMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.prepare_duration = Histogram(
+            "neuron_dra_prepare_duration_seconds",
+            "Time to prepare or unprepare one claim (NodePrepareResources / NodeUnprepareResources)",
+            ["operation"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.prepared_claims = Gauge("neuron_dra_prepared_claims", "Claims prepared on this node", registry=r)
+        self.published_devices = Gauge(
+            "neuron_dra_published_devices",
+            "Devices in this node's ResourceSlices, by kind (device: a Neuron device, core: a NeuronCore)",
+            ["kind"],
+            registry=r,
+        )
+        self.unhealthy_devices = Gauge(
+            "neuron_dra_unhealthy_devices", "Neuron devices left out of the ResourceSlices as unhealthy", registry=r
+        )
+        self.slice_updates = Counter(
+            "neuron_dra_slice_updates", "Times this node's ResourceSlices were written with new content", registry=r
+        )
+        self.refusals = Counter(
+            "neuron_dra_prepare_refusals", "Claims refused by NodePrepareResources", ["reason"], registry=r
+        )
+        self.errors = Counter("neuron_dra_errors", "Internal errors by kind", ["kind"], registry=r)
+        self.registered = Gauge("neuron_dra_registered", "1 while the kubelet has registered the driver", registry=r)

@@ -1,0 +1,167 @@
+"""Keeps this node's ResourceSlices in the API server equal to what the node model says.
+
+On start, and whenever the health or the inventory changes (and every `resync` anyway), the
+slices are rebuilt; when their content differs from what the API server has, they are written
+with server-side apply under a new pool generation (the scheduler uses only the highest
+generation of a pool, so a half-written update is never mixed with the previous one), and slices
+no longer needed are deleted. A failed write is retried with back-off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any, Protocol
+
+from neuron_common.backoff import Backoff
+from neuron_common.kube import ApiError, WatchEvent
+from neuron_common.lifecycle import wait_any
+from neuron_dra_driver import slices
+from neuron_dra_driver.metrics import DriverMetrics
+
+log = logging.getLogger(__name__)
+
+SLICES = "/apis/resource.k8s.io/v1/resourceslices"
+FIELD_MANAGER = "neuron-dra-driver"
+
+
+class SliceApi(Protocol):
+    async def get(self, path: str) -> dict[str, Any]: ...
+
+    async def apply(self, path: str, body: Any, field_manager: str) -> dict[str, Any]: ...
+
+    async def delete(self, path: str) -> dict[str, Any]: ...
+
+    async def request(self, method: str, path: str, *, params: Any = None) -> dict[str, Any]: ...
+
+    def watch(
+        self, path: str, params: Mapping[str, str], resource_version: str, seconds: float
+    ) -> AsyncIterator[WatchEvent]: ...
+
+
+class SlicePublisher:
+    def __init__(
+        self,
+        api: SliceApi,
+        node_name: str,
+        model: Callable[[], slices.NodeDevices],
+        metrics: DriverMetrics,
+        *,
+        resync: float,
+    ) -> None:
+        self.api = api
+        self.node_name = node_name
+        self.model = model
+        self.metrics = metrics
+        self.resync = resync
+        self.generation = 0
+        self.synced = False  # the API server has the current slices
+        self._kick = asyncio.Event()
+
+    def kick(self) -> None:
+        """Check the API server now: the kubelet deletes a node's slices of a driver it has lost
+        (and after its own restart), and registers the driver again afterwards."""
+        self._kick.set()
+
+    @property
+    def selector(self) -> str:
+        return f"spec.nodeName={self.node_name},spec.driver={slices.DRIVER}"
+
+    async def existing(self) -> list[dict[str, Any]]:
+        answer = await self.api.request("GET", SLICES, params={"fieldSelector": self.selector})
+        items = answer.get("items") or []
+        return [i for i in items if isinstance(i, dict)]
+
+    async def sync(self) -> bool:
+        """One pass; True when something was written."""
+        model = self.model()
+        found = await self.existing()
+        found_gen = max((int(s["spec"]["pool"].get("generation", 0)) for s in found), default=0)
+        self.generation = max(self.generation, found_gen)
+        desired = slices.build(model, self.generation)
+        counts = slices.published_counts(desired)
+        for kind, count in counts.items():
+            self.metrics.published_devices.labels(kind).set(count)
+        self.metrics.unhealthy_devices.set(len(set(model.unhealthy)))
+        one_generation = len({s["spec"]["pool"].get("generation") for s in found}) == 1
+        if one_generation and _comparable(found) == _comparable(desired):
+            self.synced = True
+            return False
+        self.generation += 1
+        desired = slices.build(model, self.generation)
+        for obj in desired:
+            await self.api.apply(f"{SLICES}/{obj['metadata']['name']}", obj, FIELD_MANAGER)
+        wanted = {s["metadata"]["name"] for s in desired}
+        for obj in found:
+            name = obj["metadata"]["name"]
+            if name not in wanted:
+                await self.api.delete(f"{SLICES}/{name}")
+        self.metrics.slice_updates.inc()
+        self.synced = True
+        log.info(
+            "published %d device(s) and %d core(s) in %d slice(s), pool generation %d",
+            counts["device"],
+            counts["core"],
+            len(desired),
+            self.generation,
+            extra={"unhealthy": sorted(model.unhealthy)},
+        )
+        return True
+
+    async def run(self, stop: asyncio.Event, changed: Callable[[], asyncio.Event]) -> None:
+        backoff = Backoff(initial=0.5, maximum=30.0)
+        while not stop.is_set():
+            wake = changed()
+            self._kick.clear()
+            try:
+                await self.sync()
+                backoff.reset()
+                await wait_any(wake, self._kick, stop, timeout=self.resync)
+            except ApiError as exc:
+                self.synced = False
+                self.metrics.errors.labels("publish").inc()
+                delay = backoff.next_delay()
+                log.warning("cannot publish the ResourceSlices (%s); again in %.1fs", exc, delay)
+                await wait_any(stop, timeout=delay)
+
+    async def watch_deletions(self, stop: asyncio.Event) -> None:
+        """Republish at once when one of this node's slices is deleted (the kubelet deletes them
+        all when it starts, possibly after the driver has published)."""
+        task = asyncio.create_task(self._watch(stop))
+        try:
+            await stop.wait()
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _watch(self, stop: asyncio.Event) -> None:
+        backoff = Backoff(initial=0.5, maximum=30.0)
+        while not stop.is_set():
+            try:
+                answer = await self.api.request("GET", SLICES, params={"fieldSelector": self.selector})
+                version = str((answer.get("metadata") or {}).get("resourceVersion") or "")
+                async for event in self.api.watch(SLICES, {"fieldSelector": self.selector}, version, 300):
+                    backoff.reset()
+                    if event.type == "DELETED":
+                        self.kick()
+            except ApiError as exc:
+                delay = backoff.next_delay()
+                log.debug("watching the ResourceSlices: %s; again in %.1fs", exc, delay)
+                await wait_any(stop, timeout=delay)
+
+
+def _comparable(objs: list[dict[str, Any]]) -> list[Any]:
+    """Slices' content without the pool generation, by name, without the empty defaults the API
+    server may add: equal means nothing to write."""
+    return [(name, _strip(spec)) for name, spec in sorted(slices.content(objs), key=lambda item: str(item[0]))]
+
+
+def _strip(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _strip(v) for k, v in value.items() if v not in (None, [], {}, False)}
+    if isinstance(value, list):
+        return [_strip(v) for v in value]
+    return value

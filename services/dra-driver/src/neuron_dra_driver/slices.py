@@ -1,0 +1,227 @@
+"""The node's ResourceSlices (`resource.k8s.io/v1`) built from the node model. Pure: no I/O.
+
+One pool per node (named after it). Its devices:
+- `neurondevice<N>`: one Neuron device, all of its logical cores;
+- `neuroncore<G>`: one logical NeuronCore (G = the global index NEURON_RT_VISIBLE_CORES counts).
+Both kinds consume one shared counter per Neuron device (`neurondevice<N>`, worth the device's
+logical cores): a whole device takes all of it, a core takes one, so the scheduler never hands
+out a device and one of its cores, or one core twice (partitionable devices, KEP-4815).
+
+Connected groups: `resource.aws.com/devicegroup<k>_id` for every valid group size k of the node's
+topology (`Topology.group_sizes`). A claim asking for k devices (or cores) with
+`matchAttribute: resource.aws.com/devicegroup<k>_id` gets a valid connected set:
+- 4x4 torus (trn1/trn1n/trn2): the valid groups of a size never overlap, so each device carries
+  the id of the one group of each size it belongs to: every valid group is reachable, as with
+  the AWS driver (same names and sizes 1, 4, 8, 16).
+- ring (inf1/inf2): every arc of k consecutive devices is valid and arcs overlap, so one value
+  per device cannot name them all. Each size is tiled with the arcs that do not overlap, taken
+  from the allocator's valid groups in order (devices 0..k-1, k..2k-1, ...); a device left over
+  when k does not divide the ring has no id of that size. Every set the scheduler can pick is a
+  valid arc; arcs crossing a tile boundary (e.g. devices 2-5 for k=4) are not reachable.
+Ids are the lowest device index of the group (an int).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_sysfs import layout
+from neuron_sysfs.allocator import Topology, topology_from
+from neuron_sysfs.instance_types import GIB
+from neuron_sysfs.inventory import NodeInventory
+
+DRIVER = layout.DRA_DRIVER_NAME
+API_VERSION = "resource.k8s.io/v1"
+GROUP_DOMAIN = "resource.aws.com"
+DEVICE_KIND = "neuron_device"
+CORE_KIND = "neuron_core"
+COUNTER_SET_PREFIX = "neuroncores"
+# API limits (k8s.io/api resource/v1): devices per slice when counters are used, counters per set.
+MAX_DEVICES_PER_SLICE = 64
+MAX_COUNTERS_PER_SET = 32
+MAX_ATTRIBUTES_AND_CAPACITIES = 32
+MAX_NAME = 253
+
+
+def device_name(index: int) -> str:
+    return f"neurondevice{index}"
+
+
+def core_name(index: int) -> str:
+    return f"neuroncore{index}"
+
+
+def group_attribute(size: int) -> str:
+    return f"{GROUP_DOMAIN}/devicegroup{size}_id"
+
+
+def group_ids(topo: Topology) -> dict[int, dict[int, int]]:
+    """Per valid group size: device -> id of the group of that size it is published in."""
+    result: dict[int, dict[int, int]] = {}
+    for size in topo.group_sizes:
+        taken: set[int] = set()
+        ids: dict[int, int] = {}
+        for group in topo.groups(size):
+            if taken.isdisjoint(group):
+                taken |= group
+                ids.update(dict.fromkeys(group, min(group)))
+        result[size] = ids
+    return result
+
+
+@dataclass(frozen=True)
+class NodeDevices:
+    """What the slices say about one node: the scanned model plus the health verdicts."""
+
+    node_name: str
+    inventory: NodeInventory
+    unhealthy: Collection[int] = ()  # device indices taken out of the pool
+    driver_version: str | None = None  # the Neuron kernel driver's, when the node tells it
+    plugin_version: str = "0.0.0"  # this DRA driver's package version (a semantic version)
+    publish_cores: bool = True
+
+
+def _string(value: str) -> dict[str, str]:
+    return {"string": value}
+
+
+def _int(value: int) -> dict[str, int]:
+    return {"int": value}
+
+
+def _quantity(n_bytes: int) -> str:
+    return f"{n_bytes // GIB}Gi" if n_bytes % GIB == 0 else str(n_bytes)
+
+
+def counter_set_name(device: int) -> str:
+    return f"{COUNTER_SET_PREFIX}-{device // MAX_COUNTERS_PER_SET}"
+
+
+def _common(model: NodeDevices, kind: str, device: int, groups: Mapping[int, Mapping[int, int]]) -> dict[str, Any]:
+    inv = model.inventory
+    attributes: dict[str, Any] = {
+        "resourceType": _string(kind),
+        "deviceId": _int(device),
+        "logicalNeuronCore": _int(inv.lnc.value),
+        "draDriverVersion": {"version": model.plugin_version},
+    }
+    if inv.instance_type_name:
+        attributes["instanceType"] = _string(inv.instance_type_name)
+    if model.driver_version:
+        attributes["neuronDriverVersion"] = _string(model.driver_version[:64])
+    for size, ids in sorted(groups.items()):
+        if device in ids:
+            attributes[group_attribute(size)] = _int(ids[device])
+    return attributes
+
+
+def devices(model: NodeDevices) -> list[dict[str, Any]]:
+    """The pool's devices (healthy ones only), whole devices first, then cores, by index."""
+    inv = model.inventory
+    topo = topology_from(inv)
+    groups = group_ids(topo)
+    memory = inv.instance_type.memory_bytes_per_device if inv.instance_type else None
+    unhealthy = set(model.unhealthy)
+    healthy = [d for d in sorted(inv.devices, key=lambda d: d.index) if d.index not in unhealthy]
+    result: list[dict[str, Any]] = []
+    for d in healthy:
+        attributes = _common(model, DEVICE_KIND, d.index, groups)
+        attributes["coreCount"] = _int(len(d.logical_cores))
+        entry: dict[str, Any] = {"name": device_name(d.index), "attributes": attributes}
+        if memory:
+            entry["capacity"] = {"memory": {"value": _quantity(memory)}}
+        if model.publish_cores:
+            entry["consumesCounters"] = [_consumes(d.index, len(d.logical_cores))]
+        result.append(entry)
+    if model.publish_cores:
+        for d in healthy:
+            for core in d.logical_cores:
+                attributes = _common(model, CORE_KIND, d.index, groups)
+                attributes["coreId"] = _int(core)
+                result.append(
+                    {"name": core_name(core), "attributes": attributes, "consumesCounters": [_consumes(d.index, 1)]}
+                )
+    return result
+
+
+def _consumes(device: int, cores: int) -> dict[str, Any]:
+    return {"counterSet": counter_set_name(device), "counters": {device_name(device): {"value": str(cores)}}}
+
+
+def counter_sets(model: NodeDevices) -> list[dict[str, Any]]:
+    """One counter per healthy device, worth its logical cores, in sets of at most 32 counters."""
+    sets: dict[str, dict[str, Any]] = {}
+    unhealthy = set(model.unhealthy)
+    for d in sorted(model.inventory.devices, key=lambda d: d.index):
+        if d.index in unhealthy:
+            continue
+        counters = sets.setdefault(counter_set_name(d.index), {})
+        counters[device_name(d.index)] = {"value": str(len(d.logical_cores))}
+    return [{"name": name, "counters": counters} for name, counters in sorted(sets.items())]
+
+
+def slice_name(node_name: str, index: int) -> str:
+    """`<node>-neuron.aws.com-<i>`; a node name too long for that (a name is at most 253
+    characters) is cut and told apart by a hash of it."""
+    name = f"{node_name}-{DRIVER}-{index}"
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(node_name.encode()).hexdigest()[:10]
+    keep = MAX_NAME - len(f"-{digest}-{DRIVER}-{index}")
+    return f"{node_name[:keep].rstrip('.-')}-{digest}-{DRIVER}-{index}"
+
+
+def build(model: NodeDevices, generation: int) -> list[dict[str, Any]]:
+    """The ResourceSlice objects of the node's pool: the counters' slice (only one of devices and
+    shared counters may be in a slice), then devices at most 64 a slice."""
+    specs: list[dict[str, Any]] = []
+    if model.publish_cores:
+        sets = counter_sets(model)
+        if sets:
+            # at most 8 counter sets a slice: 8 x 32 devices, more than any instance has
+            specs.append({"sharedCounters": sets})
+    listed = devices(model)
+    for start in range(0, len(listed), MAX_DEVICES_PER_SLICE):
+        specs.append({"devices": listed[start : start + MAX_DEVICES_PER_SLICE]})
+    if not specs:
+        specs.append({"devices": []})  # an empty pool still says "this node has nothing"
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {"name": slice_name(model.node_name, i)},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": model.node_name,
+                "pool": {"name": model.node_name, "generation": generation, "resourceSliceCount": len(specs)},
+                **spec,
+            },
+        }
+        for i, spec in enumerate(specs)
+    ]
+
+
+def content(slices: list[dict[str, Any]]) -> list[Any]:
+    """What the slices publish, without the pool generation: equal content needs no new generation."""
+    return [(s["metadata"]["name"], {k: v for k, v in s["spec"].items() if k != "pool"}) for s in slices]
+
+
+def published_counts(slices: list[dict[str, Any]]) -> dict[str, int]:
+    counts = {"device": 0, "core": 0}
+    for s in slices:
+        for d in s["spec"].get("devices", []):
+            kind = d["attributes"]["resourceType"]["string"]
+            counts["device" if kind == DEVICE_KIND else "core"] += 1
+    return counts
+
+
+def parse_device_name(name: str) -> tuple[str, int] | None:
+    """(`neuron_device` or `neuron_core`, index) for a name this driver publishes, else None."""
+    for kind, prefix in ((DEVICE_KIND, "neurondevice"), (CORE_KIND, "neuroncore")):
+        digits = name.removeprefix(prefix)
+        if digits != name and digits.isdigit() and str(int(digits)) == digits:
+            return kind, int(digits)
+    return None

@@ -1,0 +1,225 @@
+"""The DRA driver on a simulated node against a real kube-apiserver, with the kubelet's side of registration and DRA calls."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from grpc import aio
+from neuron_dra_driver import config as config_mod
+from neuron_dra_driver.app import DraDriver
+from simcluster.controlplane import ControlPlane, control_plane, missing_prerequisites
+
+from kubelet_api.dra.v1 import api_pb2 as dra
+from kubelet_api.dra.v1 import api_pb2_grpc as dra_grpc
+from kubelet_api.pluginregistration.v1 import api_pb2 as reg
+from kubelet_api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from neuron_common.kube import Api
+from neuron_sysfs import sim
+
+
+async def eventually(predicate: Callable[[], object], timeout: float = 15.0) -> None:
+    """Polls `predicate` (plain or async) until true; the timeout only bounds a failing test."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition never became true: {predicate}")
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture(scope="session")
+def apiserver() -> Iterator[ControlPlane]:
+    """A real kube-apiserver (resource.k8s.io/v1 served), shared by the tests of this directory."""
+    missing = missing_prerequisites()
+    if missing:
+        pytest.skip(f"no kube-apiserver to test against (run make setup): {', '.join(missing)}")
+    work = Path(tempfile.mkdtemp(prefix="dra-cp-"))
+    try:
+        with control_plane(work) as cp:
+            yield cp
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """Unix socket paths must stay under 108 bytes: pytest's tmp_path can be longer."""
+    path = Path(tempfile.mkdtemp(prefix="dra-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else "/tmp"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass
+class Kubelet:
+    """The kubelet's side: registration through the registry socket, then DRA calls on the endpoint."""
+
+    registry: Path
+    channel: aio.Channel | None = None
+    endpoint: str = ""
+
+    async def register(self) -> reg.PluginInfo:
+        socket = self.registry / "neuron.aws.com-reg.sock"
+        async with aio.insecure_channel(f"unix://{socket}") as ch:
+            stub = reg_grpc.RegistrationStub(ch)
+            info = await stub.GetInfo(reg.InfoRequest(), timeout=1)
+            self.endpoint = info.endpoint
+            self.channel = aio.insecure_channel(f"unix://{info.endpoint}")
+            await stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True), timeout=5)
+        return info
+
+    @property
+    def dra(self) -> dra_grpc.DRAPluginStub:
+        assert self.channel is not None, "register first"
+        return dra_grpc.DRAPluginStub(self.channel)
+
+    async def prepare(self, *claims: tuple[str, str, str]) -> dra.NodePrepareResourcesResponse:
+        request = dra.NodePrepareResourcesRequest(
+            claims=[dra.Claim(uid=u, namespace=ns, name=n) for u, ns, n in claims]
+        )
+        response: dra.NodePrepareResourcesResponse = await self.dra.NodePrepareResources(request, timeout=45)
+        return response
+
+    async def unprepare(self, *claims: tuple[str, str, str]) -> dra.NodeUnprepareResourcesResponse:
+        request = dra.NodeUnprepareResourcesRequest(
+            claims=[dra.Claim(uid=u, namespace=ns, name=n) for u, ns, n in claims]
+        )
+        response: dra.NodeUnprepareResourcesResponse = await self.dra.NodeUnprepareResources(request, timeout=45)
+        return response
+
+    async def close(self) -> None:
+        if self.channel is not None:
+            await self.channel.close()
+
+
+@dataclass
+class Harness:
+    root: Path
+    dirs: Path
+    node: str
+    api: Api
+    kubelet: Kubelet
+    driver: DraDriver
+    stop: asyncio.Event
+    task: asyncio.Task[int]
+
+    @property
+    def cdi_dir(self) -> Path:
+        return self.dirs / "cdi"
+
+    async def shutdown(self) -> int:
+        self.stop.set()
+        await self.kubelet.close()
+        return await asyncio.wait_for(self.task, 20)
+
+    async def slices(self) -> list[dict[str, Any]]:
+        answer = await self.api.request(
+            "GET",
+            "/apis/resource.k8s.io/v1/resourceslices",
+            params={"fieldSelector": f"spec.nodeName={self.node}"},
+        )
+        return list(answer.get("items") or [])
+
+    async def device_names(self) -> set[str]:
+        return {d["name"] for s in await self.slices() for d in s["spec"].get("devices", [])}
+
+
+def admin_api(cp: ControlPlane) -> Api:
+    return Api(cp.server, ssl_context=cp.credentials.ssl_context())
+
+
+@pytest.fixture
+async def start_driver(apiserver: ControlPlane, short_tmp: Path) -> AsyncIterator[Callable[..., Awaitable[Harness]]]:
+    harnesses: list[Harness] = []
+    counter = iter(range(1000))
+
+    async def _start(
+        instance_type: str = "trn1.32xlarge",
+        *args: str,
+        node: str | None = None,
+        root: Path | None = None,
+        dirs: Path | None = None,
+        register: bool = True,
+    ) -> Harness:
+        n = next(counter)
+        node = node or f"node-{os.getpid()}-{n}-{int(time.time() * 1000) % 100000}"
+        if root is None:
+            root = short_tmp / f"root{n}"
+            sim.create(root, instance_type)
+        dirs = dirs or short_tmp / f"d{n}"
+        cfg = config_mod.parse(
+            [
+                "--node-name", node, "--host-root", str(root),
+                "--plugin-dir", str(dirs / "plugins"), "--registry-dir", str(dirs / "registry"),
+                "--cdi-spec-dir", str(dirs / "cdi"), "--listen", "127.0.0.1:0",
+                "--health-interval", "0.05", "--health-quiet-period", "1", *args,
+            ],
+            env={},
+        )  # fmt: skip
+        api = admin_api(apiserver)
+        stop = asyncio.Event()
+        driver = DraDriver(cfg, stop, api)
+        task = asyncio.create_task(driver.run())
+        kubelet = Kubelet(dirs / "registry")
+        h = Harness(root, dirs, node, admin_api(apiserver), kubelet, driver, stop, task)
+        harnesses.append(h)
+        if register:
+            await eventually((dirs / "registry" / "neuron.aws.com-reg.sock").exists)
+            await kubelet.register()
+        return h
+
+    yield _start
+    for h in harnesses:
+        if not h.task.done():
+            with contextlib.suppress(Exception):
+                await h.shutdown()
+        await h.api.close()
+
+
+async def allocated_claim(
+    api: Api, node: str, devices: list[str], *, name: str, namespace: str = "default", request: str = "neuron"
+) -> dict[str, Any]:
+    """A ResourceClaim allocated as the scheduler would: created, then its status written."""
+    base = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
+    claim = await api.create(
+        base,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": request, "exactly": {"deviceClassName": "neuron.aws.com", "count": len(devices)}}
+                    ]
+                }
+            },
+        },
+    )
+    claim["status"] = {
+        "allocation": {
+            "devices": {
+                "results": [
+                    {"request": request, "driver": "neuron.aws.com", "pool": node, "device": d} for d in devices
+                ]
+            },
+            "nodeSelector": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+            },
+        }
+    }
+    return await api.update(f"{base}/{name}/status", claim)

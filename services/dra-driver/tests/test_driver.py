@@ -1,0 +1,228 @@
+"""The driver end to end on this machine: the real gRPC servers over unix sockets with the compiled
+stubs as the kubelet, a real kube-apiserver for the slices and claims, a simulated Neuron node."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import grpc
+import pytest
+from dra_harness import Harness, allocated_claim, eventually
+
+from kubelet_api.dra_health.v1alpha1 import api_pb2 as health_pb
+from kubelet_api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
+from neuron_common.kube import ApiError
+from neuron_sysfs import sim
+
+pytestmark = pytest.mark.asyncio
+
+
+def claim_name() -> str:
+    return f"c-{uuid.uuid4().hex[:10]}"
+
+
+async def test_registers_as_a_dra_plugin(start_driver) -> None:  # type: ignore[no-untyped-def]
+    h: Harness = await start_driver("inf2.xlarge", register=False)
+    await eventually((h.dirs / "registry" / "neuron.aws.com-reg.sock").exists)
+    info = await h.kubelet.register()
+    assert info.type == "DRAPlugin"
+    assert info.name == "neuron.aws.com"
+    assert info.endpoint == str(h.dirs / "plugins" / "dra.sock")
+    assert list(info.supported_versions) == ["v1.DRAPlugin", "v1alpha1.DRAResourceHealth"]
+    await eventually(lambda: h.driver.ready()[0])
+    assert await h.shutdown() == 0
+    assert not (h.dirs / "registry" / "neuron.aws.com-reg.sock").exists()
+    assert not (h.dirs / "plugins" / "dra.sock").exists()
+
+
+async def test_slices_accepted_by_the_api_server(start_driver) -> None:  # type: ignore[no-untyped-def]
+    h: Harness = await start_driver("trn2.48xlarge")
+    await eventually(lambda: _has_devices(h, 16 + 64))
+    objs = await h.slices()
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in objs} == {len(objs)}
+    assert len({s["spec"]["pool"]["generation"] for s in objs}) == 1
+    counters = [s for s in objs if s["spec"].get("sharedCounters")]
+    assert len(counters) == 1  # one counter set, 16 counters
+    device = next(d for s in objs for d in s["spec"].get("devices", []) if d["name"] == "neurondevice5")
+    assert device["attributes"]["resource.aws.com/devicegroup4_id"] == {"int": 4}
+    assert device["consumesCounters"][0]["counters"] == {"neurondevice5": {"value": "4"}}
+    # unchanged content is not written again
+    before = h.driver.metrics.slice_updates._value.get()
+    assert await h.driver.publisher.sync() is False
+    assert h.driver.metrics.slice_updates._value.get() == before
+
+
+async def test_prepare_writes_cdi_and_unprepare_removes_it(start_driver) -> None:  # type: ignore[no-untyped-def]
+    h: Harness = await start_driver("trn1.32xlarge")
+    devices = [f"neurondevice{d}" for d in (4, 5, 6, 7)]
+    claim = await allocated_claim(h.api, h.node, devices, name=claim_name())
+    uid = claim["metadata"]["uid"]
+    ref = (uid, "default", claim["metadata"]["name"])
+    response = await h.kubelet.prepare(ref)
+    result = response.claims[uid]
+    assert result.error == ""
+    assert [d.device_name for d in result.devices] == devices
+    assert {d.pool_name for d in result.devices} == {h.node}
+    assert [list(d.cdi_device_ids) for d in result.devices] == [[f"neuron.aws.com/claim={uid}-neuron"], [], [], []]
+    spec = json.loads((h.cdi_dir / f"neuron.aws.com_claim-{uid}.json").read_text())
+    (cdi_device,) = spec["devices"]
+    assert cdi_device["name"] == f"{uid}-neuron"
+    assert [n["path"] for n in cdi_device["containerEdits"]["deviceNodes"]] == [f"/dev/neuron{d}" for d in (4, 5, 6, 7)]
+    assert "NEURON_RT_VISIBLE_CORES=8,9,10,11,12,13,14,15" in cdi_device["containerEdits"]["env"]
+    # idempotent: the same answer again
+    assert (await h.kubelet.prepare(ref)).claims[uid] == result
+    assert h.driver.metrics.prepared_claims._value.get() == 1
+    unprepared = await h.kubelet.unprepare(ref)
+    assert unprepared.claims[uid].error == ""
+    assert not (h.cdi_dir / f"neuron.aws.com_claim-{uid}.json").exists()
+    assert (await h.kubelet.unprepare(ref)).claims[uid].error == ""  # again: still fine
+    assert h.driver.metrics.prepared_claims._value.get() == 0
+
+
+async def test_refusals_name_the_reason(start_driver) -> None:  # type: ignore[no-untyped-def]
+    h: Harness = await start_driver("inf2.24xlarge")
+    claim = await allocated_claim(h.api, h.node, ["neurondevice0"], name=claim_name())
+    name = claim["metadata"]["name"]
+    wrong_uid = str(uuid.uuid4())
+    other_node = await allocated_claim(h.api, "another-node", ["neurondevice0"], name=claim_name())
+    missing = str(uuid.uuid4())
+    response = await h.kubelet.prepare(
+        (wrong_uid, "default", name),
+        (other_node["metadata"]["uid"], "default", other_node["metadata"]["name"]),
+        (missing, "default", "no-such-claim"),
+    )
+    assert "UID" in response.claims[wrong_uid].error
+    assert "pool 'another-node'" in response.claims[other_node["metadata"]["uid"]].error
+    assert "not found" in response.claims[missing].error
+    assert not list(h.cdi_dir.glob("*.json"))
+
+
+async def test_a_device_error_takes_it_out_and_refuses_its_claims(start_driver) -> None:  # type: ignore[no-untyped-def]
+    h: Harness = await start_driver("inf2.24xlarge")
+    await eventually(lambda: _has_devices(h, 6 + 12))
+    claim = await allocated_claim(h.api, h.node, ["neuroncore4", "neuroncore5"], name=claim_name())
+    sim.inject_fault(h.root, "NC_UNCORRECTABLE_ERROR", 2, via="kernel")
+    await eventually(lambda: _lacks(h, {"neurondevice2", "neuroncore4", "neuroncore5"}))
+    assert await h.device_names() >= {"neurondevice1", "neurondevice3"}
+    uid = claim["metadata"]["uid"]
+    response = await h.kubelet.prepare((uid, "default", claim["metadata"]["name"]))
+    assert "neuron2: kernel NC_UNCORRECTABLE_ERROR" in response.claims[uid].error
+    assert h.driver.metrics.unhealthy_devices._value.get() == 1
+    # the kubelet's health stream says the same
+    async with grpc.aio.insecure_channel(f"unix://{h.kubelet.endpoint}") as ch:
+        stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(health_pb.NodeWatchResourcesRequest())
+        first = await stream.read()
+        stream.cancel()
+    health = {d.device.device_name: d for d in first.devices}
+    assert health["neurondevice2"].health == health_pb.UNHEALTHY
+    assert "NC_UNCORRECTABLE_ERROR" in health["neuroncore5"].message
+    assert health["neurondevice1"].health == health_pb.HEALTHY
+
+
+async def test_restart_keeps_prepared_claims(start_driver) -> None:  # type: ignore[no-untyped-def]
+    h: Harness = await start_driver("trn1.32xlarge")
+    claim = await allocated_claim(h.api, h.node, ["neurondevice0"], name=claim_name())
+    uid, name = claim["metadata"]["uid"], claim["metadata"]["name"]
+    first = (await h.kubelet.prepare((uid, "default", name))).claims[uid]
+    assert first.error == ""
+    assert await h.shutdown() == 0
+    # the claim object is gone: only the checkpoint can answer now
+    await h.api.delete(f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{name}")
+    again: Harness = await start_driver(node=h.node, root=h.root, dirs=h.dirs)
+    assert (await again.kubelet.prepare((uid, "default", name))).claims[uid] == first
+    assert (await again.kubelet.unprepare((uid, "default", name))).claims[uid].error == ""
+    assert not list(again.cdi_dir.glob("*.json"))
+
+
+async def test_corrupt_checkpoint_recovered_from_cdi_specs(start_driver) -> None:  # type: ignore[no-untyped-def]
+    h: Harness = await start_driver("trn1.32xlarge")
+    claim = await allocated_claim(h.api, h.node, ["neurondevice3"], name=claim_name())
+    uid, name = claim["metadata"]["uid"], claim["metadata"]["name"]
+    first = (await h.kubelet.prepare((uid, "default", name))).claims[uid]
+    assert await h.shutdown() == 0
+    (h.dirs / "plugins" / "checkpoint.json").write_text('{"version": 1, "claims": [')
+    again: Harness = await start_driver(node=h.node, root=h.root, dirs=h.dirs)
+    await eventually(lambda: again.driver.ready()[0])
+    assert "recovered from CDI specs" in again.driver.ready()[1]
+    await h.api.delete(f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{name}")
+    assert (await again.kubelet.prepare((uid, "default", name))).claims[uid] == first
+    assert list((h.dirs / "plugins").glob("checkpoint.json.corrupt-*"))
+
+
+async def test_no_access_to_the_claim_is_an_error_not_a_crash(start_driver) -> None:  # type: ignore[no-untyped-def]
+    h: Harness = await start_driver("inf2.xlarge")
+    uid = str(uuid.uuid4())
+    response = await h.kubelet.prepare((uid, "no-such-namespace", "x"))
+    assert response.claims[uid].error
+    assert h.driver.supervisor.healthy()[0]
+    with pytest.raises(ApiError):
+        await h.api.get("/apis/resource.k8s.io/v1/namespaces/no-such-namespace/resourceclaims/x")
+
+
+async def _has_devices(h: Harness, count: int) -> bool:
+    return len(await h.device_names()) == count
+
+
+async def _lacks(h: Harness, names: set[str]) -> bool:
+    return not (await h.device_names()) & names
+
+
+async def test_credentials_from_a_kubeconfig_with_inline_data_reach_the_api_server(apiserver, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """What `neuron-dra-driver --kubeconfig` loads without the kubernetes client: CA and client
+    certificate inline, against the real API server."""
+    import asyncio
+    import base64
+    import sys
+
+    from neuron_common.kube import Api
+
+    creds = apiserver.credentials
+    inline = {
+        "clusters": [{"name": "c", "cluster": {
+            "server": apiserver.server, "certificate-authority-data": base64.b64encode(creds.ca.read_bytes()).decode()}}],
+        "users": [{"name": "u", "user": {
+            "client-certificate-data": base64.b64encode(creds.client_cert.read_bytes()).decode(),
+            "client-key-data": base64.b64encode(creds.client_key.read_bytes()).decode()}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }  # fmt: skip
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps(inline))
+    api = Api.from_kubeconfig(str(path), 10.0)
+    try:
+        answer = await api.get("/apis/resource.k8s.io/v1")
+        assert answer["groupVersion"] == "resource.k8s.io/v1"
+    finally:
+        await api.close()
+    # and without importing the kubernetes client (18 MB resident), in a process of its own
+    code = "import sys; from neuron_common.kube import Api; Api.from_kubeconfig(sys.argv[1], 1.0); "
+    code += "print('kubernetes' in sys.modules)"
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", code, str(path), stdout=asyncio.subprocess.PIPE)
+    out, _ = await proc.communicate()
+    assert proc.returncode == 0
+    assert out.decode().strip() == "False"
+
+
+async def test_slices_the_kubelet_wiped_come_back_at_once(start_driver) -> None:  # type: ignore[no-untyped-def]
+    h: Harness = await start_driver("inf2.xlarge")
+    await eventually(lambda: _has_devices(h, 1 + 2))
+    # what a starting kubelet does, maybe after the driver has published: wipe the node's slices
+    for _ in range(2):
+        for obj in await h.slices():
+            await h.api.delete(f"/apis/resource.k8s.io/v1/resourceslices/{obj['metadata']['name']}")
+        await eventually(lambda: _has_devices(h, 1 + 2))  # well before the 1-minute resync
+    # and a kubelet registering the driver again makes it check at once too
+    generation = h.driver.publisher.generation
+    await h.kubelet.register()
+    await eventually(lambda: h.driver.publisher.synced)
+    assert h.driver.publisher.generation == generation  # nothing changed: nothing written
+
+
+async def test_the_slices_carry_this_drivers_version(start_driver) -> None:  # type: ignore[no-untyped-def]
+    from importlib.metadata import version
+
+    h: Harness = await start_driver("trn1.2xlarge")
+    await eventually(lambda: _has_devices(h, 1 + 2))
+    device = next(d for s in await h.slices() for d in s["spec"].get("devices", []) if d["name"] == "neurondevice0")
+    assert device["attributes"]["draDriverVersion"] == {"version": version("neuron-dra-driver")}

@@ -1,0 +1,170 @@
+"""The real kube-scheduler allocating from the driver's ResourceSlices, with the chart's
+DeviceClasses: what the claims in the chart README get. A private control plane, no kubelet: a
+pod is bound and its claim allocated, nothing runs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from dra_harness import Harness, eventually
+from simcluster.controlplane import ControlPlane
+from simcluster.schedulers import start_scheduler
+
+from neuron_common.kube import Api
+
+REPO = Path(__file__).resolve().parents[3]
+NAMESPACE = "default"
+GROUP4 = "resource.aws.com/devicegroup4_id"
+
+
+def chart_device_classes() -> list[dict[str, Any]]:
+    """The DeviceClasses exactly as the chart renders them."""
+    out = subprocess.run(
+        [str(REPO / ".venv/bin/helm"), "template", "x", str(REPO / "charts/neuron-helm-chart"),
+         "--set", "devicePlugin.enabled=false,draDriver.enabled=true",
+         "--show-only", "templates/dra-driver/deviceclasses.yaml"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    return [d for d in yaml.safe_load_all(out) if d]
+
+
+@pytest.fixture(scope="module")
+def scheduler(apiserver: ControlPlane) -> str:
+    """kube-scheduler against the shared API server, and the chart's DeviceClasses in it."""
+    start_scheduler(apiserver, "default-scheduler")
+    # no controller manager here: the namespace's default ServiceAccount, which pods need, is made by hand
+    subprocess.run(
+        [str(REPO / ".venv/bin/kubectl"), f"--kubeconfig={apiserver.kubeconfig}", "-n", NAMESPACE,
+         "create", "serviceaccount", "default"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    for device_class in chart_device_classes():
+        subprocess.run(
+            [str(REPO / ".venv/bin/kubectl"), f"--kubeconfig={apiserver.kubeconfig}", "apply", "-f", "-"],
+            input=json.dumps(device_class), capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    return "default-scheduler"
+
+
+async def create_node(api: Api, name: str) -> None:
+    resources = {"cpu": "16", "memory": "64Gi", "pods": "110"}
+    ready = {"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "test"}
+    await api.create(
+        "/api/v1/nodes",
+        {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name}},
+            "status": {"capacity": resources, "allocatable": resources, "conditions": [ready]},
+        },
+    )
+
+
+async def claim_and_pod(
+    api: Api, node: str, device_class: str, count: int, match: str | None = None
+) -> tuple[str, str]:
+    """A claim pinned to the test's node and a pod using it; their names."""
+    name = f"c-{uuid.uuid4().hex[:8]}"
+    exactly: dict[str, Any] = {"deviceClassName": device_class, "count": count}
+    devices: dict[str, Any] = {"requests": [{"name": "r", "exactly": exactly}]}
+    if match:
+        devices["constraints"] = [{"requests": ["r"], "matchAttribute": match}]
+    await api.create(
+        f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims",
+        {"metadata": {"name": name}, "spec": {"devices": devices}},
+    )
+    await api.create(
+        f"/api/v1/namespaces/{NAMESPACE}/pods",
+        {
+            "metadata": {"name": name},
+            "spec": {
+                # several nodes share the API server: this test's node only
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "resourceClaims": [{"name": "r", "resourceClaimName": name}],
+                "containers": [{"name": "c", "image": "x", "resources": {"claims": [{"name": "r"}]}}],
+            },
+        },
+    )
+    return name, name
+
+
+async def allocation(api: Api, claim: str) -> list[str] | None:
+    obj = await api.get(f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{claim}")
+    result = (obj.get("status") or {}).get("allocation")
+    return sorted(r["device"] for r in result["devices"]["results"]) if result else None
+
+
+async def unschedulable(api: Api, pod: str) -> str:
+    obj = await api.get(f"/api/v1/namespaces/{NAMESPACE}/pods/{pod}")
+    for condition in (obj.get("status") or {}).get("conditions", []):
+        if condition["type"] == "PodScheduled" and condition["status"] == "False":
+            return str(condition.get("message", ""))
+    return ""
+
+
+def index(name: str) -> int:
+    return int(name.removeprefix("neurondevice").removeprefix("neuroncore"))
+
+
+async def started(start_driver, instance_type: str, devices: int, cores: int) -> Harness:  # type: ignore[no-untyped-def]
+    node = f"sched-{uuid.uuid4().hex[:8]}"
+    h: Harness = await start_driver(instance_type, node=node)
+    await create_node(h.api, node)
+    await eventually(lambda: _published(h, devices + cores))
+    return h
+
+
+async def _published(h: Harness, count: int) -> bool:
+    return len(await h.device_names()) == count
+
+
+async def test_four_connected_devices_are_a_torus_row(start_driver, scheduler) -> None:  # type: ignore[no-untyped-def]
+    h = await started(start_driver, "trn1.32xlarge", 16, 32)
+    rows = []
+    for _ in range(4):
+        claim, _pod = await claim_and_pod(h.api, h.node, "neuron.aws.com", 4, GROUP4)
+        await eventually(lambda claim=claim: allocation(h.api, claim), timeout=60)
+        devices = [index(d) for d in await allocation(h.api, claim) or []]
+        assert len(devices) == 4
+        assert len({d // 4 for d in devices}) == 1, f"{devices} is not one row"
+        rows.append(devices[0] // 4)
+    assert sorted(rows) == [0, 1, 2, 3]
+    # the node is full: a fifth row stays Pending with the scheduler's reason
+    claim, pod = await claim_and_pod(h.api, h.node, "neuron.aws.com", 4, GROUP4)
+    await eventually(lambda: unschedulable(h.api, pod), timeout=60)
+    assert "claim" in await unschedulable(h.api, pod)
+    assert await allocation(h.api, claim) is None
+
+
+async def test_a_device_and_its_cores_are_never_both_allocated(start_driver, scheduler) -> None:  # type: ignore[no-untyped-def]
+    h = await started(start_driver, "inf2.24xlarge", 6, 12)  # 2 cores a device
+    claim, _ = await claim_and_pod(h.api, h.node, "neuroncore.aws.com", 11)
+    await eventually(lambda: allocation(h.api, claim), timeout=60)
+    cores = [index(c) for c in await allocation(h.api, claim) or []]
+    assert len(cores) == 11
+    # one core is left, so no whole device is: the device claim stays Pending, one core fits
+    device_claim, device_pod = await claim_and_pod(h.api, h.node, "neuron.aws.com", 1)
+    await eventually(lambda: unschedulable(h.api, device_pod), timeout=60)
+    assert await allocation(h.api, device_claim) is None
+    core_claim, _ = await claim_and_pod(h.api, h.node, "neuroncore.aws.com", 1)
+    await eventually(lambda: allocation(h.api, core_claim), timeout=60)
+    (last,) = [index(c) for c in await allocation(h.api, core_claim) or []]
+    assert sorted([*cores, last]) == list(range(12))
+
+
+async def test_three_cores_on_a_ring_tile_are_on_two_neighbours(start_driver, scheduler) -> None:  # type: ignore[no-untyped-def]
+    h = await started(start_driver, "inf2.48xlarge", 12, 24)
+    claim, _ = await claim_and_pod(h.api, h.node, "neuroncore.aws.com", 3, "resource.aws.com/devicegroup2_id")
+    await eventually(lambda: allocation(h.api, claim), timeout=60)
+    cores = [index(c) for c in await allocation(h.api, claim) or []]
+    devices = sorted({c // 2 for c in cores})
+    assert len(cores) == 3
+    assert len(devices) == 2
+    assert devices[1] - devices[0] == 1
+    assert devices[0] % 2 == 0  # one tile of the ring's size-2 groups

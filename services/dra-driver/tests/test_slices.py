@@ -1,0 +1,202 @@
+"""The ResourceSlices, over every instance type and logical-core setting in the table."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from functools import cache
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from neuron_dra_driver import slices
+
+from neuron_sysfs import sim
+from neuron_sysfs.allocator import topology_from
+from neuron_sysfs.instance_types import INSTANCE_TYPES, TopologyKind
+from neuron_sysfs.inventory import NodeInventory, scan
+
+SETTINGS = [(name, lnc) for name, it in INSTANCE_TYPES.items() for lnc in it.family.supported_lnc]
+IDS = [f"{name}-lnc{lnc}" for name, lnc in SETTINGS]
+QUALIFIED = re.compile(r"^(?:[a-z0-9.-]{1,63}/)?[A-Za-z_][A-Za-z0-9_]{0,31}$")
+DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_ROOT = Path(tempfile.mkdtemp(prefix="dra-slices-"))
+
+
+@cache
+def inventory(name: str, lnc: int) -> NodeInventory:
+    root = _ROOT / f"{name}-{lnc}"
+    sim.create(root, name, lnc=lnc)
+    return scan(root, env={})
+
+
+def model(name: str, lnc: int, unhealthy: frozenset[int] = frozenset(), **kw: object) -> slices.NodeDevices:
+    return slices.NodeDevices("node-a", inventory(name, lnc), unhealthy, **kw)  # type: ignore[arg-type]
+
+
+def all_devices(objs: list[dict]) -> list[dict]:  # type: ignore[type-arg]
+    return [d for s in objs for d in s["spec"].get("devices", [])]
+
+
+@pytest.mark.parametrize(("name", "lnc"), SETTINGS, ids=IDS)
+def test_one_device_per_neuron_device_and_one_per_core(name: str, lnc: int) -> None:
+    inv = inventory(name, lnc)
+    listed = all_devices(slices.build(model(name, lnc), 1))
+    names = [d["name"] for d in listed]
+    assert names == [f"neurondevice{d.index}" for d in inv.devices] + [f"neuroncore{c.index}" for c in inv.cores]
+    for d in listed[: len(inv.devices)]:
+        a = d["attributes"]
+        assert a["resourceType"] == {"string": "neuron_device"}
+        assert a["instanceType"] == {"string": name}
+        assert a["logicalNeuronCore"] == {"int": lnc}
+        assert a["coreCount"] == {"int": len(inv.device(a["deviceId"]["int"]).logical_cores)}  # type: ignore[union-attr]
+        assert d["capacity"]["memory"]["value"] == slices._quantity(INSTANCE_TYPES[name].memory_bytes_per_device)
+    for d in listed[len(inv.devices) :]:
+        core = inv.core(d["attributes"]["coreId"]["int"])
+        assert core is not None
+        assert d["attributes"]["deviceId"] == {"int": core.device}
+        assert d["attributes"]["resourceType"] == {"string": "neuron_core"}
+
+
+@pytest.mark.parametrize(("name", "lnc"), SETTINGS, ids=IDS)
+def test_within_the_api_limits(name: str, lnc: int) -> None:
+    objs = slices.build(model(name, lnc, driver_version="2.24.7.0"), 3)
+    assert len({s["metadata"]["name"] for s in objs}) == len(objs)
+    for s in objs:
+        spec = s["spec"]
+        assert spec["pool"] == {"name": "node-a", "generation": 3, "resourceSliceCount": len(objs)}
+        assert spec["nodeName"] == "node-a"
+        assert spec["driver"] == "neuron.aws.com"
+        assert ("devices" in spec) != ("sharedCounters" in spec)
+        assert len(spec.get("devices", [])) <= 64
+        assert len(spec.get("sharedCounters", [])) <= 8
+        for counter_set in spec.get("sharedCounters", []):
+            assert DNS_LABEL.match(counter_set["name"])
+            assert len(counter_set["counters"]) <= 32
+            assert all(DNS_LABEL.match(c) for c in counter_set["counters"])
+        for d in spec.get("devices", []):
+            assert DNS_LABEL.match(d["name"])
+            assert len(d["attributes"]) + len(d.get("capacity", {})) <= 32
+            assert all(QUALIFIED.match(k) for k in d["attributes"])
+            assert all(len(v["string"]) <= 64 for v in d["attributes"].values() if "string" in v)
+            assert len(d.get("consumesCounters", [])) <= 2
+
+
+@pytest.mark.parametrize(("name", "lnc"), SETTINGS, ids=IDS)
+def test_every_group_id_names_a_valid_connected_group(name: str, lnc: int) -> None:
+    inv = inventory(name, lnc)
+    topo = topology_from(inv)
+    listed = all_devices(slices.build(model(name, lnc), 1))
+    for size in topo.group_sizes:
+        attribute = slices.group_attribute(size)
+        for kind in ("neuron_device", "neuron_core"):
+            members: dict[int, set[int]] = {}
+            for d in listed:
+                if d["attributes"]["resourceType"]["string"] == kind and attribute in d["attributes"]:
+                    members.setdefault(d["attributes"][attribute]["int"], set()).add(d["attributes"]["deviceId"]["int"])
+            for group in members.values():
+                assert len(group) == size
+                assert frozenset(group) in topo.groups(size)
+                assert topo.connected(sum(1 << d for d in group))
+            if topo.kind is TopologyKind.RING:
+                # the arcs that do not overlap: one per k devices, the remainder unreachable
+                assert len(members) == topo.device_count // size
+            else:
+                # the torus' groups of one size partition the devices: every one is reachable
+                assert len(members) == len(topo.groups(size))
+    # no group size the topology does not have is published
+    published = {k for d in listed for k in d["attributes"] if k.startswith(slices.GROUP_DOMAIN)}
+    assert published == {slices.group_attribute(s) for s in topo.group_sizes}
+
+
+def test_torus_publishes_the_aws_driver_names() -> None:
+    listed = all_devices(slices.build(model("trn1.32xlarge", 1), 1))
+    assert {k for k in listed[0]["attributes"] if k.startswith("resource.aws.com/")} == {
+        f"resource.aws.com/devicegroup{k}_id" for k in (1, 4, 8, 16)
+    }
+
+
+@pytest.mark.parametrize(("name", "lnc"), SETTINGS, ids=IDS)
+def test_counters_keep_a_device_and_its_cores_apart(name: str, lnc: int) -> None:
+    inv = inventory(name, lnc)
+    objs = slices.build(model(name, lnc), 1)
+    available = {
+        (cs["name"], counter): int(v["value"])
+        for s in objs
+        for cs in s["spec"].get("sharedCounters", [])
+        for counter, v in cs["counters"].items()
+    }
+    consumed_by_cores: dict[tuple[str, str], int] = {}
+    for d in all_devices(objs):
+        (consumption,) = d["consumesCounters"]
+        ((counter, value),) = consumption["counters"].items()
+        key = (consumption["counterSet"], counter)
+        assert key in available
+        if d["attributes"]["resourceType"]["string"] == "neuron_device":
+            assert int(value["value"]) == available[key]  # a whole device takes every core
+            assert counter == d["name"]
+        else:
+            consumed_by_cores[key] = consumed_by_cores.get(key, 0) + int(value["value"])
+    assert consumed_by_cores == available  # all the cores together take exactly the device
+    assert len(available) == len(inv.devices)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_an_unhealthy_device_leaves_with_its_cores_and_counter(data: st.DataObject) -> None:
+    name, lnc = data.draw(st.sampled_from(SETTINGS))
+    inv = inventory(name, lnc)
+    indices = [d.index for d in inv.devices]
+    unhealthy = frozenset(data.draw(st.sets(st.sampled_from(indices))))
+    objs = slices.build(model(name, lnc, unhealthy), 2)
+    listed = all_devices(objs)
+    left = {d["attributes"]["deviceId"]["int"] for d in listed}
+    assert left == set(indices) - unhealthy
+    counters = {c for s in objs for cs in s["spec"].get("sharedCounters", []) for c in cs["counters"]}
+    assert counters == {f"neurondevice{d}" for d in left}
+    assert slices.published_counts(objs) == {
+        "device": len(left),
+        "core": sum(len(d.logical_cores) for d in inv.devices if d.index in left),
+    }
+    # group ids do not move when a device leaves: a claim never gets a set with a hole
+    healthy = slices.group_ids(topology_from(inv))
+    for d in listed:
+        for size, ids in healthy.items():
+            if d["attributes"]["deviceId"]["int"] in ids:
+                assert d["attributes"][slices.group_attribute(size)]["int"] == ids[d["attributes"]["deviceId"]["int"]]
+
+
+def test_without_cores_only_devices_and_no_counters() -> None:
+    objs = slices.build(model("trn2.48xlarge", 2, publish_cores=False), 1)
+    assert all("sharedCounters" not in s["spec"] for s in objs)
+    assert [d["name"] for d in all_devices(objs)] == [f"neurondevice{i}" for i in range(16)]
+    assert all("consumesCounters" not in d for d in all_devices(objs))
+
+
+def test_every_device_unhealthy_still_publishes_an_empty_pool() -> None:
+    objs = slices.build(model("inf2.xlarge", 1, frozenset({0})), 4)
+    assert [s["spec"].get("devices") for s in objs] == [[]]
+    assert objs[0]["spec"]["pool"]["resourceSliceCount"] == 1
+
+
+def test_driver_version_only_when_known() -> None:
+    with_version = all_devices(slices.build(model("inf2.24xlarge", 1, driver_version="2.24.7.0"), 1))
+    without = all_devices(slices.build(model("inf2.24xlarge", 1), 1))
+    assert with_version[0]["attributes"]["neuronDriverVersion"] == {"string": "2.24.7.0"}
+    assert "neuronDriverVersion" not in without[0]["attributes"]
+
+
+def test_content_ignores_the_generation_only() -> None:
+    a = slices.build(model("inf2.24xlarge", 1), 1)
+    assert slices.content(a) == slices.content(slices.build(model("inf2.24xlarge", 1), 7))
+    assert slices.content(a) != slices.content(slices.build(model("inf2.24xlarge", 1, frozenset({2})), 1))
+
+
+def test_slice_names_stay_valid_for_the_longest_node_names() -> None:
+    assert slices.slice_name("node-a", 2) == "node-a-neuron.aws.com-2"
+    long_a, long_b = "a" * 240 + ".example.com", "a" * 240 + ".example.org"
+    name_a, name_b = slices.slice_name(long_a, 10), slices.slice_name(long_b, 10)
+    assert len(name_a) <= 253
+    assert name_a != name_b
+    assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name_a)

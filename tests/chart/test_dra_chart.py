@@ -1,0 +1,317 @@
+"""The chart's DRA driver (`draDriver.enabled`): its DaemonSet, DeviceClasses, least-privilege RBAC
+and the admission policy that keeps each node's driver to its own ResourceSlices (checked for real
+against a kube-apiserver with pod-bound tokens), and the refusal to share nodes with the device
+plugin. Rendered by the real Helm 4 (the helpers of test_chart.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chart.test_chart import by_component, container, daemonset, of_kind, refusal, render, sets
+from simcluster.controlplane import ControlPlane, control_plane, missing_prerequisites
+
+from neuron_common.kube import Api, ApiError
+
+ON = sets(devicePlugin__enabled=False, draDriver__enabled=True)
+RELEASE = "neuron-helm-chart"
+DRIVER = f"{RELEASE}-dra-driver"
+
+
+def test_off_by_default() -> None:
+    docs = render()
+    assert by_component(docs, "dra-driver") == []
+    assert of_kind(docs, "DeviceClass") == []
+
+
+def test_the_one_set_pair_switches_the_release_to_dra() -> None:
+    docs = render(*ON)
+    assert [d for d in of_kind(docs, "DaemonSet") if d["metadata"]["name"].endswith("device-plugin")] == []
+    ds = daemonset(docs, "dra-driver")
+    c = container(ds)
+    assert c["image"] == "localhost/neuron-helm-chart/dra-driver:0.1.0"
+    assert c["args"][:9] == [
+        "--host-root=/host",
+        "--host-dev-root=/",
+        "--plugin-dir=/var/lib/kubelet/plugins/neuron.aws.com",
+        "--registry-dir=/var/lib/kubelet/plugins_registry",
+        "--cdi-spec-dir=/var/run/cdi",
+        "--listen=0.0.0.0:9844",
+        "--log-level=info",
+        "--health-quiet-period=300",
+        "--publish-cores",
+    ]
+    # with the problem detector, its verdicts rather than the kernel log
+    assert c["args"][9:] == ["--kmsg-path=none", "--verdict-dir=/var/lib/neuron-problem-detector/verdicts"]
+    assert c["env"][0] == {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    pod = ds["spec"]["template"]["spec"]
+    assert "automountServiceAccountToken" not in pod  # it needs its pod-bound token
+    (sa,) = [s for s in of_kind(docs, "ServiceAccount") if s["metadata"]["name"] == DRIVER]
+    assert "automountServiceAccountToken" not in sa
+
+
+def test_writable_host_paths_are_the_kubelets_plugin_dirs_and_cdi() -> None:
+    ds = daemonset(render(*ON), "dra-driver")
+    volumes = {v["name"]: v["hostPath"]["path"] for v in ds["spec"]["template"]["spec"]["volumes"] if "hostPath" in v}
+    rw = {volumes[m["name"]]: m["mountPath"] for m in container(ds)["volumeMounts"] if not m.get("readOnly")}
+    # mounted at the host's own paths: the kubelet dials the socket path the driver registers
+    assert rw == {
+        "/var/lib/kubelet/plugins/neuron.aws.com": "/var/lib/kubelet/plugins/neuron.aws.com",
+        "/var/lib/kubelet/plugins_registry": "/var/lib/kubelet/plugins_registry",
+        "/var/run/cdi": "/var/run/cdi",
+    }
+    assert volumes["host-sys"] == "/sys"
+    assert volumes["host-dev"] == "/dev"
+
+
+def test_a_custom_kubelet_root_moves_every_socket() -> None:
+    c = container(daemonset(render(*ON, *sets(kubeletRootDir="/data/kubelet")), "dra-driver"))
+    assert "--plugin-dir=/data/kubelet/plugins/neuron.aws.com" in c["args"]
+    assert "--registry-dir=/data/kubelet/plugins_registry" in c["args"]
+
+
+def test_device_classes() -> None:
+    docs = render(*ON)
+    classes = {d["metadata"]["name"]: d["spec"] for d in of_kind(docs, "DeviceClass")}
+    assert set(classes) == {"neuron.aws.com", "neuroncore.aws.com"}
+    device = " ".join(classes["neuron.aws.com"]["selectors"][0]["cel"]["expression"].split())
+    core = " ".join(classes["neuroncore.aws.com"]["selectors"][0]["cel"]["expression"].split())
+    assert device == (
+        'device.driver == "neuron.aws.com" && device.attributes["neuron.aws.com"].resourceType == "neuron_device"'
+    )
+    assert core == (
+        'device.driver == "neuron.aws.com" && device.attributes["neuron.aws.com"].resourceType == "neuron_core"'
+    )
+    assert "extendedResourceName" not in classes["neuron.aws.com"]
+    mapped = render(*ON, *sets(draDriver__deviceClasses__deviceExtendedResourceName="aws.amazon.com/neuron"))
+    (device_class,) = [d for d in of_kind(mapped, "DeviceClass") if d["metadata"]["name"] == "neuron.aws.com"]
+    assert device_class["spec"]["extendedResourceName"] == "aws.amazon.com/neuron"
+
+
+def test_without_cores_no_core_class_and_the_driver_publishes_none() -> None:
+    docs = render(*ON, *sets(draDriver__publishCores=False))
+    assert [d["metadata"]["name"] for d in of_kind(docs, "DeviceClass")] == ["neuron.aws.com"]
+    assert "--no-publish-cores" in container(daemonset(docs, "dra-driver"))["args"]
+
+
+def test_rbac_is_least_privilege() -> None:
+    docs = render(*ON)
+    (role,) = [r for r in of_kind(docs, "ClusterRole") if r["metadata"]["name"] == DRIVER]
+    assert role["rules"] == [
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceslices"],
+            "verbs": ["list", "watch", "create", "patch", "delete"],
+        },
+    ]
+    assert [r for r in of_kind(docs, "Role") if DRIVER in r["metadata"]["name"]] == []
+
+
+def test_refuses_the_device_plugin_on_the_same_nodes() -> None:
+    message = refusal(*sets(draDriver__enabled=True))
+    assert "devicePlugin.enabled and draDriver.enabled would both run on the same Neuron nodes" in message
+    assert "--set devicePlugin.enabled=false,draDriver.enabled=true" in message
+    same = sets(draDriver__enabled=True, draDriver__nodeSelector={"a": "x"}, devicePlugin__nodeSelector={"a": "x"})
+    assert "same Neuron nodes" in refusal(*same)
+    only_one_side = sets(draDriver__enabled=True, draDriver__nodeSelector={"a": "dra"})
+    assert "same Neuron nodes" in refusal(*only_one_side)
+
+
+def test_both_on_disjoint_nodes_is_allowed() -> None:
+    docs = render(
+        *sets(
+            draDriver__enabled=True,
+            draDriver__nodeSelector={"neuron.aws.com/allocator": "dra"},
+            devicePlugin__nodeSelector={"neuron.aws.com/allocator": "device-plugin"},
+        )
+    )
+    assert daemonset(docs, "dra-driver")["spec"]["template"]["spec"]["nodeSelector"] == {
+        "neuron.aws.com/allocator": "dra"
+    }
+    assert daemonset(docs, "device-plugin")["spec"]["template"]["spec"]["nodeSelector"] == {
+        "neuron.aws.com/allocator": "device-plugin"
+    }
+
+
+def test_the_dra_driver_alone_is_a_release() -> None:
+    docs = render(*ON, *sets(nodeMetrics__enabled=False, npd__enabled=False))
+    assert [d["metadata"]["name"] for d in of_kind(docs, "DaemonSet")] == [DRIVER]
+
+
+# --- the admission policy, for real ----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def apiserver() -> Iterator[ControlPlane]:
+    missing = missing_prerequisites()
+    if missing:
+        pytest.skip(f"no kube-apiserver to test against (run make setup): {', '.join(missing)}")
+    work = Path(tempfile.mkdtemp(prefix="dra-chart-cp-"))
+    try:
+        with control_plane(work) as cp:
+            yield cp
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _slice(node: str, driver: str = "neuron.aws.com") -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-{driver}-0"},
+        "spec": {
+            "driver": driver,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "neurondevice0"}],
+        },
+    }
+
+
+async def _admission(cp: ControlPlane) -> dict[str, str]:
+    """Installs the chart's RBAC and policy, makes a pod-bound token for a driver on node-a, and
+    tries the writes a driver may and may not make; the outcome of each."""
+    admin = Api(cp.server, ssl_context=cp.credentials.ssl_context())
+    docs = render(*ON)
+    wanted = {"ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    paths = {
+        "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "ValidatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+        "ValidatingAdmissionPolicyBinding": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+    }
+    try:
+        for doc in docs:
+            if doc["kind"] in wanted and doc["metadata"]["name"].startswith(DRIVER):
+                await admin.create(paths[doc["kind"]], doc)
+        await admin.create(
+            "/api/v1/namespaces/kube-system/serviceaccounts",
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": DRIVER}},
+        )
+        for node in ("node-a", "node-b"):
+            await admin.create("/api/v1/nodes", {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}})
+        pod = await admin.create(
+            "/api/v1/namespaces/kube-system/pods",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "driver-a"},
+                "spec": {
+                    "nodeName": "node-a",
+                    "serviceAccountName": DRIVER,
+                    "containers": [{"name": "c", "image": "x"}],
+                },
+            },
+        )
+        token = await admin.create(
+            f"/api/v1/namespaces/kube-system/serviceaccounts/{DRIVER}/token",
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {
+                    "expirationSeconds": 600,
+                    "boundObjectRef": {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": "driver-a",
+                        "uid": pod["metadata"]["uid"],
+                    },
+                },
+            },
+        )
+        bearer = token["status"]["token"]
+        unbound = await admin.create(
+            f"/api/v1/namespaces/kube-system/serviceaccounts/{DRIVER}/token",
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 600}},
+        )
+        context = ssl.create_default_context(cafile=str(cp.credentials.ca))
+        driver = Api(cp.server, ssl_context=context, authorization=lambda: f"Bearer {bearer}")
+        stranger = Api(cp.server, ssl_context=context, authorization=lambda: f"Bearer {unbound['status']['token']}")
+        # the policy takes a moment to be enforced after it is created
+        await _until_enforced(driver)
+        outcomes: dict[str, str] = {}
+        slices = "/apis/resource.k8s.io/v1/resourceslices"
+        await admin.create(slices, _slice("node-b"))
+        attempts = {
+            "own slice": driver.apply(f"{slices}/node-a-neuron.aws.com-0", _slice("node-a"), "neuron-dra-driver"),
+            "own slice delete": driver.delete(f"{slices}/node-a-neuron.aws.com-0"),
+            "another node's slice": driver.apply(
+                f"{slices}/node-b-neuron.aws.com-1",
+                _slice("node-b") | {"metadata": {"name": "node-b-neuron.aws.com-1"}},
+                "x",
+            ),
+            "another node's slice delete": driver.delete(f"{slices}/node-b-neuron.aws.com-0"),
+            "another driver": driver.apply(
+                f"{slices}/node-a-gpu.example.com-0", _slice("node-a", "gpu.example.com"), "neuron-dra-driver"
+            ),
+            "a token bound to no pod": stranger.apply(
+                f"{slices}/node-a-neuron.aws.com-0", _slice("node-a"), "neuron-dra-driver"
+            ),
+            "read a claim": driver.get("/apis/resource.k8s.io/v1/namespaces/kube-system/resourceclaims/none"),
+            "write a claim": driver.create(
+                "/apis/resource.k8s.io/v1/namespaces/kube-system/resourceclaims",
+                {"metadata": {"name": "x"}, "spec": {}},
+            ),
+        }
+        for name, call in attempts.items():
+            try:
+                await call
+                outcomes[name] = "allowed"
+            except ApiError as exc:
+                outcomes[name] = f"{exc.status} {exc.message}"
+        await driver.close()
+        await stranger.close()
+        return outcomes
+    finally:
+        await admin.close()
+
+
+async def _until_enforced(driver: Api) -> None:
+    slices = "/apis/resource.k8s.io/v1/resourceslices"
+    probe = _slice("node-b") | {"metadata": {"name": "probe"}}
+    for _ in range(200):
+        try:
+            await driver.apply(f"{slices}/probe", probe, "probe")
+        except ApiError as exc:
+            if exc.status == 403 and "may write only" in exc.message:
+                return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the admission policy was never enforced")
+
+
+def test_a_driver_writes_only_its_own_nodes_slices(apiserver: ControlPlane) -> None:
+    outcomes = asyncio.run(_admission(apiserver))
+    assert outcomes["own slice"] == "allowed"
+    assert outcomes["own slice delete"] == "allowed"
+    assert outcomes["another node's slice"].startswith("403")
+    assert "may write only neuron.aws.com ResourceSlices of node node-a" in outcomes["another node's slice"]
+    assert outcomes["another node's slice delete"].startswith("403")
+    assert outcomes["another driver"].startswith("403")
+    assert outcomes["a token bound to no pod"].startswith("403")
+    assert "token bound to its pod" in outcomes["a token bound to no pod"]
+    assert outcomes["read a claim"].startswith("404")  # allowed to read; there is none
+    assert outcomes["write a claim"].startswith("403")  # RBAC: claims are read-only
+
+
+def test_helm_test_checks_the_published_slices() -> None:
+    docs = render(*ON)
+    (pod,) = [p for p in of_kind(docs, "Pod") if p["metadata"]["name"].endswith("-slices")]
+    (c,) = pod["spec"]["containers"]
+    assert c["command"][-1] == "slices"
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["DRA_DRIVER_SELECTOR"].endswith("app.kubernetes.io/component=dra-driver")
+    assert env["PUBLISH_CORES"] == "true"
+    (role,) = [r for r in of_kind(docs, "ClusterRole") if r["metadata"]["name"] == f"{RELEASE}-tests"]
+    assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]} in role["rules"]
+    # without the DRA driver, neither the check nor the permission
+    plain = render()
+    assert not [p for p in of_kind(plain, "Pod") if p["metadata"]["name"].endswith("-slices")]
+    (role,) = [r for r in of_kind(plain, "ClusterRole") if r["metadata"]["name"] == f"{RELEASE}-tests"]
+    assert all("resource.k8s.io" not in rule["apiGroups"] for rule in role["rules"])

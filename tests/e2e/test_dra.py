@@ -1,0 +1,302 @@
+"""End to end: the chart's DRA driver (`draDriver.enabled`) on the real single-node cluster (make
+cluster-up) with the real kube-scheduler, controller manager, kubelet and a CDI-enabled containerd,
+over a simulated trn1.32xlarge and then an inf2.48xlarge.
+
+A claim for 4 connected devices gets a torus row and the container sees exactly those /dev/neuronN;
+a claim no node can satisfy stays Pending with the scheduler's reason; a restarted driver keeps the
+running pod's devices and unprepares them afterwards; a device error takes the device and its cores
+out of the node's ResourceSlices; on inf2 a claim for 3 cores gets cores on two connected devices.
+The tests run in file order and share one release (the device plugin off: one `--set` pair).
+
+Runs with `-m e2e` (make cluster-test) against $KUBECONFIG, which defaults to the test cluster's. It
+needs the images `make images` builds (the DRA driver's among them) and a containerd with CDI on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cluster_access import (
+    NODE,
+    REPO,
+    SHOW_DEVICES,
+    SIM_ROOT,
+    WORKLOAD_PYTHON,
+    eventually,
+    helm,
+    kubectl,
+    pod_phase,
+    run,
+    sim,
+)
+
+CHART = REPO / "charts" / "neuron-helm-chart"
+RELEASE = "neuron-helm-chart"
+NAMESPACE = "neuron-e2e-dra"
+WORKLOADS = "neuron-e2e-dra-workloads"
+VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+WORKLOAD_IMAGE = f"localhost/neuron-helm-chart/dra-driver:{VERSION}"  # any project image: it has Python
+DRIVER = f"{RELEASE}-dra-driver"
+INF2_ROOT = SIM_ROOT.parent / "e2e-dra-inf2"
+CDI_DIR = Path("/var/run/cdi")
+GROUP4 = "resource.aws.com/devicegroup4_id"
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def install(*args: str) -> None:
+    helm(
+        "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+        "--set", "devicePlugin.enabled=false,draDriver.enabled=true",
+        "--set", "simulation.enabled=true", "--set", f"simulation.hostRoot={SIM_ROOT}",
+        *args, "--wait", "--timeout", "300s",
+    )  # fmt: skip
+
+
+def published() -> dict[str, dict[str, Any]]:
+    """The node's published devices by name, from the highest pool generation only."""
+    items = json.loads(kubectl("get", "resourceslices", "--field-selector", f"spec.nodeName={NODE}", "-o", "json"))[
+        "items"
+    ]
+    newest = max((s["spec"]["pool"]["generation"] for s in items), default=0)
+    return {
+        d["name"]: d
+        for s in items
+        if s["spec"]["driver"] == "neuron.aws.com" and s["spec"]["pool"]["generation"] == newest
+        for d in s["spec"].get("devices", [])
+    }
+
+
+def counts() -> tuple[int, int]:
+    names = published()
+    return sum(n.startswith("neurondevice") for n in names), sum(n.startswith("neuroncore") for n in names)
+
+
+def claim_template(name: str, device_class: str, count: int, match: str | None) -> dict[str, Any]:
+    request: dict[str, Any] = {"name": "neuron", "exactly": {"deviceClassName": device_class, "count": count}}
+    devices: dict[str, Any] = {"requests": [request]}
+    if match:
+        devices["constraints"] = [{"requests": ["neuron"], "matchAttribute": match}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": WORKLOADS},
+        "spec": {"spec": {"devices": devices}},
+    }
+
+
+def create_pod(name: str, template: str) -> None:
+    kubectl("apply", "-f", "-", stdin=json.dumps({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": WORKLOADS},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "resourceClaims": [{"name": "neuron", "resourceClaimTemplateName": template}],
+            "containers": [{
+                "name": "main",
+                "image": WORKLOAD_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": [WORKLOAD_PYTHON, "-c", SHOW_DEVICES],
+                "resources": {"claims": [{"name": "neuron"}]},
+            }],
+        },
+    }))  # fmt: skip
+
+
+def create_template(name: str, device_class: str, count: int, match: str | None) -> None:
+    kubectl("apply", "-f", "-", stdin=json.dumps(claim_template(name, device_class, count, match)))
+
+
+def pod(name: str) -> dict[str, Any]:
+    return json.loads(kubectl("get", "pod", "-n", WORKLOADS, name, "-o", "json"))  # type: ignore[no-any-return]
+
+
+def shown(name: str) -> dict[str, list[str]]:
+    """What a running workload printed: its /dev/neuronN and NEURON_RT_VISIBLE_CORES."""
+    seen: dict[str, list[str]] = {}
+
+    def logged() -> bool:
+        seen.clear()
+        for line in kubectl("logs", "-n", WORKLOADS, name).splitlines():
+            key, _, value = line.partition("=")
+            seen.setdefault(key, []).append(value)
+        return "cores" in seen
+
+    eventually(logged, f"pod {name} printed its devices")
+    return seen
+
+
+def seen_devices(name: str) -> list[int]:
+    return sorted(int(d.removeprefix("/dev/neuron")) for d in shown(name).get("device", []))
+
+
+def allocated(pod_name: str) -> list[str]:
+    """The device names the scheduler allocated to the pod's claim."""
+    (status,) = pod(pod_name)["status"]["resourceClaimStatuses"]
+    claim = json.loads(kubectl("get", "resourceclaim", "-n", WORKLOADS, status["resourceClaimName"], "-o", "json"))
+    results = claim["status"]["allocation"]["devices"]["results"]
+    assert {r["driver"] for r in results} == {"neuron.aws.com"}
+    assert {r["pool"] for r in results} == {NODE}
+    return sorted(r["device"] for r in results)
+
+
+def claim_uid(pod_name: str) -> str:
+    (status,) = pod(pod_name)["status"]["resourceClaimStatuses"]
+    claim = json.loads(kubectl("get", "resourceclaim", "-n", WORKLOADS, status["resourceClaimName"], "-o", "json"))
+    return str(claim["metadata"]["uid"])
+
+
+def index(name: str) -> int:
+    return int(name.removeprefix("neurondevice").removeprefix("neuroncore"))
+
+
+def unschedulable_reason(name: str) -> str:
+    for condition in pod(name)["status"].get("conditions", []):
+        if condition["type"] == "PodScheduled" and condition["status"] == "False":
+            return str(condition.get("message", ""))
+    return ""
+
+
+def delete_pods(*names: str) -> None:
+    kubectl("delete", "pod", "-n", WORKLOADS, *names, "--ignore-not-found", "--wait=true", "--timeout=60s")
+
+
+def restart(component: str = "dra-driver") -> None:
+    selector = f"app.kubernetes.io/component={component}"
+    before = kubectl("get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "name").split()
+    kubectl("delete", "-n", NAMESPACE, *before, "--wait=true", "--timeout=60s")
+    kubectl("rollout", "status", "-n", NAMESPACE, f"daemonset/{RELEASE}-{component}", "--timeout=180s")
+
+
+def simulated_reboot() -> None:
+    """A reboot as the node agents see it (as test_scheduler does): a new boot id, an empty kernel log,
+    the detector (whose verdicts the driver takes) and the driver restarted."""
+    sim("inject", "--root", SIM_ROOT, "reboot")
+    for component in ("problem-detector", "dra-driver"):
+        restart(component)
+
+
+# --- fixtures --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module", autouse=True)
+def release() -> Iterator[None]:
+    """The chart with the DRA driver instead of the device plugin, a clean simulated node, the
+    workloads' namespace; all removed afterwards."""
+    sim("inject", "--root", SIM_ROOT, "reboot")
+    kubectl("create", "namespace", WORKLOADS, check=False)
+    install()
+    eventually(lambda: counts() == (16, 32), "16 devices and 32 cores published", timeout=180)
+    yield
+    kubectl("delete", "namespace", WORKLOADS, "--ignore-not-found", "--wait=true", "--timeout=120s", check=False)
+    helm("uninstall", RELEASE, "-n", NAMESPACE, "--ignore-not-found", "--wait", check=False)
+    kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+    kubectl("delete", "resourceslices", "--field-selector", f"spec.nodeName={NODE}", "--ignore-not-found", check=False)
+    sim("inject", "--root", SIM_ROOT, "reboot")
+
+
+# --- the tests, in order ----------------------------------------------------------------------
+
+
+def test_the_slices_carry_the_torus_groups_and_the_driver_is_ready() -> None:
+    devices = published()
+    assert devices["neurondevice5"]["attributes"][GROUP4] == {"int": 4}
+    assert devices["neurondevice5"]["attributes"]["instanceType"] == {"string": "trn1.32xlarge"}
+    assert devices["neuroncore11"]["attributes"]["deviceId"] == {"int": 5}
+    kubectl("rollout", "status", "-n", NAMESPACE, f"daemonset/{DRIVER}", "--timeout=60s")
+    result = helm("test", RELEASE, "-n", NAMESPACE, "--logs", "--timeout", "300s")
+    assert "(trn1.32xlarge) publishes 16 devices and 32 cores for DRA" in result.stdout
+
+
+def test_four_connected_devices_and_the_container_sees_exactly_them() -> None:
+    create_template("four-connected", "neuron.aws.com", 4, GROUP4)
+    create_pod("four", "four-connected")
+    eventually(lambda: pod_phase("four", WORKLOADS) == "Running", "the 4-device pod running", timeout=180)
+    devices = [index(d) for d in allocated("four")]
+    assert len(devices) == 4
+    assert len({d // 4 for d in devices}) == 1, f"{devices} is not one torus row"
+    assert seen_devices("four") == sorted(devices)
+    cores = sorted(int(c) for c in shown("four")["cores"][0].split(","))
+    assert cores == [c for d in sorted(devices) for c in (2 * d, 2 * d + 1)]
+    assert (CDI_DIR / f"neuron.aws.com_claim-{claim_uid('four')}.json").exists()
+
+
+def test_an_unsatisfiable_claim_stays_pending_with_the_schedulers_reason() -> None:
+    # eight devices with one devicegroup4 id: no group of four has eight members
+    create_template("eight-in-a-row", "neuron.aws.com", 8, GROUP4)
+    create_pod("eight", "eight-in-a-row")
+    eventually(lambda: "claim" in unschedulable_reason("eight"), "eight unschedulable, naming its claim", timeout=120)
+    reason = unschedulable_reason("eight")
+    assert "cannot allocate all claims" in reason, reason
+    assert pod_phase("eight", WORKLOADS) == "Pending"
+    assert not pod("eight")["spec"].get("nodeName")
+    delete_pods("eight")
+
+
+def test_restarting_the_driver_keeps_the_running_pods_devices() -> None:
+    uid = claim_uid("four")
+    before = seen_devices("four")
+    restart()
+    assert pod_phase("four", WORKLOADS) == "Running"
+    assert pod("four")["status"]["containerStatuses"][0]["restartCount"] == 0
+    assert seen_devices("four") == before
+    # the new driver process still knows the claim: deleting the pod unprepares it
+    delete_pods("four")
+    eventually(lambda: not (CDI_DIR / f"neuron.aws.com_claim-{uid}.json").exists(), "the claim's CDI spec removed")
+    # and it prepares new claims
+    create_pod("four-again", "four-connected")
+    eventually(lambda: pod_phase("four-again", WORKLOADS) == "Running", "a new 4-device pod running", timeout=180)
+    delete_pods("four-again")
+
+
+def test_a_device_error_takes_it_and_its_cores_out_of_the_slice() -> None:
+    sim("inject", "--root", SIM_ROOT, "fault", "--kind", "NC_UNCORRECTABLE_ERROR", "--device", "3")
+    eventually(lambda: counts() == (15, 30), "device 3 and its two cores out of the slices", timeout=120)
+    names = published()
+    assert "neurondevice3" not in names
+    assert not {"neuroncore6", "neuroncore7"} & set(names)
+    # row 0 is broken: four connected devices now come from another row
+    create_pod("four-after-error", "four-connected")
+    eventually(
+        lambda: pod_phase("four-after-error", WORKLOADS) == "Running", "a 4-device pod after the error", timeout=180
+    )
+    devices = [index(d) for d in allocated("four-after-error")]
+    assert 3 not in devices
+    assert len({d // 4 for d in devices}) == 1
+    delete_pods("four-after-error")
+    simulated_reboot()
+    eventually(lambda: counts() == (16, 32), "every device back after the reboot", timeout=180)
+
+
+def test_three_cores_on_inf2_land_on_two_connected_devices() -> None:
+    sim("create", "--instance-type", "inf2.48xlarge", "--root", INF2_ROOT, "--char-devices", "--force")
+    kubectl("label", "node", NODE, "node.kubernetes.io/instance-type=inf2.48xlarge", "--overwrite")
+    try:
+        install("--set", f"simulation.hostRoot={INF2_ROOT}")
+        eventually(lambda: counts() == (12, 24), "inf2.48xlarge: 12 devices and 24 cores published", timeout=180)
+        create_template("three-cores", "neuroncore.aws.com", 3, "resource.aws.com/devicegroup2_id")
+        create_pod("three", "three-cores")
+        eventually(lambda: pod_phase("three", WORKLOADS) == "Running", "the 3-core pod running", timeout=180)
+        cores = [index(c) for c in allocated("three")]
+        assert len(cores) == 3
+        devices = sorted({c // 2 for c in cores})
+        assert len(devices) == 2
+        assert devices[1] - devices[0] in (1, 11), f"devices {devices} are not neighbours on the ring"
+        assert seen_devices("three") == devices
+        assert sorted(int(c) for c in shown("three")["cores"][0].split(",")) == sorted(cores)
+        delete_pods("three")
+    finally:
+        kubectl("label", "node", NODE, "node.kubernetes.io/instance-type=trn1.32xlarge", "--overwrite")
+        install()
+        run("rm", "-rf", INF2_ROOT)
+    eventually(lambda: counts() == (16, 32), "back to trn1.32xlarge", timeout=180)
