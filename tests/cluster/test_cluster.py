@@ -29,6 +29,7 @@ from cluster_access import (
 )
 
 CTR_SOCK = CLUSTER_DIR / "containerd/containerd.sock"
+CTR = str(CLUSTER_DIR / "containerd/bin/ctr")  # the cluster's own (up.sh links it)
 PAUSE = "registry.k8s.io/pause:3.10"
 
 pytestmark = pytest.mark.cluster
@@ -51,7 +52,7 @@ def container_spec(pod: str) -> dict:  # type: ignore[type-arg]
         "containerd://"
     )
     out = subprocess.run(
-        ["ctr", "--address", str(CTR_SOCK), "-n", "k8s.io", "containers", "info", cid],
+        [CTR, "--address", str(CTR_SOCK), "-n", "k8s.io", "containers", "info", cid],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     return json.loads(out.stdout)["Spec"]  # type: ignore[no-any-return]
@@ -162,7 +163,7 @@ def test_a_vanished_device_leaves_allocatable(device_plugin: subprocess.Popen[by
 
 def test_project_images_are_in_containerd() -> None:
     listed = subprocess.run(
-        ["ctr", "--address", str(CTR_SOCK), "-n", "k8s.io", "images", "ls", "-q"],
+        [CTR, "--address", str(CTR_SOCK), "-n", "k8s.io", "images", "ls", "-q"],
         capture_output=True,
         text=True,
         check=True,
