@@ -14,6 +14,8 @@ REPO=$PWD
 CLUSTER_DIR="${CLUSTER_DIR:-$REPO/.run/cluster}"
 CTR_SOCK="$CLUSTER_DIR/containerd/containerd.sock"
 CTR="$CLUSTER_DIR/containerd/bin/ctr"  # the cluster's own (up.sh links it)
+# containerd 2.x's ctr repeats every server deprecation (this host's cgroup v1) on each call
+export CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/neuron-helm-chart/images"
 SERVICES=()   # every directory under services/ with a pyproject.toml
 for project in services/*/pyproject.toml; do SERVICES+=("$(basename "$(dirname "$project")")"); done

@@ -14,6 +14,8 @@ BINARY="${XDG_CACHE_HOME:-$HOME/.cache}/neuron-helm-chart/k8s/$K8S_VERSION/bin/k
 IMAGE="registry.k8s.io/kube-scheduler:$K8S_VERSION"
 CTR_SOCK="$CLUSTER_DIR/containerd/containerd.sock"
 CTR="$CLUSTER_DIR/containerd/bin/ctr"  # the cluster's own (up.sh links it)
+# containerd 2.x's ctr repeats every server deprecation (this host's cgroup v1) on each call
+export CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1
 log() { printf '[kube-scheduler-image] %s\n' "$*"; }
 
 [ -x "$BINARY" ] || tests/cluster/build-k8s.sh

@@ -201,6 +201,8 @@ ip link set neuron0br up
 # The cluster's own ctr, for images.sh, down.sh and the tests: $CLUSTER_DIR/containerd/bin/ctr
 ln -sfn "$CONTAINERD_BIN" "$CLUSTER_DIR/containerd/bin"
 CTR="$CLUSTER_DIR/containerd/bin/ctr"
+# containerd 2.x's ctr repeats every server deprecation (this host's cgroup v1) on each call
+export CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1
 start containerd "$CONTAINERD_BIN/containerd" --config "$CLUSTER_DIR/containerd/config.toml"
 wait_for containerd 30 "$CTR" --address "$CTR_SOCK" version
 
