@@ -161,6 +161,9 @@ state = "$CLUSTER_DIR/containerd/state"
     sandbox = "$PAUSE_IMAGE"
   [plugins.'io.containerd.cri.v1.images'.registry]
     config_path = "$CLUSTER_DIR/containerd/certs.d"
+# the same hosts directory for pulls through the transfer service (ctr images pull), not only the kubelet's
+[plugins.'io.containerd.transfer.v1.local']
+  config_path = "$CLUSTER_DIR/containerd/certs.d"
 [plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
   cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
