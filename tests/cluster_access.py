@@ -30,6 +30,14 @@ KUBECONFIG = Path(os.environ["KUBECONFIG"])
 # The registry up.sh starts for the cluster (tests/registry.sh, plain HTTP on loopback); containerd pulls from it
 # through $CLUSTER_DIR/containerd/certs.d. Keep in step with up.sh's REGISTRY_ADDR.
 REGISTRY = "127.0.0.1:5000"
+# The cluster's own containerd 2.x client (up.sh links it; Debian's ctr, if any, is another version)
+CTR = (
+    str(CLUSTER_DIR / "containerd/bin/ctr"),
+    "--address",
+    str(CLUSTER_DIR / "containerd/containerd.sock"),
+    "-n",
+    "k8s.io",
+)
 
 
 def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> str:

@@ -72,6 +72,9 @@ ln -sf "$tools_dir/kubectl" "$VENV/bin/kubectl"
 # --- Kubernetes binaries for the test cluster, built from the pinned Go module (cached) -------
 tests/cluster/build-k8s.sh
 
+# --- containerd 2.x (CDI) for the test cluster, from the pinned Go module (cached) --------------
+tests/cluster/build-containerd.sh >/dev/null
+
 # --- node-feature-discovery's nfd-master and nfd-worker, from the pinned Go module (cached) ------
 tests/nfd/build-nfd.sh >/dev/null
 

@@ -8,11 +8,12 @@ NODE_NAME="${NODE_NAME:-neuron-sim-node}"
 log() { printf '[cluster-down] %s\n' "$*"; }
 [ -d "$CLUSTER_DIR" ] || { log "nothing to stop"; exit 0; }
 CTR_SOCK="$CLUSTER_DIR/containerd/containerd.sock"
+CTR="$CLUSTER_DIR/containerd/bin/ctr"  # the cluster's own (up.sh links it)
 
-if [ -S "$CTR_SOCK" ]; then  # stop every pod's containers before the runtime goes
+if [ -S "$CTR_SOCK" ] && [ -x "$CTR" ]; then  # stop every pod's containers before the runtime goes
   for ns in k8s.io; do
-    for task in $(ctr --address "$CTR_SOCK" -n "$ns" tasks ls -q 2>/dev/null); do
-      ctr --address "$CTR_SOCK" -n "$ns" tasks kill -s SIGKILL "$task" >/dev/null 2>&1
+    for task in $("$CTR" --address "$CTR_SOCK" -n "$ns" tasks ls -q 2>/dev/null); do
+      "$CTR" --address "$CTR_SOCK" -n "$ns" tasks kill -s SIGKILL "$task" >/dev/null 2>&1
     done
   done
   sleep 1

@@ -16,6 +16,9 @@ cd "$(dirname "$0")/../.."
 REPO=$PWD
 CLUSTER_DIR="${CLUSTER_DIR:-$REPO/.run/cluster}"
 CTR_SOCK="$CLUSTER_DIR/containerd/containerd.sock"
+CTR="$CLUSTER_DIR/containerd/bin/ctr"  # the cluster's own (up.sh links it)
+# containerd 2.x's ctr repeats every server deprecation (this host's cgroup v1) on each call
+export CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/neuron-helm-chart/images"
 SERVICES=()   # every directory under services/ with a pyproject.toml
 for project in services/*/pyproject.toml; do SERVICES+=("$(basename "$(dirname "$project")")"); done
@@ -170,7 +173,7 @@ if [ "$import" = 1 ]; then
     image="localhost/neuron-helm-chart/$svc:$(package_field "$svc" version)"
     archive="$CLUSTER_DIR/$svc.tar"
     "${PODMAN[@]}" save -q --format docker-archive -o "$archive" "$image"
-    ctr --address "$CTR_SOCK" -n k8s.io images import "$archive" >/dev/null
+    "$CTR" --address "$CTR_SOCK" -n k8s.io images import "$archive" >/dev/null
     rm -f "$archive"
     log "$image imported into the cluster's containerd"
   done

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from cluster_access import (
-    CLUSTER_DIR,
+    CTR,
     KUBECONFIG,
     NODE,
     REGISTRY,
@@ -29,7 +29,6 @@ from cluster_access import (
     restart_kubelet,
 )
 
-CTR_SOCK = CLUSTER_DIR / "containerd/containerd.sock"
 PAUSE = "registry.k8s.io/pause:3.10"
 
 pytestmark = pytest.mark.cluster
@@ -52,7 +51,7 @@ def container_spec(pod: str) -> dict:  # type: ignore[type-arg]
         "containerd://"
     )
     out = subprocess.run(
-        ["ctr", "--address", str(CTR_SOCK), "-n", "k8s.io", "containers", "info", cid],
+        [*CTR, "containers", "info", cid],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     return json.loads(out.stdout)["Spec"]  # type: ignore[no-any-return]
@@ -163,7 +162,7 @@ def test_a_vanished_device_leaves_allocatable(device_plugin: subprocess.Popen[by
 
 def test_project_images_are_in_containerd() -> None:
     listed = subprocess.run(
-        ["ctr", "--address", str(CTR_SOCK), "-n", "k8s.io", "images", "ls", "-q"],
+        [*CTR, "images", "ls", "-q"],
         capture_output=True,
         text=True,
         check=True,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make cluster-up`: a real single-node Kubernetes on this machine, for tests and the demo.
 # etcd, kube-apiserver, kube-controller-manager, kube-scheduler (built from the pinned release by
-# build-k8s.sh), containerd with runc, a bridge CNI, and a kubelet registered as a Neuron node
+# build-k8s.sh), containerd 2.x with CDI (built from its pinned module by build-containerd.sh) and
+# Debian's runc, a bridge CNI, and a kubelet registered as a Neuron node
 # (node.kubernetes.io/instance-type) over a simulated Neuron node with real character devices.
 # Idempotent: components already running are left alone. Everything is on 127.0.0.1 or unix
 # sockets; runtime state lives in $CLUSTER_DIR (default .run/cluster, untracked).
@@ -28,7 +29,8 @@ die() { printf '[cluster-up] error: %s\n' "$*" >&2; exit 1; }
 for b in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
   [ -x "$BIN/$b" ] || { log "building Kubernetes $K8S_VERSION (cached afterwards)"; tests/cluster/build-k8s.sh; break; }
 done
-for cmd in etcd containerd runc ctr openssl curl gcc; do command -v "$cmd" >/dev/null || die "$cmd missing: run make setup"; done
+CONTAINERD_BIN=$(tests/cluster/build-containerd.sh)  # seconds when cached
+for cmd in etcd runc openssl curl gcc; do command -v "$cmd" >/dev/null || die "$cmd missing: run make setup"; done
 
 mkdir -p "$CLUSTER_DIR"/{pki,logs,etcd,containerd/root,containerd/state,cni/net.d,kubelet}
 PKI="$CLUSTER_DIR/pki"
@@ -143,9 +145,15 @@ if ! "$PY" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get(
 fi
 
 # --- containerd, runc, CNI ----------------------------------------------------------------------
+# containerd 2.x from the pinned Go module (build-containerd.sh): it applies CDI device requests (the
+# device plugin's CDIDevices, a DRA driver's CDI IDs), which Debian's containerd 1.6 ignores. Config
+# version 3: plugin IDs io.containerd.cri.v1.images / .runtime (2.4 migrates it to 4 in memory).
+# CDI is always on in 2.4 (enable_cdi is gone); cdi_spec_dirs is written out so the directories a
+# CDI spec must go to are stated here. The shim is named by path so that no other containerd's shim
+# on $PATH (Debian's 1.6) is picked. certs.d holds per-registry hosts.toml files (a loopback registry).
 CTR_SOCK="$CLUSTER_DIR/containerd/containerd.sock"
-# containerd's per-registry host configuration (hosts.toml): the loopback registry over plain HTTP. Both
-# containerd 1.6 (its CRI registry config_path below) and 2.x read this directory layout.
+# containerd's per-registry host configuration (hosts.toml): the loopback registry over plain HTTP,
+# read through the config_path of the CRI images plugin and of the transfer service below.
 mkdir -p "$CLUSTER_DIR/containerd/certs.d/$REGISTRY_ADDR"
 cat > "$CLUSTER_DIR/containerd/certs.d/$REGISTRY_ADDR/hosts.toml" <<EOF
 server = "http://$REGISTRY_ADDR"
@@ -154,26 +162,33 @@ server = "http://$REGISTRY_ADDR"
   capabilities = ["pull", "resolve"]
 EOF
 cat > "$CLUSTER_DIR/containerd/config.toml" <<EOF
-version = 2
+version = 3
 root = "$CLUSTER_DIR/containerd/root"
 state = "$CLUSTER_DIR/containerd/state"
 [grpc]
   address = "$CTR_SOCK"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "$PAUSE_IMAGE"
+[plugins.'io.containerd.cri.v1.images']
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "$PAUSE_IMAGE"
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "$CLUSTER_DIR/containerd/certs.d"
+# the same hosts directory for pulls through the transfer service (ctr images pull), not only the kubelet's
+[plugins.'io.containerd.transfer.v1.local']
+  config_path = "$CLUSTER_DIR/containerd/certs.d"
+[plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      runtime_path = "$CONTAINERD_BIN/containerd-shim-runc-v2"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         SystemdCgroup = false
         BinaryName = "$(command -v runc)"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/usr/lib/cni"]
     conf_dir = "$CLUSTER_DIR/cni/net.d"
-  [plugins."io.containerd.grpc.v1.cri".registry]
-    config_path = "$CLUSTER_DIR/containerd/certs.d"
 EOF
 cat > "$CLUSTER_DIR/cni/net.d/10-neuron-test.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "neuron-test", "plugins": [
@@ -200,20 +215,25 @@ ip link set neuron0br up
 tests/registry.sh start "$CLUSTER_DIR/registry" "${REGISTRY_ADDR##*:}" \
   || die "the registry did not start on $REGISTRY_ADDR (is the port taken?)"
 log "registry on $REGISTRY_ADDR (storage: $CLUSTER_DIR/registry)"
-start containerd containerd --config "$CLUSTER_DIR/containerd/config.toml"
-wait_for containerd 30 ctr --address "$CTR_SOCK" version
+# The cluster's own ctr, for images.sh, down.sh and the tests: $CLUSTER_DIR/containerd/bin/ctr
+ln -sfn "$CONTAINERD_BIN" "$CLUSTER_DIR/containerd/bin"
+CTR="$CLUSTER_DIR/containerd/bin/ctr"
+# containerd 2.x's ctr repeats every server deprecation (this host's cgroup v1) on each call
+export CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1
+start containerd "$CONTAINERD_BIN/containerd" --config "$CLUSTER_DIR/containerd/config.toml"
+wait_for containerd 30 "$CTR" --address "$CTR_SOCK" version
 
 # --- the pause image, built locally (no registry here) ------------------------------------------
-if ! ctr --address "$CTR_SOCK" -n k8s.io images ls -q | grep -x "$PAUSE_IMAGE" >/dev/null; then
+if ! "$CTR" --address "$CTR_SOCK" -n k8s.io images ls -q | grep -x "$PAUSE_IMAGE" >/dev/null; then
   log "building $PAUSE_IMAGE"
   "$PY" tests/cluster/pause_image.py "$CLUSTER_DIR/pause.tar" "$PAUSE_IMAGE"
-  ctr --address "$CTR_SOCK" -n k8s.io images import "$CLUSTER_DIR/pause.tar" >/dev/null
+  "$CTR" --address "$CTR_SOCK" -n k8s.io images import "$CLUSTER_DIR/pause.tar" >/dev/null
 fi
 
-if ! ctr --address "$CTR_SOCK" -n k8s.io images ls -q | grep -x "$APICHECK_IMAGE" >/dev/null; then
+if ! "$CTR" --address "$CTR_SOCK" -n k8s.io images ls -q | grep -x "$APICHECK_IMAGE" >/dev/null; then
   log "building $APICHECK_IMAGE"
   "$PY" tests/cluster/pause_image.py "$CLUSTER_DIR/apicheck.tar" "$APICHECK_IMAGE" apicheck
-  ctr --address "$CTR_SOCK" -n k8s.io images import "$CLUSTER_DIR/apicheck.tar" >/dev/null
+  "$CTR" --address "$CTR_SOCK" -n k8s.io images import "$CLUSTER_DIR/apicheck.tar" >/dev/null
 fi
 
 # --- kube-proxy: the `kubernetes` Service (10.96.0.1:443) reaches the API server from pods ----

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from cluster_access import CLUSTER_DIR, REGISTRY, REPO, SIM_ROOT, eventually, helm, kubectl, run
+from cluster_access import CTR, REGISTRY, REPO, SIM_ROOT, eventually, helm, kubectl, run
 
 CHART = REPO / "charts" / "neuron-helm-chart"
 RELEASE = "neuron-helm-chart"
@@ -43,7 +43,7 @@ def forget_pulled_images() -> None:
     """Remove from the cluster's containerd every image an earlier run pulled from the registry: the builds are
     reproducible, so an earlier run's `<registry>/neuron/<service>@<digest>` is this run's too, and the kubelet
     would find it present instead of pulling it."""
-    ctr = ["ctr", "--address", str(CLUSTER_DIR / "containerd" / "containerd.sock"), "-n", "k8s.io", "images"]
+    ctr = [*CTR, "images"]
     listed = run(*ctr, "ls", "-q").stdout.split()
     pulled = [ref for ref in listed if ref.startswith(f"{REGISTRY}/neuron/")]
     if pulled:
