@@ -36,6 +36,7 @@ SCRAPE_INTERVAL = "1s"
 TESTED_SOURCES = (
     frozenset({"neuron-node-metrics"}),  # integration/test_prometheus_dashboards.py
     frozenset({"neuron-scheduler-extender", "kube-scheduler"}),  # integration/test_prometheus_scheduling.py
+    frozenset({"neuron-dra-driver"}),  # integration/test_prometheus_dra.py
 )
 _METRIC = re.compile(r"\b(?:neuron|scheduler)_[a-z0-9_]+\b")
 

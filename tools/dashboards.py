@@ -597,8 +597,7 @@ def scheduling() -> Dashboard:
 
 def dra() -> Dashboard:
     """The DRA driver (its metrics contract: prepare/unprepare latency, prepared claims, published
-    devices and cores, unhealthy devices, ResourceSlice updates). Not in BOARDS until the driver
-    is merged and a test scrapes it: see BOARDS."""
+    devices and cores, unhealthy devices, ResourceSlice updates)."""
     return board(
         "neuron-dra",
         "Neuron / Dynamic resource allocation",
@@ -695,18 +694,16 @@ KUBE_SCHEDULER = "kube-scheduler"  # neuron-scheduler, the chart's second kube-s
 DRA_DRIVER = "neuron-dra-driver"
 
 # Every board the chart ships, by file name. Register a board here only once a test runs real
-# processes of all its `sources` under a real Prometheus (tests/prometheus_server.py: TESTED_SOURCES).
-# The DRA board waits for the driver: once merged, add
-#     "neuron-dra.json": Board(dra, frozenset({DRA_DRIVER})),
-# a test that scrapes a real driver and checks panel_queries(frozenset({DRA_DRIVER})), its set in
-# TESTED_SOURCES, and, the driver being optional, `"neuron-dra" <its enabled value>` in the chart's
-# $shippedWith (templates/node-metrics/dashboards.yaml); then `make dashboards`.
+# processes of all its `sources` under a real Prometheus (tests/prometheus_server.py: TESTED_SOURCES);
+# a board over an optional component ships with it only (the chart's $shippedWith,
+# templates/node-metrics/dashboards.yaml).
 BOARDS: dict[str, Board] = {
     "neuron-node-overview.json": Board(node_overview, frozenset({NODE_METRICS})),
     "neuron-devices-cores.json": Board(devices_and_cores, frozenset({NODE_METRICS})),
     "neuron-pods.json": Board(pods_and_namespaces, frozenset({NODE_METRICS})),
     "neuron-hardware-errors.json": Board(hardware_errors, frozenset({NODE_METRICS})),
     "neuron-scheduling.json": Board(scheduling, frozenset({SCHEDULER_EXTENDER, KUBE_SCHEDULER})),
+    "neuron-dra.json": Board(dra, frozenset({DRA_DRIVER})),
 }
 
 

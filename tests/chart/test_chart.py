@@ -1092,13 +1092,25 @@ def test_dashboards_are_config_maps_for_the_grafana_sidecar() -> None:
         docs = render(*sets(nodeMetrics__dashboards__namespace="monitoring"), *values)
         return [d for d in of_kind(docs, "ConfigMap") if d["metadata"]["labels"].get("grafana_dashboard") == "1"]
 
+    def names(maps: list[dict[str, Any]]) -> list[str]:
+        return sorted(k for m in maps for k in m["data"])
+
     files = sorted(p.name for p in (CHART / "dashboards").glob("*.json"))
-    assert "neuron-scheduling.json" in files
-    # the scheduling board reads the scheduler extender's metrics: only with the extender
-    without_scheduler = [f for f in files if f != "neuron-scheduling.json"]
-    assert sorted(k for m in shipped() for k in m["data"]) == without_scheduler
-    maps = shipped(*sets(scheduler__enabled=True))
-    assert sorted(k for m in maps for k in m["data"]) == files
+    optional = {"neuron-scheduling.json", "neuron-dra.json"}
+    assert optional <= set(files)
+    # a board over an optional component (the scheduler extender, the DRA driver) ships with it only
+    assert names(shipped()) == sorted(set(files) - optional)
+    assert names(shipped(*sets(scheduler__enabled=True))) == sorted(set(files) - {"neuron-dra.json"})
+    dra = sets(devicePlugin__enabled=False, draDriver__enabled=True)
+    assert names(shipped(*dra)) == sorted(set(files) - {"neuron-scheduling.json"})
+    both = sets(
+        scheduler__enabled=True,
+        draDriver__enabled=True,
+        draDriver__nodeSelector={"neuron.aws.com/allocator": "dra"},
+        devicePlugin__nodeSelector={"neuron.aws.com/allocator": "device-plugin"},
+    )
+    maps = shipped(*both)
+    assert names(maps) == files
     for m in maps:
         assert m["metadata"]["namespace"] == "monitoring"
         for body in m["data"].values():

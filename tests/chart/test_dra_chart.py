@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from chart.test_chart import by_component, container, daemonset, of_kind, refusal, render, sets
+from chart.test_chart import MONITORING_API, by_component, container, daemonset, of_kind, refusal, render, sets
+from prometheus_server import generator
 from simcluster.controlplane import ControlPlane, control_plane, missing_prerequisites
 
 from neuron_common.kube import Api, ApiError
@@ -143,6 +144,45 @@ def test_both_on_disjoint_nodes_is_allowed() -> None:
 def test_the_dra_driver_alone_is_a_release() -> None:
     docs = render(*ON, *sets(nodeMetrics__enabled=False, npd__enabled=False))
     assert [d["metadata"]["name"] for d in of_kind(docs, "DaemonSet")] == [DRIVER]
+
+
+def test_the_drivers_monitor_feeds_the_dra_dashboard() -> None:
+    def ours(docs: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+        return [d for d in of_kind(docs, kind) if d["metadata"]["name"] == DRIVER]
+
+    assert ours(render(*ON), "ServiceMonitor") == [], "like the exporter's: only where the monitoring API is served"
+    assert ours(render(*ON, *MONITORING_API, *sets(draDriver__monitoring__enabled=False)), "ServiceMonitor") == []
+    off = render(*ON, *MONITORING_API, *sets(nodeMetrics__monitoring__kind="none"))
+    assert ours(off, "ServiceMonitor") == ours(off, "PodMonitor") == ours(off, "Service") == []
+    assert len(ours(render(*ON, *sets(nodeMetrics__monitoring__force=True)), "ServiceMonitor")) == 1
+    assert ours(render(*MONITORING_API), "ServiceMonitor") == [], "no driver, no monitor"
+
+    docs = render(*ON, *MONITORING_API, *sets(nodeMetrics__monitoring__additionalLabels={"release": "kps"}))
+    (sm,) = ours(docs, "ServiceMonitor")
+    (service,) = ours(docs, "Service")
+    pod = daemonset(docs, "dra-driver")["spec"]["template"]
+    assert sm["metadata"]["labels"]["release"] == "kps"
+    assert sm["spec"]["selector"]["matchLabels"] == service["spec"]["selector"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert service["spec"]["clusterIP"] == "None"  # every driver pod, never a load-balanced one
+    (endpoint,) = sm["spec"]["endpoints"]
+    (port,) = service["spec"]["ports"]
+    assert endpoint["port"] == port["name"]
+    assert port["targetPort"] in {p["name"] for p in container(daemonset(docs, "dra-driver"))["ports"]}
+    assert endpoint["path"] == "/metrics"
+    # the node the board groups by, and the job the dashboards' test scrapes the driver as
+    assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in endpoint["relabelings"]
+    assert {"targetLabel": "job", "replacement": generator().DRA_DRIVER} in endpoint["relabelings"]
+
+    pods = render(*ON, *MONITORING_API, *sets(nodeMetrics__monitoring__kind="PodMonitor"))
+    (pm,) = ours(pods, "PodMonitor")
+    assert ours(pods, "Service") == [], "a PodMonitor needs no Service"
+    (endpoint,) = pm["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in {p["name"] for p in container(daemonset(pods, "dra-driver"))["ports"]}
+    assert (
+        pm["spec"]["selector"]["matchLabels"].items()
+        <= daemonset(pods, "dra-driver")["spec"]["template"]["metadata"]["labels"].items()
+    )
 
 
 # --- the admission policy, for real ----------------------------------------------------------

@@ -1,4 +1,5 @@
-"""The DRA driver on a simulated node against a real kube-apiserver, with the kubelet's side of registration and DRA calls."""
+"""The DRA driver on a simulated node against a real kube-apiserver, with the kubelet's side of registration and DRA
+calls (tests/standins/dra_kubelet.py)."""
 
 from __future__ import annotations
 
@@ -15,15 +16,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from grpc import aio
 from neuron_dra_driver import config as config_mod
 from neuron_dra_driver.app import DraDriver
 from simcluster.controlplane import ControlPlane, control_plane, missing_prerequisites
+from standins.dra_kubelet import Kubelet
 
-from kubelet_api.dra.v1 import api_pb2 as dra
-from kubelet_api.dra.v1 import api_pb2_grpc as dra_grpc
-from kubelet_api.pluginregistration.v1 import api_pb2 as reg
-from kubelet_api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from neuron_common.kube import Api
 from neuron_sysfs import sim
 
@@ -62,48 +59,6 @@ def short_tmp() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="dra-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else "/tmp"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
-
-
-@dataclass
-class Kubelet:
-    """The kubelet's side: registration through the registry socket, then DRA calls on the endpoint."""
-
-    registry: Path
-    channel: aio.Channel | None = None
-    endpoint: str = ""
-
-    async def register(self) -> reg.PluginInfo:
-        socket = self.registry / "neuron.aws.com-reg.sock"
-        async with aio.insecure_channel(f"unix://{socket}") as ch:
-            stub = reg_grpc.RegistrationStub(ch)
-            info = await stub.GetInfo(reg.InfoRequest(), timeout=1)
-            self.endpoint = info.endpoint
-            self.channel = aio.insecure_channel(f"unix://{info.endpoint}")
-            await stub.NotifyRegistrationStatus(reg.RegistrationStatus(plugin_registered=True), timeout=5)
-        return info
-
-    @property
-    def dra(self) -> dra_grpc.DRAPluginStub:
-        assert self.channel is not None, "register first"
-        return dra_grpc.DRAPluginStub(self.channel)
-
-    async def prepare(self, *claims: tuple[str, str, str]) -> dra.NodePrepareResourcesResponse:
-        request = dra.NodePrepareResourcesRequest(
-            claims=[dra.Claim(uid=u, namespace=ns, name=n) for u, ns, n in claims]
-        )
-        response: dra.NodePrepareResourcesResponse = await self.dra.NodePrepareResources(request, timeout=45)
-        return response
-
-    async def unprepare(self, *claims: tuple[str, str, str]) -> dra.NodeUnprepareResourcesResponse:
-        request = dra.NodeUnprepareResourcesRequest(
-            claims=[dra.Claim(uid=u, namespace=ns, name=n) for u, ns, n in claims]
-        )
-        response: dra.NodeUnprepareResourcesResponse = await self.dra.NodeUnprepareResources(request, timeout=45)
-        return response
-
-    async def close(self) -> None:
-        if self.channel is not None:
-            await self.channel.close()
 
 
 @dataclass
@@ -188,38 +143,3 @@ async def start_driver(apiserver: ControlPlane, short_tmp: Path) -> AsyncIterato
             with contextlib.suppress(Exception):
                 await h.shutdown()
         await h.api.close()
-
-
-async def allocated_claim(
-    api: Api, node: str, devices: list[str], *, name: str, namespace: str = "default", request: str = "neuron"
-) -> dict[str, Any]:
-    """A ResourceClaim allocated as the scheduler would: created, then its status written."""
-    base = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
-    claim = await api.create(
-        base,
-        {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": namespace},
-            "spec": {
-                "devices": {
-                    "requests": [
-                        {"name": request, "exactly": {"deviceClassName": "neuron.aws.com", "count": len(devices)}}
-                    ]
-                }
-            },
-        },
-    )
-    claim["status"] = {
-        "allocation": {
-            "devices": {
-                "results": [
-                    {"request": request, "driver": "neuron.aws.com", "pool": node, "device": d} for d in devices
-                ]
-            },
-            "nodeSelector": {
-                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
-            },
-        }
-    }
-    return await api.update(f"{base}/{name}/status", claim)

@@ -8,7 +8,8 @@ import uuid
 
 import grpc
 import pytest
-from dra_harness import Harness, allocated_claim, eventually
+from dra_harness import Harness, eventually
+from standins.dra_kubelet import allocated_claim
 
 from kubelet_api.dra_health.v1alpha1 import api_pb2 as health_pb
 from kubelet_api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc

@@ -16,6 +16,9 @@ class DriverMetrics:
             buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
             registry=r,
         )
+        for operation in ("prepare", "unprepare"):
+            # exposed at zero from the start: rate() sees a node's first claim only if it saw the count before it
+            self.prepare_duration.labels(operation)
         self.prepared_claims = Gauge("neuron_dra_prepared_claims", "Claims prepared on this node", registry=r)
         self.published_devices = Gauge(
             "neuron_dra_published_devices",
