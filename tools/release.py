@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -224,8 +225,10 @@ def log(message: str) -> None:
     print(f"[release] {message}", flush=True)
 
 
-def run(*args: str | Path, check: bool = True, capture: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([str(a) for a in args], capture_output=capture, text=True, check=False, cwd=REPO)
+def run(
+    *args: str | Path, check: bool = True, capture: bool = True, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([str(a) for a in args], capture_output=capture, text=True, check=False, cwd=REPO, env=env)
     if check and result.returncode != 0:
         raise ReleaseError(f"{' '.join(map(str, args))} failed ({result.returncode}):\n{result.stderr or ''}")
     return result
@@ -257,10 +260,14 @@ def refuse_existing_version(registry: str, version: str, plain_http: list[str]) 
         raise ReleaseError(f"could not ask {registry} whether {ref}:{version} exists:\n{result.stderr}")
 
 
-def build_images() -> dict[str, tuple[str, str]]:
-    """Service -> (local name, image ID) of the images tests/cluster/images.sh built."""
+def build_images(version: str) -> dict[str, tuple[str, str]]:
+    """Service -> (local name, image ID) of the images tests/cluster/images.sh built, labelled with `version`.
+
+    The label makes a release's images differ from the local builds of the same commit: a kubelet that
+    pulled an image keeps a pull record per image ID, and then refuses a local image with that ID
+    whose pull policy is Never (ErrImageNeverPull) until it can verify it in the registry."""
     log(f"building the images ({IMAGES_SH.relative_to(REPO)})")
-    run(IMAGES_SH, capture=False)
+    run(IMAGES_SH, capture=False, env={**os.environ, "IMAGE_VERSION": version})
     built: dict[str, tuple[str, str]] = {}
     for line in IMAGES_TSV.read_text().splitlines():
         service, local_name, image_id = line.split("\t")
@@ -304,7 +311,7 @@ def release(registry: str, version: str, allow_dirty: bool = False) -> dict[str,
     if not allow_dirty:
         refuse_dirty_tree()
     refuse_existing_version(registry, version, plain_http)
-    pushed = push_images(registry, version, build_images(), tls)
+    pushed = push_images(registry, version, build_images(version), tls)
     with tempfile.TemporaryDirectory() as tmp:
         package = package_chart(registry, version, pushed, Path(tmp))
         ref = f"oci://{registry}/{NAMESPACE}"

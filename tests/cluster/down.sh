@@ -48,6 +48,8 @@ for table in nat filter; do
     | while read -r rule; do eval "iptables -t $table $rule" 2>/dev/null || true; done
 done
 sed -i "/# neuron-helm-chart test cluster$/d" /etc/hosts
-rm -rf "$CLUSTER_DIR/containerd/state" "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/kubelet" /var/lib/kubelet/pods
+# the kubelet's records of the images it pulled (image_manager) go with the cluster they were pulled
+# in: a record naming an image ID makes the kubelet refuse an imported image of that ID (pull policy Never)
+rm -rf "$CLUSTER_DIR/containerd/state" "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/kubelet" /var/lib/kubelet/pods /var/lib/kubelet/image_manager
 if [ "${PURGE:-0}" = 1 ]; then rm -rf "$CLUSTER_DIR"; fi
 log "stopped"

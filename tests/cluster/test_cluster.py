@@ -180,11 +180,20 @@ def test_the_kubelet_pulls_from_the_clusters_registry_over_plain_http() -> None:
         if line.startswith("version = ")
     )
     ref = f"{REGISTRY}/neuron-test/registry-check:{int(time.time())}"
+    # A label of its own gives it an image ID no imported image has: the kubelet keeps a record of each
+    # image ID it pulled, and then refuses a local image of that ID under pull policy Never.
     subprocess.run(
-        ["podman", "push", "-q", "--tls-verify=false", f"localhost/neuron-helm-chart/node-metrics:{version}",
-         f"docker://{ref}"],
+        ["podman", "build", "-q", "--network", "none", "-t", ref, "-f", "-", str(REPO / "tests")],
+        input=f"FROM localhost/neuron-helm-chart/node-metrics:{version}\nLABEL neuron-test.registry-check={ref}\n",
         capture_output=True, text=True, check=True,
     )  # fmt: skip
+    subprocess.run(
+        ["podman", "push", "-q", "--tls-verify=false", ref, f"docker://{ref}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    subprocess.run(["podman", "rmi", "-f", ref], capture_output=True, text=True, check=False)
     kubectl("delete", "pod", "registry-check", "--ignore-not-found", "--wait=true")
     kubectl("run", "registry-check", f"--image={ref}", "--image-pull-policy=Always", "--restart=Never", "--", "--help")
     try:

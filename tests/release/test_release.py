@@ -316,6 +316,28 @@ def test_the_pulled_chart_refers_to_the_pushed_images_by_tag_and_the_registrys_d
 @pytest.mark.usefixtures("released")
 @pytest.mark.slow
 @pytest.mark.root
+def image_config(registry: str, repository: str, reference: str) -> dict[str, Any]:
+    accept = "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"
+    get = urllib.request.Request(f"http://{registry}/v2/{repository}/manifests/{reference}", headers={"Accept": accept})
+    with urllib.request.urlopen(get, timeout=10) as response:
+        config_digest = json.load(response)["config"]["digest"]
+    with urllib.request.urlopen(f"http://{registry}/v2/{repository}/blobs/{config_digest}", timeout=10) as response:
+        config: dict[str, Any] = json.load(response)
+    return {"id": config_digest, **config}
+
+
+def test_the_pushed_images_are_labelled_with_the_release_version_so_their_ids_are_not_the_local_builds(
+    registry: str, released: subprocess.CompletedProcess[str]
+) -> None:
+    """A kubelet that pulled an image records its ID, then refuses a local image of that ID under pull
+    policy Never: a release must not share IDs with the images `make images` imports."""
+    for svc in services():
+        config = image_config(registry, f"neuron/{svc}", TAG)
+        assert config["config"]["Labels"]["org.opencontainers.image.version"] == VERSION, svc
+        local = run("podman", "image", "inspect", "--format", "{{.Id}}", f"localhost/neuron-helm-chart/{svc}:{TAG}")
+        assert config["id"] == "sha256:" + local.stdout.strip(), svc
+
+
 def test_helm_show_values_and_readme_from_the_oci_reference_are_the_documentation(registry: str) -> None:
     ref = f"oci://{registry}/neuron/{CHART_NAME}"
     values = run(HELM, "show", "values", ref, "--version", VERSION, "--plain-http")
