@@ -24,7 +24,7 @@ import datetime as dt
 import json
 import logging
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -126,8 +126,9 @@ class Endpoints:
                     ),
                 )
             outcome = decisions.filter_nodes(self.view, pod, args.node_names, self.now())
-            for refused in (*outcome.failed.values(), *outcome.unresolvable.values()):
-                self.metrics.nodes_refused.labels(str(refused.kind)).inc()
+            refused_by_kind = Counter(r.kind for r in (*outcome.failed.values(), *outcome.unresolvable.values()))
+            for kind, count in refused_by_kind.items():
+                self.metrics.nodes_refused.labels(str(kind)).inc(count)
             log.debug(
                 "filter %s: %d of %d nodes pass",
                 args.pod_label,
