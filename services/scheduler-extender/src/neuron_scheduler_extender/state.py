@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import math
 import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -137,12 +138,6 @@ def placement_of(topo: Topology, free: FreeState, pod: PodRequest) -> Placement:
 
 
 @dataclass
-class _NodeCache:
-    version: int
-    state: NodeState  # without the staleness check, which depends on the time
-
-
-@dataclass
 class _Assumed:
     pod: BoundPod
     at: float  # monotonic seconds when this process bound it
@@ -169,8 +164,9 @@ class ClusterView:
     _assumed: dict[str, _Assumed] = field(default_factory=dict)  # bound by us, not yet seen bound
     _by_node: dict[str, set[str]] = field(default_factory=dict)  # node -> keys of pods bound or assumed there
     _order: int = 0
-    _versions: dict[str, int] = field(default_factory=dict)
-    _cache: dict[str, _NodeCache] = field(default_factory=dict)
+    # node -> (its report's heartbeat in POSIX seconds, +inf without one; its state without the
+    # staleness check, which depends on the time); dropped whenever the node's report or pods change
+    _cache: dict[str, tuple[float, NodeState]] = field(default_factory=dict)
     _topologies: dict[tuple[Any, ...], Topology] = field(default_factory=dict)
     _situations: weakref.WeakValueDictionary[tuple[Topology, FreeState, FreeState], Situation] = field(
         default_factory=weakref.WeakValueDictionary
@@ -321,7 +317,7 @@ class ClusterView:
         return self._order
 
     def _touch(self, node: str) -> None:
-        self._versions[node] = self._versions.get(node, 0) + 1
+        self._cache.pop(node, None)
 
     # --- per node --------------------------------------------------------------------------------
     def node(self, node: str, now: dt.datetime, *, excluding: str = "") -> NodeState:
@@ -336,18 +332,19 @@ class ClusterView:
 
     def nodes(self, nodes: Iterable[str], now: dt.datetime) -> Iterator[NodeState]:
         """`node(n, now)` for each of `nodes`, in order: the filter's loop over a thousand names."""
-        fresh_from = self._fresh_from(now)
-        reports, versions, cache = self.reports, self._versions, self._cache
+        fresh_from = self._fresh_from(now).timestamp()
+        cache = self._cache
         for node in nodes:
-            report = reports.get(node)
-            if report is not None and report.heartbeat < fresh_from:
-                yield NodeState(node, _stale(report, now, self.report_max_age))
-                continue
-            version = versions.get(node, 0)
             cached = cache.get(node)
-            if cached is None or cached.version != version:
-                cached = cache[node] = _NodeCache(version, self._compute(node, ""))
-            yield cached.state
+            if cached is None:
+                report = self.reports.get(node)
+                heartbeat = report.heartbeat.timestamp() if report is not None else math.inf
+                cached = cache[node] = (heartbeat, self._compute(node, ""))
+            if cached[0] < fresh_from:
+                report = self.reports[node]
+                yield NodeState(node, _stale(report, now, self.report_max_age))
+            else:
+                yield cached[1]
 
     def _fresh_from(self, now: dt.datetime) -> dt.datetime:
         """The oldest heartbeat still fresh at `now`: a report is stale when its age exceeds the limit."""
