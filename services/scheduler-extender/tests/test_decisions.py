@@ -51,7 +51,7 @@ class TestFilter:
         }
         assert outcome.unresolvable["broken"].reason == (
             "16 devices requested, only 8 devices free (free: 0,1,2,3,4,5,6,7); "
-            "node broken cannot hold it even with every healthy device free"
+            "the node cannot hold it even with every healthy device free"
         )
         # evicting pods from "busy" could free the devices: the scheduler may preempt there
         assert outcome.failed["busy"].kind is RefusalKind.INSUFFICIENT

@@ -46,7 +46,7 @@ def judge(state: NodeState, pod: PodRequest) -> Refusal | None:
     if state.refusal is not None:
         return state.refusal
     assert state.situation is not None
-    return _refusal(state.node, verdict(state.situation, pod))
+    return verdict(state.situation, pod)
 
 
 def verdict(situation: Situation, pod: PodRequest) -> Verdict:
@@ -61,24 +61,17 @@ def verdict(situation: Situation, pod: PodRequest) -> Verdict:
 
 def verdict_of(topo: Topology, free: FreeState, capacity: FreeState, pod: PodRequest) -> Verdict:
     """Whether the pod fits `free` (`neuron_sysfs.placement.refusal`), and if not, whether
-    preemption could help; the reason leaves out the node, which `_refusal` adds."""
+    preemption could help. The reason does not name the node: kube-scheduler shows it per node,
+    and sums up a pod's refusals by reason (`0/1000 nodes are available: 412 <reason>, ...`),
+    which a reason naming its node would turn into a thousand lines."""
     reason = refusal(topo, free, pod)
     if not reason:
         return None
     if refusal(topo, capacity, pod):
-        return RefusalKind.NEVER_FITS, reason
+        return Refusal(RefusalKind.NEVER_FITS, f"{reason}; the node cannot hold it even with every healthy device free")
     if _short(free, topo, pod):
-        return RefusalKind.INSUFFICIENT, reason
-    return RefusalKind.NO_CONNECTED_SET, reason
-
-
-def _refusal(node: str, found: Verdict) -> Refusal | None:
-    if found is None:
-        return None
-    kind, reason = found
-    if kind is RefusalKind.NEVER_FITS:
-        reason = f"{reason}; node {node} cannot hold it even with every healthy device free"
-    return Refusal(kind, reason)
+        return Refusal(RefusalKind.INSUFFICIENT, reason)
+    return Refusal(RefusalKind.NO_CONNECTED_SET, reason)
 
 
 _UNKNOWN: Any = object()  # not in a memo yet (None is an answer)
@@ -92,9 +85,7 @@ def _short(free: FreeState, topo: Topology, pod: PodRequest) -> bool:
 def filter_nodes(view: ClusterView, pod: PodRequest, nodes: Iterable[str], now: dt.datetime) -> FilterOutcome:
     outcome = FilterOutcome()
     passed, failed, unresolvable = outcome.passed, outcome.failed, outcome.unresolvable
-    # this call's answer per situation (most nodes share a few): passes, or the refusal when it
-    # names no node (shared by every node in that situation), or the verdict to word per node
-    asked: dict[Situation, Refusal | Verdict] = {}
+    asked: dict[Situation, Verdict] = {}  # this call's answers: most nodes share a few situations
     for state in view.nodes(nodes, now):
         refused = state.refusal
         if refused is None:
@@ -102,15 +93,11 @@ def filter_nodes(view: ClusterView, pod: PodRequest, nodes: Iterable[str], now: 
             assert situation is not None
             found = asked.get(situation, _UNKNOWN)
             if found is _UNKNOWN:
-                found = verdict(situation, pod)
-                if found is not None and found[0] is not RefusalKind.NEVER_FITS:
-                    found = Refusal(*found)
-                asked[situation] = found
+                found = asked[situation] = verdict(situation, pod)
             if found is None:
                 passed.append(state.node)
                 continue
-            refused = found if isinstance(found, Refusal) else _refusal(state.node, found)
-            assert refused is not None
+            refused = found
         if refused.kind in RESOLVABLE_BY_PREEMPTION:
             failed[state.node] = refused
         else:

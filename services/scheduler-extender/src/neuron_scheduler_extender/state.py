@@ -92,9 +92,8 @@ class BoundPod:
     order: int  # binding order, as this process saw it
 
 
-# filter's answer for a pod on a situation: None (it fits) or the refusal's kind and reason, the
-# reason without the node's name
-Verdict = tuple[RefusalKind, str] | None
+# filter's answer for a pod on a situation: None (it fits) or why not, the same for every node in it
+Verdict = Refusal | None
 # prioritize's cost of a pod on a situation: (free groups lost, what is left), None if it does not fit
 Rank = tuple[tuple[tuple[int, int], ...], Leftover] | None
 MEMO_SHAPES = 256  # pod request shapes remembered per situation; a cluster uses a few dozen
