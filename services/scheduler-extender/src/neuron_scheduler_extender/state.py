@@ -96,7 +96,7 @@ class BoundPod:
 Verdict = Refusal | None
 # prioritize's cost of a pod on a situation: (free groups lost, what is left), None if it does not fit
 Rank = tuple[tuple[tuple[int, int], ...], Leftover] | None
-MEMO_SHAPES = 256  # pod request shapes remembered per situation; a cluster uses a few dozen
+MEMO_SHAPES = 64  # pod request shapes remembered per situation (a cluster uses a few dozen): bounds the memory
 
 
 class Situation:
