@@ -21,7 +21,8 @@ How each figure is taken:
   the extender, kube-apiserver, etcd and the simulated kubelets (this process);
 - extender latencies: filter and prioritize called over HTTP with all 1,000 node names, one call
   at a time as kube-scheduler makes them, with pods of the stream's mix, on the empty fleet before
-  scheduling and on the full one after; client time, so an upper bound of the extender's own;
+  scheduling and on the full one after, from a process of their own (as kube-scheduler calls);
+  client time, so an upper bound of the extender's own;
 - extender memory: its resident set, sampled every half second during the run, the peak.
 
 NEURON_BENCH_SIM_SIZE=reduced runs the test's size (40 nodes, 300 pods) for a quick look.

@@ -13,6 +13,7 @@ import pytest
 import yaml
 from chart.test_chart import MONITORING_API, container, of_kind, refusal, render, sets
 from prometheus_server import generator
+from simcluster.schedulers import scheduler_config as simulated_scheduler_config
 
 ON = sets(scheduler__enabled=True)
 RELEASE = "neuron-helm-chart"
@@ -181,6 +182,18 @@ def test_the_kube_scheduler_configuration() -> None:
     volume = deployment["spec"]["template"]["spec"]["volumes"][0]
     assert volume["configMap"]["name"] == SCHEDULER
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_scheduling_simulation_calls_the_extender_as_the_chart_does() -> None:
+    """The 1,000-node figures (`make bench`) are those of the chart's configuration: the simulation's
+    neuron-scheduler has the chart's profiles and extender stanza, the extender's address apart."""
+    chart = scheduler_config(render(*ON))
+    simulated = simulated_scheduler_config(Path("kubeconfig"), "neuron-scheduler", "http://127.0.0.1:1")
+    assert simulated["profiles"] == chart["profiles"]
+    for config in (chart, simulated):
+        config["extenders"][0].pop("urlPrefix")
+    assert simulated["extenders"] == chart["extenders"]
+    assert simulated.get("percentageOfNodesToScore") == chart.get("percentageOfNodesToScore")
 
 
 def test_a_fixed_cluster_ip_the_alias_and_the_weight_reach_the_configuration() -> None:

@@ -244,7 +244,7 @@ def test_one_device_lost_in_each_row_keeps_8_and_4_device_pods_pending_with_the_
             timeout=120,
         )
         reason = unschedulable_reason(name)
-        assert f"node {NODE} cannot hold it even with every healthy device free" in reason, reason
+        assert "the node cannot hold it even with every healthy device free" in reason, reason
         eventually(
             lambda name=name, size=size: any(
                 f"no connected set of {size} free devices" in m for m in failed_scheduling_events(name)

@@ -4,7 +4,7 @@
 - `neuron-scheduler`: a second kube-scheduler whose only profile is named `neuron-scheduler`,
   calling the scheduler extender (`neuron-scheduler-extender`, started here as a subprocess by its
   command) for pods asking for either Neuron resource: filter, prioritize and bind, names only
-  (nodeCacheCapable), not ignorable.
+  (nodeCacheCapable), not ignorable: the chart's extender stanza, with its default weight.
 Both get the same client rate limits, raised above kube-scheduler's default 50 QPS so that the
 throughput measured is the scheduler's (and the extender's) own pace, not a client throttle's.
 """
@@ -27,6 +27,7 @@ from simcluster.fleet import DEFAULT_SCHEDULER, NEURON, NEURONCORE
 NEURON_SCHEDULER = "neuron-scheduler"
 EXTENDER_COMMAND = "neuron-scheduler-extender"
 CLIENT_QPS = 5000
+EXTENDER_WEIGHT = 10  # the chart's scheduler.extender.weight
 
 
 def scheduler_config(kubeconfig: Path, scheduler_name: str, extender_url: str | None) -> dict[str, Any]:
@@ -38,19 +39,22 @@ def scheduler_config(kubeconfig: Path, scheduler_name: str, extender_url: str | 
         "profiles": [{"schedulerName": scheduler_name}],
     }
     if extender_url is not None:
+        # The chart's stanza (tests/chart checks that they agree), so the figures are the chart's
         config["extenders"] = [
             {
                 "urlPrefix": extender_url,
                 "filterVerb": "filter",
                 "prioritizeVerb": "prioritize",
-                "weight": 1,
+                "weight": EXTENDER_WEIGHT,
                 "bindVerb": "bind",
+                "enableHTTPS": False,
                 "nodeCacheCapable": True,
+                "httpTimeout": "10s",
+                "ignorable": False,
                 "managedResources": [
                     {"name": NEURON, "ignoredByScheduler": False},
                     {"name": NEURONCORE, "ignoredByScheduler": False},
                 ],
-                "ignorable": False,
             }
         ]
     return config

@@ -12,14 +12,15 @@ schedulers start from the same empty cluster.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import psutil
 import yaml
 
@@ -150,20 +151,19 @@ async def _time_extender(
     url: str, nodes: list[str], pods: list[PodSpec], count: int
 ) -> tuple[list[float], list[float]]:
     """Filter and prioritize latencies of `count` calls each, over every node, one at a time as the
-    scheduler makes them; the pods follow the stream's mix but are not in the API server."""
-    filters: list[float] = []
-    priorities: list[float] = []
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        for i in range(count):
-            args = {"Pod": _probe_pod(pods[i % len(pods)], i), "NodeNames": nodes}
-            for verb, samples in (("filter", filters), ("prioritize", priorities)):
-                start = time.perf_counter()
-                async with session.post(f"{url}/{verb}", json=args) as response:
-                    await response.read()
-                    if response.status != 200:
-                        raise RuntimeError(f"extender {verb}: HTTP {response.status}")
-                samples.append(time.perf_counter() - start)
-    return filters, priorities
+    scheduler makes them; the pods follow the stream's mix but are not in the API server. Timed by
+    `simcluster.probe`, in a process of its own."""
+    calls = [{"Pod": _probe_pod(pods[i % len(pods)], i), "NodeNames": nodes} for i in range(count)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE.parent), os.environ.get("PYTHONPATH", "")])}
+    probe = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "simcluster.probe", url,
+        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    out, _ = await probe.communicate(json.dumps(calls).encode())
+    if probe.returncode != 0:
+        raise RuntimeError(f"simcluster.probe exited with {probe.returncode}")
+    timed = json.loads(out)
+    return timed["filter"], timed["prioritize"]
 
 
 def _cpu_seconds(pids: dict[str, int]) -> dict[str, float]:

@@ -11,8 +11,8 @@ from oracles.neuron_sets import exhaustive_fits, topology
 
 from neuron_scheduler_extender import decisions
 from neuron_scheduler_extender.pods import neuron_request, pod_record
-from neuron_scheduler_extender.state import RefusalKind
-from neuron_sysfs.placement import ContainerRequest, FreeState, PodRequest, place
+from neuron_scheduler_extender.state import ClusterView, RefusalKind, report_record
+from neuron_sysfs.placement import ContainerRequest, FreeState, PodRequest, place, refusal
 
 # one device unhealthy in each torus row: 12 free, no free row of 4
 ONE_BAD_PER_ROW = {"unhealthy": [1, 5, 9, 13]}
@@ -51,7 +51,7 @@ class TestFilter:
         }
         assert outcome.unresolvable["broken"].reason == (
             "16 devices requested, only 8 devices free (free: 0,1,2,3,4,5,6,7); "
-            "node broken cannot hold it even with every healthy device free"
+            "the node cannot hold it even with every healthy device free"
         )
         # evicting pods from "busy" could free the devices: the scheduler may preempt there
         assert outcome.failed["busy"].kind is RefusalKind.INSUFFICIENT
@@ -185,3 +185,94 @@ class TestBindCheck:
         view.assume("default/p", "uid-default-p", "n1", eight, now=1.0)
         assert decisions.bind_refusal(view, eight, "default/p", "n1", NOW) is None
         assert decisions.bind_refusal(view, eight, "default/q", "n1", NOW) is not None
+
+
+def _answers(view: ClusterView, pod: PodRequest, nodes: list[str]) -> tuple[Any, ...]:
+    outcome = decisions.filter_nodes(view, pod, nodes, NOW)
+    return (
+        outcome.passed,
+        {n: (r.kind, r.reason) for n, r in outcome.failed.items()},
+        {n: (r.kind, r.reason) for n, r in outcome.unresolvable.items()},
+        decisions.prioritize(view, pod, nodes, NOW),
+    )
+
+
+def _slow_filter(view: ClusterView, pod: PodRequest, nodes: list[str]) -> list[str]:
+    """The filter without any memo: the library's own answer, node by node."""
+    passed = []
+    for node in nodes:
+        state = view.node(node, NOW)
+        if state.refusal is None:
+            assert state.topology is not None
+            assert state.free is not None
+            if not refusal(state.topology, state.free, pod):
+                passed.append(node)
+    return passed
+
+
+# a few free states per shape, so that nodes share situations and memos, as a fleet's do
+FREE_DEVICES = [range(16), range(8), range(4, 16), [0, 2, 3, 5, 8, 9, 10, 11], []]
+FLEET_NODES = ["a", "b", "c", "d"]
+ASKED = st.builds(
+    lambda devices, cores: PodRequest((), (ContainerRequest(devices, cores),)),
+    st.sampled_from([0, 1, 2, 4, 8]),
+    st.sampled_from([0, 1, 3, 8]),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_the_remembered_answers_are_those_of_a_fresh_view_after_any_changes(data: st.DataObject) -> None:
+    """Filter and prioritize remember answers per situation (nodes alike share them) and per call;
+    whatever changed since (reports, pods bound, assumed, forgotten, gone), a long-lived view answers
+    exactly as a view built afresh from the same objects, and filter as the library does node by node."""
+    reports = {
+        n: report_object(n, data.draw(st.sampled_from(["trn1.32xlarge", "inf2.48xlarge"])), free_devices=range(16))
+        for n in FLEET_NODES
+    }
+    pods: dict[str, dict[str, Any]] = {}
+    assumed: dict[str, tuple[str, PodRequest]] = {}  # pod key -> (node, request), bound by the extender
+    view = view_of(*reports.values())
+    for step in range(data.draw(st.integers(1, 8))):
+        change = data.draw(st.sampled_from(["report", "bound", "assume", "forget", "gone"]))
+        node = data.draw(st.sampled_from(FLEET_NODES))
+        if change == "report":
+            kind = reports[node]["status"]["instanceType"]
+            devices = [
+                d for d in data.draw(st.sampled_from(FREE_DEVICES)) if d < (12 if kind.startswith("inf2") else 16)
+            ]
+            reports[node] = report_object(node, kind, free_devices=devices)
+            record = report_record(reports[node])
+            assert record is not None
+            view.apply_report("MODIFIED", record)
+        elif change in ("bound", "assume"):
+            name = f"p{step}"
+            pod = pod_object(
+                name,
+                node=node,
+                devices=data.draw(st.sampled_from([1, 2, 4])),
+                scheduled_at=f"2026-03-01T11:00:0{step}Z",
+            )
+            if change == "bound":
+                pods[name] = pod
+                pod_rec = pod_record(pod, NAMES)
+                assert pod_rec is not None
+                view.apply_pod("ADDED", pod_rec)
+            else:
+                assumed[f"default/{name}"] = (node, neuron_request(pod, NAMES))
+                view.assume(f"default/{name}", f"uid-default-{name}", node, neuron_request(pod, NAMES), now=1.0)
+        elif change == "forget" and assumed:
+            key = data.draw(st.sampled_from(sorted(assumed)))
+            del assumed[key]
+            view.forget(key, f"uid-{key.replace('/', '-')}")
+        elif change == "gone" and pods:
+            name = data.draw(st.sampled_from(sorted(pods)))
+            pod_rec = pod_record(pods.pop(name), NAMES)
+            assert pod_rec is not None
+            view.apply_pod("DELETED", pod_rec)
+        for pod in data.draw(st.lists(ASKED, min_size=1, max_size=3)):
+            fresh = view_of(*reports.values(), pods=pods.values())
+            for key, (on, asked) in assumed.items():
+                fresh.assume(key, f"uid-{key.replace('/', '-')}", on, asked, now=1.0)
+            assert _answers(view, pod, FLEET_NODES) == _answers(fresh, pod, FLEET_NODES)
+            assert _answers(view, pod, FLEET_NODES)[0] == _slow_filter(fresh, pod, FLEET_NODES)

@@ -17,6 +17,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from neuron_scheduler_extender import config as config_mod
 from neuron_scheduler_extender.app import Extender
+from neuron_scheduler_extender.endpoints import InOrder
+from neuron_scheduler_extender.kube import ApiError
 
 ONE_BAD_PER_ROW = {"unhealthy": [1, 5, 9, 13]}
 
@@ -320,3 +322,48 @@ async def test_nothing_is_lost_on_restart(start: Callable[..., Any]) -> None:
     _, body = await second.post("filter", extender_args(pod_object("q", devices=8), ["n1"]))
     assert body["NodeNames"] == []
     assert body["FailedNodes"]["n1"] == "8 devices requested, only 0 devices free (free: none)"
+
+
+class TestBindingsInOrder:
+    async def test_a_nodes_bindings_reach_the_api_server_in_the_order_decided(self) -> None:
+        """The view simulates a node's pods in flight in binding order: a second binding to the node
+        must not land before the first, however slow the first is; other nodes are not held up."""
+        queue = InOrder()
+        release_first = asyncio.Event()
+        written: list[str] = []
+
+        async def write(name: str, wait: asyncio.Event | None = None) -> None:
+            if wait is not None:
+                await wait.wait()
+            written.append(name)
+
+        first = asyncio.create_task(queue.run("n1", lambda: write("first", release_first)))
+        second = asyncio.create_task(queue.run("n1", lambda: write("second")))
+        elsewhere = asyncio.create_task(queue.run("n2", lambda: write("elsewhere")))
+        await elsewhere
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert written == ["elsewhere"]  # the second waits for the first, n2 did not
+        release_first.set()
+        await asyncio.gather(first, second)
+        assert written == ["elsewhere", "first", "second"]
+        assert not queue.busy
+
+    async def test_a_failed_binding_does_not_block_the_next(self) -> None:
+        queue = InOrder()
+
+        async def fail() -> None:
+            raise ApiError(500, "etcd timed out")
+
+        written: list[str] = []
+
+        async def write() -> None:
+            written.append("next")
+
+        failing = asyncio.create_task(queue.run("n1", fail))
+        following = asyncio.create_task(queue.run("n1", write))
+        with pytest.raises(ApiError):
+            await failing
+        await following
+        assert written == ["next"]
+        assert not queue.busy

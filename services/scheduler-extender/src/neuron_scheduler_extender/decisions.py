@@ -14,18 +14,24 @@ import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import Any, cast
 
-from neuron_scheduler_extender.state import ClusterView, NodeState, Refusal, RefusalKind, placement_of
+from neuron_scheduler_extender.state import (
+    MEMO_SHAPES,
+    RESOLVABLE_BY_PREEMPTION,
+    ClusterView,
+    NodeState,
+    Rank,
+    Refusal,
+    RefusalKind,
+    Situation,
+    Verdict,
+    placement_of,
+)
 from neuron_sysfs.allocator import Leftover, Topology
 from neuron_sysfs.placement import FreeState, PodRequest, refusal
 
 MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
-
-
-@lru_cache(maxsize=8192)  # keys share their free states with the view and the placements
-def refusal_of(topo: Topology, free: FreeState, pod: PodRequest) -> str:
-    """`refusal`, memoized: most nodes of a cluster share a few shapes and free states."""
-    return refusal(topo, free, pod)
 
 
 @dataclass
@@ -39,20 +45,36 @@ def judge(state: NodeState, pod: PodRequest) -> Refusal | None:
     """Why the pod cannot go to this node now, or None when it fits."""
     if state.refusal is not None:
         return state.refusal
-    assert state.topology is not None
-    assert state.free is not None
-    assert state.capacity is not None
-    reason = refusal_of(state.topology, state.free, pod)
+    assert state.situation is not None
+    return verdict(state.situation, pod)
+
+
+def verdict(situation: Situation, pod: PodRequest) -> Verdict:
+    """Whether the pod fits the situation, remembered in it for every node alike."""
+    found = situation.verdicts.get(pod, _UNKNOWN)
+    if found is _UNKNOWN:
+        if len(situation.verdicts) >= MEMO_SHAPES:
+            situation.verdicts.clear()
+        found = situation.verdicts[pod] = verdict_of(situation.topology, situation.free, situation.capacity, pod)
+    return cast(Verdict, found)
+
+
+def verdict_of(topo: Topology, free: FreeState, capacity: FreeState, pod: PodRequest) -> Verdict:
+    """Whether the pod fits `free` (`neuron_sysfs.placement.refusal`), and if not, whether
+    preemption could help. The reason does not name the node: kube-scheduler shows it per node,
+    and sums up a pod's refusals by reason (`0/1000 nodes are available: 412 <reason>, ...`),
+    which a reason naming its node would turn into a thousand lines."""
+    reason = refusal(topo, free, pod)
     if not reason:
         return None
-    if refusal_of(state.topology, state.capacity, pod):
-        kind = RefusalKind.NEVER_FITS
-        reason = f"{reason}; node {state.node} cannot hold it even with every healthy device free"
-    elif _short(state.free, state.topology, pod):
-        kind = RefusalKind.INSUFFICIENT
-    else:
-        kind = RefusalKind.NO_CONNECTED_SET
-    return Refusal(kind, reason)
+    if refusal(topo, capacity, pod):
+        return Refusal(RefusalKind.NEVER_FITS, f"{reason}; the node cannot hold it even with every healthy device free")
+    if _short(free, topo, pod):
+        return Refusal(RefusalKind.INSUFFICIENT, reason)
+    return Refusal(RefusalKind.NO_CONNECTED_SET, reason)
+
+
+_UNKNOWN: Any = object()  # not in a memo yet (None is an answer)
 
 
 def _short(free: FreeState, topo: Topology, pod: PodRequest) -> bool:
@@ -62,14 +84,24 @@ def _short(free: FreeState, topo: Topology, pod: PodRequest) -> bool:
 
 def filter_nodes(view: ClusterView, pod: PodRequest, nodes: Iterable[str], now: dt.datetime) -> FilterOutcome:
     outcome = FilterOutcome()
-    for node in nodes:
-        refused = judge(view.node(node, now), pod)
+    passed, failed, unresolvable = outcome.passed, outcome.failed, outcome.unresolvable
+    asked: dict[Situation, Verdict] = {}  # this call's answers: most nodes share a few situations
+    for state in view.nodes(nodes, now):
+        refused = state.refusal
         if refused is None:
-            outcome.passed.append(node)
-        elif refused.kind.resolvable_by_preemption:
-            outcome.failed[node] = refused
+            situation = state.situation
+            assert situation is not None
+            found = asked.get(situation, _UNKNOWN)
+            if found is _UNKNOWN:
+                found = asked[situation] = verdict(situation, pod)
+            if found is None:
+                passed.append(state.node)
+                continue
+            refused = found
+        if refused.kind in RESOLVABLE_BY_PREEMPTION:
+            failed[state.node] = refused
         else:
-            outcome.unresolvable[node] = refused
+            unresolvable[state.node] = refused
     return outcome
 
 
@@ -82,28 +114,43 @@ def prioritize(view: ClusterView, pod: PodRequest, nodes: Iterable[str], now: dt
     pod to the emptiest node and break up the large groups everywhere; comparing the loss sends a
     4-device pod to a node with one free row rather than split an empty node a 16-device pod needs.
     Distinct ranks are spread over 0..10, the best getting 10."""
-    ranked: dict[str, tuple[tuple[tuple[int, int], ...], Leftover]] = {}
-    order = []
-    for node in nodes:
-        order.append(node)
-        state = view.node(node, now)
-        if state.refusal is not None or state.topology is None or state.free is None:
+    ranked: list[tuple[str, Rank]] = []
+    asked: dict[Situation, Rank] = {}  # this call's answers: most nodes share a few situations
+    for state in view.nodes(nodes, now):
+        situation = state.situation
+        if state.refusal is not None or situation is None:
+            ranked.append((state.node, None))
             continue
-        placement = placement_of(state.topology, state.free, pod)
-        if placement.fits:
-            after = leftover_of(state.topology, placement.free_after)
-            ranked[node] = (group_loss(leftover_of(state.topology, state.free), after), after)
-    # best first: the smallest loss, then the greatest leftover
-    classes = sorted(set(ranked.values()), key=lambda c: (c[0], _Descending(c[1])))
-    position = {c: i for i, c in enumerate(classes)}
+        found = asked.get(situation, _UNKNOWN)
+        if found is _UNKNOWN:
+            found = asked[situation] = rank(situation, pod)
+        ranked.append((state.node, found))
+    # best first: the smallest loss, then the greatest leftover (two stable sorts, the minor key first)
+    classes = sorted({r for r in asked.values() if r is not None}, key=lambda c: c[1], reverse=True)
+    classes.sort(key=lambda c: c[0])
     worst = len(classes) - 1
+    score = {c: MAX_SCORE if worst == 0 else round(MAX_SCORE * (worst - i) / worst) for i, c in enumerate(classes)}
+    return [(node, 0 if r is None else score[r]) for node, r in ranked]
 
-    def score(node: str) -> int:
-        if node not in ranked:
-            return 0
-        return MAX_SCORE if worst == 0 else round(MAX_SCORE * (worst - position[ranked[node]]) / worst)
 
-    return [(node, score(node)) for node in order]
+def rank(situation: Situation, pod: PodRequest) -> Rank:
+    """What placing the pod costs in the situation, remembered in it for every node alike."""
+    found = situation.ranks.get(pod, _UNKNOWN)
+    if found is _UNKNOWN:
+        if len(situation.ranks) >= MEMO_SHAPES:
+            situation.ranks.clear()
+        found = situation.ranks[pod] = rank_of(situation.topology, situation.free, pod)
+    return cast(Rank, found)
+
+
+def rank_of(topo: Topology, free: FreeState, pod: PodRequest) -> Rank:
+    """(free groups lost, what is left) once the pod holds the set the plugin would choose; None
+    when it does not fit."""
+    placement = placement_of(topo, free, pod)
+    if not placement.fits:
+        return None
+    after = leftover_of(topo, placement.free_after)
+    return group_loss(leftover_of(topo, free), after), after
 
 
 @lru_cache(maxsize=4096)
@@ -117,24 +164,6 @@ def group_loss(before: Leftover, after: Leftover) -> tuple[tuple[int, int], ...]
     of smaller ones)."""
     kept = dict(after.groups)
     return tuple((size, count - kept.get(size, 0)) for size, count in before.groups if count > kept.get(size, 0))
-
-
-class _Descending:
-    """Inverts the order of a value, to sort it greatest first inside an ascending key."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Leftover) -> None:
-        self.value = value
-
-    def __lt__(self, other: _Descending) -> bool:
-        return other.value < self.value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Descending) and self.value == other.value
-
-    def __hash__(self) -> int:
-        return hash(self.value)
 
 
 def bind_refusal(view: ClusterView, pod: PodRequest, key: str, node: str, now: dt.datetime) -> Refusal | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from itertools import repeat
 from typing import Any
 
 
@@ -59,7 +60,7 @@ def extender_args(body: Any) -> ExtenderArgs:
     names = body.get("NodeNames")
     node_list = body.get("Nodes")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        if not isinstance(names, list) or not all(map(isinstance, names, repeat(str))) or "" in names:
             raise ProtocolError("ExtenderArgs.NodeNames: expected a list of node names")
         return ExtenderArgs(pod, tuple(names), None)
     if node_list is None:

@@ -20,13 +20,15 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Iterable, Mapping
+import math
+import weakref
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
 from neuron_scheduler_extender.pods import PodRecord
-from neuron_sysfs.allocator import Topology
+from neuron_sysfs.allocator import Leftover, Topology
 from neuron_sysfs.placement import FreeState, Placement, PodRequest, place
 from neuron_sysfs.report import NodeReport, ReportError
 
@@ -46,7 +48,10 @@ class RefusalKind(enum.StrEnum):
     def resolvable_by_preemption(self) -> bool:
         """Whether evicting pods from the node could make room: only then may the scheduler try
         (kube-scheduler considers only nodes refused as Unschedulable, not Unresolvable)."""
-        return self in (RefusalKind.INSUFFICIENT, RefusalKind.NO_CONNECTED_SET)
+        return self in RESOLVABLE_BY_PREEMPTION
+
+
+RESOLVABLE_BY_PREEMPTION = frozenset({RefusalKind.INSUFFICIENT, RefusalKind.NO_CONNECTED_SET})
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +92,30 @@ class BoundPod:
     order: int  # binding order, as this process saw it
 
 
+# filter's answer for a pod on a situation: None (it fits) or why not, the same for every node in it
+Verdict = Refusal | None
+# prioritize's cost of a pod on a situation: (free groups lost, what is left), None if it does not fit
+Rank = tuple[tuple[tuple[int, int], ...], Leftover] | None
+MEMO_SHAPES = 64  # pod request shapes remembered per situation (a cluster uses a few dozen): bounds the memory
+
+
+class Situation:
+    """What a node offers: its topology, what is free and what could ever be. Filter's and
+    prioritize's answers depend on nothing else, so they are kept here per pod request, computed
+    once for every node in the same situation (a fleet's empty nodes of one shape share one) and
+    forgotten with it: the view makes a new situation whenever a node's free silicon changes.
+    `verdicts` and `ranks` are filled by `decisions`, the only code that computes them."""
+
+    __slots__ = ("__weakref__", "capacity", "free", "ranks", "topology", "verdicts")
+
+    def __init__(self, topology: Topology, free: FreeState, capacity: FreeState) -> None:
+        self.topology = topology
+        self.free = free
+        self.capacity = capacity
+        self.verdicts: dict[PodRequest, Verdict] = {}
+        self.ranks: dict[PodRequest, Rank] = {}
+
+
 @dataclass(frozen=True, slots=True)
 class NodeState:
     """One node as the filter sees it: refused, or its topology and what is free once the pods in
@@ -98,18 +127,13 @@ class NodeState:
     free: FreeState | None = None
     capacity: FreeState | None = None  # every healthy device free: what the node could ever offer
     in_flight: tuple[str, ...] = ()
+    situation: Situation | None = None  # topology, free and capacity, shared with the nodes alike
 
 
 @lru_cache(maxsize=4096)  # a few KB each (two frozensets): about 20 MB when full
 def placement_of(topo: Topology, free: FreeState, pod: PodRequest) -> Placement:
     """`place`, memoized: the same (shape, free state, request) recurs across nodes and calls."""
     return place(topo, free, pod)
-
-
-@dataclass
-class _NodeCache:
-    version: int
-    state: NodeState  # without the staleness check, which depends on the time
 
 
 @dataclass
@@ -139,9 +163,13 @@ class ClusterView:
     _assumed: dict[str, _Assumed] = field(default_factory=dict)  # bound by us, not yet seen bound
     _by_node: dict[str, set[str]] = field(default_factory=dict)  # node -> keys of pods bound or assumed there
     _order: int = 0
-    _versions: dict[str, int] = field(default_factory=dict)
-    _cache: dict[str, _NodeCache] = field(default_factory=dict)
+    # node -> (its report's heartbeat in POSIX seconds, +inf without one; its state without the
+    # staleness check, which depends on the time); dropped whenever the node's report or pods change
+    _cache: dict[str, tuple[float, NodeState]] = field(default_factory=dict)
     _topologies: dict[tuple[Any, ...], Topology] = field(default_factory=dict)
+    _situations: weakref.WeakValueDictionary[tuple[Topology, FreeState, FreeState], Situation] = field(
+        default_factory=weakref.WeakValueDictionary
+    )
 
     # --- reports ---------------------------------------------------------------------------------
     def replace_reports(self, records: Iterable[ReportRecord]) -> None:
@@ -288,22 +316,38 @@ class ClusterView:
         return self._order
 
     def _touch(self, node: str) -> None:
-        self._versions[node] = self._versions.get(node, 0) + 1
+        self._cache.pop(node, None)
 
     # --- per node --------------------------------------------------------------------------------
     def node(self, node: str, now: dt.datetime, *, excluding: str = "") -> NodeState:
         """The node's state at `now`; `excluding` leaves one pod out of the in-flight ones (the pod
         being bound, should it already show as bound)."""
-        report = self.reports.get(node)
-        if report is not None and report.age(now) > self.report_max_age:
-            return NodeState(node, _stale(report, now, self.report_max_age))
         if excluding and excluding in self._by_node.get(node, set()):
+            report = self.reports.get(node)
+            if report is not None and report.heartbeat < self._fresh_from(now):
+                return NodeState(node, _stale(report, now, self.report_max_age))
             return self._compute(node, excluding)
-        version = self._versions.get(node, 0)
-        cached = self._cache.get(node)
-        if cached is None or cached.version != version:
-            cached = self._cache[node] = _NodeCache(version, self._compute(node, ""))
-        return cached.state
+        return next(self.nodes((node,), now))
+
+    def nodes(self, nodes: Iterable[str], now: dt.datetime) -> Iterator[NodeState]:
+        """`node(n, now)` for each of `nodes`, in order: the filter's loop over a thousand names."""
+        fresh_from = self._fresh_from(now).timestamp()
+        cache = self._cache
+        for node in nodes:
+            cached = cache.get(node)
+            if cached is None:
+                report = self.reports.get(node)
+                heartbeat = report.heartbeat.timestamp() if report is not None else math.inf
+                cached = cache[node] = (heartbeat, self._compute(node, ""))
+            if cached[0] < fresh_from:
+                report = self.reports[node]
+                yield NodeState(node, _stale(report, now, self.report_max_age))
+            else:
+                yield cached[1]
+
+    def _fresh_from(self, now: dt.datetime) -> dt.datetime:
+        """The oldest heartbeat still fresh at `now`: a report is stale when its age exceeds the limit."""
+        return now - dt.timedelta(seconds=self.report_max_age)
 
     def _compute(self, node: str, excluding: str) -> NodeState:
         report = self.reports.get(node)
@@ -344,7 +388,16 @@ class ClusterView:
                     tuple(p.key for p in pending),
                 )
             free = placement.free_after
-        return NodeState(node, None, topo, free, capacity, tuple(p.key for p in pending))
+        situation = self._situation(topo, free, capacity)
+        return NodeState(node, None, topo, situation.free, situation.capacity, tuple(p.key for p in pending), situation)
+
+    def _situation(self, topo: Topology, free: FreeState, capacity: FreeState) -> Situation:
+        """The one situation of nodes alike, so their answers are computed once."""
+        key = (topo, free, capacity)
+        situation = self._situations.get(key)
+        if situation is None:
+            situation = self._situations[key] = Situation(topo, free, capacity)
+        return situation
 
     def topology(self, report: NodeReport) -> Topology:
         """The report's topology, one shared object per shape, so per-shape caches are shared too."""
@@ -369,7 +422,7 @@ class ClusterView:
         return ViewStats(
             reports=len(self.reports),
             invalid_reports=len(self.invalid_reports),
-            stale_reports=sum(1 for r in self.reports.values() if r.age(now) > self.report_max_age),
+            stale_reports=sum(1 for r in self.reports.values() if r.heartbeat < self._fresh_from(now)),
             bound_pods=len(self._bound),
             assumed_pods=len(self._assumed),
             in_flight_pods=in_flight,
