@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from extender_objects import NAMES, NOW, container, pod_object, report_object, trn1, view_of
@@ -225,15 +227,19 @@ ASKED = st.builds(
 def test_the_remembered_answers_are_those_of_a_fresh_view_after_any_changes(data: st.DataObject) -> None:
     """Filter and prioritize remember answers per situation (nodes alike share them) and per call;
     whatever changed since (reports, pods bound, assumed, forgotten, gone), a long-lived view answers
-    exactly as a view built afresh from the same objects, and filter as the library does node by node."""
+    exactly as a view built afresh by the same changes in the same order (the order pods were bound in
+    is the order their silicon is counted in), and filter as the library does node by node."""
     reports = {
         n: report_object(n, data.draw(st.sampled_from(["trn1.32xlarge", "inf2.48xlarge"])), free_devices=range(16))
         for n in FLEET_NODES
     }
     pods: dict[str, dict[str, Any]] = {}
     assumed: dict[str, tuple[str, PodRequest]] = {}  # pod key -> (node, request), bound by the extender
-    view = view_of(*reports.values())
+    initial = list(reports.values())
+    history: list[Callable[[ClusterView], None]] = []  # every change so far, to replay into a fresh view
+    view = view_of(*initial)
     for step in range(data.draw(st.integers(1, 8))):
+        changes_before = len(history)
         change = data.draw(st.sampled_from(["report", "bound", "assume", "forget", "gone"]))
         node = data.draw(st.sampled_from(FLEET_NODES))
         if change == "report":
@@ -244,7 +250,7 @@ def test_the_remembered_answers_are_those_of_a_fresh_view_after_any_changes(data
             reports[node] = report_object(node, kind, free_devices=devices)
             record = report_record(reports[node])
             assert record is not None
-            view.apply_report("MODIFIED", record)
+            history.append(functools.partial(ClusterView.apply_report, event="MODIFIED", record=record))
         elif change in ("bound", "assume"):
             name = f"p{step}"
             pod = pod_object(
@@ -257,22 +263,33 @@ def test_the_remembered_answers_are_those_of_a_fresh_view_after_any_changes(data
                 pods[name] = pod
                 pod_rec = pod_record(pod, NAMES)
                 assert pod_rec is not None
-                view.apply_pod("ADDED", pod_rec)
+                history.append(functools.partial(ClusterView.apply_pod, event="ADDED", record=pod_rec))
             else:
                 assumed[f"default/{name}"] = (node, neuron_request(pod, NAMES))
-                view.assume(f"default/{name}", f"uid-default-{name}", node, neuron_request(pod, NAMES), now=1.0)
+                history.append(
+                    functools.partial(
+                        ClusterView.assume,
+                        key=f"default/{name}",
+                        uid=f"uid-default-{name}",
+                        node=node,
+                        request=neuron_request(pod, NAMES),
+                        now=1.0,
+                    )
+                )
         elif change == "forget" and assumed:
             key = data.draw(st.sampled_from(sorted(assumed)))
             del assumed[key]
-            view.forget(key, f"uid-{key.replace('/', '-')}")
+            history.append(functools.partial(ClusterView.forget, key=key, uid=f"uid-{key.replace('/', '-')}"))
         elif change == "gone" and pods:
             name = data.draw(st.sampled_from(sorted(pods)))
             pod_rec = pod_record(pods.pop(name), NAMES)
             assert pod_rec is not None
-            view.apply_pod("DELETED", pod_rec)
+            history.append(functools.partial(ClusterView.apply_pod, event="DELETED", record=pod_rec))
+        for apply in history[changes_before:]:
+            apply(view)
         for pod in data.draw(st.lists(ASKED, min_size=1, max_size=3)):
-            fresh = view_of(*reports.values(), pods=pods.values())
-            for key, (on, asked) in assumed.items():
-                fresh.assume(key, f"uid-{key.replace('/', '-')}", on, asked, now=1.0)
+            fresh = view_of(*initial)
+            for apply in history:
+                apply(fresh)
             assert _answers(view, pod, FLEET_NODES) == _answers(fresh, pod, FLEET_NODES)
             assert _answers(view, pod, FLEET_NODES)[0] == _slow_filter(fresh, pod, FLEET_NODES)

@@ -15,10 +15,10 @@ from extender_objects import NOW, binding_args, extender_args, pod_object, repor
 from fake_api import NEURON_NODES, PODS, FakeApi
 from prometheus_client.parser import text_string_to_metric_families
 
+from neuron_common.kube import ApiError
 from neuron_scheduler_extender import config as config_mod
 from neuron_scheduler_extender.app import Extender
 from neuron_scheduler_extender.endpoints import InOrder
-from neuron_scheduler_extender.kube import ApiError
 
 ONE_BAD_PER_ROW = {"unhealthy": [1, 5, 9, 13]}
 
