@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -260,19 +259,32 @@ def refuse_existing_version(registry: str, version: str, plain_http: list[str]) 
         raise ReleaseError(f"could not ask {registry} whether {ref}:{version} exists:\n{result.stderr}")
 
 
-def build_images(version: str) -> dict[str, tuple[str, str]]:
-    """Service -> (local name, image ID) of the images tests/cluster/images.sh built, labelled with `version`.
-
-    The label makes a release's images differ from the local builds of the same commit: a kubelet that
-    pulled an image keeps a pull record per image ID, and then refuses a local image with that ID
-    whose pull policy is Never (ErrImageNeverPull) until it can verify it in the registry."""
+def build_images() -> dict[str, tuple[str, str]]:
+    """Service -> (local name, image ID) of the images tests/cluster/images.sh built."""
     log(f"building the images ({IMAGES_SH.relative_to(REPO)})")
-    run(IMAGES_SH, capture=False, env={**os.environ, "IMAGE_VERSION": version})
+    run(IMAGES_SH, capture=False)
     built: dict[str, tuple[str, str]] = {}
     for line in IMAGES_TSV.read_text().splitlines():
         service, local_name, image_id = line.split("\t")
         built[service] = (local_name, image_id)
     return built
+
+
+def labelled(image_id: str, version: str) -> str:
+    """The image with the release's version label, on the same layers: its own image ID.
+
+    A release's images must differ from the local builds of the same commit: a kubelet that pulled an
+    image keeps a record per image ID, and then refuses a local image of that ID under pull policy
+    Never (ErrImageNeverPull) until it can verify it in the registry. A derived image rather than a
+    build argument, because the build cache keeps the label of an earlier build."""
+    with tempfile.TemporaryDirectory() as context:
+        iid = Path(context) / "iid"
+        subprocess.run(
+            ["podman", "build", "-q", "--network", "none", "--iidfile", str(iid), "-f", "-", context],
+            input=f"FROM {image_id}\nLABEL org.opencontainers.image.version={json.dumps(version)}\n",
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        return iid.read_text().strip()
 
 
 def push_images(
@@ -284,8 +296,9 @@ def push_images(
             repository = f"{NAMESPACE}/{service}"
             destination = f"{registry}/{repository}:{image_tag(version)}"
             digest_file = Path(tmp) / f"{service}.digest"
-            log(f"pushing {local_name} ({image_id[:19]}) to {destination}")
-            run("podman", "push", "-q", *tls, "--digestfile", digest_file, image_id, f"docker://{destination}")
+            release_id = labelled(image_id, version)
+            log(f"pushing {local_name} ({image_id[:19]}, labelled {version}: {release_id[:19]}) to {destination}")
+            run("podman", "push", "-q", *tls, "--digestfile", digest_file, release_id, f"docker://{destination}")
             digest = digest_file.read_text().strip()
             if not re.fullmatch(r"sha256:[0-9a-f]{64}", digest):
                 raise ReleaseError(f"podman push recorded no digest for {destination} ({digest!r})")
@@ -311,7 +324,7 @@ def release(registry: str, version: str, allow_dirty: bool = False) -> dict[str,
     if not allow_dirty:
         refuse_dirty_tree()
     refuse_existing_version(registry, version, plain_http)
-    pushed = push_images(registry, version, build_images(version), tls)
+    pushed = push_images(registry, version, build_images(), tls)
     with tempfile.TemporaryDirectory() as tmp:
         package = package_chart(registry, version, pushed, Path(tmp))
         ref = f"oci://{registry}/{NAMESPACE}"

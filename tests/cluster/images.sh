@@ -125,10 +125,8 @@ source_url=$(git remote get-url origin 2>/dev/null | sed -E 's#//[^/@]*@#//#' ||
 declare -A sizes
 : > build/images.tsv.tmp
 for svc in "${SERVICES[@]}"; do
-  # IMAGE_VERSION (make release's VERSION) replaces the package's version in the label and the tag
-  # (semver's `+` is not allowed in a tag: `_`, as Helm does)
-  version=${IMAGE_VERSION:-$(package_field "$svc" version)}
-  image="localhost/neuron-helm-chart/$svc:${version//+/_}"
+  version=$(package_field "$svc" version)
+  image="localhost/neuron-helm-chart/$svc:$version"
   log "building $image"
   # --timestamp: the commit's time, not the build's, so that a commit builds the same image
   if ! "${PODMAN[@]}" build "${LIMITS[@]}" --network none --timestamp "$commit_time" \
@@ -172,8 +170,7 @@ mv build/images.tsv.tmp build/images.tsv
 
 if [ "$import" = 1 ]; then
   for svc in "${SERVICES[@]}"; do
-    version=${IMAGE_VERSION:-$(package_field "$svc" version)}
-    image="localhost/neuron-helm-chart/$svc:${version//+/_}"
+    image="localhost/neuron-helm-chart/$svc:$(package_field "$svc" version)"
     archive="$CLUSTER_DIR/$svc.tar"
     "${PODMAN[@]}" save -q --format docker-archive -o "$archive" "$image"
     "$CTR" --address "$CTR_SOCK" -n k8s.io images import "$archive" >/dev/null
