@@ -771,7 +771,7 @@ def test_the_module_selector_is_the_nfd_label_or_the_drivers_own() -> None:
     assert module(own)["spec"]["selector"] == selector
 
 
-KMM_READY = "kmm.node.kubernetes.io/kube-system.neuron-helm-chart-driver.ready"
+KMM_READY = "kmm.node.kubernetes.io/kube-system.neuron.ready"
 
 
 def test_the_device_plugin_can_wait_for_kmms_ready_label() -> None:
@@ -779,7 +779,7 @@ def test_the_device_plugin_can_wait_for_kmms_ready_label() -> None:
     assert KMM_READY not in {e["key"] for e in default}, "opt-in"
     docs = render(*DRIVER, *KMM_API, *sets(driver__devicePluginWaitsForModule=True))
     assert _match_expressions(daemonset(docs, "device-plugin")) == [*default, {"key": KMM_READY, "operator": "Exists"}]
-    assert module(docs)["metadata"]["name"] == "neuron-helm-chart-driver", "the label names the Module"
+    assert module(docs)["metadata"]["name"] == "neuron", "the label names the Module"
     for other in ("node-metrics", "problem-detector"):
         assert KMM_READY not in {e["key"] for e in _match_expressions(daemonset(docs, other))}
 
@@ -808,10 +808,10 @@ def test_kmms_limit_on_the_modules_name_and_namespace_is_reached_not_passed() ->
     Module whose name and namespace together are longer than 40 characters: 40 renders, 41 is refused before
     KMM sees it."""
     out = helm("template", "x", str(CHART), "--namespace", "default", *DRIVER, *KMM_API,
-               *sets(fullnameOverride="n" * 26)).stdout  # fmt: skip
+               *sets(driver__moduleName="n" * 33)).stdout  # fmt: skip
     m = module([d for d in yaml.safe_load_all(out) if d])
     assert len(m["metadata"]["name"] + m["metadata"]["namespace"]) == 40
-    unserved = helm("template", "x", str(CHART), *DRIVER, *sets(fullnameOverride="n" * 27)).stdout
+    unserved = helm("template", "x", str(CHART), *DRIVER, *sets(driver__moduleName="n" * 34)).stdout
     assert "kind: Module" not in unserved, "no Module, no limit"
 
 
@@ -1235,12 +1235,17 @@ def test_the_schema_rejects_mistakes_with_a_clear_message(args: list[str], messa
         ([*DRIVER, *sets(placement__mode="instanceType")], "set placement.mode=nfd, or driver.nodeSelector"),
         (sets(driver__devicePluginWaitsForModule=True), "waits for a kernel module the chart does not load"),
         (
-            [*DRIVER, *sets(driver__devicePluginWaitsForModule=True, fullnameOverride="n" * 50)],
+            [
+                "--namespace",
+                "n" * 30,
+                *DRIVER,
+                *sets(driver__devicePluginWaitsForModule=True, driver__moduleName="n" * 30),
+            ],
             "is longer than 63 characters",
         ),
         (
-            [*DRIVER, *sets(driver__force=True, fullnameOverride="n" * 27)],
-            f'the Module "{"n" * 27}-driver" in namespace "default" has 41',
+            [*DRIVER, *sets(driver__force=True, driver__moduleName="n" * 34)],
+            f'the Module "{"n" * 34}" in namespace "default" has 41',
         ),
     ],
     ids=[

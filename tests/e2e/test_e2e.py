@@ -56,6 +56,7 @@ DAEMONSETS = {
     "devicePlugin": f"{RELEASE}-device-plugin",
     "nodeMetrics": f"{RELEASE}-node-metrics",
     "npd": f"{RELEASE}-problem-detector",
+    "draDriver": f"{RELEASE}-dra-driver",
 }
 RESOURCE = "aws.amazon.com"
 

@@ -335,13 +335,13 @@ spec:
 {{- $name := include "neuron.driverName" . -}}
 {{- $combined := len (printf "%s%s" $name .Release.Namespace) -}}
 {{- if gt $combined 40 -}}
-{{- fail (printf "driver.enabled: KMM's admission webhook refuses a Module whose name and namespace together are longer than 40 characters; the Module %q in namespace %q has %d: shorten the release name or namespace, or set fullnameOverride" $name .Release.Namespace $combined) -}}
+{{- fail (printf "driver.enabled: KMM's admission webhook refuses a Module whose name and namespace together are longer than 40 characters; the Module %q in namespace %q has %d: shorten driver.moduleName or the namespace" $name .Release.Namespace $combined) -}}
 {{- end -}}
 {{- end -}}
 {{- if and $d.enabled $d.devicePluginWaitsForModule -}}
 {{- $labelName := include "neuron.driverReadyLabel" . | splitList "/" | last -}}
 {{- if gt (len $labelName) 63 -}}
-{{- fail (printf "driver.devicePluginWaitsForModule: KMM's ready label name %q is longer than 63 characters; shorten the release namespace or name (fullnameOverride)" $labelName) -}}
+{{- fail (printf "driver.devicePluginWaitsForModule: KMM's ready label name %q is longer than 63 characters; shorten the release namespace or driver.moduleName" $labelName) -}}
 {{- end -}}
 {{- end -}}
 {{- if .Values.scheduler.enabled -}}
@@ -362,9 +362,11 @@ spec:
 {{- if and $d.enabled (or $d.force (.Capabilities.APIVersions.Has "kmm.sigs.x-k8s.io/v1beta1")) -}}true{{- end -}}
 {{- end -}}
 
-{{/* The KMM Module's name (release-scoped, like every object of the chart). */}}
+{{/* The KMM Module's name: driver.moduleName, `neuron` as the OpenShift operator names it (one per namespace).
+Not release-scoped: KMM refuses a Module whose name and namespace exceed 40 characters, and chart-testing's
+release names alone are 28. */}}
 {{- define "neuron.driverName" -}}
-{{- include "neuron.componentName" (dict "root" . "component" "driver") -}}
+{{- .Values.driver.moduleName -}}
 {{- end -}}
 
 {{/* The node label KMM sets once it has loaded a Module's kernel module on the node. */}}
