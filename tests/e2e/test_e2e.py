@@ -56,8 +56,9 @@ DAEMONSETS = {
     "devicePlugin": f"{RELEASE}-device-plugin",
     "nodeMetrics": f"{RELEASE}-node-metrics",
     "npd": f"{RELEASE}-problem-detector",
-    "draDriver": f"{RELEASE}-dra-driver",
 }
+# off by default, and installed by a ci values file (tests/e2e/test_dra.py tests it)
+OPTIONAL_DAEMONSETS = {"draDriver": f"{RELEASE}-dra-driver"}
 RESOURCE = "aws.amazon.com"
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -107,7 +108,7 @@ def install(kube_cluster: Cluster, *args: str, values: Path | None = None) -> li
         "--wait", "--timeout", "300s",
     )  # fmt: skip
     rendered = yaml.safe_load(helm("get", "values", RELEASE, "-n", NAMESPACE, "--all", "-o", "yaml").stdout)
-    expected = [name for key, name in DAEMONSETS.items() if rendered[key]["enabled"]]
+    expected = [name for key, name in (DAEMONSETS | OPTIONAL_DAEMONSETS).items() if rendered[key]["enabled"]]
     wait_daemonsets(kube_cluster, expected)
     present = {d["metadata"]["name"] for d in json.loads(kubectl("get", "ds", "-n", NAMESPACE, "-o", "json"))["items"]}
     assert present == set(expected), f"DaemonSets {present}, expected {expected}"
