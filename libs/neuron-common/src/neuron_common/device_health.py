@@ -13,6 +13,7 @@ comes back. Cores follow their device.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -149,6 +150,24 @@ def transitions(before: Mapping[int, Verdict], after: Mapping[int, Verdict]) -> 
             changed = True
             if previous is not None or not verdict.healthy:
                 reported.append((index, verdict))
+    return changed, reported
+
+
+def logged_transitions(
+    before: Mapping[int, Verdict], after: Mapping[int, Verdict], log: logging.Logger
+) -> tuple[bool, list[tuple[int, Verdict]]]:
+    """`transitions`, each reported one also logged on `log` as a structured warning: the one wording
+    of a device changing health, whichever service saw it."""
+    changed, reported = transitions(before, after)
+    for index, verdict in reported:
+        to = "healthy" if verdict.healthy else "unhealthy"
+        log.warning(
+            "device %d is now %s%s",
+            index,
+            to,
+            f": {verdict.reason}" if verdict.reason else "",
+            extra={"device": index, "health": to, "reason": verdict.reason, "permanent": verdict.permanent},
+        )
     return changed, reported
 
 

@@ -15,7 +15,14 @@ from dataclasses import dataclass
 from kubelet_api import HEALTHY, UNHEALTHY
 from kubelet_api.podresources_client import Holding
 from neuron_common import resources
-from neuron_common.device_health import Finding, HealthTracker, Verdict, expected_devices, merged_verdicts, transitions
+from neuron_common.device_health import (
+    Finding,
+    HealthTracker,
+    Verdict,
+    expected_devices,
+    logged_transitions,
+    merged_verdicts,
+)
 from neuron_common.resources import Kind, Resource
 from neuron_device_plugin.holdings import Holdings, build_holdings, conflicts, describe
 from neuron_device_plugin.metrics import PluginMetrics
@@ -138,17 +145,9 @@ class PluginState:
     def refresh_health(self) -> bool:
         """Recompute verdicts; log and count transitions; wake the streams if anything changed."""
         verdicts = merged_verdicts(self.health, self.known, self.external, self.clock())
-        changed, reported = transitions(self._last_verdicts, verdicts)
+        changed, reported = logged_transitions(self._last_verdicts, verdicts, log)
         for index, verdict in reported:
-            to = "healthy" if verdict.healthy else "unhealthy"
-            log.warning(
-                "device %d is now %s%s",
-                index,
-                to,
-                f": {verdict.reason}" if verdict.reason else "",
-                extra={"device": index, "health": to, "reason": verdict.reason, "permanent": verdict.permanent},
-            )
-            self.metrics.health_transitions.labels(str(index), to).inc()
+            self.metrics.health_transitions.labels(str(index), "healthy" if verdict.healthy else "unhealthy").inc()
         self._last_verdicts = verdicts
         if changed:
             self.notify()

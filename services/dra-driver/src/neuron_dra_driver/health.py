@@ -14,8 +14,8 @@ from neuron_common.device_health import (
     HealthTracker,
     Verdict,
     expected_devices,
+    logged_transitions,
     merged_verdicts,
-    transitions,
 )
 from neuron_sysfs.inventory import NodeInventory
 
@@ -74,16 +74,7 @@ class NodeHealth:
 
     def refresh_health(self) -> bool:
         verdicts = merged_verdicts(self.tracker, sorted(self.known), self.external, self.clock())
-        changed, reported = transitions(self._verdicts, verdicts)
-        for index, verdict in reported:
-            to = "healthy" if verdict.healthy else "unhealthy"
-            log.warning(
-                "device %d is now %s%s",
-                index,
-                to,
-                f": {verdict.reason}" if verdict.reason else "",
-                extra={"device": index, "health": to, "reason": verdict.reason, "permanent": verdict.permanent},
-            )
+        changed, _ = logged_transitions(self._verdicts, verdicts, log)
         self._verdicts = verdicts
         if changed:
             self._notify()
