@@ -9,17 +9,23 @@ the plugin reads the kernel log itself or takes the detector's verdicts:
 - `transient` faults never take a device out (the detector reports them as Events).
 A device that vanishes from sysfs is Unhealthy while it is gone and for a quiet period after it
 comes back. Cores follow their device.
+
+`DeviceHealth` is a node's verdicts as a service advertises them, fed by the monitors of
+`neuron_common.health_monitor`: the device plugin holds one, the DRA driver is one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from neuron_sysfs import faults
 from neuron_sysfs.faults import Severity
 from neuron_sysfs.inventory import InstanceTypeSource, NodeInventory
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +175,107 @@ def logged_transitions(
             extra={"device": index, "health": to, "reason": verdict.reason, "permanent": verdict.permanent},
         )
     return changed, reported
+
+
+class DeviceHealth:
+    """Every device the node has shown or should have, and the verdict on each: the tracker's, or
+    the problem detector's when it says unhealthy. A device that vanishes stays known (Unhealthy),
+    so it is reported rather than silently dropped."""
+
+    def __init__(
+        self,
+        inventory: NodeInventory,
+        quiet_period: float,
+        clock: Callable[[], float],
+        *,
+        logger: logging.Logger = log,
+        on_change: Callable[[], None] | None = None,
+        on_transition: Callable[[int, Verdict], None] | None = None,
+        warn_unknown_devices: bool = False,
+    ) -> None:
+        """Transitions (and, with `warn_unknown_devices`, findings about devices it does not know)
+        are logged on `logger`, so they carry the service's logger name. `on_transition` sees each
+        transition worth reporting once; `on_change` runs whenever `changed` fires."""
+        self.clock = clock
+        self.tracker = HealthTracker(quiet_period)
+        self.logger = logger
+        self.on_change = on_change
+        self.on_transition = on_transition
+        self.warn_unknown_devices = warn_unknown_devices
+        self.external: dict[int, str] = {}  # device -> reason, from the problem detector's verdicts
+        self.known: set[int] = set()
+        self._verdicts: dict[int, Verdict] = {}
+        self._event = asyncio.Event()
+        self._inventory = inventory
+        self.set_inventory(inventory)
+
+    @property
+    def inventory(self) -> NodeInventory:
+        return self._inventory
+
+    @property
+    def changed(self) -> asyncio.Event:
+        """Set (and replaced) on every new inventory and every change of a verdict."""
+        return self._event
+
+    def _notify(self) -> None:
+        event, self._event = self._event, asyncio.Event()
+        event.set()
+        if self.on_change is not None:
+            self.on_change()
+
+    def set_inventory(self, inventory: NodeInventory, *, forget_vanished: bool = False) -> None:
+        """`forget_vanished` drops the devices neither present nor expected, instead of keeping
+        them Unhealthy (the device plugin does so when its core IDs are renumbered)."""
+        self._inventory = inventory
+        present = {d.index for d in inventory.devices}
+        current = present | expected_devices(inventory)
+        self.known = current if forget_vanished else self.known | current
+        self.tracker.observe_presence({i: i in present for i in self.known}, self.clock())
+        if not self.refresh_health():  # a new inventory is news even when no verdict changed
+            self._notify()
+
+    def observe(self, findings: Iterable[Finding]) -> None:
+        now = self.clock()
+        recorded = False
+        for finding in findings:
+            if finding.device not in self.known:
+                if self.warn_unknown_devices:
+                    self.logger.warning("error reported for unknown device %d: %s", finding.device, finding.reason)
+                continue
+            self.tracker.observe(finding, now)
+            recorded = True
+        if recorded:
+            self.refresh_health()
+
+    def driver_reloaded(self, devices: Iterable[int]) -> None:
+        self.tracker.driver_reloaded(devices)
+        self.refresh_health()
+
+    def set_external_verdicts(self, unhealthy: dict[int, str]) -> None:
+        if unhealthy != self.external:
+            self.external = dict(unhealthy)
+            self.refresh_health()
+
+    def refresh_health(self) -> bool:
+        """Recompute the verdicts (a quiet period may have ended); log and pass on the transitions;
+        fire `changed` if any verdict changed."""
+        verdicts = merged_verdicts(self.tracker, sorted(self.known), self.external, self.clock())
+        changed, reported = logged_transitions(self._verdicts, verdicts, self.logger)
+        if self.on_transition is not None:
+            for index, verdict in reported:
+                self.on_transition(index, verdict)
+        self._verdicts = verdicts
+        if changed:
+            self._notify()
+        return changed
+
+    def verdict(self, device: int) -> Verdict:
+        return self._verdicts.get(device, HEALTHY)
+
+    def unhealthy(self) -> dict[int, str]:
+        """Device -> why, for every device not healthy now."""
+        return {d: v.reason or "unhealthy" for d, v in self._verdicts.items() if not v.healthy}
 
 
 def _rank(severity: Severity) -> int:
