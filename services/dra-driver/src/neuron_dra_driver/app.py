@@ -6,9 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
+from neuron_common.device_health import DeviceHealth
 from neuron_common.health_monitor import HealthMonitor, KmsgWatcher
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
@@ -16,7 +18,6 @@ from neuron_common.supervisor import Supervisor
 from neuron_dra_driver import servers, slices
 from neuron_dra_driver.config import Config
 from neuron_dra_driver.driver import Driver
-from neuron_dra_driver.health import NodeHealth
 from neuron_dra_driver.metrics import DriverMetrics
 from neuron_dra_driver.publisher import SlicePublisher
 from neuron_sysfs import layout
@@ -52,7 +53,9 @@ class DraDriver:
             len(inventory.cores),
             extra={"instance_type": inventory.instance_type_name, "logical_nc_config": inventory.lnc.value},
         )
-        self.health = NodeHealth(inventory, config.health_quiet_period)
+        # Read by the slice publisher (an unhealthy device leaves the pool) and by
+        # NodePrepareResources (a claim on an unhealthy device is refused with the reason).
+        self.health = DeviceHealth(inventory, config.health_quiet_period, time.monotonic, logger=log)
         self.kernel_driver_version = driver_version(config.host_root)
         self.plugin_version = own_version()
         self.driver = Driver(

@@ -27,10 +27,10 @@ from kubelet_api.dra_health.v1alpha1 import api_pb2 as health_pb
 from kubelet_api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
 from kubelet_api.pluginregistration.v1 import api_pb2 as reg
 from kubelet_api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
+from neuron_common.device_health import DeviceHealth
 from neuron_common.lifecycle import wait_any
 from neuron_dra_driver import slices
 from neuron_dra_driver.driver import ClaimRef, Driver
-from neuron_dra_driver.health import NodeHealth
 from neuron_dra_driver.metrics import DriverMetrics
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class HealthServicer(health_grpc.DRAResourceHealthServicer):
     """The full list of this node's devices and their health, on every change and at least every
     third of the timeout."""
 
-    def __init__(self, health: NodeHealth, node_name: str, stop: asyncio.Event) -> None:
+    def __init__(self, health: DeviceHealth, node_name: str, stop: asyncio.Event) -> None:
         self.health = health
         self.node_name = node_name
         self.stop = stop
@@ -163,7 +163,7 @@ def _unlink_stale(path: Path) -> None:
 
 async def serve(
     driver: Driver,
-    health: NodeHealth,
+    health: DeviceHealth,
     registration: RegistrationServicer,
     dra_socket: Path,
     registration_socket: Path,
