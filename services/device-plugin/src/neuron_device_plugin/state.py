@@ -15,14 +15,7 @@ from dataclasses import dataclass
 from kubelet_api import HEALTHY, UNHEALTHY
 from kubelet_api.podresources_client import Holding
 from neuron_common import resources
-from neuron_common.device_health import (
-    Finding,
-    HealthTracker,
-    Verdict,
-    expected_devices,
-    logged_transitions,
-    merged_verdicts,
-)
+from neuron_common.device_health import DeviceHealth, Finding, Verdict
 from neuron_common.resources import Kind, Resource
 from neuron_device_plugin.holdings import Holdings, build_holdings, conflicts, describe
 from neuron_device_plugin.metrics import PluginMetrics
@@ -71,19 +64,24 @@ class PluginState:
         self.metrics = metrics
         self.clock = clock
         self.resources = {r.full_name: r for r in plugin_resources}
-        self.health = HealthTracker(quiet_period)
         self.pending_ttl = pending_ttl
-        self.external: dict[int, str] = {}  # device -> reason, from the problem detector's verdicts
         self._kubelet: list[Holding] = []
         self._pending: dict[tuple[str, int], tuple[float, Resource]] = {}
         self._holdings: Holdings | None = None  # cached until the next change
         self._event = asyncio.Event()
-        self._last_verdicts: dict[int, Verdict] = {}
         self.known: dict[int, KnownDevice] = {}
-        self.present: dict[int, bool] = {}
-        self.inventory = inventory
         self.topology = topology_from(inventory)
-        self.set_inventory(inventory)
+        # Every health change wakes the ListAndWatch streams (and the node report) through `notify`.
+        self.health = DeviceHealth(
+            inventory,
+            quiet_period,
+            clock,
+            logger=log,
+            on_change=self.notify,
+            on_transition=self._count_transition,
+            warn_unknown_devices=True,
+        )
+        self._learn_devices(inventory, renumbered=False)
 
     # -- change notification -------------------------------------------------------------------
     @property
@@ -97,61 +95,49 @@ class PluginState:
         event.set()
 
     # -- inputs ----------------------------------------------------------------------------------
+    @property
+    def inventory(self) -> NodeInventory:
+        return self.health.inventory
+
     def set_inventory(self, inventory: NodeInventory) -> None:
-        self.inventory = inventory
         topology = topology_from(inventory)
-        if topology.cores_per_device != self.topology.cores_per_device and self.known:
+        renumbered = bool(self.known) and topology.cores_per_device != self.topology.cores_per_device
+        if renumbered:
             log.warning(
                 "logical cores per device changed from %d to %d; core IDs are renumbered",
                 self.topology.cores_per_device,
                 topology.cores_per_device,
             )
-            self.known.clear()
         self.topology = topology
-        expected = expected_devices(inventory)
-        present = {d.index for d in inventory.devices}
-        for dev in inventory.devices:
-            self.known[dev.index] = KnownDevice(dev.index, dev.numa_node, topology_cores(topology, dev.index))
-        for index in expected - present:
-            previous = self.known.get(index)
-            numa = previous.numa_node if previous else None
-            self.known.setdefault(index, KnownDevice(index, numa, topology_cores(topology, index)))
-        self.present = {i: i in present for i in self.known}
-        self.health.observe_presence(self.present, self.clock())
-        self.refresh_health()
-        self.notify()
+        # A renumbering starts the device list afresh: only devices present or promised stay. The
+        # streams `health` wakes run only after this returns, so they read the new `known`.
+        self.health.set_inventory(inventory, forget_vanished=renumbered)
+        self._learn_devices(inventory, renumbered=renumbered)
 
+    def _learn_devices(self, inventory: NodeInventory, *, renumbered: bool) -> None:
+        """One entry per device health knows of; a device gone from sysfs keeps its last NUMA node."""
+        numa = {} if renumbered else {i: d.numa_node for i, d in self.known.items()}
+        numa |= {d.index: d.numa_node for d in inventory.devices}
+        self.known = {
+            i: KnownDevice(i, numa.get(i), topology_cores(self.topology, i)) for i in sorted(self.health.known)
+        }
+
+    # The health inputs (`neuron_common.health_monitor.HealthSink`) go to `health`, which wakes
+    # the streams through `notify` when a verdict changes.
     def observe(self, findings: Iterable[Finding]) -> None:
-        now = self.clock()
-        any_finding = False
-        for finding in findings:
-            if finding.device not in self.known:
-                log.warning("error reported for unknown device %d: %s", finding.device, finding.reason)
-                continue
-            self.health.observe(finding, now)
-            any_finding = True
-        if any_finding:
-            self.refresh_health()
+        self.health.observe(findings)
 
     def driver_reloaded(self, devices: Iterable[int]) -> None:
         self.health.driver_reloaded(devices)
-        self.refresh_health()
 
     def set_external_verdicts(self, unhealthy: dict[int, str]) -> None:
-        if unhealthy != self.external:
-            self.external = dict(unhealthy)
-            self.refresh_health()
+        self.health.set_external_verdicts(unhealthy)
 
     def refresh_health(self) -> bool:
-        """Recompute verdicts; log and count transitions; wake the streams if anything changed."""
-        verdicts = merged_verdicts(self.health, self.known, self.external, self.clock())
-        changed, reported = logged_transitions(self._last_verdicts, verdicts, log)
-        for index, verdict in reported:
-            self.metrics.health_transitions.labels(str(index), "healthy" if verdict.healthy else "unhealthy").inc()
-        self._last_verdicts = verdicts
-        if changed:
-            self.notify()
-        return changed
+        return self.health.refresh_health()
+
+    def _count_transition(self, device: int, verdict: Verdict) -> None:
+        self.metrics.health_transitions.labels(str(device), "healthy" if verdict.healthy else "unhealthy").inc()
 
     def set_kubelet_holdings(self, holdings: Iterable[Holding], started_at: float) -> None:
         """A List answer. Own hand-outs stay counted until a List made after them settles
@@ -211,7 +197,7 @@ class PluginState:
         return frozenset(f"{h.namespace}/{h.pod}" for h in self._kubelet)
 
     def verdict(self, device: int) -> Verdict:
-        return self._last_verdicts.get(device, Verdict(True, "", False))
+        return self.health.verdict(device)
 
     def advertised(self, resource: Resource) -> list[AdvertisedId]:
         holdings = self.holdings()
