@@ -38,7 +38,7 @@ class TestFilter:
             )
         assert decisions.filter_nodes(view, request(devices=1), ["n1", "n2"], NOW).passed == ["n1", "n2"]
 
-    def test_refusals_preemption_cannot_help_are_unresolvable(self) -> None:
+    def test_every_refusal_is_unresolvable_as_kube_schedulers_preemption_cannot_cure_it(self) -> None:
         view = view_of(
             report_object("stale", age=600),
             report_object("broken", unhealthy=range(8, 16)),
@@ -50,14 +50,14 @@ class TestFilter:
             "stale": RefusalKind.STALE_REPORT,
             "broken": RefusalKind.NEVER_FITS,
             "absent": RefusalKind.MISSING_REPORT,
+            "busy": RefusalKind.INSUFFICIENT,
         }
         assert outcome.unresolvable["broken"].reason == (
             "16 devices requested, only 8 devices free (free: 0,1,2,3,4,5,6,7); "
             "the node cannot hold it even with every healthy device free"
         )
-        # evicting pods from "busy" could free the devices: the scheduler may preempt there
-        assert outcome.failed["busy"].kind is RefusalKind.INSUFFICIENT
-        assert outcome.failed["busy"].reason == "16 devices requested, only 4 devices free (free: 0,1,2,3)"
+        assert outcome.unresolvable["busy"].kind is RefusalKind.INSUFFICIENT
+        assert outcome.unresolvable["busy"].reason == "16 devices requested, only 4 devices free (free: 0,1,2,3)"
 
     def test_a_pod_asking_for_no_neuron_resource_passes_every_node_with_a_fresh_report(self) -> None:
         view = view_of(report_object("n1", free_devices=[]))
@@ -72,7 +72,7 @@ class TestFilter:
         view.assume("default/first", "uid-1", "n1", eight, now=1.0)
         outcome = decisions.filter_nodes(view, eight, ["n1", "n2"], NOW)
         assert outcome.passed == ["n2"]
-        assert outcome.failed["n1"].reason == "8 devices requested, only 0 devices free (free: none)"
+        assert outcome.unresolvable["n1"].reason == "8 devices requested, only 0 devices free (free: none)"
 
     def test_the_view_in_flight_and_the_report_agree(self) -> None:
         # the same node, seen before and after its plugin admitted a 4-device pod, gives the same answer
@@ -193,7 +193,6 @@ def _answers(view: ClusterView, pod: PodRequest, nodes: list[str]) -> tuple[Any,
     outcome = decisions.filter_nodes(view, pod, nodes, NOW)
     return (
         outcome.passed,
-        {n: (r.kind, r.reason) for n, r in outcome.failed.items()},
         {n: (r.kind, r.reason) for n, r in outcome.unresolvable.items()},
         decisions.prioritize(view, pod, nodes, NOW),
     )

@@ -321,7 +321,7 @@ async def test_nothing_is_lost_on_restart(start: Callable[..., Any]) -> None:
     second = await start(api)
     _, body = await second.post("filter", extender_args(pod_object("q", devices=8), ["n1"]))
     assert body["NodeNames"] == []
-    assert body["FailedNodes"]["n1"] == "8 devices requested, only 0 devices free (free: none)"
+    assert body["FailedAndUnresolvableNodes"]["n1"] == "8 devices requested, only 0 devices free (free: none)"
 
 
 class TestBindingsInOrder:

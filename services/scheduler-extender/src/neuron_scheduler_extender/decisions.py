@@ -18,7 +18,6 @@ from typing import Any, cast
 
 from neuron_scheduler_extender.state import (
     MEMO_SHAPES,
-    RESOLVABLE_BY_PREEMPTION,
     ClusterView,
     NodeState,
     Rank,
@@ -36,9 +35,15 @@ MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
 
 @dataclass
 class FilterOutcome:
+    """Every refused node is `FailedAndUnresolvableNodes`, even where evicting pods would free a
+    connected set: kube-scheduler's preemption cannot find that out. Its dry run takes lower-priority
+    pods off a node and runs its own filter plugins only, never an extender's; a node this extender
+    refuses had already passed those plugins with every pod on it, so each victim is reprieved, no
+    victim is left and the node is never a candidate. Marking it `FailedNodes` would only make
+    kube-scheduler run that futile dry run on it for every attempt of every pod that fits nowhere."""
+
     passed: list[str] = field(default_factory=list)
-    failed: dict[str, Refusal] = field(default_factory=dict)  # preemption could make room
-    unresolvable: dict[str, Refusal] = field(default_factory=dict)  # nothing the scheduler does helps
+    unresolvable: dict[str, Refusal] = field(default_factory=dict)
 
 
 def judge(state: NodeState, pod: PodRequest) -> Refusal | None:
@@ -60,10 +65,11 @@ def verdict(situation: Situation, pod: PodRequest) -> Verdict:
 
 
 def verdict_of(topo: Topology, free: FreeState, capacity: FreeState, pod: PodRequest) -> Verdict:
-    """Whether the pod fits `free` (`neuron_sysfs.placement.refusal`), and if not, whether
-    preemption could help. The reason does not name the node: kube-scheduler shows it per node,
-    and sums up a pod's refusals by reason (`0/1000 nodes are available: 412 <reason>, ...`),
-    which a reason naming its node would turn into a thousand lines."""
+    """Whether the pod fits `free` (`neuron_sysfs.placement.refusal`), and if not, of which kind
+    the refusal is (never, too few free, or no connected set among them). The reason does not name
+    the node: kube-scheduler shows it per node, and sums up a pod's refusals by reason
+    (`0/1000 nodes are available: 412 <reason>, ...`), which a reason naming its node would turn
+    into a thousand lines."""
     reason = refusal(topo, free, pod)
     if not reason:
         return None
@@ -84,7 +90,7 @@ def _short(free: FreeState, topo: Topology, pod: PodRequest) -> bool:
 
 def filter_nodes(view: ClusterView, pod: PodRequest, nodes: Iterable[str], now: dt.datetime) -> FilterOutcome:
     outcome = FilterOutcome()
-    passed, failed, unresolvable = outcome.passed, outcome.failed, outcome.unresolvable
+    passed, unresolvable = outcome.passed, outcome.unresolvable
     asked: dict[Situation, Verdict] = {}  # this call's answers: most nodes share a few situations
     for state in view.nodes(nodes, now):
         refused = state.refusal
@@ -98,10 +104,7 @@ def filter_nodes(view: ClusterView, pod: PodRequest, nodes: Iterable[str], now: 
                 passed.append(state.node)
                 continue
             refused = found
-        if refused.kind in RESOLVABLE_BY_PREEMPTION:
-            failed[state.node] = refused
-        else:
-            unresolvable[state.node] = refused
+        unresolvable[state.node] = refused
     return outcome
 
 

@@ -160,7 +160,7 @@ class Endpoints:
                     ),
                 )
             outcome = decisions.filter_nodes(self.view, pod, args.node_names, self.now())
-            refused_by_kind = Counter(r.kind for r in (*outcome.failed.values(), *outcome.unresolvable.values()))
+            refused_by_kind = Counter(r.kind for r in outcome.unresolvable.values())
             for kind, count in refused_by_kind.items():
                 self.metrics.nodes_refused.labels(str(kind)).inc(count)
             log.debug(
@@ -174,7 +174,7 @@ class Endpoints:
                 protocol.filter_result(
                     args,
                     outcome.passed,
-                    {n: r.reason for n, r in outcome.failed.items()},
+                    {},  # no FailedNodes: `decisions.FilterOutcome` says why
                     {n: r.reason for n, r in outcome.unresolvable.items()},
                 )
             )

@@ -34,7 +34,7 @@ from neuron_sysfs.report import NodeReport, ReportError
 
 
 class RefusalKind(enum.StrEnum):
-    """Why a node is refused, as a metric label and for the scheduler's preemption."""
+    """Why a node is refused, as a metric label."""
 
     MISSING_REPORT = "missing_report"
     STALE_REPORT = "stale_report"
@@ -43,15 +43,6 @@ class RefusalKind(enum.StrEnum):
     NEVER_FITS = "never_fits"  # not even with every healthy device of the node free
     INSUFFICIENT = "insufficient"  # fewer devices or cores free than requested
     NO_CONNECTED_SET = "no_connected_set"  # enough free, but no valid set among them
-
-    @property
-    def resolvable_by_preemption(self) -> bool:
-        """Whether evicting pods from the node could make room: only then may the scheduler try
-        (kube-scheduler considers only nodes refused as Unschedulable, not Unresolvable)."""
-        return self in RESOLVABLE_BY_PREEMPTION
-
-
-RESOLVABLE_BY_PREEMPTION = frozenset({RefusalKind.INSUFFICIENT, RefusalKind.NO_CONNECTED_SET})
 
 
 @dataclass(frozen=True, slots=True)
