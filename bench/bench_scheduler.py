@@ -16,9 +16,14 @@ How each figure is taken:
 - "left unschedulable though a node had a valid set": unbound at the end while the allocator
   finds a valid set on some node's free silicon then;
 - throughput: pods bound per second from the first binding to the last (the pods are all created
-  before the scheduler starts). On two shared cores it depends on everything else running, so the
-  CPU time each process took while the scheduler ran is shown too, per pod placed: the scheduler,
-  the extender, kube-apiserver, etcd and the simulated kubelets (this process);
+  before the scheduler starts); beside it, pods bound and running per second, to the last pod the
+  simulated kubelets wrote Running: equal when the kubelets keep up, lower when a scheduler binds
+  faster than the cluster starts pods. The simulated kubelets write concurrently, as a thousand
+  real ones do (`simcluster.nodes.WRITERS`): with a few writers the default scheduler left a third
+  of its pods' writes for after its last binding and its bindings per second counted work the API
+  server had not done yet. On two shared cores it depends on everything else running, so the CPU
+  time each process took while the scheduler ran is shown too, per pod placed: the scheduler, the
+  extender, kube-apiserver, etcd and the simulated kubelets (this process);
 - extender latencies: filter and prioritize called over HTTP with all 1,000 node names, one call
   at a time as kube-scheduler makes them, with pods of the stream's mix, on the empty fleet before
   scheduling and on the full one after, from a process of their own (as kube-scheduler calls);
@@ -74,6 +79,7 @@ def _placement_figures(outcome: Outcome, default_throughput: float | None) -> li
             default_throughput / 2 if default_throughput is not None else None,
             True,
         ),
+        Figure(f"{label}: throughput, first binding to last pod running", outcome.started_throughput, "pods/s"),
     ]
     for result in ("scheduled", "unschedulable", "error"):
         figures.append(Figure(f"{label}: scheduling attempts, {result}", outcome.attempts.get(result, 0.0), ""))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -81,14 +82,21 @@ def whole_node(topo: Topology) -> FreeState:
     return FreeState.of(topo, range(topo.device_count * topo.cores_per_device))
 
 
+# Concurrent status and report writes of the simulated kubelets (each kind). A thousand real kubelets
+# write at once; with a handful of writers a fast scheduler outran them and left its pods' writes
+# for after its last binding, so its bindings per second counted work the API server had not done yet.
+WRITERS = 48
+
+
 class SimulatedNodes:
-    def __init__(self, api: Api, specs: list[NodeSpec], *, report_interval: float, writers: int = 6) -> None:
+    def __init__(self, api: Api, specs: list[NodeSpec], *, report_interval: float, writers: int = WRITERS) -> None:
         self.api = api
         self.nodes = {s.name: SimNode(s, s.topology, whole_node(s.topology)) for s in specs}
         self.report_interval = report_interval
         self.writers = writers
         self.admissions: list[Admission] = []
         self.bound_at: dict[str, float] = {}  # pod -> monotonic time its binding was seen
+        self.running_at: dict[str, float] = {}  # pod -> monotonic time its Running status was written
         self.unschedulable: dict[str, str] = {}  # unbound pod -> the scheduler's last message
         self.report_writes = 0
         self._status_queue: asyncio.Queue[str] = asyncio.Queue()
@@ -105,6 +113,12 @@ class SimulatedNodes:
 
         await bounded(self.nodes.values(), create, connections)
         await bounded(self.nodes.values(), self._write_report, connections)
+        # A real fleet's plugins started at different times: spread the heartbeats over the
+        # interval, as registering every node at once would otherwise time them all together,
+        # and a thousand writes every `report_interval` seconds is not what a cluster sees.
+        now, spread = time.monotonic(), random.Random(0)
+        for node in self.nodes.values():
+            node.last_write = now - spread.uniform(0, self.report_interval)
 
     # -- the kubelets -----------------------------------------------------------------------
 
@@ -261,6 +275,7 @@ class SimulatedNodes:
             name = await self._status_queue.get()
             try:
                 await self.api.patch_status(f"{PODS}/{name}", running)
+                self.running_at[name] = time.monotonic()
             except ApiError as exc:
                 if exc.status != 404:  # deleted meanwhile
                     raise

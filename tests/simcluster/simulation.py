@@ -29,7 +29,7 @@ from neuron_sysfs.report import NodeReport
 from simcluster.api import Api, bounded
 from simcluster.controlplane import ControlPlane, control_plane, free_port, wait_until_ready
 from simcluster.fleet import NAMESPACE, NodeSpec, PodSpec, fleet, pod_stream
-from simcluster.nodes import PODS, REPORTS, Admission, SimulatedNodes
+from simcluster.nodes import PODS, REPORTS, WRITERS, Admission, SimulatedNodes
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command, start_extender, start_scheduler
 
 HERE = Path(__file__).parent
@@ -77,6 +77,7 @@ class Outcome:
     reports: dict[str, NodeReport]  # node -> its NeuronNode as the API server has it at the end
     free: dict[str, FreeState]  # node -> what its plugin has free at the end
     bind_times: list[float]  # monotonic, in order
+    running_times: list[float]  # monotonic, in order: when the simulated kubelet wrote each pod Running
     timed_out: bool
     # CPU seconds each process used while the scheduler ran: kube-scheduler (or neuron-scheduler),
     # the extender, kube-apiserver, etcd and this process, the simulated kubelets (SIMULATED_KUBELETS)
@@ -102,6 +103,16 @@ class Outcome:
         if len(self.bind_times) < 2:
             return float("nan")
         return (len(self.bind_times) - 1) / (self.bind_times[-1] - self.bind_times[0])
+
+    @property
+    def started_throughput(self) -> float:
+        """Pods bound and running per second: from the first binding until the last pod bound is
+        written Running by its simulated kubelet. Unlike `throughput`, the interval holds every
+        write the pods it counts cost the API server (their status, their nodes' reports), so a
+        run cannot count pods whose writes it left for after its last binding."""
+        if len(self.running_times) < 2 or not self.bind_times:
+            return float("nan")
+        return len(self.running_times) / (self.running_times[-1] - self.bind_times[0])
 
     def stranded(self) -> list[str]:
         """Unbound pods that some node could take with a valid set at the end."""
@@ -209,7 +220,7 @@ async def simulate(size: Size, scheduler: str, work: Path, log: Callable[[str], 
         raise RuntimeError("neuron-scheduler needs the extender's command, which is not installed")
     started = time.monotonic()
     with control_plane(work) as cp:
-        async with Api(cp) as api:
+        async with Api(cp, connections=WRITERS + 16) as api:  # the kubelets' writers, the pod creator's 16
             nodes = await prepare(api, specs, size.report_interval)
             stop = asyncio.Event()
             kubelets = asyncio.create_task(nodes.run(stop))
@@ -277,6 +288,7 @@ async def simulate(size: Size, scheduler: str, work: Path, log: Callable[[str], 
         reports={o["metadata"]["name"]: NodeReport.from_object(o) for o in objects},
         free={name: node.free for name, node in nodes.nodes.items()},
         bind_times=sorted(nodes.bound_at.values()),
+        running_times=sorted(nodes.running_at.values()),
         timed_out=timed_out,
         cpu_seconds={n: cpu_after[n] - cpu_before[n] for n in pids},
         attempts=attempts,
