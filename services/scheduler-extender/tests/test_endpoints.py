@@ -349,6 +349,40 @@ class TestBindingsInOrder:
         assert written == ["elsewhere", "first", "second"]
         assert not queue.busy
 
+    async def test_bindings_of_one_shape_decided_in_a_row_are_written_at_once(self) -> None:
+        """Identical requests get the same sets in any order: they need not wait for each other;
+        a different shape waits for all before it, and the same shape after it waits for it."""
+        queue = InOrder()
+        releases = {name: asyncio.Event() for name in ("a1", "a2", "b", "a3")}
+        started: list[str] = []
+
+        async def write(name: str) -> None:
+            started.append(name)
+            await releases[name].wait()
+
+        async def settle() -> None:
+            for _ in range(5):
+                await asyncio.sleep(0)
+
+        tasks = [
+            asyncio.create_task(queue.run("n1", lambda n=name: write(n), shape))
+            for name, shape in (("a1", "one core"), ("a2", "one core"), ("b", "one device"), ("a3", "one core"))
+        ]
+        await settle()
+        assert started == ["a1", "a2"]  # the wave of two; b waits for both
+        releases["a1"].set()
+        await settle()
+        assert started == ["a1", "a2"]
+        releases["a2"].set()
+        await settle()
+        assert started == ["a1", "a2", "b"]  # a3 is a wave of its own after b
+        releases["b"].set()
+        await settle()
+        assert started == ["a1", "a2", "b", "a3"]
+        releases["a3"].set()
+        await asyncio.gather(*tasks)
+        assert not queue.busy
+
     async def test_a_failed_binding_does_not_block_the_next(self) -> None:
         queue = InOrder()
 

@@ -25,7 +25,7 @@ import datetime as dt
 import logging
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -84,36 +84,51 @@ class Forwarder:
             await self._session.close()
 
 
+@dataclass(eq=False)
+class _Wave:
+    """Writes for one key decided one after another with the same shape: written at once."""
+
+    shape: Hashable
+    after: list[asyncio.Future[None]]  # the ends of the wave before: this one writes once they are done
+    ends: list[asyncio.Future[None]] = field(default_factory=list)
+
+
 class InOrder:
-    """Runs the writes for one key one at a time, in the order they were asked for.
+    """Runs the writes for one key in the order they were asked for.
 
     The view simulates the pods in flight on a node in the order this extender bound them, and the
     node admits them in the order their bindings reach the API server; two Binding POSTs to one
     node in flight at once could land the other way round, and the allocator's choice for the
-    second can depend on what the first took. So a node's bindings are written one after the
-    other, in the order they were decided; bindings to different nodes still overlap."""
+    second can depend on what the first took. So a node's bindings are written in the order they
+    were decided; bindings to different nodes still overlap. Writes of the same `shape` (the pod
+    request) decided one after another form a wave written at once: the allocator hands identical
+    requests the same sets whichever lands first, so their order cannot matter, and a node packed
+    with small pods would otherwise make each binding wait for every one before it, past
+    kube-scheduler's bind timeout when the API server is slow."""
 
     def __init__(self) -> None:
-        self._last: dict[str, asyncio.Future[None]] = {}  # key -> the latest write's end
+        self._tail: dict[str, _Wave] = {}  # key -> its latest wave
 
-    async def run(self, key: str, write: Callable[[], Awaitable[None]]) -> None:
-        # Nothing awaits before the write is queued: the caller's order is the queue's.
-        before = self._last.get(key)
+    async def run(self, key: str, write: Callable[[], Awaitable[None]], shape: Hashable | None = None) -> None:
+        # Nothing awaits before the write joins its wave: the caller's order is the queue's.
+        wave = self._tail.get(key)
+        if wave is None or shape is None or wave.shape != shape:
+            wave = self._tail[key] = _Wave(shape, list(wave.ends) if wave is not None else [])
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._last[key] = done
+        wave.ends.append(done)
         try:
-            if before is not None:
-                await asyncio.wait([before])  # however it ended
+            if wave.after:
+                await asyncio.wait(wave.after)  # however they ended
             await write()
         finally:
             done.set_result(None)
-            if self._last.get(key) is done:
-                del self._last[key]
+            if self._tail.get(key) is wave and all(end.done() for end in wave.ends):
+                del self._tail[key]
 
     @property
     def busy(self) -> bool:
         """Whether some write is queued or running."""
-        return bool(self._last)
+        return bool(self._tail)
 
 
 # (namespace, name) -> the Pod object; (binding) -> None. Both raise kube.ApiError.
@@ -235,7 +250,7 @@ class Endpoints:
                 )
             self.view.assume(args.key, args.pod_uid, args.node, pod, self.monotonic())
             try:
-                await self._in_order.run(args.node, lambda: self.bind_pod(args))
+                await self._in_order.run(args.node, lambda: self.bind_pod(args), pod)
             except ApiError as exc:
                 self.view.forget(args.key, args.pod_uid)
                 return self._bind_failure("api_error", f"binding {args.key} to {args.node} failed: {exc}")
