@@ -20,6 +20,10 @@ class Server:
         self.watch_body: list[bytes] = []
         self.app.router.add_get("/api/v1/pods", self.pods)
         self.app.router.add_post("/api/v1/namespaces/ns/pods/p/binding", self.binding)
+        self.app.router.add_post("/api/v1/namespaces/ns/pods/{name}/binding", self.held_binding)
+        self.in_flight = 0
+        self.hold_until = 0  # held bindings answer once this many are in flight at once
+        self.all_in = asyncio.Event()
 
     async def pods(self, request: web.Request) -> web.StreamResponse:
         self.requests.append(("GET", dict(request.query), request.headers.get("Authorization")))
@@ -48,6 +52,13 @@ class Server:
                 },
                 status=409,
             )
+        return web.json_response({"kind": "Status", "status": "Success"}, status=201)
+
+    async def held_binding(self, request: web.Request) -> web.Response:
+        self.in_flight += 1
+        if self.in_flight >= self.hold_until:
+            self.all_in.set()
+        await self.all_in.wait()
         return web.json_response({"kind": "Status", "status": "Success"}, status=201)
 
 
@@ -190,3 +201,16 @@ def test_simple_kubeconfig_with_a_token_and_one_needing_the_client(tmp_path) -> 
     assert api._headers()["Authorization"] == "Bearer abc"
     path.write_text(json.dumps(config | {"current-context": "x"}))
     assert kube.from_simple_kubeconfig(path, 5.0) is None  # exec plugins: the kubernetes client's loaders
+
+
+async def test_concurrent_requests_are_not_queued_in_the_client(served: tuple[Server, Api]) -> None:
+    """kube-scheduler sends an extender's bindings concurrently: the client must let well over a
+    hundred through at once (as client-go does over HTTP/2) rather than queue them behind a
+    connection cap until kube-scheduler's bind timeout passes. The server answers none until
+    all are in flight together."""
+    server, api = served
+    server.hold_until = 200
+    binding = {"apiVersion": "v1", "kind": "Binding", "target": {"kind": "Node", "name": "n1"}}
+    calls = [api.create(f"/api/v1/namespaces/ns/pods/p{i}/binding", binding) for i in range(200)]
+    await asyncio.wait_for(asyncio.gather(*calls), timeout=10)
+    assert server.in_flight == 200

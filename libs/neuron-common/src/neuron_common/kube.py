@@ -53,6 +53,13 @@ class WatchEvent:
     object: Mapping[str, Any]
 
 
+# Requests in flight at once. client-go multiplexes them over one HTTP/2 connection with no cap;
+# aiohttp sends one at a time per HTTP/1.1 connection, and its default cap of 100 (32 here before)
+# queued requests inside the client: the extender's bindings, which kube-scheduler sends
+# concurrently, waited there past kube-scheduler's 10 s bind timeout on a busy API server.
+CONNECTIONS = 256
+
+
 class Api:
     """The calls the services make: list, watch, get, create, update, patch, delete."""
 
@@ -111,7 +118,9 @@ class Api:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self._ssl, limit=32))
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(ssl=self._ssl, limit=CONNECTIONS, limit_per_host=CONNECTIONS)
+            )
         return self._session
 
     async def close(self) -> None:
