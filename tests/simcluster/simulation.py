@@ -220,7 +220,9 @@ async def simulate(size: Size, scheduler: str, work: Path, log: Callable[[str], 
         raise RuntimeError("neuron-scheduler needs the extender's command, which is not installed")
     started = time.monotonic()
     with control_plane(work) as cp:
-        async with Api(cp, connections=WRITERS + 16) as api:  # the kubelets' writers, the pod creator's 16
+        # the pod creator's 16 before the scheduler starts; then the kubelets' status and report writers
+        # (WRITERS each) share them all
+        async with Api(cp, connections=WRITERS + 16) as api:
             nodes = await prepare(api, specs, size.report_interval)
             stop = asyncio.Event()
             kubelets = asyncio.create_task(nodes.run(stop))

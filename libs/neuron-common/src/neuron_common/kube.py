@@ -118,9 +118,7 @@ class Api:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(ssl=self._ssl, limit=CONNECTIONS, limit_per_host=CONNECTIONS)
-            )
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=self._ssl, limit=CONNECTIONS))
         return self._session
 
     async def close(self) -> None:

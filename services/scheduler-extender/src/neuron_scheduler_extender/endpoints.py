@@ -189,7 +189,6 @@ class Endpoints:
                 protocol.filter_result(
                     args,
                     outcome.passed,
-                    {},  # no FailedNodes: `decisions.FilterOutcome` says why
                     {n: r.reason for n, r in outcome.unresolvable.items()},
                 )
             )

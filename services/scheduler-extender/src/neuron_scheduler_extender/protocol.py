@@ -92,14 +92,13 @@ def binding_args(body: Any) -> BindingArgs:
     return BindingArgs(fields["PodName"], fields["PodNamespace"], fields["PodUID"], fields["Node"])
 
 
-def filter_result(
-    args: ExtenderArgs, passed: list[str], failed: Mapping[str, str], unresolvable: Mapping[str, str]
-) -> dict[str, Any]:
-    """The passing nodes in the form they were sent in."""
+def filter_result(args: ExtenderArgs, passed: list[str], unresolvable: Mapping[str, str]) -> dict[str, Any]:
+    """The passing nodes in the form they were sent in; every refused node is unresolvable
+    (`decisions.FilterOutcome` says why), so `FailedNodes` is always empty."""
     result: dict[str, Any] = {
         "Nodes": None,
         "NodeNames": None,
-        "FailedNodes": dict(failed),
+        "FailedNodes": {},
         "FailedAndUnresolvableNodes": dict(unresolvable),
         "Error": "",
     }
