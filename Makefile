@@ -71,7 +71,7 @@ chart-lint: ## chart-testing's ct lint (yamale, yamllint, helm lint --strict) ov
 	source "$$(tests/chart/build-tools.sh)/paths.env"; \
 	  "$$CT" lint --config ct.yaml --all --lint-conf "$$CT_ETC/lintconf.yaml" --chart-yaml-schema "$$CT_ETC/chart_schema.yaml"
 
-npd-rules: ## regenerate the chart's files/npd-rules.yaml from the fault table (neuron_sysfs.faults)
+npd-rules: ## regenerate the chart's files/npd-rules.yaml from the fault table (neuron_health.faults)
 	$(BIN)/neuron-problem-detector --print-default-rules > charts/neuron-helm-chart/files/npd-rules.yaml
 
 dashboards: ## regenerate the Grafana dashboards from tools/dashboards.py

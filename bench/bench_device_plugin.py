@@ -29,7 +29,7 @@ from standins.kubelet import FakeKubelet
 
 from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
 from kubelet_api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
-from neuron_sysfs import sim
+from neuron_sim import node as sim
 
 TITLE = "neuron-device-plugin on a simulated trn1.32xlarge (kubelet stand-in)"
 NEURON, NEURONCORE = "aws.amazon.com/neuron", "aws.amazon.com/neuroncore"

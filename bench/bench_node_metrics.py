@@ -23,7 +23,7 @@ from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
 from neuron_node_metrics.attribution import Attribution
 from neuron_node_metrics.catalogue import FAMILIES
 from neuron_node_metrics.collector import NeuronCollector
-from neuron_sysfs import sim
+from neuron_sim import node as sim
 
 TITLE = "neuron-node-metrics on a simulated trn2.48xlarge, LNC=1, 128 attributed pods"
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from common import Figure, idle_cpu, percentile, rss_mb, stop_process, work_dir
 from standins.apiserver import FakeApiServer
 
+from neuron_driver.kmsg import format_record, parse_record
 from neuron_problem_detector import rules as rules_mod
-from neuron_sysfs import sim
-from neuron_sysfs.kmsg import format_record, parse_record
+from neuron_sim import node as sim
 
 TITLE = "neuron-problem-detector on a simulated trn1.32xlarge (API-server stand-in)"
 NODE = "bench-node"

@@ -9,7 +9,7 @@ prioritize p99 at 1,000 nodes <= 20 ms; its resident memory <= 100 MB.
 
 How each figure is taken:
 - "placed where a valid set was free": of the pods bound, those for which the plugin's allocator
-  (`neuron_sysfs.placement.place`) found a valid set on the node's free silicon at admission, in
+  (`neuron_model.placement.place`) found a valid set on the node's free silicon at admission, in
   the order the bindings happened. The rest were admitted anyway: the kubelet counts IDs, and the
   plugin hands out an invalid set ("on silicon another pod holds": not even the count was free,
   because the scheduler counts `neuron` and `neuroncore` apart though they are the same silicon);

@@ -1,4 +1,4 @@
-"""neuron_sysfs: a full scan and a counter read on the largest simulated node."""
+"""neuron_driver: a full scan and a counter read on the largest simulated node."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 from common import Figure, summary_ms, time_calls
 
-from neuron_sysfs import sim
-from neuron_sysfs.counters import CounterReader
-from neuron_sysfs.inventory import scan
+from neuron_driver.counters import CounterReader
+from neuron_driver.inventory import scan
+from neuron_sim import node as sim
 
 
 def run() -> list[Figure]:
@@ -42,4 +42,4 @@ def run() -> list[Figure]:
     ]
 
 
-TITLE = "neuron_sysfs on a simulated trn2.48xlarge"
+TITLE = "neuron_driver on a simulated trn2.48xlarge"

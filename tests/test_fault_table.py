@@ -25,16 +25,18 @@ from kubernetes import client
 from kubernetes import config as kubeconfig
 from standins.apiserver import FakeApiServer, serving
 
-from neuron_common import resources
-from neuron_common.health_monitor import HealthMonitor, KmsgWatcher
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_device_plugin.state import PluginState
+from neuron_driver import kmsg, layout
+from neuron_driver.inventory import scan
+from neuron_health import faults
+from neuron_health.faults import Fault, Severity
+from neuron_health.monitor import HealthMonitor, KmsgWatcher
+from neuron_model import resources
 from neuron_problem_detector import config as npd_config
 from neuron_problem_detector import rules
 from neuron_problem_detector.app import Detector
-from neuron_sysfs import faults, kmsg, layout, sim
-from neuron_sysfs.faults import Fault, Severity
-from neuron_sysfs.inventory import scan
+from neuron_sim import node as sim
 
 NODE = "fault-table-node"
 DEVICE = 1

@@ -21,7 +21,7 @@ from simcluster.fleet import DEFAULT_SCHEDULER, NAMESPACE
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command
 from simcluster.simulation import REDUCED, Outcome, simulate
 
-from neuron_sysfs.placement import FreeState, PodRequest
+from neuron_model.placement import FreeState, PodRequest
 
 pytestmark = [
     pytest.mark.slow,

@@ -36,7 +36,7 @@ helm uninstall $RELEASE -n $NAMESPACE --ignore-not-found --wait >/dev/null
 neuron-sim inject --root "$SIM_ROOT" reboot >/dev/null
 until [ "$(jp '{.status.allocatable.aws\.amazon\.com/neuron}')" = "0" ] || [ -z "$(jp '{.status.allocatable.aws\.amazon\.com/neuron}')" ]; do sleep 1; done
 
-say "what neuron_sysfs discovers on the simulated node ($SIM_ROOT)"
+say "what neuron_driver discovers on the simulated node ($SIM_ROOT)"
 inventory=$(neuron-inventory --root "$SIM_ROOT")
 head -6 <<<"$inventory"
 

@@ -30,8 +30,8 @@ PY="${PYTHON:-python3}"
 [ -x "$VENV/bin/python" ] || { log "creating $VENV"; "$PY" -m venv "$VENV"; }
 
 # Dependency order matters: pip 23 cannot resolve an editable that a later editable in the same
-# command provides (neuron-common needs neuron-sysfs and kubelet-api listed before it).
-packages=(libs/neuron-sysfs libs/kubelet-api libs/neuron-common)
+# command provides (each lib is listed after the libs it depends on).
+packages=(libs/neuron-model libs/neuron-driver libs/kubelet-api libs/neuron-common libs/neuron-health libs/neuron-sim)
 for svc in services/*/; do [ -f "$svc/pyproject.toml" ] && packages+=("${svc%/}"); done
 stamp_src=$(cat constraints.txt requirements-dev.txt "${packages[@]/%//pyproject.toml}" | sha256sum | cut -c1-16)
 if [ "$(cat "$VENV/.setup-stamp" 2>/dev/null)" != "$stamp_src" ]; then

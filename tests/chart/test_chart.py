@@ -445,8 +445,8 @@ def _reports() -> list[dict[str, Any]]:
     """A NeuronNode of every instance type, idle and busy (holdings, unhealthy devices, pods)."""
     import datetime as dt
 
-    from neuron_sysfs.instance_types import INSTANCE_TYPES
-    from neuron_sysfs.report import NodeReport
+    from neuron_model.instance_types import INSTANCE_TYPES
+    from neuron_model.report import NodeReport
 
     now = dt.datetime(2026, 11, 24, 8, 0, tzinfo=dt.UTC)
     objects = []
@@ -515,8 +515,8 @@ def test_the_crd_refuses_a_malformed_report(tmp_path: Path, path: list[str], val
 
 
 def test_the_crd_types_every_field_of_the_report_and_its_columns_read_it() -> None:
-    from neuron_sysfs.instance_types import TopologyKind
-    from neuron_sysfs.report import GROUP, KIND, PLURAL, VERSION
+    from neuron_model.instance_types import TopologyKind
+    from neuron_model.report import GROUP, KIND, PLURAL, VERSION
 
     crd = _crd()
     assert crd["metadata"]["name"] == f"{PLURAL}.{GROUP}"
@@ -602,7 +602,7 @@ def _match_expressions(ds: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_default_placement_lists_every_instance_type_the_services_know() -> None:
-    from neuron_sysfs.instance_types import INSTANCE_TYPES
+    from neuron_model.instance_types import INSTANCE_TYPES
 
     for ds in of_kind(render(), "DaemonSet"):
         by_key = {e["key"]: e for e in _match_expressions(ds)}
@@ -699,8 +699,8 @@ def test_placement_none_renders_no_affinity() -> None:
 
 
 def test_the_rules_device_ids_are_the_librarys_neuron_ids() -> None:
-    """The rule's PCI ids and the simulator's come from one table (neuron_sysfs.pci)."""
-    from neuron_sysfs import pci
+    """The rule's PCI ids and the simulator's come from one table (neuron_model.pci)."""
+    from neuron_model import pci
 
     (rule,) = of_kind(render("-f", str(CHART / "ci" / "nfd-values.yaml")), "NodeFeatureRule")
     (term,) = rule["spec"]["rules"][0]["matchFeatures"]
@@ -1500,7 +1500,7 @@ def test_app_version_is_the_services_version() -> None:
 
 def test_host_paths_are_the_node_models() -> None:
     """The chart cannot import the host layout, so this checks every host path it writes against it."""
-    from neuron_sysfs import layout
+    from neuron_driver import layout
 
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert values["kubeletRootDir"] == layout.KUBELET_DIR

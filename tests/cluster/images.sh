@@ -155,7 +155,7 @@ for svc in "${SERVICES[@]}"; do
     node-problem-detector)  # the chart's `helm test` pods run this image's Python, as nobody
       "${PODMAN[@]}" run --rm "${LIMITS[@]}" --network none --read-only --user 65534:65534 \
         --entrypoint /opt/neuron/bin/python "$image" \
-        -c 'import kubernetes.client, kubernetes.config, neuron_sysfs.instance_types; kubernetes.client.CoreV1Api' \
+        -c 'import kubernetes.client, kubernetes.config, neuron_model.instance_types; kubernetes.client.CoreV1Api' \
         || { echo "$image: the helm test pods' imports failed" >&2; exit 1; } ;;
     dra-driver)  # without a kubelet and an API server it cannot serve: every module and stub must import
       "${PODMAN[@]}" run --rm "${LIMITS[@]}" --network none --read-only --entrypoint /opt/neuron/bin/python "$image" \

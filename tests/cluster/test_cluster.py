@@ -147,7 +147,7 @@ def test_kubelet_restart_reregisters(device_plugin: subprocess.Popen[bytes]) -> 
 
 
 def test_a_vanished_device_leaves_allocatable(device_plugin: subprocess.Popen[bytes]) -> None:
-    from neuron_sysfs import sim
+    from neuron_sim import node as sim
 
     # start from nothing held: every pod of the earlier tests is gone
     eventually(lambda: node()["status"]["allocatable"]["aws.amazon.com/neuron"] == "16", "all devices free", 90)
@@ -252,7 +252,7 @@ spec:
 def test_problem_detector_against_the_real_api_server(tmp_path: Path) -> None:
     """The detector's strategic merge patch on a real API server: NeuronHealth set, the
     kubelet's own conditions intact, an Event on the Node; then cleared by a new boot."""
-    from neuron_sysfs import sim
+    from neuron_sim import node as sim
 
     state = tmp_path / "npd"
     proc = subprocess.Popen(

@@ -33,7 +33,7 @@ from cluster_access import (
 )
 
 from neuron_device_plugin.cdi import cdi_kind
-from neuron_sysfs import layout
+from neuron_driver import layout
 
 pytestmark = pytest.mark.cluster
 

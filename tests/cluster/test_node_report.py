@@ -190,7 +190,7 @@ def test_the_report_follows_a_pod_taking_devices_and_one_taking_cores(
 
 
 def test_a_vanished_device_is_unhealthy_in_the_report(reporting_plugin: subprocess.Popen[bytes]) -> None:
-    from neuron_sysfs import sim
+    from neuron_sim import node as sim
 
     sim.vanish(SIM_ROOT, 15)
     try:
@@ -220,8 +220,8 @@ def token_kubeconfig(token: str, path: Path) -> Path:
 
 
 def report_of(name: str) -> dict[str, Any]:
-    from neuron_sysfs.instance_types import INSTANCE_TYPES
-    from neuron_sysfs.report import NodeReport
+    from neuron_model.instance_types import INSTANCE_TYPES
+    from neuron_model.report import NodeReport
 
     it = INSTANCE_TYPES["trn1.32xlarge"]
     return NodeReport(

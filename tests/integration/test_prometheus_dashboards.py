@@ -38,7 +38,7 @@ from simcluster.controlplane import free_port
 from standins.kubelet import Allocation, FakeKubelet
 
 from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
-from neuron_sysfs import sim
+from neuron_sim import node as sim
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "charts/neuron-helm-chart/rules/neuron-node-metrics.rules.yaml"

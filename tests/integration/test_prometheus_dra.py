@@ -32,8 +32,9 @@ from simcluster.controlplane import ControlPlane, control_plane, free_port, miss
 from standins.dra_kubelet import Kubelet, allocated_claim
 
 from neuron_common.kube import Api
-from neuron_sysfs import layout, sim
-from neuron_sysfs.instance_types import get_instance_type
+from neuron_driver import layout
+from neuron_model.instance_types import get_instance_type
+from neuron_sim import node as sim
 
 DRIVER = "neuron-dra-driver"
 QUERIES = panel_queries(frozenset({DRIVER}))

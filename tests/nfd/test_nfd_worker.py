@@ -17,8 +17,8 @@ import pytest
 import yaml
 from nfd_tools import run_worker_offline
 
-from neuron_sysfs import sim
-from neuron_sysfs.instance_types import FAMILIES, INSTANCE_TYPES
+from neuron_model.instance_types import FAMILIES, INSTANCE_TYPES
+from neuron_sim import node as sim
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "neuron-helm-chart"

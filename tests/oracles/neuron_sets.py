@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator
 from itertools import combinations, pairwise
 
-from neuron_sysfs.allocator import Topology, topology_for
-from neuron_sysfs.instance_types import INSTANCE_TYPES
-from neuron_sysfs.placement import PodRequest
+from neuron_model.allocator import Topology, topology_for
+from neuron_model.instance_types import INSTANCE_TYPES
+from neuron_model.placement import PodRequest
 
 
 def topology(name: str, lnc: int | None = None) -> Topology:

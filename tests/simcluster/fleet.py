@@ -3,7 +3,7 @@
 Nodes mix inf2.48xlarge, inf2.24xlarge, trn1.32xlarge and trn2.48xlarge (trn2 at both logical-core
 settings). Pods ask for one resource in one container, in sizes people use: inference pods take
 one device or a few cores, training pods whole aligned groups (8, 16). Every hardware fact (device
-counts, cores, topology) comes from neuron_sysfs; nothing about the silicon is written here.
+counts, cores, topology) comes from neuron_model; nothing about the silicon is written here.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from neuron_common.resources import neuron, neuroncore
+from neuron_model.allocator import Topology, topology_for
+from neuron_model.instance_types import get_instance_type
+from neuron_model.placement import ContainerRequest, PodRequest
+from neuron_model.resources import neuron, neuroncore
 from neuron_scheduler_extender.pods import ResourceNames, neuron_request
-from neuron_sysfs.allocator import Topology, topology_for
-from neuron_sysfs.instance_types import get_instance_type
-from neuron_sysfs.placement import ContainerRequest, PodRequest
 
 NEURON, NEURONCORE = neuron().full_name, neuroncore().full_name
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"

@@ -2,7 +2,7 @@
 
 For every pod the scheduler binds to a simulated node, in the order the bindings reach the watch,
 this does what the node would:
-- the kubelet admits the pod and the device plugin allocates it: `neuron_sysfs.placement.place` on
+- the kubelet admits the pod and the device plugin allocates it: `neuron_model.placement.place` on
   the node's free silicon is exactly the sets the plugin would hand out. When no valid set is free
   the kubelet still admits the pod (it only counts IDs), and the plugin hands out its best-effort,
   invalid choice (`choose_devices`/`choose_cores` with `valid=False`); when even the count is short
@@ -26,9 +26,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_device_plugin.node_report import FIELD_MANAGER, MIN_GAP  # the real plugin's writes
-from neuron_sysfs.allocator import Topology, choose_cores, choose_devices
-from neuron_sysfs.placement import FreeState, PodRequest, place
-from neuron_sysfs.report import GROUP, PLURAL, VERSION, NodeReport
+from neuron_model.allocator import Topology, choose_cores, choose_devices
+from neuron_model.placement import FreeState, PodRequest, place
+from neuron_model.report import GROUP, PLURAL, VERSION, NodeReport
 from simcluster.api import Api, ApiError, bounded
 from simcluster.fleet import NAMESPACE, NodeSpec, pod_request
 

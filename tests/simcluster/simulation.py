@@ -24,8 +24,8 @@ from typing import Any
 import psutil
 import yaml
 
-from neuron_sysfs.placement import FreeState, PodRequest, refusal
-from neuron_sysfs.report import NodeReport
+from neuron_model.placement import FreeState, PodRequest, refusal
+from neuron_model.report import NodeReport
 from simcluster.api import Api, bounded
 from simcluster.controlplane import ControlPlane, control_plane, free_port, wait_until_ready
 from simcluster.fleet import NAMESPACE, NodeSpec, PodSpec, fleet, pod_stream

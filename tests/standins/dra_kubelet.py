@@ -21,7 +21,7 @@ from kubelet_api.dra.v1 import api_pb2_grpc as dra_grpc
 from kubelet_api.pluginregistration.v1 import api_pb2 as reg
 from kubelet_api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from neuron_common.kube import Api
-from neuron_sysfs import layout
+from neuron_driver import layout
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """`helm test` checks, run inside this project's problem-detector image (Python, the Kubernetes
-client and neuron_sysfs's instance table). One mode per test pod; exit 0 passes.
+client and neuron_model's instance table). One mode per test pod; exit 0 passes.
 
   capacity    every node running the device plugin advertises the neuron/neuroncore counts its
               instance type implies
@@ -103,11 +103,11 @@ def nodes_running(api: Any, selector: str, component: str) -> list[str]:
 
 
 def expected_counts(instance_type: str, lnc_setting: int) -> tuple[int, int]:
-    from neuron_sysfs.instance_types import INSTANCE_TYPES
+    from neuron_model.instance_types import INSTANCE_TYPES
 
     it = INSTANCE_TYPES.get(instance_type.removeprefix("ml."))
     if it is None:
-        fail(f"instance type {instance_type!r} is not in neuron_sysfs's table; cannot say what it should advertise")
+        fail(f"instance type {instance_type!r} is not in neuron_model's table; cannot say what it should advertise")
         raise AssertionError  # unreachable, for the type checker
     lnc = lnc_setting or it.family.default_lnc
     if lnc not in it.family.supported_lnc:

@@ -14,7 +14,7 @@ from standins.kubelet import FakeKubelet
 
 from neuron_device_plugin import config as config_mod
 from neuron_device_plugin.app import Plugin
-from neuron_sysfs import sim
+from neuron_sim import node as sim
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ from standins.kubelet import FakeKubelet
 from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
 from kubelet_api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from neuron_device_plugin import config
-from neuron_sysfs import sim
+from neuron_sim import node as sim
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from neuron_common import resources
 from neuron_device_plugin.holdings import build_holdings, conflicts, describe
+from neuron_model import resources
 
 NEURON = resources.neuron()
 CORE = resources.neuroncore()

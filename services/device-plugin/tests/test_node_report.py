@@ -22,7 +22,6 @@ from hypothesis import strategies as st
 from standins.apiserver import FakeApiServer
 
 from kubelet_api.podresources_client import Holding
-from neuron_common import resources
 from neuron_device_plugin import config as config_mod
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_device_plugin.node_report import (
@@ -33,10 +32,11 @@ from neuron_device_plugin.node_report import (
     describe_api_error,
 )
 from neuron_device_plugin.state import PluginState
-from neuron_sysfs import sim
-from neuron_sysfs.instance_types import INSTANCE_TYPES
-from neuron_sysfs.inventory import NodeInventory, scan
-from neuron_sysfs.report import NodeReport
+from neuron_driver.inventory import NodeInventory, scan
+from neuron_model import resources
+from neuron_model.instance_types import INSTANCE_TYPES
+from neuron_model.report import NodeReport
+from neuron_sim import node as sim
 
 NEURON = resources.neuron()
 CORE = resources.neuroncore()

@@ -20,9 +20,9 @@ from standins.kubelet import AdmissionError
 from kubelet_api import HEALTHY, UNHEALTHY
 from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
 from kubelet_api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
-from neuron_sysfs import sim
-from neuron_sysfs.allocator import Topology
-from neuron_sysfs.instance_types import INSTANCE_TYPES
+from neuron_model.allocator import Topology
+from neuron_model.instance_types import INSTANCE_TYPES
+from neuron_sim import node as sim
 
 NEURON = "aws.amazon.com/neuron"
 NEURONCORE = "aws.amazon.com/neuroncore"
@@ -217,7 +217,7 @@ class TestHealth:
         await eventually(lambda: "neuron4" in h.kubelet.healthy(NEURON), timeout=5)
 
     async def test_problem_detector_verdict(self, start_plugin, short_tmp) -> None:  # type: ignore[no-untyped-def]
-        from neuron_common.verdicts import boot_id, clear_verdict, write_verdict
+        from neuron_health.verdicts import boot_id, clear_verdict, write_verdict
 
         verdicts = short_tmp / "verdicts"
         h = await start_plugin("trn1.32xlarge", "--verdict-dir", str(verdicts))

@@ -1,6 +1,6 @@
 """The plugin's device list across rescans: what `PluginState` keeps of a device gone from sysfs,
 and what a renumbering of its cores (another logical core setting) starts afresh. The verdicts
-themselves are `neuron_common.device_health.DeviceHealth`'s, tested in libs/neuron-common."""
+themselves are `neuron_health.device_health.DeviceHealth`'s, tested in libs/neuron-common."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from collections.abc import Callable
 
 import pytest
 
-from neuron_common import resources
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_device_plugin.state import KnownDevice, PluginState
-from neuron_sysfs import sim
-from neuron_sysfs.inventory import InstanceTypeSource, NodeInventory, scan
+from neuron_driver.inventory import InstanceTypeSource, NodeInventory, scan
+from neuron_model import resources
+from neuron_sim import node as sim
 
 NEURON = resources.neuron()
 CORE = resources.neuroncore()

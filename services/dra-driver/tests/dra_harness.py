@@ -22,7 +22,7 @@ from simcluster.controlplane import ControlPlane, control_plane, missing_prerequ
 from standins.dra_kubelet import Kubelet
 
 from neuron_common.kube import Api
-from neuron_sysfs import sim
+from neuron_sim import node as sim
 
 
 async def eventually(predicate: Callable[[], object], timeout: float = 15.0) -> None:

@@ -10,9 +10,9 @@ import pytest
 from neuron_dra_driver import claims
 from neuron_dra_driver.checkpoint import Checkpoint, CheckpointError, annotate, claims_from_specs
 
-from neuron_common import cdi
-from neuron_sysfs import sim
-from neuron_sysfs.inventory import NodeInventory, scan
+from neuron_driver import cdi
+from neuron_driver.inventory import NodeInventory, scan
+from neuron_sim import node as sim
 
 UID = "0d9f3c1e-1111-2222-3333-444455556666"
 

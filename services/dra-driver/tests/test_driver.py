@@ -14,7 +14,7 @@ from standins.dra_kubelet import allocated_claim
 from kubelet_api.dra_health.v1alpha1 import api_pb2 as health_pb
 from kubelet_api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
 from neuron_common.kube import ApiError
-from neuron_sysfs import sim
+from neuron_sim import node as sim
 
 pytestmark = pytest.mark.asyncio
 

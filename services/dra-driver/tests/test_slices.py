@@ -12,10 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from neuron_dra_driver import slices
 
-from neuron_sysfs import sim
-from neuron_sysfs.allocator import topology_from
-from neuron_sysfs.instance_types import INSTANCE_TYPES, TopologyKind
-from neuron_sysfs.inventory import NodeInventory, scan
+from neuron_driver.inventory import NodeInventory, scan, topology_from
+from neuron_model.instance_types import INSTANCE_TYPES, TopologyKind
+from neuron_sim import node as sim
 
 SETTINGS = [(name, lnc) for name, it in INSTANCE_TYPES.items() for lnc in it.family.supported_lnc]
 IDS = [f"{name}-lnc{lnc}" for name, lnc in SETTINGS]

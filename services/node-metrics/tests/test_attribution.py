@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from kubelet_api.podresources_client import Holding
-from neuron_common import resources
+from neuron_model import resources
 from neuron_node_metrics.attribution import Owner, attribute
 
 RES = [resources.neuron(), resources.neuroncore(), resources.neurondevice()]

@@ -6,10 +6,11 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from neuron_driver import layout
 from neuron_node_metrics.attribution import Attribution, Owner
 from neuron_node_metrics.catalogue import FAMILIES
 from neuron_node_metrics.collector import NeuronCollector
-from neuron_sysfs import layout, sim
+from neuron_sim import node as sim
 
 ALL = frozenset(FAMILIES)
 

@@ -27,7 +27,7 @@ from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
 from neuron_node_metrics import config as config_mod
 from neuron_node_metrics.app import Exporter
 from neuron_node_metrics.catalogue import markdown_table
-from neuron_sysfs import sim
+from neuron_sim import node as sim
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -23,12 +23,12 @@ from kubernetes import client
 from kubernetes import config as kubeconfig
 from standins.apiserver import FakeApiServer, serving
 
-from neuron_common import verdicts
+from neuron_driver.kmsg import KERN_ERR, format_record
+from neuron_health import verdicts
 from neuron_problem_detector import config as config_mod
 from neuron_problem_detector import rules as rules_mod
 from neuron_problem_detector.app import Detector
-from neuron_sysfs import sim
-from neuron_sysfs.kmsg import KERN_ERR, format_record
+from neuron_sim import node as sim
 
 NODE = "sim-node-1"
 

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from neuron_driver.counters import devices_reset
+from neuron_driver.kmsg import format_hw_error
+from neuron_health import faults
 from neuron_problem_detector import rules
-from neuron_sysfs import faults
-from neuron_sysfs.counters import devices_reset
-from neuron_sysfs.kmsg import format_hw_error
 
 DEFAULT = rules.default_rules()
 

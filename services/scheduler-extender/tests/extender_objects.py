@@ -10,11 +10,11 @@ from typing import Any
 
 from oracles.neuron_sets import topology
 
+from neuron_model.allocator import Topology
+from neuron_model.instance_types import INSTANCE_TYPES
+from neuron_model.report import NodeReport
 from neuron_scheduler_extender.pods import ResourceNames, pod_record
 from neuron_scheduler_extender.state import ClusterView, report_record
-from neuron_sysfs.allocator import Topology
-from neuron_sysfs.instance_types import INSTANCE_TYPES
-from neuron_sysfs.report import NodeReport
 
 NOW = dt.datetime(2026, 3, 1, 12, 0, 0, tzinfo=dt.UTC)
 NAMES = ResourceNames.under()

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from oracles.neuron_sets import exhaustive_fits, topology
 
+from neuron_model.placement import ContainerRequest, FreeState, PodRequest, place, refusal
 from neuron_scheduler_extender import decisions
 from neuron_scheduler_extender.pods import neuron_request, pod_record
 from neuron_scheduler_extender.state import ClusterView, RefusalKind, report_record
-from neuron_sysfs.placement import ContainerRequest, FreeState, PodRequest, place, refusal
 
 # one device unhealthy in each torus row: 12 free, no free row of 4
 ONE_BAD_PER_ROW = {"unhealthy": [1, 5, 9, 13]}

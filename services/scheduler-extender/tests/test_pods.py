@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from extender_objects import NAMES, NEURON, NEURONCORE, container, pod_object
 
+from neuron_model.placement import ContainerRequest, PodRequest
 from neuron_scheduler_extender.pods import (
     PodError,
     ResourceNames,
@@ -14,7 +15,6 @@ from neuron_scheduler_extender.pods import (
     pod_record,
     whole_quantity,
 )
-from neuron_sysfs.placement import ContainerRequest, PodRequest
 
 
 def test_limits_alone_requests_alone_or_both_count_the_same() -> None:

@@ -6,9 +6,9 @@ import datetime as dt
 
 from extender_objects import NAMES, NOW, pod_object, report_object, trn1, view_of
 
+from neuron_model.placement import ContainerRequest, FreeState, PodRequest, place
 from neuron_scheduler_extender.pods import pod_record
 from neuron_scheduler_extender.state import ClusterView, RefusalKind, report_record
-from neuron_sysfs.placement import ContainerRequest, FreeState, PodRequest, place
 
 EIGHT = PodRequest((), (ContainerRequest(devices=8),))
 

@@ -121,7 +121,7 @@ def log_level(text: str) -> str:
 
 def require_resource_prefix(parser: argparse.ArgumentParser, prefix: str) -> None:
     """Stop at start, naming the flag, when `--resource-prefix` cannot prefix an extended resource."""
-    from neuron_common import resources
+    from neuron_model import resources
 
     if not resources.is_valid_prefix(prefix):
         parser.error(f"--resource-prefix {prefix!r} is not a valid DNS subdomain outside kubernetes.io")

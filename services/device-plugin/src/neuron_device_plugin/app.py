@@ -9,7 +9,6 @@ import logging
 from typing import Any
 
 from kubelet_api.podresources_client import PodResourcesClient
-from neuron_common.health_monitor import HealthMonitor, KmsgWatcher
 from neuron_common.health_server import HealthServer
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
 from neuron_common.supervisor import Supervisor
@@ -20,7 +19,8 @@ from neuron_device_plugin.node_report import NodeReportPublisher, ServerSideAppl
 from neuron_device_plugin.registration import Registrar, ResourceServer
 from neuron_device_plugin.server import DevicePluginServicer
 from neuron_device_plugin.state import PluginState
-from neuron_sysfs.inventory import scan
+from neuron_driver.inventory import scan
+from neuron_health.monitor import HealthMonitor, KmsgWatcher
 
 log = logging.getLogger(__name__)
 

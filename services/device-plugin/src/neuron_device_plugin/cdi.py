@@ -2,7 +2,7 @@
 
 Kind `<prefix>/neuron`, one device per /dev/neuronN; Allocate then answers with CDI names
 (`aws.amazon.com/neuron=neuron3`) and the runtime applies the spec's edits. The spec itself is
-built by `neuron_common.cdi`, shared with the DRA driver.
+built by `neuron_driver.cdi`, shared with the DRA driver.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
-from neuron_common import cdi
+from neuron_driver import cdi
 
 
 def cdi_kind(prefix: str) -> str:

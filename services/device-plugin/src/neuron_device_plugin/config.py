@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_common import resources
 from neuron_common.config import (
     EnvArgumentParser,
     listen_address,
@@ -16,7 +15,8 @@ from neuron_common.config import (
     require_node_name,
     require_resource_prefix,
 )
-from neuron_sysfs import layout
+from neuron_driver import layout
+from neuron_model import resources
 
 DEFAULT_LISTEN = "0.0.0.0:9841"
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from neuron_common.resources import Kind, Resource
+from neuron_model.resources import Kind, Resource
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,6 +1,6 @@
 """`--node-report`: publishes this node's `NeuronNode` for the Neuron-aware scheduler.
 
-The report (`neuron_sysfs.report.NodeReport`) is built from the plugin's own state, the one that
+The report (`neuron_model.report.NodeReport`) is built from the plugin's own state, the one that
 answers the kubelet, so the scheduler extender counts on exactly what the next Allocate will find:
 the topology as the allocator uses it, and as free only the cores that no one holds through either
 resource (the kubelet's holdings and the plugin's own hand-outs it has not confirmed yet) on
@@ -31,7 +31,7 @@ from neuron_common.lifecycle import wait_any
 from neuron_device_plugin.holdings import unheld_cores
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_device_plugin.state import PluginState
-from neuron_sysfs.report import GROUP, PLURAL, VERSION, NodeReport
+from neuron_model.report import GROUP, PLURAL, VERSION, NodeReport
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,8 @@ from kubelet_api import DEVICE_PLUGIN_VERSION
 from kubelet_api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from neuron_common.backoff import Backoff
 from neuron_common.inotify import DirectoryWatch
-from neuron_common.resources import Resource
 from neuron_device_plugin.metrics import PluginMetrics
+from neuron_model.resources import Resource
 
 log = logging.getLogger(__name__)
 

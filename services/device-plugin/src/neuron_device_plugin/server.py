@@ -11,14 +11,14 @@ import grpc
 
 from kubelet_api import HEALTHY, UNHEALTHY
 from kubelet_api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
-from neuron_common import resources
 from neuron_common.lifecycle import wait_any
-from neuron_common.resources import Kind, Resource
 from neuron_device_plugin.cdi import cdi_name
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_device_plugin.state import AdvertisedId, AllocationRefused, PluginState
-from neuron_sysfs import layout
-from neuron_sysfs.allocator import choose_cores, choose_devices
+from neuron_driver import layout
+from neuron_model import resources
+from neuron_model.allocator import choose_cores, choose_devices
+from neuron_model.resources import Kind, Resource
 
 log = logging.getLogger(__name__)
 

@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 from kubelet_api import HEALTHY, UNHEALTHY
 from kubelet_api.podresources_client import Holding
-from neuron_common import resources
-from neuron_common.device_health import DeviceHealth, Finding, Verdict
-from neuron_common.resources import Kind, Resource
 from neuron_device_plugin.holdings import Holdings, build_holdings, conflicts, describe
 from neuron_device_plugin.metrics import PluginMetrics
-from neuron_sysfs.allocator import Topology, topology_from
-from neuron_sysfs.inventory import NodeInventory
-from neuron_sysfs.lnc import LncSource
+from neuron_driver.inventory import NodeInventory, topology_from
+from neuron_driver.lnc import LncSource
+from neuron_health.device_health import DeviceHealth, Finding, Verdict
+from neuron_model import resources
+from neuron_model.allocator import Topology
+from neuron_model.resources import Kind, Resource
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class PluginState:
             i: KnownDevice(i, numa.get(i), topology_cores(self.topology, i)) for i in sorted(self.health.known)
         }
 
-    # The health inputs (`neuron_common.health_monitor.HealthSink`) go to `health`, which wakes
+    # The health inputs (`neuron_health.monitor.HealthSink`) go to `health`, which wakes
     # the streams through `notify` when a verdict changes.
     def observe(self, findings: Iterable[Finding]) -> None:
         self.health.observe(findings)

@@ -10,8 +10,6 @@ import time
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from neuron_common.device_health import DeviceHealth
-from neuron_common.health_monitor import HealthMonitor, KmsgWatcher
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
 from neuron_common.supervisor import Supervisor
@@ -20,8 +18,10 @@ from neuron_dra_driver.config import Config
 from neuron_dra_driver.driver import Driver
 from neuron_dra_driver.metrics import DriverMetrics
 from neuron_dra_driver.publisher import SlicePublisher
-from neuron_sysfs import layout
-from neuron_sysfs.inventory import scan
+from neuron_driver import layout
+from neuron_driver.inventory import scan
+from neuron_health.device_health import DeviceHealth
+from neuron_health.monitor import HealthMonitor, KmsgWatcher
 
 log = logging.getLogger(__name__)
 

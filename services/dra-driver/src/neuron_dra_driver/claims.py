@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neuron_common import cdi
 from neuron_dra_driver import slices
-from neuron_sysfs import layout
-from neuron_sysfs.allocator import id_list
-from neuron_sysfs.inventory import NodeInventory
+from neuron_driver import cdi, layout
+from neuron_driver.inventory import NodeInventory
+from neuron_model.allocator import id_list
 
 CLAIM_KIND = f"{slices.DRIVER}/claim"
 

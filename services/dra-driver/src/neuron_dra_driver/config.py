@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_duration, require_node_name
-from neuron_sysfs import layout
+from neuron_driver import layout
 
 DEFAULT_LISTEN = "0.0.0.0:9844"
 

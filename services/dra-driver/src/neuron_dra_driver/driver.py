@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from neuron_common import cdi
 from neuron_dra_driver import checkpoint
 from neuron_dra_driver.checkpoint import Checkpoint
 from neuron_dra_driver.claims import ClaimRefused, PreparedClaim, prepare, spec_file_name
 from neuron_dra_driver.metrics import DriverMetrics
-from neuron_sysfs.inventory import NodeInventory
+from neuron_driver import cdi
+from neuron_driver.inventory import NodeInventory
 
 log = logging.getLogger(__name__)
 

@@ -27,11 +27,11 @@ from kubelet_api.dra_health.v1alpha1 import api_pb2 as health_pb
 from kubelet_api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
 from kubelet_api.pluginregistration.v1 import api_pb2 as reg
 from kubelet_api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
-from neuron_common.device_health import DeviceHealth
 from neuron_common.lifecycle import wait_any
 from neuron_dra_driver import slices
 from neuron_dra_driver.driver import ClaimRef, Driver
 from neuron_dra_driver.metrics import DriverMetrics
+from neuron_health.device_health import DeviceHealth
 
 log = logging.getLogger(__name__)
 

@@ -28,10 +28,10 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from neuron_sysfs import layout
-from neuron_sysfs.allocator import Topology, topology_from
-from neuron_sysfs.instance_types import GIB
-from neuron_sysfs.inventory import NodeInventory
+from neuron_driver import layout
+from neuron_driver.inventory import NodeInventory, topology_from
+from neuron_model.allocator import Topology
+from neuron_model.instance_types import GIB
 
 DRIVER = layout.DRA_DRIVER_NAME
 API_VERSION = "resource.k8s.io/v1"

@@ -16,14 +16,14 @@ from prometheus_client.samples import Sample
 from kubelet_api.podresources_client import PodResourcesClient
 from neuron_common.health_server import HealthServer
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
-from neuron_common.resources import Kind
 from neuron_common.supervisor import Supervisor
+from neuron_driver.inventory import NodeInventory
+from neuron_model.resources import Kind
 from neuron_node_metrics import __version__
 from neuron_node_metrics.attribution import Attribution, attribute
 from neuron_node_metrics.catalogue import ALL_FAMILIES
 from neuron_node_metrics.collector import NeuronCollector
 from neuron_node_metrics.config import Config
-from neuron_sysfs.inventory import NodeInventory
 
 log = logging.getLogger(__name__)
 

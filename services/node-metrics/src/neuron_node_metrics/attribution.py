@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from kubelet_api.podresources_client import Holding
-from neuron_common.resources import Kind, Resource, parse_id
+from neuron_model.resources import Kind, Resource, parse_id
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,11 +22,11 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from neuron_driver.counters import CounterKey, CounterKind, CounterReader
+from neuron_driver.inventory import InventoryTracker, NodeInventory
+from neuron_health import faults
 from neuron_node_metrics.attribution import Attribution, Owner
 from neuron_node_metrics.catalogue import FAMILIES, NEURON_MONITOR_STATUS
-from neuron_sysfs import faults
-from neuron_sysfs.counters import CounterKey, CounterKind, CounterReader
-from neuron_sysfs.inventory import InventoryTracker, NodeInventory
 
 log = logging.getLogger(__name__)
 

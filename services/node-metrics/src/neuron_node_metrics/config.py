@@ -6,7 +6,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_common import resources
 from neuron_common.config import (
     EnvArgumentParser,
     listen_address,
@@ -15,8 +14,9 @@ from neuron_common.config import (
     positive_int,
     require_resource_prefix,
 )
+from neuron_driver import layout
+from neuron_model import resources
 from neuron_node_metrics.catalogue import FAMILIES
-from neuron_sysfs import layout
 
 DEFAULT_PORT = 9840
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"

@@ -9,18 +9,18 @@ from kubernetes import client
 from kubernetes import config as kubeconfig
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from neuron_common import verdicts
 from neuron_common.health_server import HealthServer
-from neuron_common.kernel_log import KmsgFollower, Malformed
 from neuron_common.lifecycle import sleep_or_stop
 from neuron_common.supervisor import Supervisor
+from neuron_driver.counters import CounterKind, CounterReader, device_totals, devices_reset
+from neuron_driver.inventory import InventoryTracker, NodeInventory
+from neuron_health import verdicts
+from neuron_health.kernel_log import KmsgFollower, Malformed
 from neuron_problem_detector import rules as rules_mod
 from neuron_problem_detector.config import Config
 from neuron_problem_detector.detector import Problem, load_state, save_state, wall_now
 from neuron_problem_detector.reporter import Reporter
 from neuron_problem_detector.rules import Match, Rules
-from neuron_sysfs.counters import CounterKind, CounterReader, device_totals, devices_reset
-from neuron_sysfs.inventory import InventoryTracker, NodeInventory
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from neuron_common.config import (
     positive_duration,
     positive_int,
 )
-from neuron_sysfs import layout
+from neuron_driver import layout
 
 DEFAULT_LISTEN = "0.0.0.0:9842"
 

@@ -10,7 +10,7 @@ device's counters go back down (the driver was reloaded); any permanent problem 
 new boot.
 
 The default rules are not a file of their own: they are made from the fault table
-(`neuron_sysfs.faults`), and the chart's `files/npd-rules.yaml` is their rendering
+(`neuron_health.faults`), and the chart's `files/npd-rules.yaml` is their rendering
 (`neuron-problem-detector --print-default-rules`), kept equal by a test.
 """
 
@@ -24,8 +24,9 @@ from typing import Any
 
 import yaml
 
-from neuron_sysfs import faults, layout
-from neuron_sysfs.kmsg import locate
+from neuron_driver import layout
+from neuron_driver.kmsg import locate
+from neuron_health import faults
 
 _REASON_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")  # NodeCondition reasons are CamelCase words
 _TYPE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,62}$")
@@ -114,7 +115,7 @@ def _rule_from(fault: faults.Fault, **where: str) -> dict[str, Any]:
 
 
 DEFAULT_HEADER = """\
-# neuron-problem-detector rules: the defaults, made from the fault table (neuron_sysfs.faults) by
+# neuron-problem-detector rules: the defaults, made from the fault table (neuron_health.faults) by
 # `neuron-problem-detector --print-default-rules`; do not edit by hand (a test keeps them equal).
 # Model as node-problem-detector's: a condition with its healthy reason, permanent rules that set
 # it True, temporary rules that only emit an Event. Reasons match AWS's NeuronHasError_<KIND>.

@@ -11,6 +11,7 @@ from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
 from neuron_common.lifecycle import sleep_or_stop
 from neuron_common.supervisor import Supervisor
+from neuron_model import report
 from neuron_scheduler_extender.config import Config
 from neuron_scheduler_extender.endpoints import Endpoints
 from neuron_scheduler_extender.leader import AlwaysLeader, LeaderElector
@@ -19,7 +20,6 @@ from neuron_scheduler_extender.pods import PodRecord, ResourceNames, pod_record
 from neuron_scheduler_extender.protocol import BindingArgs
 from neuron_scheduler_extender.sources import Reflector, Resource
 from neuron_scheduler_extender.state import ClusterView, ReportRecord, report_record
-from neuron_sysfs import report
 
 # Only bound pods that still run can hold silicon; the API server filters out the rest.
 BOUND_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"

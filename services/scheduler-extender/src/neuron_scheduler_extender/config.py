@@ -8,7 +8,6 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from neuron_common import resources
 from neuron_common.config import (
     EnvArgumentParser,
     listen_address,
@@ -16,6 +15,7 @@ from neuron_common.config import (
     positive_duration,
     require_resource_prefix,
 )
+from neuron_model import resources
 
 DEFAULT_LISTEN = "0.0.0.0:9843"
 

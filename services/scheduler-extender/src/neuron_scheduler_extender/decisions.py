@@ -1,6 +1,6 @@
 """Filter, prioritize and the bind check over the cluster's Neuron view. Pure: no I/O, no clock.
 
-- filter: a node passes exactly when `neuron_sysfs.placement` says the pod fits what the node has
+- filter: a node passes exactly when `neuron_model.placement` says the pod fits what the node has
   free once the pods in flight there hold their silicon (`refusal`, the same answer as `place`);
 - prioritize: among passing nodes, the one the placement costs least (the fewest large free device
   groups broken, then the most left over: the plugin's `Leftover`) scores highest; ranks map onto 0..10;
@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, cast
 
+from neuron_model.allocator import Leftover, Topology
+from neuron_model.placement import FreeState, PodRequest, refusal
 from neuron_scheduler_extender.state import (
     MEMO_SHAPES,
     ClusterView,
@@ -27,8 +29,6 @@ from neuron_scheduler_extender.state import (
     Verdict,
     placement_of,
 )
-from neuron_sysfs.allocator import Leftover, Topology
-from neuron_sysfs.placement import FreeState, PodRequest, refusal
 
 MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
 
@@ -65,7 +65,7 @@ def verdict(situation: Situation, pod: PodRequest) -> Verdict:
 
 
 def verdict_of(topo: Topology, free: FreeState, capacity: FreeState, pod: PodRequest) -> Verdict:
-    """Whether the pod fits `free` (`neuron_sysfs.placement.refusal`), and if not, of which kind
+    """Whether the pod fits `free` (`neuron_model.placement.refusal`), and if not, of which kind
     the refusal is (never, too few free, or no connected set among them). The reason does not name
     the node: kube-scheduler shows it per node, and sums up a pod's refusals by reason
     (`0/1000 nodes are available: 412 <reason>, ...`), which a reason naming its node would turn

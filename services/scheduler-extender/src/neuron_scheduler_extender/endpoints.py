@@ -34,12 +34,12 @@ import orjson
 from aiohttp import web
 
 from neuron_common.kube import ApiError
+from neuron_model.placement import PodRequest
 from neuron_scheduler_extender import decisions, protocol
 from neuron_scheduler_extender.metrics import Metrics
 from neuron_scheduler_extender.pods import PodError, ResourceNames, neuron_request, pod_key, pod_uid
 from neuron_scheduler_extender.protocol import BindingArgs, ProtocolError
 from neuron_scheduler_extender.state import ClusterView
-from neuron_sysfs.placement import PodRequest
 
 log = logging.getLogger(__name__)
 

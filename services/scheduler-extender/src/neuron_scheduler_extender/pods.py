@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from neuron_common import resources
-from neuron_sysfs.placement import ContainerRequest, PodRequest
+from neuron_model import resources
+from neuron_model.placement import ContainerRequest, PodRequest
 
 # Pods in these phases hold nothing: the kubelet has released their devices.
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})

@@ -7,7 +7,7 @@ Per node:
 - the pods bound to the node (`spec.nodeName` set, not Succeeded/Failed, asking for Neuron
   resources) that the report does not list yet: the kubelet has not admitted them, or the plugin
   has not published since. They are *in flight* and counted as if admitted: simulated with the
-  plugin's own allocator (`neuron_sysfs.placement.place`) in binding order on the report's free
+  plugin's own allocator (`neuron_model.placement.place`) in binding order on the report's free
   state, so two pods bound back to back never count on the same silicon;
 - pods this extender bound a moment ago (`assume`) count the same way before the watch shows
   them bound: the next filter can run before the binding is visible.
@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from neuron_model.allocator import Leftover, Topology
+from neuron_model.placement import FreeState, Placement, PodRequest, place
+from neuron_model.report import NodeReport, ReportError
 from neuron_scheduler_extender.pods import PodRecord
-from neuron_sysfs.allocator import Leftover, Topology
-from neuron_sysfs.placement import FreeState, Placement, PodRequest, place
-from neuron_sysfs.report import NodeReport, ReportError
 
 
 class RefusalKind(enum.StrEnum):

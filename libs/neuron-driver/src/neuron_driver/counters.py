@@ -1,0 +1,227 @@
+"""A cheap, repeatable read of the driver's counters for one inventory.
+
+The reader works out the list of files once (per inventory) and then only opens, reads and
+parses them, so the exporter and the problem detector can call `read()` often. A file that
+holds garbage or has gone away costs that one value: it is absent from the snapshot and
+reported as a `ScanIssue`; a device whose directory vanished is reported once.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from collections.abc import Callable, Collection, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+from neuron_driver import layout
+from neuron_driver.attrs import ISSUE_LOG, issue_for_oserror, read_bytes
+from neuron_driver.errors import IssueKind, ScanIssue
+from neuron_driver.inventory import NodeInventory
+from neuron_driver.parse import PowerReading, parse_power_utilization
+
+
+class CounterKind(enum.StrEnum):
+    STATUS = "status"  # per core: stats/status/<name>/{total,present}
+    CORE_DEVICE_MEM = "core_device_mem"  # per core: memory_usage/device_mem/<category>/<field>
+    CORE_MEM = "core_mem"  # per core: memory_usage/{host_mem,device_mem}/<field>
+    CORE_OTHER = "core_other"  # per core: stats/other_info/<name>
+    HOST_MEM = "host_mem"  # per device: memory_usage/host_mem/<category>/<field>
+    HARDWARE = "hardware"  # per device: stats/hardware/<name>
+
+
+DEVICE_LEVEL = -1
+
+
+class CounterKey(NamedTuple):
+    kind: CounterKind
+    device: int
+    core: int  # physical core within the device; DEVICE_LEVEL for device counters
+    name: str  # canonical status name, memory category, location or counter name
+    field: str  # total / present / peak, or "" for single-valued counters
+
+
+@dataclass(frozen=True, slots=True)
+class CounterSnapshot:
+    values: dict[CounterKey, int]
+    power: dict[int, PowerReading]
+    issues: tuple[ScanIssue, ...]
+    files_read: int
+
+    def get(self, kind: CounterKind, device: int, core: int, name: str, field: str = "") -> int | None:
+        return self.values.get(CounterKey(kind, device, core, name, field))
+
+    def of_kind(self, kind: CounterKind) -> Iterator[tuple[CounterKey, int]]:
+        return ((k, v) for k, v in self.values.items() if k.kind is kind)
+
+
+ALL_KINDS: frozenset[CounterKind] = frozenset(CounterKind)
+
+
+def _listdir(path: Path) -> list[str]:
+    try:
+        return sorted(n for n in os.listdir(path) if not n.startswith("."))
+    except OSError:
+        return []
+
+
+class CounterReader:
+    def __init__(
+        self,
+        inventory: NodeInventory,
+        kinds: Collection[CounterKind] = ALL_KINDS,
+        *,
+        power: bool = True,
+        status_names: Collection[str] | None = None,
+        status_fields: Collection[str] = layout.STATUS_FIELDS,
+        select: Callable[[CounterKey], bool] | None = None,
+    ) -> None:
+        """`kinds`, `status_names` and `status_fields` narrow what is read; `select`, when
+        given, keeps only the counters it accepts (e.g. only `present` memory figures)."""
+        self.inventory = inventory
+        self._device_dirs = {d.index: d.sysfs_path for d in inventory.devices}
+        self._plan: list[tuple[bytes, CounterKey]] = []
+        self._power: list[tuple[int, Path]] = []
+        self._status_fields = tuple(f for f in layout.STATUS_FIELDS if f in status_fields)
+        self._select = select
+        wanted = frozenset(kinds)
+        for dev in inventory.devices:
+            ddir = Path(dev.sysfs_path)
+            if CounterKind.HARDWARE in wanted:
+                for name in _listdir(ddir / "stats" / "hardware") or list(layout.HARDWARE_COUNTERS):
+                    self._add(
+                        layout.hardware_counter_file(ddir, name),
+                        CounterKind.HARDWARE,
+                        dev.index,
+                        DEVICE_LEVEL,
+                        name,
+                        "",
+                    )
+            if CounterKind.HOST_MEM in wanted:
+                for cat in layout.HOST_MEM_CATEGORIES:
+                    for fld in layout.MEM_FIELDS:
+                        self._add(
+                            layout.device_host_mem_file(ddir, cat, fld),
+                            CounterKind.HOST_MEM,
+                            dev.index,
+                            DEVICE_LEVEL,
+                            cat,
+                            fld,
+                        )
+            if power:
+                self._power.append((dev.index, layout.power_file(ddir)))
+            for core in range(dev.physical_cores):
+                self._plan_core(layout.core_dir(ddir, core), dev.index, core, wanted, status_names)
+
+    def _add(self, path: Path, kind: CounterKind, device: int, core: int, name: str, fld: str) -> None:
+        key = CounterKey(kind, device, core, name, fld)
+        if self._select is None or self._select(key):
+            self._plan.append((os.fsencode(path), key))
+
+    def _plan_core(
+        self, cdir: Path, device: int, core: int, wanted: frozenset[CounterKind], status_names: Collection[str] | None
+    ) -> None:
+        if CounterKind.STATUS in wanted:
+            # Listed, not assumed: older drivers write the infer_* names.
+            present = _listdir(cdir / "stats" / "status") or list(layout.STATUS_NAMES)
+            for raw_name in present:
+                name = layout.canonical_status(raw_name)
+                if status_names is not None and name not in status_names:
+                    continue
+                for fld in self._status_fields:
+                    self._add(layout.status_file(cdir, raw_name, fld), CounterKind.STATUS, device, core, name, fld)
+        if CounterKind.CORE_DEVICE_MEM in wanted:
+            for cat in layout.DEVICE_MEM_CATEGORIES:
+                for fld in layout.MEM_FIELDS:
+                    self._add(
+                        layout.core_device_mem_file(cdir, cat, fld), CounterKind.CORE_DEVICE_MEM, device, core, cat, fld
+                    )
+        if CounterKind.CORE_MEM in wanted:
+            for location in ("host_mem", "device_mem"):
+                for fld in layout.MEM_FIELDS:
+                    self._add(
+                        layout.core_mem_total_file(cdir, location, fld),
+                        CounterKind.CORE_MEM,
+                        device,
+                        core,
+                        location,
+                        fld,
+                    )
+        if CounterKind.CORE_OTHER in wanted:
+            for name in _listdir(cdir / "stats" / "other_info") or list(layout.OTHER_INFO):
+                self._add(layout.core_other_info_file(cdir, name), CounterKind.CORE_OTHER, device, core, name, "")
+
+    @property
+    def file_count(self) -> int:
+        return len(self._plan) + len(self._power)
+
+    def paths(self) -> list[bytes]:
+        """Every file one read() opens; the benchmark reads these in a tight loop as its floor."""
+        return [p for p, _ in self._plan] + [os.fsencode(p) for _, p in self._power]
+
+    def read(self) -> CounterSnapshot:
+        values: dict[CounterKey, int] = {}
+        issues: list[ScanIssue] = []
+        vanished: set[int] = set()
+        o_flags = os.O_RDONLY | os.O_CLOEXEC
+        for path, key in self._plan:
+            if key.device in vanished:
+                continue
+            try:
+                fd = os.open(path, o_flags)
+                try:
+                    raw = os.read(fd, 4096)
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                self._record_failure(key.device, path, exc, issues, vanished)
+                continue
+            try:
+                value = int(raw)
+            except ValueError:
+                value = -1
+            if value < 0 or b"_" in raw:  # int() tolerates "1_000"; the driver never writes it
+                issues.append(
+                    ScanIssue(IssueKind.MALFORMED, os.fsdecode(path), f"expected a counter, found {raw[:40]!r}")
+                )
+                continue
+            values[key] = value
+        power: dict[int, PowerReading] = {}
+        for device, ppath in self._power:
+            if device in vanished:
+                continue
+            try:
+                power[device] = parse_power_utilization(read_bytes(ppath).decode("ascii", "replace"))
+            except OSError as exc:
+                self._record_failure(device, os.fsencode(ppath), exc, issues, vanished)
+            except ValueError as exc:
+                issues.append(ScanIssue(IssueKind.MALFORMED, str(ppath), str(exc)))
+        for issue in issues:
+            ISSUE_LOG.report(issue)
+        return CounterSnapshot(values, power, tuple(issues), len(self._plan) + len(self._power))
+
+    def _record_failure(
+        self, device: int, path: bytes, exc: OSError, issues: list[ScanIssue], vanished: set[int]
+    ) -> None:
+        ddir = self._device_dirs.get(device)
+        if ddir is not None and not os.path.isdir(ddir):
+            vanished.add(device)
+            issues.append(ScanIssue(IssueKind.VANISHED, ddir, "device directory vanished; its counters are unknown"))
+            return
+        issues.append(issue_for_oserror(os.fsdecode(path), exc))
+
+
+def device_totals(values: Mapping[CounterKey, int]) -> dict[tuple[int, str], int]:
+    """(device, counter name) -> value: device counters as read, per-core status totals summed over
+    the device's cores. The fault table names counters at this level."""
+    totals: dict[tuple[int, str], int] = {}
+    for key, value in values.items():
+        if key.kind is CounterKind.HARDWARE or (key.kind is CounterKind.STATUS and key.field == "total"):
+            totals[key.device, key.name] = totals.get((key.device, key.name), 0) + value
+    return totals
+
+
+def devices_reset(previous: Mapping[tuple[int, str], int], current: Mapping[tuple[int, str], int]) -> set[int]:
+    """Devices whose counters went back down: the driver was reloaded and counts afresh."""
+    return {device for (device, name), value in current.items() if value < previous.get((device, name), 0)}

@@ -1,0 +1,226 @@
+"""The host layout: every path on a Neuron node the stack reads or writes, written once.
+
+Two kinds of path:
+- under a host root (`HostLayout`): the driver's sysfs, `/dev/neuronN`, the kernel log, the
+  boot id, the logical-core config; a simulated node puts them under another root, and a
+  container sees the host's under a mount. Names follow `aws-neuron-driver` (`neuron_cdev.c`,
+  `neuron_sysfs_metrics.c`), see `shared/reference/neuron-stack.md` section 3.
+- absolute host paths the chart mounts at the same place in the container: the kubelet's
+  sockets, the problem detector's state and verdicts, the CDI spec directory.
+Every service and the simulator build paths through here; nothing else joins a root to a path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+
+# -- relative to a host root ------------------------------------------------------------------
+DEVICES_DIR = "sys/devices/virtual/neuron_device"
+CLASS_DIR = "sys/class/neuron_device"
+DEV_DIR = "dev"
+LNC_CONFIG_FILE = "opt/aws/neuron/logical_nc_config"
+DMI_PRODUCT_NAME = "sys/class/dmi/id/product_name"
+PCI_DEVICES_DIR = "sys/bus/pci/devices"
+KMSG_FILE = "dev/kmsg"
+BOOT_ID_FILE = "proc/sys/kernel/random/boot_id"
+DRIVER_VERSION_FILE = "sys/module/neuron/version"  # MODULE_VERSION of the loaded kernel driver, when it sets one
+LNC_ENV = "NEURON_LOGICAL_NC_CONFIG"
+
+# -- absolute host paths (the chart mounts each at the same path) ------------------------------
+KUBELET_DIR = "/var/lib/kubelet"
+DEVICE_PLUGIN_DIR = f"{KUBELET_DIR}/device-plugins/"  # the kubelet's kubelet.sock and plugin sockets
+KUBELET_SOCKET_NAME = "kubelet.sock"
+POD_RESOURCES_SOCKET = f"{KUBELET_DIR}/pod-resources/kubelet.sock"
+NPD_STATE_DIR = "/var/lib/neuron-problem-detector"
+NPD_STATE_FILE = f"{NPD_STATE_DIR}/state.json"
+VERDICT_DIR = f"{NPD_STATE_DIR}/verdicts"  # the detector writes, the device plugin reads
+CDI_SPEC_DIR = "/var/run/cdi"
+DRA_DRIVER_NAME = "neuron.aws.com"
+DRA_PLUGINS_DIR = f"{KUBELET_DIR}/plugins"  # a DRA driver's sockets and state live in <this>/<driver>/
+DRA_REGISTRY_DIR = f"{KUBELET_DIR}/plugins_registry"  # the kubelet watches it for registration sockets
+DRA_PLUGIN_DIR = f"{DRA_PLUGINS_DIR}/{DRA_DRIVER_NAME}"
+DRA_SOCKET = f"{DRA_PLUGIN_DIR}/dra.sock"
+DRA_REGISTRATION_SOCKET = f"{DRA_REGISTRY_DIR}/{DRA_DRIVER_NAME}-reg.sock"
+DRA_CHECKPOINT_FILE = f"{DRA_PLUGIN_DIR}/checkpoint.json"
+
+
+@dataclass(frozen=True)
+class HostLayout:
+    """The paths under one host root (`/` on a node, a directory for a simulated node)."""
+
+    root: Path
+
+    @property
+    def devices_dir(self) -> Path:
+        return self.root / DEVICES_DIR
+
+    @property
+    def class_dir(self) -> Path:
+        return self.root / CLASS_DIR
+
+    @property
+    def dev_dir(self) -> Path:
+        return self.root / DEV_DIR
+
+    @property
+    def lnc_config(self) -> Path:
+        return self.root / LNC_CONFIG_FILE
+
+    @property
+    def dmi_product_name(self) -> Path:
+        return self.root / DMI_PRODUCT_NAME
+
+    @property
+    def pci_devices_dir(self) -> Path:
+        return self.root / PCI_DEVICES_DIR
+
+    @property
+    def kmsg(self) -> Path:
+        return self.root / KMSG_FILE
+
+    @property
+    def boot_id(self) -> Path:
+        return self.root / BOOT_ID_FILE
+
+    @property
+    def driver_version(self) -> Path:
+        return self.root / DRIVER_VERSION_FILE
+
+    def device_dir(self, index: int) -> Path:
+        return self.devices_dir / f"neuron{index}"
+
+    def class_link(self, index: int) -> Path:
+        return self.class_dir / f"neuron{index}"
+
+    def dev_node(self, index: int) -> Path:
+        return self.dev_dir / f"neuron{index}"
+
+
+DEVICE_NAME_RE = re.compile(r"^neuron(\d+)$")
+CORE_DIR_RE = re.compile(r"^neuron_core(\d+)$")
+
+# Per-core execution status counters: stats/status/<name>/{total,present}.
+STATUS_NAMES: tuple[str, ...] = (
+    "success",
+    "failure",
+    "timeout",
+    "exec_bad_input",
+    "hw_error",
+    "execute_completed_with_error",
+    "execute_completed_with_num_error",
+    "generic_error",
+    "resource_error",
+    "resource_nc_error",
+    "execute_failed_to_queue",
+    "invalid_error",
+    "unsupported_neff_version",
+    "oob_error",
+    "hw_collectives_error",
+    "hw_hbm_ue_error",
+    "hw_nc_ue_error",
+    "hw_dma_abort_error",
+    "execute_sw_nq_overflow",
+    "execute_sw_semaphore_error",
+    "execute_sw_event_error",
+    "execute_sw_psum_collision",
+    "execute_sw_sequencer_fatal",
+    "hw_repairable_hbm_ue_error",
+)
+
+# The sysfs user guide documents older names for some statuses; drivers in the field still
+# write them. Both map to one canonical name so dashboards see one series.
+LEGACY_STATUS_NAMES: Mapping[str, str] = MappingProxyType(
+    {
+        "infer_completed_with_error": "execute_completed_with_error",
+        "infer_completed_with_num_error": "execute_completed_with_num_error",
+        "infer_failed_to_queue": "execute_failed_to_queue",
+        "infer_timeout": "timeout",
+        "infer_bad_input": "exec_bad_input",
+        "infer_success": "success",
+        "infer_failure": "failure",
+    }
+)
+
+STATUS_FIELDS: tuple[str, ...] = ("total", "present")
+
+HOST_MEM_CATEGORIES: tuple[str, ...] = (
+    "dma_buffers",
+    "tensors",
+    "constants",
+    "application_memory",
+    "driver_memory",
+    "notifications",
+    "dma_rings",
+    "uncategorized",
+)
+
+DEVICE_MEM_CATEGORIES: tuple[str, ...] = (
+    "model_code",
+    "tensors",
+    "constants",
+    "model_shared_scratchpad",
+    "runtime_memory",
+    "driver_memory",
+    "collectives",
+    "nonshared_scratchpad",
+    "notifications",
+    "dma_rings",
+    "uncategorized",
+)
+
+MEM_FIELDS: tuple[str, ...] = ("total", "present", "peak")
+
+HARDWARE_COUNTERS: tuple[str, ...] = (
+    "sram_ecc_uncorrected",
+    "mem_ecc_uncorrected",
+    "mem_ecc_repairable_uncorrected",
+)
+
+OTHER_INFO: tuple[str, ...] = (
+    "model_load_count",
+    "reset_req_count",
+    "reset_fail_count",
+    "inference_count",
+    "flop_count",
+    "nc_time_in_use",
+)
+
+
+def canonical_status(name: str) -> str:
+    return LEGACY_STATUS_NAMES.get(name, name)
+
+
+def core_dir(device: Path, local_core: int) -> Path:
+    return device / f"neuron_core{local_core}"
+
+
+def status_file(core: Path, status: str, field: str) -> Path:
+    return core / "stats" / "status" / status / field
+
+
+def core_device_mem_file(core: Path, category: str, field: str) -> Path:
+    return core / "stats" / "memory_usage" / "device_mem" / category / field
+
+
+def core_mem_total_file(core: Path, location: str, field: str) -> Path:
+    return core / "stats" / "memory_usage" / location / field
+
+
+def core_other_info_file(core: Path, name: str) -> Path:
+    return core / "stats" / "other_info" / name
+
+
+def device_host_mem_file(device: Path, category: str, field: str) -> Path:
+    return device / "stats" / "memory_usage" / "host_mem" / category / field
+
+
+def hardware_counter_file(device: Path, name: str) -> Path:
+    return device / "stats" / "hardware" / name
+
+
+def power_file(device: Path) -> Path:
+    return device / "stats" / "power" / "utilization"

@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from neuron_driver.kmsg import KERN_ERR, format_hw_error, format_record, parse_hw_error, parse_record, split_records
+
+messages = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=200)
+
+
+@given(st.integers(0, 7), st.integers(0, 2**40), st.integers(0, 2**50), messages)
+def test_record_round_trip(priority: int, seq: int, usec: int, message: str) -> None:
+    record = parse_record(format_record(priority, seq, usec, message).rstrip("\n"))
+    assert (record.priority, record.seq, record.usec, record.message) == (priority, seq, usec, message)
+
+
+def test_real_kernel_record_with_dictionary() -> None:
+    text = "6,339,5140900,-;NET: Registered protocol family 10\n SUBSYSTEM=net\n DEVICE=n8"
+    record = parse_record(text)
+    assert record.priority == 6
+    assert record.message == "NET: Registered protocol family 10"
+    assert record.fields == {"SUBSYSTEM": "net", "DEVICE": "n8"}
+
+
+def test_facility_and_escapes() -> None:
+    record = parse_record("30,1,2,c;tab\\x09here")
+    assert (record.facility, record.priority, record.flags, record.message) == (3, 6, "c", "tab\there")
+
+
+@pytest.mark.parametrize("text", ["", "garbage", "a,b,c,d;msg", "6,1;msg", "-1,2,3,-;x", "\x00\x01"])
+def test_garbage_records_are_rejected(text: str) -> None:
+    with pytest.raises(ValueError, match=r"kmsg|';'|header"):
+        parse_record(text)
+
+
+def test_split_keeps_continuations_and_holds_back_partial_tail() -> None:
+    chunk = "6,1,1,-;first\n SUBSYSTEM=x\n3,2,2,-;second\n4,3,3,-;thi"
+    records, tail = split_records(chunk)
+    assert records == ["6,1,1,-;first\n SUBSYSTEM=x", "3,2,2,-;second"]
+    assert tail == "4,3,3,-;thi"
+
+
+@given(st.lists(messages, min_size=1, max_size=30), st.integers(1, 50))
+def test_split_any_chunking_yields_every_record(msgs: list[str], cut: int) -> None:
+    text = "".join(format_record(KERN_ERR, i, i, m) for i, m in enumerate(msgs))
+    got: list[str] = []
+    tail = ""
+    for start in range(0, len(text), cut):
+        records, tail = split_records(tail + text[start : start + cut])
+        got.extend(records)
+    assert tail == ""
+    assert [parse_record(r).message for r in got] == [m.replace("\n", " ") for m in msgs]
+
+
+def test_hw_error_line() -> None:
+    line = format_hw_error("SRAM_UNCORRECTABLE_ERROR", 3, 1, "19fcda00f5ff6eb9")
+    err = parse_hw_error("neuron: " + line)
+    assert err is not None
+    assert (err.kind, err.device, err.core, err.serial, err.action) == (
+        "SRAM_UNCORRECTABLE_ERROR",
+        3,
+        1,
+        "19fcda00f5ff6eb9",
+        "TERMINATE_INSTANCE",
+    )
+    assert parse_hw_error("an unrelated line") is None
+    partial = parse_hw_error("NEURON_HW_ERR=DMA_ERROR nd-id=x")
+    assert partial is not None
+    assert (partial.kind, partial.device, partial.core) == ("DMA_ERROR", None, None)

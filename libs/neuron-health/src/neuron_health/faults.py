@@ -1,0 +1,248 @@
+"""The Neuron hardware fault table: every fault kind the stack knows, once.
+
+Each row says where a fault shows (the runtime's `NEURON_HW_ERR=<NAME>` kernel lines, a driver
+message, the driver's device counters `stats/hardware/<name>`, the per-core execution status
+counters `stats/status/<name>/total`), how bad it is, and the NodeCondition or Event reason it
+is reported under. The device plugin's health, the problem detector's default rules (and so the
+chart's rules file), the exporter's `fault`/`severity` labels and `neuron-sim inject` all read
+this table; `tests` fail when one of them disagrees with it.
+
+Severities (`shared/reference/neuron-stack.md` section 3, "Kernel log" and the runtime codes
+`NRT_EXEC_HW_ERR_*`):
+- `transient`: worth an Event; the device stays allocatable and no condition is set.
+- `until-reboot`: the device leaves allocatable and `NeuronHealth` turns True until the driver
+  is reloaded (its counters reset) or the node boots again.
+- `replace-instance`: the device leaves allocatable and `NeuronHealth` turns True until the node
+  boots again; the instance should be replaced (a driver reload does not mend the silicon).
+
+A transient fault never takes a device out: the problem detector hands the device plugin only
+the problems that set a condition, so a transient fault that removed a device would act
+differently depending on which components are installed.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cache
+from types import MappingProxyType
+
+from neuron_driver.kmsg import locate
+
+
+class Severity(enum.StrEnum):
+    TRANSIENT = "transient"
+    UNTIL_REBOOT = "until-reboot"
+    REPLACE_INSTANCE = "replace-instance"
+
+    @property
+    def leaves_allocatable(self) -> bool:
+        return self is not Severity.TRANSIENT
+
+    @property
+    def clears_on_driver_reload(self) -> bool:
+        return self is Severity.UNTIL_REBOOT
+
+
+CONDITION = "NeuronHealth"
+HEALTHY_REASON = "NeuronHasNoError"
+HEALTHY_MESSAGE = "No Neuron hardware errors on this boot"
+
+# The line's own verdict on an unknown NEURON_HW_ERR kind: the runtime asks for a new instance.
+TERMINATE_ACTION = "TERMINATE_INSTANCE"
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    severity: Severity
+    reason: str  # NodeCondition reason (condition-setting faults) or Event reason (transient ones)
+    why: str  # one line: why this severity
+    kernel_names: tuple[str, ...] = ()  # NEURON_HW_ERR=<name>, written by the runtime
+    driver_pattern: str | None = None  # a driver message; the named group `device` is the device index
+    device_counters: tuple[str, ...] = ()  # stats/hardware/<name>
+    core_counters: tuple[str, ...] = ()  # stats/status/<name>/total on any of the device's cores
+
+    @property
+    def leaves_allocatable(self) -> bool:
+        return self.severity.leaves_allocatable
+
+    @property
+    def sets_condition(self) -> bool:
+        return self.severity is not Severity.TRANSIENT
+
+    @property
+    def kernel_pattern(self) -> str | None:
+        """The regular expression searched in kernel log messages."""
+        if self.kernel_names:
+            names = "|".join(re.escape(n) for n in self.kernel_names)
+            return f"NEURON_HW_ERR=(?:{names})\\b" if len(self.kernel_names) > 1 else f"NEURON_HW_ERR={names}\\b"
+        return self.driver_pattern
+
+    @property
+    def counters(self) -> tuple[str, ...]:
+        return self.device_counters + self.core_counters
+
+
+def _hw(
+    kind: str, severity: Severity, why: str, device_counters: tuple[str, ...] = (), core_counters: tuple[str, ...] = ()
+) -> Fault:
+    # AWS's own detector names its reasons NeuronHasError_<KIND>; keeping them keeps users' alerts working.
+    return Fault(
+        kind,
+        severity,
+        f"NeuronHasError_{kind}",
+        why,
+        kernel_names=(kind,),
+        device_counters=device_counters,
+        core_counters=core_counters,
+    )
+
+
+FAULTS: tuple[Fault, ...] = (
+    _hw(
+        "SRAM_UNCORRECTABLE_ERROR",
+        Severity.REPLACE_INSTANCE,
+        "uncorrectable SRAM ECC: the runtime asks for a new instance (action=TERMINATE_INSTANCE)",
+        device_counters=("sram_ecc_uncorrected",),
+    ),
+    _hw(
+        "NC_UNCORRECTABLE_ERROR",
+        Severity.REPLACE_INSTANCE,
+        "NRT_EXEC_HW_ERR_NC_UE (1202): a NeuronCore is broken; only repairable HBM errors mend with a reload",
+        core_counters=("hw_nc_ue_error",),
+    ),
+    _hw(
+        "HBM_UNCORRECTABLE_ERROR",
+        Severity.REPLACE_INSTANCE,
+        "NRT_EXEC_HW_ERR_HBM_UE (1201): uncorrectable device memory; the runtime's guide says replace the instance",
+        device_counters=("mem_ecc_uncorrected",),
+        core_counters=("hw_hbm_ue_error",),
+    ),
+    _hw(
+        "DMA_ERROR",
+        Severity.REPLACE_INSTANCE,
+        "NRT_EXEC_HW_ERR_DMA_ABORT (1203): not among the repairable kinds, so the guide says replace the instance",
+        core_counters=("hw_dma_abort_error",),
+    ),
+    _hw(
+        "HBM_REPAIRABLE_UNCORRECTABLE_ERROR",
+        Severity.UNTIL_REBOOT,
+        "NRT_EXEC_HW_ERR_REPAIRABLE_HBM_UE (1205): the guide says reload the driver or reboot, and that repairs it",
+        device_counters=("mem_ecc_repairable_uncorrected",),
+        core_counters=("hw_repairable_hbm_ue_error",),
+    ),
+    Fault(
+        "HANG_ON_COLLECTIVES",
+        Severity.TRANSIENT,
+        "NeuronHangOnCollectives",
+        "NRT_EXEC_HW_ERR_COLLECTIVES (1200): a collective waits on its peers or the network, not on this "
+        "device's silicon; AWS dropped it from its permanent rules after chart 1.0.0",
+        kernel_names=("HANG_ON_COLLECTIVES",),
+        core_counters=("hw_collectives_error",),
+    ),
+    Fault(
+        "DMA_COMPLETION_TIMEOUT",
+        Severity.TRANSIENT,
+        "NeuronDMACompletionTimeout",
+        "the driver times out one DMA and carries on; a NEURON_HW_ERR line follows if the device is broken",
+        driver_pattern=r"DMA completion timeout on nd(?P<device>\d+)",
+    ),
+    Fault(
+        "RESET_FAILED",
+        Severity.TRANSIENT,
+        "NeuronResetFailed",
+        "the driver retries the reset on the next open; a device that stays broken shows in a NEURON_HW_ERR line",
+        driver_pattern=r"nd(?P<device>\d+): reset request \d+ failed",
+    ),
+    Fault(
+        "DMA_INIT_AFTER_RESET_FAILED",
+        Severity.TRANSIENT,
+        "NeuronDMAInitAfterResetFailed",
+        "names no device, so it cannot take one out; an Event lets operators correlate it with a failing workload",
+        driver_pattern=r"failed to initialize dma after reset",
+    ),
+)
+
+# A NEURON_HW_ERR kind this table does not know: trust the line's own action.
+UNKNOWN_FATAL = Fault(
+    "UNKNOWN_HW_ERROR",
+    Severity.REPLACE_INSTANCE,
+    "NeuronHasError_UNKNOWN_HW_ERROR",
+    "a kind newer than this table, whose line says action=TERMINATE_INSTANCE: the runtime's own verdict",
+)
+UNKNOWN_NOTICE = Fault(
+    "UNKNOWN_HW_ERROR_NOTICE",
+    Severity.TRANSIENT,
+    "NeuronUnknownHardwareError",
+    "a kind newer than this table with any other action: reported, the device stays in service",
+)
+
+BY_KIND: Mapping[str, Fault] = MappingProxyType({f.kind: f for f in (*FAULTS, UNKNOWN_FATAL, UNKNOWN_NOTICE)})
+BY_KERNEL_NAME: Mapping[str, Fault] = MappingProxyType({n: f for f in FAULTS for n in f.kernel_names})
+BY_COUNTER: Mapping[str, Fault] = MappingProxyType({c: f for f in FAULTS for c in f.counters})
+KERNEL_NAMES: tuple[str, ...] = tuple(BY_KERNEL_NAME)
+
+
+def unknown_kind_pattern(action: str | None) -> str:
+    """Kernel lines whose NEURON_HW_ERR kind is not in the table, with (or without) `action`."""
+    known = "|".join(re.escape(n) for n in KERNEL_NAMES)
+    head = f"NEURON_HW_ERR=(?!(?:{known})\\b)[A-Z0-9_]+"
+    if action is None:
+        return head + f"(?!.*\\baction={re.escape(TERMINATE_ACTION)}\\b)"
+    return head + f".*\\baction={re.escape(action)}\\b"
+
+
+def kernel_rules() -> Iterator[tuple[Fault, str]]:
+    """Every (fault, pattern) a kernel log reader searches for, the unknown kinds last."""
+    for fault in FAULTS:
+        pattern = fault.kernel_pattern
+        if pattern is not None:
+            yield fault, pattern
+    yield UNKNOWN_FATAL, unknown_kind_pattern(TERMINATE_ACTION)
+    yield UNKNOWN_NOTICE, unknown_kind_pattern(None)
+
+
+@dataclass(frozen=True)
+class KernelFault:
+    fault: Fault
+    device: int | None
+    core: int | None
+    serial: str | None
+
+
+@cache
+def _compiled() -> tuple[tuple[Fault, re.Pattern[str]], ...]:
+    return tuple((f, re.compile(p)) for f, p in kernel_rules())
+
+
+def match_kernel_line(message: str) -> list[KernelFault]:
+    """The faults a kernel log message shows (usually none, at most one)."""
+    found: list[KernelFault] = []
+    for fault, pattern in _compiled():
+        m = pattern.search(message)
+        if m is None:
+            continue
+        found.append(KernelFault(fault, *locate(message, m)))
+    return found
+
+
+def markdown_table() -> str:
+    """The fault table as README.md shows it (`neuron-sim faults`)."""
+    rows = [
+        "| Fault | Kernel log | Counters | Severity | Device leaves allocatable | Reason | Why |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for f in (*FAULTS, UNKNOWN_FATAL, UNKNOWN_NOTICE):
+        if f.kernel_names:
+            where = ", ".join(f"`NEURON_HW_ERR={n}`" for n in f.kernel_names)
+        elif f.driver_pattern:
+            where = f"`{f.driver_pattern}`"
+        else:
+            where = "any other `NEURON_HW_ERR=` kind" + (", `action=TERMINATE_INSTANCE`" if f.sets_condition else "")
+        counters = ", ".join(f"`{c}`" for c in f.counters) or "-"
+        out = "yes" if f.leaves_allocatable else "no"
+        rows.append(f"| `{f.kind}` | {where} | {counters} | {f.severity} | {out} | `{f.reason}` | {f.why} |")
+    return "\n".join(rows)

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from neuron_driver.kmsg import format_hw_error
+from neuron_health import faults
+from neuron_health.faults import Severity
+from neuron_sim import node as sim
+
+
+def test_a_counter_or_kernel_name_belongs_to_one_fault() -> None:
+    counters = [c for f in faults.FAULTS for c in f.counters]
+    names = [n for f in faults.FAULTS for n in f.kernel_names]
+    assert len(set(counters)) == len(counters)
+    assert len(set(names)) == len(names)
+
+
+def test_only_condition_setting_faults_take_a_device_out() -> None:
+    for fault in (*faults.FAULTS, faults.UNKNOWN_FATAL, faults.UNKNOWN_NOTICE):
+        assert fault.leaves_allocatable is fault.sets_condition is (fault.severity is not Severity.TRANSIENT)
+        assert fault.severity.clears_on_driver_reload is (fault.severity is Severity.UNTIL_REBOOT)
+        if fault.sets_condition:
+            assert fault.reason == f"NeuronHasError_{fault.kind}"  # AWS's reasons, so existing alerts keep working
+
+
+@pytest.mark.parametrize("fault", [f for f in faults.FAULTS if f.kernel_names], ids=lambda f: f.kind)
+def test_each_runtime_line_names_its_fault_device_and_core(fault: faults.Fault) -> None:
+    line = format_hw_error(fault.kernel_names[0], 3, 1, "19fcda00f5ff6eb9", action="TERMINATE_INSTANCE")
+    [found] = faults.match_kernel_line(line)
+    assert (found.fault, found.device, found.core, found.serial) == (fault, 3, 1, "19fcda00f5ff6eb9")
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "",
+        "NEURON_HW_ERR=",
+        "neuron_hw_err=dma_error nd-id=1",
+        "NEURON_HW_ERR=DMA_ERRORS nd-id=1",  # a longer word is another kind: unknown, and says no action
+        "\x00\xff garbage NEURON_HW_ERR",
+        "DMA completion timeout on ndXY",
+    ],
+)
+def test_garbage_matches_no_known_fault(line: str) -> None:
+    found = faults.match_kernel_line(line)
+    assert all(f.fault in (faults.UNKNOWN_NOTICE, faults.UNKNOWN_FATAL) or f.device is None for f in found)
+    assert all(f.fault.kind not in {"DMA_ERROR"} for f in found)
+
+
+def test_driver_lines_name_the_device_from_the_message() -> None:
+    [found] = faults.match_kernel_line("neuron:ndma_wait: DMA completion timeout on nd05 queue 2")
+    assert (found.fault.kind, found.device) == ("DMA_COMPLETION_TIMEOUT", 5)
+
+
+def test_patterns_compile_and_unknown_patterns_exclude_every_known_kind() -> None:
+    for _, pattern in faults.kernel_rules():
+        re.compile(pattern)
+    for name in faults.KERNEL_NAMES:
+        line = f"NEURON_HW_ERR={name} nd-id=0 action=TERMINATE_INSTANCE"
+        assert [f.fault.kind for f in faults.match_kernel_line(line)] == [faults.BY_KERNEL_NAME[name].kind]
+
+
+def test_sim_injects_every_fault_through_every_source(tmp_path: Path) -> None:
+    sim.create(tmp_path, "trn1.2xlarge")
+    for fault in faults.FAULTS:
+        assert "kernel line" in sim.inject_fault(tmp_path, fault.kind, 0, via="kernel")
+        for counter in fault.device_counters[:1]:
+            assert sim.inject_fault(tmp_path, fault.kind, 0, via="device-counter") == f"{counter}=1"
+        for counter in fault.core_counters[:1]:
+            assert sim.inject_fault(tmp_path, fault.kind, 0, via="core-counter", core=1) == f"{counter}=1"
+    with pytest.raises(sim.SimError, match="does not show through"):
+        sim.inject_fault(tmp_path, "DMA_COMPLETION_TIMEOUT", 0, via="device-counter")
+    with pytest.raises(sim.SimError, match="unknown fault kind"):
+        sim.inject_fault(tmp_path, "NOPE", 0)
+    sim.reload_driver(tmp_path)
+    assert sim.bump_counter(tmp_path, 0, "sram_ecc_uncorrected") == 1
+
+
+def test_readme_fault_table_is_generated_from_the_table() -> None:
+    readme = (Path(__file__).resolve().parents[3] / "README.md").read_text()
+    begin, end = "<!-- faults:begin (neuron-sim faults) -->", "<!-- faults:end -->"
+    assert begin in readme, "README.md lacks the generated fault table"
+    table = readme.split(begin, 1)[1].split(end, 1)[0].strip()
+    assert table == faults.markdown_table(), "README.md's fault table is stale: paste `neuron-sim faults`"

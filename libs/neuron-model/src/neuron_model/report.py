@@ -1,0 +1,158 @@
+"""A node's Neuron report: what one node has free, published to the API server as a `NeuronNode`.
+
+The device plugin is the only writer (it alone knows every holding, from the kubelet's
+PodResources, and every device's health); the scheduler extender reads it. The object is
+cluster-scoped and named after its node. Everything the extender needs to predict the plugin's
+choice is in it, so nothing is kept anywhere else: the topology exactly as the plugin uses it
+(adjacency read from sysfs, not assumed from the instance type), the logical cores per device,
+the free cores (a device is free exactly when all its cores are), the unhealthy devices and the
+pods holding Neuron IDs (a pod bound to the node but not listed is not admitted yet).
+
+The CRD is `charts/neuron-helm-chart/templates/scheduler/crd.yaml`; a test keeps its schema and
+printer columns in step with `to_object`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from neuron_model.instance_types import TopologyKind
+
+GROUP = "neuron.aws.com"
+VERSION = "v1alpha1"
+KIND = "NeuronNode"
+PLURAL = "neuronnodes"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+
+class ReportError(ValueError):
+    """A NeuronNode object that cannot be read; the message says which field and why."""
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    node: str
+    instance_type: str | None  # None: sysfs and DMI could not say
+    topology: TopologyKind
+    device_count: int  # devices the instance has (ring length, torus size), present or not
+    torus_shape: tuple[int, int] | None
+    adjacency: Mapping[int, tuple[int, ...]]
+    cores_per_device: int  # logical, after the logical-core setting
+    logical_core_config: int
+    free_cores: frozenset[int]  # global logical core indices allocatable now
+    unhealthy_devices: frozenset[int]
+    pods: frozenset[str]  # "namespace/name" of every pod holding a Neuron ID on this node
+    heartbeat: dt.datetime  # when the plugin last wrote it (aware, UTC)
+
+    @property
+    def free_devices(self) -> frozenset[int]:
+        cores = self.free_cores
+        return frozenset(
+            d
+            for d in range(self.device_count)
+            if cores.issuperset(range(d * self.cores_per_device, (d + 1) * self.cores_per_device))
+        )
+
+    def age(self, now: dt.datetime) -> float:
+        return (now - self.heartbeat).total_seconds()
+
+    def to_object(self) -> dict[str, Any]:
+        total_cores = self.device_count * self.cores_per_device
+        healthy = self.device_count - len(self.unhealthy_devices)
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "metadata": {"name": self.node},
+            "status": {
+                "instanceType": self.instance_type or "",
+                "topology": {
+                    "kind": str(self.topology),
+                    "deviceCount": self.device_count,
+                    **({"torusShape": list(self.torus_shape)} if self.torus_shape else {}),
+                    "adjacency": [list(self.adjacency.get(d, ())) for d in range(self.device_count)],
+                },
+                "coresPerDevice": self.cores_per_device,
+                "logicalCoreConfig": self.logical_core_config,
+                "freeCores": sorted(self.free_cores),
+                "freeDevices": sorted(self.free_devices),
+                "unhealthyDevices": sorted(self.unhealthy_devices),
+                "pods": sorted(self.pods),
+                "heartbeatTime": self.heartbeat.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+                # the printer columns' figures, so `kubectl get neuronnodes` reads at a glance
+                "devices": f"{len(self.free_devices)}/{self.device_count}",
+                "cores": f"{len(self.free_cores)}/{total_cores}",
+                "health": "Healthy" if healthy == self.device_count else f"{healthy}/{self.device_count} healthy",
+            },
+        }
+
+    @classmethod
+    def from_object(cls, obj: Mapping[str, Any]) -> NodeReport:
+        name = _get(obj, "metadata", "name", kind=str)
+        status = _get(obj, "status", kind=dict)
+
+        def field(*path: str, kind: type) -> Any:
+            return _get(status, *path, kind=kind, where=f"NeuronNode {name}: status")
+
+        topo = field("topology", kind=dict)
+        try:
+            kind = TopologyKind(field("topology", "kind", kind=str))
+        except ValueError:
+            raise ReportError(f"NeuronNode {name}: status.topology.kind: unknown {topo.get('kind')!r}") from None
+        count = field("topology", "deviceCount", kind=int)
+        cpd = field("coresPerDevice", kind=int)
+        if count < 0 or cpd <= 0:
+            raise ReportError(f"NeuronNode {name}: status: deviceCount {count} / coresPerDevice {cpd} out of range")
+        shape = topo.get("torusShape")
+        if shape is not None and not (isinstance(shape, list) and len(shape) == 2 and _ints(shape)):
+            raise ReportError(f"NeuronNode {name}: status.topology.torusShape: expected [rows, columns]")
+        raw_adjacency = field("topology", "adjacency", kind=list)
+        if len(raw_adjacency) != count or not all(isinstance(a, list) and _ints(a) for a in raw_adjacency):
+            raise ReportError(f"NeuronNode {name}: status.topology.adjacency: expected {count} lists of devices")
+        free_cores = _index_set(field("freeCores", kind=list), count * cpd, name, "freeCores")
+        unhealthy = _index_set(field("unhealthyDevices", kind=list), count, name, "unhealthyDevices")
+        pods = field("pods", kind=list)
+        if not all(isinstance(p, str) and "/" in p for p in pods):
+            raise ReportError(f"NeuronNode {name}: status.pods: expected namespace/name strings")
+        beat = field("heartbeatTime", kind=str)
+        try:
+            heartbeat = dt.datetime.strptime(beat, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
+        except ValueError:
+            raise ReportError(f"NeuronNode {name}: status.heartbeatTime: not RFC 3339 UTC: {beat!r}") from None
+        return cls(
+            node=name,
+            instance_type=field("instanceType", kind=str) or None,
+            topology=kind,
+            device_count=count,
+            torus_shape=(shape[0], shape[1]) if shape else None,
+            adjacency={d: tuple(a) for d, a in enumerate(raw_adjacency)},
+            cores_per_device=cpd,
+            logical_core_config=field("logicalCoreConfig", kind=int),
+            free_cores=free_cores,
+            unhealthy_devices=unhealthy,
+            pods=frozenset(pods),
+            heartbeat=heartbeat,
+        )
+
+
+def _ints(values: Iterable[Any]) -> bool:
+    return all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values)
+
+
+def _index_set(values: list[Any], bound: int, name: str, what: str) -> frozenset[int]:
+    if not _ints(values) or any(v >= bound for v in values):
+        raise ReportError(f"NeuronNode {name}: status.{what}: expected indices below {bound}")
+    return frozenset(values)
+
+
+def _get(obj: Mapping[str, Any], *path: str, kind: type, where: str = "NeuronNode") -> Any:
+    value: Any = obj
+    for key in path:
+        if not isinstance(value, Mapping) or key not in value:
+            raise ReportError(f"{where}.{'.'.join(path)}: missing")
+        value = value[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ReportError(f"{where}.{'.'.join(path)}: expected {kind.__name__}, got {type(value).__name__}")
+    return value

@@ -1,0 +1,85 @@
+from __future__ import annotations
+
+import pytest
+
+from neuron_model.instance_types import (
+    INSTANCE_TYPES,
+    TopologyKind,
+    UnknownInstanceTypeError,
+    get_instance_type,
+    guess_instance_type,
+)
+
+EXPECTED = {
+    # name: (devices, physical cores per device, GiB per device, topology, pci id)
+    "inf1.xlarge": (1, 4, 8, TopologyKind.SINGLE, 0x7064),
+    "inf1.2xlarge": (1, 4, 8, TopologyKind.SINGLE, 0x7064),
+    "inf1.6xlarge": (4, 4, 8, TopologyKind.RING, 0x7064),
+    "inf1.24xlarge": (16, 4, 8, TopologyKind.RING, 0x7064),
+    "inf2.xlarge": (1, 2, 32, TopologyKind.SINGLE, 0x7264),
+    "inf2.8xlarge": (1, 2, 32, TopologyKind.SINGLE, 0x7264),
+    "inf2.24xlarge": (6, 2, 32, TopologyKind.RING, 0x7264),
+    "inf2.48xlarge": (12, 2, 32, TopologyKind.RING, 0x7264),
+    "trn1.2xlarge": (1, 2, 32, TopologyKind.SINGLE, 0x7164),
+    "trn1.32xlarge": (16, 2, 32, TopologyKind.TORUS_2D, 0x7164),
+    "trn1n.32xlarge": (16, 2, 32, TopologyKind.TORUS_2D, 0x7164),
+    "trn2.3xlarge": (1, 8, 96, TopologyKind.SINGLE, 0x7364),
+    "trn2.48xlarge": (16, 8, 96, TopologyKind.TORUS_2D, 0x7364),
+    "trn2u.48xlarge": (16, 8, 96, TopologyKind.TORUS_2D, 0x7364),
+}
+
+
+def test_table_lists_exactly_the_supported_types() -> None:
+    assert set(INSTANCE_TYPES) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_table_facts(name: str) -> None:
+    it = get_instance_type(name)
+    devices, cores, gib, topo, pci = EXPECTED[name]
+    assert (it.devices, it.physical_cores_per_device, it.memory_bytes_per_device // 2**30) == (devices, cores, gib)
+    assert (it.topology, it.pci_device_id) == (topo, pci)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_adjacency_is_symmetric_with_the_right_degree(name: str) -> None:
+    it = get_instance_type(name)
+    adj = it.adjacency()
+    assert set(adj) == set(range(it.devices))
+    for a, neighbours in adj.items():
+        assert a not in neighbours
+        for b in neighbours:
+            assert a in adj[b]
+    degree = {TopologyKind.SINGLE: 0, TopologyKind.RING: 2, TopologyKind.TORUS_2D: 4}[it.topology]
+    assert all(len(n) == degree for n in adj.values())
+
+
+def test_ring_links_consecutive_devices() -> None:
+    adj = get_instance_type("inf2.24xlarge").adjacency()
+    assert adj[0] == (1, 5)
+    assert adj[3] == (2, 4)
+
+
+def test_torus_links_rows_and_columns() -> None:
+    adj = get_instance_type("trn1.32xlarge").adjacency()
+    assert adj[0] == (1, 3, 4, 12)
+    assert adj[5] == (1, 4, 6, 9)
+
+
+def test_trn2_defaults_to_two_physical_cores_per_logical_core() -> None:
+    it = get_instance_type("trn2.48xlarge")
+    assert it.family.default_lnc == 2
+    assert it.logical_cores_per_device(2) == 4
+    assert it.logical_cores_per_device(1) == 8
+
+
+def test_unknown_type_names_the_known_ones() -> None:
+    with pytest.raises(UnknownInstanceTypeError, match=r"unknown Neuron instance type 'p4d.24xlarge'.*trn1.32xlarge"):
+        get_instance_type("p4d.24xlarge")
+
+
+def test_guess_from_family_and_count() -> None:
+    guess = guess_instance_type("Trn1", 16)
+    assert guess is not None
+    assert guess.name == "trn1.32xlarge"
+    assert guess_instance_type("Trn1", 7) is None

@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import copy
+import datetime as dt
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from neuron_model.instance_types import INSTANCE_TYPES, TopologyKind
+from neuron_model.report import NodeReport, ReportError
+
+NOW = dt.datetime(2026, 11, 23, 12, 0, 0, tzinfo=dt.UTC)
+
+
+def trn1(free: set[int], unhealthy: set[int] = frozenset()) -> NodeReport:  # type: ignore[assignment]
+    it = INSTANCE_TYPES["trn1.32xlarge"]
+    return NodeReport(
+        node="n1",
+        instance_type=it.name,
+        topology=it.topology,
+        device_count=it.devices,
+        torus_shape=it.torus_shape,
+        adjacency=it.adjacency(),
+        cores_per_device=2,
+        logical_core_config=1,
+        free_cores=frozenset(free),
+        unhealthy_devices=frozenset(unhealthy),
+        pods=frozenset({"ml/train-0"}),
+        heartbeat=NOW,
+    )
+
+
+@given(st.sets(st.integers(0, 31)), st.sets(st.integers(0, 15)))
+def test_round_trip(free: set[int], unhealthy: set[int]) -> None:
+    report = trn1(free, unhealthy)
+    assert NodeReport.from_object(report.to_object()) == report
+
+
+def test_free_devices_are_those_with_every_core_free_and_columns_read_at_a_glance() -> None:
+    report = trn1({0, 1, 2, 5, 6, 7}, {9})
+    assert report.free_devices == {0, 3}
+    status = report.to_object()["status"]
+    assert (status["devices"], status["cores"], status["health"]) == ("2/16", "6/32", "15/16 healthy")
+    assert report.age(NOW + dt.timedelta(seconds=90)) == 90
+
+
+def mutate(path: list[str], value: Any) -> dict[str, Any]:
+    obj = copy.deepcopy(trn1({0, 1}).to_object())
+    target = obj
+    for key in path[:-1]:
+        target = target[key]
+    if value is KeyError:
+        del target[path[-1]]
+    else:
+        target[path[-1]] = value
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (["metadata", "name"], KeyError, "metadata.name: missing"),
+        (["status"], KeyError, "status: missing"),
+        (["status", "topology", "kind"], "mesh", "unknown 'mesh'"),
+        (["status", "topology", "deviceCount"], "16", "expected int"),
+        (["status", "coresPerDevice"], 0, "out of range"),
+        (["status", "topology", "adjacency"], [[1]], "expected 16 lists"),
+        (["status", "freeCores"], [0, 32], "indices below 32"),
+        (["status", "freeCores"], [True], "indices below 32"),
+        (["status", "unhealthyDevices"], [-1], "indices below 16"),
+        (["status", "pods"], ["nonamespace"], "namespace/name"),
+        (["status", "heartbeatTime"], "yesterday", "not RFC 3339"),
+        (["status", "topology", "torusShape"], [4], "[rows, columns]"),
+    ],
+)
+def test_bad_reports_say_which_field(path: list[str], value: Any, message: str) -> None:
+    with pytest.raises(ReportError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        NodeReport.from_object(mutate(path, value))
+
+
+def test_every_topology_kind_round_trips() -> None:
+    for it in INSTANCE_TYPES.values():
+        report = NodeReport(it.name.replace(".", "-"), it.name, it.topology, it.devices, it.torus_shape,
+                            it.adjacency(), 2, 1, frozenset(), frozenset(), frozenset(), NOW)  # fmt: skip
+        assert NodeReport.from_object(report.to_object()) == report
+    assert {it.topology for it in INSTANCE_TYPES.values()} <= set(TopologyKind)

@@ -1,0 +1,1 @@
+"""A simulated Neuron node (`node`) and its command, `neuron-sim` (`cli`)."""

@@ -1,0 +1,192 @@
+"""`neuron-sim`: create a simulated Neuron node and inject faults into it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from neuron_driver import layout
+from neuron_driver.kmsg import KERN_ERR
+from neuron_health import faults
+from neuron_model.instance_types import INSTANCE_TYPES, UnknownInstanceTypeError
+from neuron_sim import node as sim
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="neuron-sim",
+        description="A simulated Neuron node (driver sysfs, /dev/neuronN, kernel log) under a root directory, "
+        "for tests, demos and clusters without Neuron hardware.",
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("create", help="write a simulated node for an instance type")
+    c.add_argument(
+        "--instance-type",
+        required=True,
+        choices=sorted(INSTANCE_TYPES),
+        metavar="TYPE",
+        help="one of: " + ", ".join(INSTANCE_TYPES),
+    )
+    c.add_argument("--root", required=True, type=Path, help="directory to write the node under")
+    c.add_argument(
+        "--lnc",
+        type=int,
+        choices=(1, 2),
+        help="write opt/aws/neuron/logical_nc_config; without it the family default applies (2 on trn2)",
+    )
+    c.add_argument(
+        "--char-devices",
+        action="store_true",
+        help=f"make dev/neuronN real character devices (major {sim.SIM_CHAR_MAJOR}, minor N; needs root)",
+    )
+    c.add_argument("--force", action="store_true", help="replace a simulated node already under --root")
+
+    n = sub.add_parser(
+        "create-non-neuron",
+        help="write a node without Neuron devices (an EC2 instance's PCI functions only), to check nothing "
+        "takes it for a Neuron node",
+    )
+    n.add_argument("--root", required=True, type=Path, help="directory to write the node under")
+    n.add_argument("--instance-type", default="m5.xlarge", help="EC2 instance type in the DMI product name")
+    n.add_argument("--force", action="store_true", help="replace a simulated node already under --root")
+
+    sub.add_parser("faults", help="print the hardware fault table (Markdown): the kinds `inject fault` takes")
+
+    d = sub.add_parser("destroy", help="remove the simulated node's files under --root")
+    d.add_argument("--root", required=True, type=Path)
+
+    i = sub.add_parser("inject", help="change a simulated node: counters, kernel log, devices, memory, power")
+    i.add_argument("--root", required=True, type=Path)
+    isub = i.add_subparsers(dest="what", required=True)
+
+    ctr = isub.add_parser("counter", help="bump or set a core status / other_info counter or a device hardware counter")
+    ctr.add_argument("--device", type=int, required=True)
+    ctr.add_argument("--core", type=int, help="physical core within the device; omit for a device hardware counter")
+    ctr.add_argument(
+        "--name",
+        required=True,
+        help="status name (e.g. hw_error), other_info name, or hardware counter (e.g. mem_ecc_uncorrected)",
+    )
+    ctr.add_argument("--field", default="total", choices=layout.STATUS_FIELDS)
+    g = ctr.add_mutually_exclusive_group()
+    g.add_argument("--by", type=int, default=1, help="add this much (default 1)")
+    g.add_argument("--raw", help="write this text verbatim (for malformed-value tests)")
+
+    hw = isub.add_parser("hw-error", help="append a NEURON_HW_ERR line to the kernel log")
+    hw.add_argument(
+        "--kind", required=True, help="the runtime's kind: " + ", ".join(faults.KERNEL_NAMES) + " or any other"
+    )
+    hw.add_argument("--device", type=int, required=True)
+    hw.add_argument("--core", type=int, default=0)
+    hw.add_argument("--action", default="TERMINATE_INSTANCE")
+    hw.add_argument("--serial", help="default: the device's simulated serial number")
+
+    ft = isub.add_parser("fault", help="a fault of the fault table, shown through one of its sources")
+    ft.add_argument(
+        "--kind",
+        required=True,
+        choices=[f.kind for f in faults.FAULTS],
+        metavar="KIND",
+        help="one of: " + ", ".join(f.kind for f in faults.FAULTS),
+    )
+    ft.add_argument("--device", type=int, required=True)
+    ft.add_argument(
+        "--via",
+        choices=sim.FAULT_SOURCES,
+        default="kernel",
+        help="a kernel line, or one more on the fault's device counter or core status counter",
+    )
+    ft.add_argument("--core", type=int, default=0, help="physical core, for a kernel line or a core counter")
+
+    isub.add_parser("reload-driver", help="every error counter back to zero, as after reloading the driver")
+
+    km = isub.add_parser("kmsg", help="append a kernel log record")
+    km.add_argument("--message", required=True)
+    km.add_argument("--priority", type=int, default=KERN_ERR)
+    km.add_argument("--raw", action="store_true", help="append --message verbatim, not as a kmsg record")
+
+    for name, text in (("vanish", "make a device disappear"), ("restore", "bring a vanished device back")):
+        v = isub.add_parser(name, help=text)
+        v.add_argument("--device", type=int, required=True)
+
+    m = isub.add_parser("memory", help="set a memory usage figure (present; peak follows)")
+    m.add_argument("--device", type=int, required=True)
+    m.add_argument("--core", type=int, help="physical core (device_mem category); omit for device host_mem")
+    m.add_argument("--category", required=True)
+    m.add_argument("--bytes", type=int, required=True, dest="present")
+    m.add_argument("--location", choices=("device_mem", "host_mem"), default="device_mem")
+
+    pw = isub.add_parser("power", help="set the power utilisation figures")
+    pw.add_argument("--device", type=int, required=True)
+    pw.add_argument("--min", type=int, required=True, dest="min_power")
+    pw.add_argument("--max", type=int, required=True, dest="max_power")
+    pw.add_argument("--avg", type=int, required=True, dest="avg_power")
+    pw.add_argument("--status", type=int, default=0)
+
+    isub.add_parser("reboot", help="new boot id and an empty kernel log, as after a reboot")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _run(args)
+    except (sim.SimError, UnknownInstanceTypeError) as exc:
+        print(f"neuron-sim: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"neuron-sim: error: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "create":
+        it = sim.create(args.root, args.instance_type, args.lnc, args.char_devices, args.force)
+        print(f"created a simulated {it.name} ({it.devices} devices) under {args.root}")
+        return 0
+    if args.command == "create-non-neuron":
+        sim.create_non_neuron(args.root, args.instance_type, args.force)
+        print(f"created a simulated {args.instance_type} without Neuron devices under {args.root}")
+        return 0
+    if args.command == "faults":
+        print(faults.markdown_table())
+        return 0
+    if args.command == "destroy":
+        sim.destroy(args.root)
+        return 0
+    root: Path = args.root
+    sim.load_state(root)  # a clear error when there is no node here
+    what = args.what
+    if what == "counter":
+        if args.raw is not None:
+            sim.set_counter_raw(root, args.device, args.name, args.raw, args.core, args.field)
+        else:
+            print(sim.bump_counter(root, args.device, args.name, args.core, args.field, args.by))
+    elif what == "hw-error":
+        print(sim.inject_hw_error(root, args.kind, args.device, args.core, args.action, args.serial))
+    elif what == "fault":
+        print(sim.inject_fault(root, args.kind, args.device, args.via, args.core))
+    elif what == "reload-driver":
+        sim.reload_driver(root)
+    elif what == "kmsg":
+        if args.raw:
+            sim.append_raw_kmsg(root, args.message)
+        else:
+            print(sim.append_kmsg(root, args.message, args.priority))
+    elif what == "vanish":
+        sim.vanish(root, args.device)
+    elif what == "restore":
+        sim.restore(root, args.device)
+    elif what == "memory":
+        sim.set_memory(root, args.device, args.category, args.present, args.core, args.location)
+    elif what == "power":
+        sim.set_power(root, args.device, args.min_power, args.max_power, args.avg_power, args.status)
+    elif what == "reboot":
+        print(sim.reboot(root))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,428 @@
+"""A simulated Neuron node: the driver's sysfs, /dev/neuronN and a kernel log, under a root.
+
+The tree uses the driver's own formats (see `layout` and `shared/reference/neuron-stack.md`
+section 3): `core_count` has no trailing newline, `connected_devices` is ``"1, 3, 4\\n"``,
+inf1 devices carry the older ``infer_*`` status names and no serial number. Every write is
+atomic (temporary file, then rename), as a sysfs read is: a reader never sees half a value.
+
+Character devices (``--char-devices``, root only) use major `SIM_CHAR_MAJOR` (241, in the
+240-254 block Linux reserves for local use) and minor N for /dev/neuronN, so a container
+runtime can pass them into containers; without it, /dev/neuronN are empty regular files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import stat
+import time
+import uuid
+from pathlib import Path
+
+from neuron_driver import layout
+from neuron_driver.kmsg import KERN_ERR, KERN_INFO, format_hw_error, format_record
+from neuron_health import faults
+from neuron_model import pci
+from neuron_model.instance_types import InstanceType, UnknownInstanceTypeError, get_instance_type
+
+SIM_CHAR_MAJOR = 241
+STATE_DIR = ".neuron-sim"
+VANISHED_DIR = ".neuron-sim/vanished"
+
+_OWNED = ("sys", "dev", "opt/aws/neuron", "proc/sys/kernel/random", STATE_DIR)
+
+
+class SimError(Exception):
+    pass
+
+
+def write_attr(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def serial_for(instance: str, index: int) -> str:
+    return hashlib.sha256(f"{instance}/{index}".encode()).hexdigest()[:16]
+
+
+def _legacy(name: str) -> str:
+    for old, new in layout.LEGACY_STATUS_NAMES.items():
+        if new == name:
+            return old
+    return name
+
+
+def create(
+    root: Path, instance_type: str, lnc: int | None = None, char_devices: bool = False, force: bool = False
+) -> InstanceType:
+    it = get_instance_type(instance_type)
+    if lnc is not None and lnc not in it.family.supported_lnc:
+        raise SimError(
+            f"--lnc {lnc} is not supported on {it.name} (supported: {', '.join(map(str, it.family.supported_lnc))})"
+        )
+    root = _fresh_root(root, force)
+    write_attr(layout.HostLayout(root).dmi_product_name, it.name + "\n")
+    write_attr(layout.HostLayout(root).boot_id, str(uuid.uuid4()) + "\n")
+    if lnc is not None:
+        write_attr(layout.HostLayout(root).lnc_config, f"{lnc}\n")
+    layout.HostLayout(root).class_dir.mkdir(parents=True, exist_ok=True)
+    layout.HostLayout(root).dev_dir.mkdir(parents=True, exist_ok=True)
+    adjacency = it.adjacency()
+    for index in range(it.devices):
+        _write_device(root, it, index, adjacency[index])
+        _make_dev_node(root, index, char_devices)
+    _write_pci_functions(root, it)
+    kmsg = layout.HostLayout(root).kmsg
+    kmsg.touch()
+    append_kmsg(root, "neuron: loading out-of-tree module taints kernel.", KERN_INFO)
+    append_kmsg(root, f"neuron: Neuron Driver initialized, {it.devices} device(s) found", KERN_INFO)
+    state = {"instance_type": it.name, "lnc": lnc, "char_devices": char_devices}
+    write_attr(root / STATE_DIR / "state.json", json.dumps(state, indent=2) + "\n")
+    return it
+
+
+def create_non_neuron(root: Path, instance_type: str = "m5.xlarge", force: bool = False) -> None:
+    """A node without Neuron devices: an EC2 instance's PCI functions (Amazon's own, vendor 0x1d0f
+    included) and no Neuron driver, for checking that nothing takes it for a Neuron node."""
+    root = _fresh_root(root, force)
+    write_attr(layout.HostLayout(root).dmi_product_name, instance_type + "\n")
+    write_attr(layout.HostLayout(root).boot_id, str(uuid.uuid4()) + "\n")
+    layout.HostLayout(root).dev_dir.mkdir(parents=True, exist_ok=True)
+    _write_pci_functions(root, None)
+    layout.HostLayout(root).kmsg.touch()
+    state = {"instance_type": instance_type, "neuron": False}
+    write_attr(root / STATE_DIR / "state.json", json.dumps(state, indent=2) + "\n")
+
+
+def _fresh_root(root: Path, force: bool) -> Path:
+    root = Path(root)
+    if (root / STATE_DIR).exists() or layout.HostLayout(root).devices_dir.exists():
+        if not force:
+            raise SimError(f"{root} already holds a simulated node; pass --force to replace it")
+        destroy(root)
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def _write_pci_functions(root: Path, it: InstanceType | None) -> None:
+    for function in pci.node_functions(it):
+        directory = layout.HostLayout(root).pci_devices_dir / function.address
+        for name, text in function.sysfs_attributes().items():
+            write_attr(directory / name, text)
+
+
+class _FreshWriter:
+    """Writes a tree nobody reads yet: no temporary files, each directory made once."""
+
+    def __init__(self) -> None:
+        self._made: set[Path] = set()
+
+    def __call__(self, path: Path, text: str) -> None:
+        parent = path.parent
+        if parent not in self._made:
+            parent.mkdir(parents=True, exist_ok=True)
+            self._made.add(parent)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
+
+
+def _write_device(root: Path, it: InstanceType, index: int, connected: tuple[int, ...]) -> None:
+    write_attr = _FreshWriter()
+    d = layout.HostLayout(root).device_dir(index)
+    fam = it.family
+    write_attr(d / "core_count", str(fam.physical_cores_per_device))  # the driver writes no newline
+    write_attr(d / "connected_devices", ", ".join(map(str, connected)) + "\n")
+    write_attr(d / "reset", "0\n")
+    write_attr(d / "info" / "notify_delay", "0\n")
+    if fam.has_serial_number:
+        write_attr(d / "info" / "serial_number", serial_for(it.name, index) + "\n")
+    arch = d / "info" / "architecture"
+    write_attr(arch / "arch_type", fam.arch_type + "\n")
+    write_attr(arch / "instance_type", fam.sysfs_instance_type + "\n")
+    write_attr(arch / "device_name", fam.device_name + "\n")
+    for name in layout.HARDWARE_COUNTERS:
+        write_attr(layout.hardware_counter_file(d, name), "0\n")
+    write_attr(layout.power_file(d), f"0,{int(time.time())},0,0,0\n")
+    for cat in layout.HOST_MEM_CATEGORIES:
+        for fld in layout.MEM_FIELDS:
+            write_attr(layout.device_host_mem_file(d, cat, fld), "0\n")
+    core_mem = fam.memory_bytes_per_device // fam.physical_cores_per_device
+    legacy = fam.name == "inf1"  # older driver builds, as on many inf1 AMIs, use infer_* names
+    for core in range(fam.physical_cores_per_device):
+        c = layout.core_dir(d, core)
+        write_attr(c / "info" / "architecture" / "arch_type", fam.core_arch + "\n")
+        for status in layout.STATUS_NAMES:
+            name = _legacy(status) if legacy else status
+            for fld in layout.STATUS_FIELDS:
+                write_attr(layout.status_file(c, name, fld), "0\n")
+        for location in ("host_mem", "device_mem"):
+            for fld in layout.MEM_FIELDS:
+                value = core_mem if (location, fld) == ("device_mem", "total") else 0
+                write_attr(layout.core_mem_total_file(c, location, fld), f"{value}\n")
+        for cat in layout.DEVICE_MEM_CATEGORIES:
+            for fld in layout.MEM_FIELDS:
+                write_attr(layout.core_device_mem_file(c, cat, fld), "0\n")
+        for name in layout.OTHER_INFO:
+            write_attr(layout.core_other_info_file(c, name), "0\n")
+    link = layout.HostLayout(root).class_link(index)
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(Path("../../devices/virtual/neuron_device") / f"neuron{index}")
+
+
+def _make_dev_node(root: Path, index: int, char_devices: bool) -> None:
+    node = layout.HostLayout(root).dev_node(index)
+    if node.exists() or node.is_symlink():
+        node.unlink()
+    if char_devices:
+        try:
+            os.mknod(node, stat.S_IFCHR | 0o666, os.makedev(SIM_CHAR_MAJOR, index))
+        except PermissionError:
+            raise SimError("--char-devices needs root (CAP_MKNOD) to create /dev/neuronN character devices") from None
+        os.chmod(node, 0o666)
+    else:
+        node.touch()
+
+
+def destroy(root: Path) -> None:
+    root = Path(root)
+    for rel in _OWNED:
+        target = root / rel
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+        elif target.exists():
+            shutil.rmtree(target)
+
+
+def load_state(root: Path) -> dict[str, object]:
+    path = Path(root) / STATE_DIR / "state.json"
+    try:
+        state: dict[str, object] = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise SimError(f"{root} holds no simulated node (run 'neuron-sim create' first)") from None
+    return state
+
+
+def _instance(root: Path) -> InstanceType:
+    try:
+        return get_instance_type(str(load_state(root)["instance_type"]))
+    except UnknownInstanceTypeError as exc:
+        raise SimError(str(exc)) from None
+
+
+def _device_dir(root: Path, device: int) -> Path:
+    d = layout.HostLayout(root).device_dir(device)
+    if not d.is_dir():
+        raise SimError(f"device {device} does not exist under {root} (vanished or out of range)")
+    return d
+
+
+def counter_path(root: Path, device: int, name: str, core: int | None = None, field: str = "total") -> Path:
+    """The file of a named counter: a core's status or other_info, or a device's hardware counter."""
+    d = _device_dir(root, device)
+    if core is None:
+        path = layout.hardware_counter_file(d, name)
+        if not path.exists():
+            raise SimError(
+                f"device {device} has no hardware counter {name!r} (known: {', '.join(layout.HARDWARE_COUNTERS)})"
+            )
+        return path
+    c = layout.core_dir(d, core)
+    if not c.is_dir():
+        raise SimError(f"device {device} has no physical core {core}")
+    for candidate in (name, _legacy(name)):
+        status = layout.status_file(c, candidate, field)
+        if status.exists():
+            return status
+    other = layout.core_other_info_file(c, name)
+    if other.exists():
+        return other
+    raise SimError(f"core {core} of device {device} has no counter {name!r} (a status name or other_info name)")
+
+
+def bump_counter(root: Path, device: int, name: str, core: int | None = None, field: str = "total", by: int = 1) -> int:
+    path = counter_path(root, device, name, core, field)
+    try:
+        current = int(path.read_text().strip())
+    except ValueError:
+        current = 0  # a previously injected garbage value: start again from zero
+    new = current + by
+    write_attr(path, f"{new}\n")
+    if core is not None and field == "total" and path.parent.parent.name == "status":
+        present = path.parent / "present"
+        if present.exists():
+            try:
+                write_attr(present, f"{int(present.read_text().strip()) + by}\n")
+            except ValueError:
+                write_attr(present, f"{by}\n")
+    return new
+
+
+def set_counter_raw(
+    root: Path, device: int, name: str, text: str, core: int | None = None, field: str = "total"
+) -> None:
+    write_attr(counter_path(root, device, name, core, field), text)
+
+
+def set_memory(
+    root: Path, device: int, category: str, present: int, core: int | None = None, location: str = "device_mem"
+) -> None:
+    d = _device_dir(root, device)
+    if core is None:
+        if category not in layout.HOST_MEM_CATEGORIES:
+            raise SimError(
+                f"unknown host memory category {category!r} (known: {', '.join(layout.HOST_MEM_CATEGORIES)})"
+            )
+        base = layout.device_host_mem_file(d, category, "present").parent
+    else:
+        c = layout.core_dir(d, core)
+        if location == "device_mem":
+            if category not in layout.DEVICE_MEM_CATEGORIES:
+                raise SimError(
+                    f"unknown device memory category {category!r} (known: {', '.join(layout.DEVICE_MEM_CATEGORIES)})"
+                )
+            base = layout.core_device_mem_file(c, category, "present").parent
+        else:
+            base = layout.core_mem_total_file(c, "host_mem", "present").parent
+    write_attr(base / "present", f"{present}\n")
+    peak_file = base / "peak"
+    try:
+        peak = int(peak_file.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        peak = 0
+    write_attr(peak_file, f"{max(peak, present)}\n")
+
+
+def set_power(root: Path, device: int, min_power: int, max_power: int, avg_power: int, status: int = 0) -> None:
+    d = _device_dir(root, device)
+    write_attr(layout.power_file(d), f"{status},{int(time.time())},{min_power},{max_power},{avg_power}\n")
+
+
+def vanish(root: Path, device: int) -> None:
+    """The device disappears from sysfs and /dev, as when the driver drops it."""
+    root = Path(root)
+    d = _device_dir(root, device)
+    stash = root / VANISHED_DIR / d.name
+    stash.parent.mkdir(parents=True, exist_ok=True)
+    layout.HostLayout(root).class_link(device).unlink(missing_ok=True)
+    os.replace(d, stash)
+    layout.HostLayout(root).dev_node(device).unlink(missing_ok=True)
+
+
+def restore(root: Path, device: int) -> None:
+    root = Path(root)
+    stash = root / VANISHED_DIR / f"neuron{device}"
+    if not stash.is_dir():
+        raise SimError(f"device {device} has not vanished")
+    os.replace(stash, layout.HostLayout(root).device_dir(device))
+    layout.HostLayout(root).class_link(device).symlink_to(
+        Path("../../devices/virtual/neuron_device") / f"neuron{device}"
+    )
+    _make_dev_node(root, device, bool(load_state(root).get("char_devices")))
+
+
+def _last_seq(kmsg: Path) -> int:
+    try:
+        with kmsg.open("rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 8192))
+            tail = f.read().decode("ascii", "replace")
+    except FileNotFoundError:
+        return -1
+    for line in reversed(tail.splitlines()):
+        head = line.split(";", 1)[0].split(",")
+        if len(head) >= 4 and head[1].isdigit():
+            return int(head[1])
+    return -1
+
+
+def _usec_since_boot() -> int:
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // 1000
+
+
+def append_kmsg(root: Path, message: str, priority: int = KERN_INFO) -> int:
+    """Append one record to the simulated kernel log; returns its sequence number."""
+    return append_kmsg_many(root, [message], priority)
+
+
+def append_kmsg_many(root: Path, messages: list[str], priority: int = KERN_INFO) -> int:
+    kmsg = layout.HostLayout(Path(root)).kmsg
+    seq = _last_seq(kmsg)
+    usec = _usec_since_boot()
+    lines = []
+    for message in messages:
+        seq += 1
+        lines.append(format_record(priority, seq, usec, message))
+    with kmsg.open("a") as f:  # one write: a follower never sees half a record
+        f.write("".join(lines))
+    return seq
+
+
+def append_raw_kmsg(root: Path, text: str) -> None:
+    """Append text as is (for malformed-record tests)."""
+    with (layout.HostLayout(Path(root)).kmsg).open("a") as f:
+        f.write(text)
+
+
+def inject_hw_error(
+    root: Path, kind: str, device: int, core: int, action: str = "TERMINATE_INSTANCE", serial: str | None = None
+) -> int:
+    it = _instance(root)
+    if serial is None:
+        serial = serial_for(it.name, device) if it.family.has_serial_number else "0000000000000000"
+    return append_kmsg(root, format_hw_error(kind, device, core, serial, action), KERN_ERR)
+
+
+FAULT_SOURCES = ("kernel", "device-counter", "core-counter")
+
+
+def inject_fault(root: Path, kind: str, device: int, via: str = "kernel", core: int = 0) -> str:
+    """Make a fault of the table show the way `via` says: the runtime's (or the driver's) kernel
+    line, or one more on the device counter or core status counter the table names for it."""
+    fault = faults.BY_KIND.get(kind)
+    if fault is None or fault in (faults.UNKNOWN_FATAL, faults.UNKNOWN_NOTICE):
+        raise SimError(f"unknown fault kind {kind!r}; one of: {', '.join(f.kind for f in faults.FAULTS)}")
+    if via == "kernel":
+        if fault.kernel_names:
+            return f"kernel line {inject_hw_error(root, fault.kernel_names[0], device, core)}"
+        example = DRIVER_LINE_EXAMPLES[kind].format(device=device)
+        return f"kernel line {append_kmsg(root, example, KERN_ERR)}"
+    counters = fault.device_counters if via == "device-counter" else fault.core_counters
+    if via not in FAULT_SOURCES[1:] or not counters:
+        raise SimError(f"{kind} does not show through {via!r}")
+    name = counters[0]
+    value = bump_counter(root, device, name, core if via == "core-counter" else None)
+    return f"{name}={value}"
+
+
+# What the driver writes, for the table's driver-message faults (`neuron_health.faults`).
+DRIVER_LINE_EXAMPLES = {
+    "DMA_COMPLETION_TIMEOUT": "neuron:ndma_wait: DMA completion timeout on nd{device:02d} queue 2",
+    "RESET_FAILED": "neuron:nr_reset: nd{device}: reset request 7 failed",
+    "DMA_INIT_AFTER_RESET_FAILED": "neuron:nr_reset: failed to initialize dma after reset",
+}
+
+
+def reload_driver(root: Path) -> None:
+    """As after `rmmod neuron; modprobe neuron`: every error counter starts again from zero."""
+    for device_path in sorted(layout.HostLayout(root).devices_dir.glob("neuron*")):
+        for path in device_path.glob("stats/hardware/*"):
+            write_attr(path, "0\n")
+        for path in device_path.glob("neuron_core*/stats/status/*/*"):
+            write_attr(path, "0\n")
+
+
+def reboot(root: Path) -> str:
+    """A new boot id, as after a reboot; the kernel log starts over."""
+    boot_id = str(uuid.uuid4())
+    write_attr(layout.HostLayout(Path(root)).boot_id, boot_id + "\n")
+    (layout.HostLayout(Path(root)).kmsg).write_text("")
+    return boot_id

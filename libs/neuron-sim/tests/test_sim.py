@@ -1,0 +1,108 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from neuron_driver import layout
+from neuron_driver.inventory import scan
+from neuron_driver.kmsg import parse_hw_error, parse_record
+from neuron_sim import node as sim
+
+
+def run_sim(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "neuron_sim.cli", *args], capture_output=True, text=True, check=False)
+
+
+def test_driver_formats(tmp_path: Path) -> None:
+    sim.create(tmp_path, "trn1.32xlarge")
+    d = layout.HostLayout(tmp_path).device_dir(0)
+    assert (d / "core_count").read_bytes() == b"2"
+    assert (d / "connected_devices").read_text() == "1, 3, 4, 12\n"
+    assert (layout.HostLayout(tmp_path).class_dir / "neuron0").resolve() == d.resolve()
+    assert (d / "info/architecture/device_name").read_text() == "Trainium1\n"
+    assert (d / "stats/power/utilization").read_text().startswith("0,")
+
+
+def test_refuses_to_overwrite_without_force(tmp_path: Path) -> None:
+    sim.create(tmp_path, "inf2.xlarge")
+    with pytest.raises(sim.SimError, match="--force"):
+        sim.create(tmp_path, "trn1.2xlarge")
+    sim.create(tmp_path, "trn1.2xlarge", force=True)
+    assert scan(tmp_path, env={}).instance_type_name == "trn1.2xlarge"
+
+
+def test_kmsg_records_have_increasing_sequence(tmp_path: Path) -> None:
+    sim.create(tmp_path, "trn1.32xlarge")
+    sim.inject_hw_error(tmp_path, "NC_UNCORRECTABLE_ERROR", 5, 1)
+    sim.append_kmsg(tmp_path, "neuron: DMA completion timeout on nd05 queue 3")
+    lines = layout.HostLayout(tmp_path).kmsg.read_text().splitlines()
+    records = [parse_record(line) for line in lines]
+    assert [r.seq for r in records] == list(range(len(records)))
+    err = parse_hw_error(records[-2].message)
+    assert err is not None
+    assert (err.kind, err.device, err.core, err.serial) == (
+        "NC_UNCORRECTABLE_ERROR",
+        5,
+        1,
+        sim.serial_for("trn1.32xlarge", 5),
+    )
+    assert records[-2].priority == 3
+
+
+def test_vanish_and_restore(tmp_path: Path) -> None:
+    sim.create(tmp_path, "inf2.24xlarge")
+    sim.vanish(tmp_path, 2)
+    assert not layout.HostLayout(tmp_path).dev_node(2).exists()
+    assert [d.index for d in scan(tmp_path, env={}).devices] == [0, 1, 3, 4, 5]
+    sim.restore(tmp_path, 2)
+    assert len(scan(tmp_path, env={}).devices) == 6
+    with pytest.raises(sim.SimError, match="has not vanished"):
+        sim.restore(tmp_path, 2)
+
+
+def test_reboot_changes_boot_id_and_clears_log(tmp_path: Path) -> None:
+    sim.create(tmp_path, "trn1.2xlarge")
+    before = (tmp_path / layout.BOOT_ID_FILE).read_text()
+    new = sim.reboot(tmp_path)
+    assert new + "\n" != before
+    assert layout.HostLayout(tmp_path).kmsg.read_text() == ""
+
+
+def test_cli_inject_and_errors(tmp_path: Path) -> None:
+    root = str(tmp_path)
+    assert run_sim("create", "--instance-type", "trn2.48xlarge", "--root", root, "--lnc", "1").returncode == 0
+    out = run_sim(
+        "inject", "--root", root, "counter", "--device", "1", "--core", "7", "--name", "hw_error", "--by", "5"
+    )
+    assert out.stdout.strip() == "5"
+    assert run_sim("inject", "--root", root, "hw-error", "--kind", "DMA_ERROR", "--device", "2").returncode == 0
+    assert (
+        run_sim(
+            "inject", "--root", root, "memory", "--device", "1", "--category", "tensors", "--bytes", "10"
+        ).returncode
+        == 0
+    )
+    assert (
+        run_sim("inject", "--root", root, "power", "--device", "1", "--min", "1", "--max", "2", "--avg", "3").returncode
+        == 0
+    )
+    assert run_sim("inject", "--root", root, "vanish", "--device", "3").returncode == 0
+    assert run_sim("inject", "--root", root, "restore", "--device", "3").returncode == 0
+    assert run_sim("inject", "--root", root, "kmsg", "--raw", "--message", "garbage\n").returncode == 0
+
+    bad = run_sim("inject", "--root", root, "counter", "--device", "99", "--name", "hw_error")
+    assert bad.returncode == 2
+    assert "device 99 does not exist" in bad.stderr
+    bad = run_sim("inject", "--root", root, "counter", "--device", "0", "--core", "0", "--name", "nope")
+    assert "has no counter 'nope'" in bad.stderr
+    bad = run_sim("create", "--instance-type", "trn1.32xlarge", "--root", str(tmp_path / "x"), "--lnc", "2")
+    assert bad.returncode == 2
+    assert "--lnc 2 is not supported on trn1.32xlarge" in bad.stderr
+    bad = run_sim("inject", "--root", str(tmp_path / "empty"), "reboot")
+    assert "holds no simulated node" in bad.stderr
+    bad = run_sim("create", "--instance-type", "p5.48xlarge", "--root", root)
+    assert bad.returncode == 2
+    assert "invalid choice" in bad.stderr
