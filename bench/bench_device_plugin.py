@@ -23,7 +23,18 @@ import sys
 import time
 from pathlib import Path
 
-from common import Figure, idle_cpu, percentile, rss_mb, stop_process, work_dir
+from common import (
+    BenchError,
+    Figure,
+    idle_cpu,
+    percentile,
+    recoverable_fault,
+    rss_mb,
+    scaled,
+    stop_process,
+    until_async,
+    work_dir,
+)
 from grpc import aio
 from standins.kubelet import FakeKubelet
 
@@ -33,7 +44,7 @@ from neuron_sim import node as sim
 
 TITLE = "neuron-device-plugin on a simulated trn1.32xlarge (kubelet stand-in)"
 NEURON, NEURONCORE = "aws.amazon.com/neuron", "aws.amazon.com/neuroncore"
-LOADS = ((1, 400), (16, 40), (64, 12))  # (concurrent callers, calls each)
+LOADS = ((1, scaled(400, 4)), (16, scaled(40, 2)), (64, scaled(12, 1)))  # (concurrent callers, calls each)
 HERE = Path(__file__).parent
 GRPC_CEILING = HERE / "grpc-ceiling"
 
@@ -49,7 +60,7 @@ async def _allocate_latencies(socket: Path, callers: int, calls_each: int) -> tu
         async def caller() -> None:
             for _ in range(calls_each):
                 t0 = time.perf_counter()
-                await stub.Allocate(request)
+                await stub.Allocate(request, timeout=10)
                 samples.append(time.perf_counter() - t0)
 
         start = time.perf_counter()
@@ -114,7 +125,9 @@ def _go_floor(work: Path) -> list[Figure]:
     label = "Go gRPC floor: Allocate"
     try:
         deadline = time.monotonic() + 10
-        while not socket.exists() and time.monotonic() < deadline:
+        while not socket.exists():
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise BenchError(f"the Go floor server never served {socket}")
             time.sleep(0.01)
         for callers, calls in LOADS:
             out = subprocess.run(
@@ -162,7 +175,7 @@ async def _measure(root: Path, work: Path) -> list[Figure]:
         figures += await _allocate_figures(work / "dp" / "neuron-neuroncore.sock", "Allocate", 2.0)
 
         restarts: list[float] = []
-        for _ in range(30):
+        for _ in range(scaled(30, 2)):
             await kubelet.stop()
             kubelet.registered.clear()
             await kubelet.start()
@@ -172,16 +185,29 @@ async def _measure(root: Path, work: Path) -> list[Figure]:
         figures.append(Figure("kubelet restart to re-registered p50", percentile(restarts, 50) * 1e3, "ms"))
         figures.append(Figure("kubelet restart to re-registered p99", percentile(restarts, 99) * 1e3, "ms", 500))
 
+        # A fault the bench can mend: it takes the device out until the driver reloads, so each
+        # round ends with `neuron-sim inject reload-driver` and waits for every device to return.
+        fault = recoverable_fault()
+        devices = range(scaled(16, 2))
         updates: list[float] = []
-        for round_ in range(2):
-            for device in range(16):
+        for _ in range(2):
+            for device in devices:
                 t0 = time.perf_counter()
-                sim.bump_counter(root, device, "mem_ecc_repairable_uncorrected")
-                while f"neuron{device}" in kubelet.healthy(NEURON):
-                    await asyncio.sleep(0.002)
+                sim.inject_fault(root, fault.kind, device, via="device-counter")
+                await until_async(
+                    lambda device=device: f"neuron{device}" not in kubelet.healthy(NEURON),  # type: ignore[misc]
+                    f"neuron{device} to turn unhealthy after {fault.kind}",
+                    timeout=10,
+                    interval=0.002,
+                )
                 updates.append(time.perf_counter() - t0)
-            while len(kubelet.healthy(NEURON)) < 16 and round_ == 0:  # recovered after the quiet period
-                await asyncio.sleep(0.05)
+            sim.reload_driver(root)
+            await until_async(
+                lambda: len(kubelet.healthy(NEURON)) == 16,
+                f"every device healthy again after the driver reload ({fault.kind} clears on reload)",
+                timeout=30,
+                interval=0.05,
+            )
         figures.append(Figure("counter written to ListAndWatch update p50", percentile(updates, 50) * 1e3, "ms"))
         figures.append(Figure("counter written to ListAndWatch update p99", percentile(updates, 99) * 1e3, "ms", 1000))
 

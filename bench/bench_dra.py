@@ -13,7 +13,17 @@ import sys
 import time
 from pathlib import Path
 
-from common import Figure, percentile, rss_mb, stop_process, work_dir
+from common import (
+    BenchError,
+    Figure,
+    percentile,
+    recoverable_fault,
+    rss_mb,
+    scaled,
+    stop_process,
+    until_async,
+    work_dir,
+)
 from grpc import aio
 from simcluster.controlplane import ControlPlane, control_plane, missing_prerequisites
 
@@ -26,7 +36,7 @@ from neuron_sim import node as sim
 
 TITLE = "DRA driver (neuron-dra-driver, trn1.32xlarge, real kube-apiserver)"
 NODE = "bench-node"
-CLAIMS = 100
+CLAIMS = scaled(100, 3)
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
 
@@ -53,14 +63,6 @@ async def _published(api: Api) -> set[str]:
     return {d["name"] for s in answer.get("items") or [] for d in s["spec"].get("devices", [])}
 
 
-async def _until(predicate: object, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not await predicate():  # type: ignore[operator]
-        if time.monotonic() > deadline:
-            raise TimeoutError("the driver did not get there")
-        await asyncio.sleep(0.005)
-
-
 async def _measure(cp: ControlPlane, root: Path, work: Path) -> list[Figure]:
     registry = work / "registry"
     proc = subprocess.Popen(
@@ -79,14 +81,14 @@ async def _measure(cp: ControlPlane, root: Path, work: Path) -> list[Figure]:
         deadline = time.monotonic() + 60
         while not socket.exists():
             if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError("the driver never served its registration socket")
+                raise BenchError("the driver never served its registration socket")
             await asyncio.sleep(0.05)
         async with aio.insecure_channel(f"unix://{socket}") as ch:
             info = await reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=5)
             await reg_grpc.RegistrationStub(ch).NotifyRegistrationStatus(
                 reg.RegistrationStatus(plugin_registered=True), timeout=5
             )
-        await _until(lambda: _has(api, 48))
+        await until_async(lambda: _has(api, 48), "48 devices published (16 devices, 32 cores)", 60)
         uids = [await _claim(api, f"bench-{i}", f"neurondevice{i % 16}") for i in range(CLAIMS)]
         prepare: list[float] = []
         unprepare: list[float] = []
@@ -106,12 +108,17 @@ async def _measure(cp: ControlPlane, root: Path, work: Path) -> list[Figure]:
         figures.append(Figure("NodeUnprepareResources (1 claim) p50", percentile(unprepare, 50) * 1e3, "ms"))
         figures.append(Figure("NodeUnprepareResources (1 claim) p99", percentile(unprepare, 99) * 1e3, "ms"))
 
-        # each device in turn (they stay out: this error takes a device out until the driver reloads)
+        # each device in turn (they stay out until the driver reloads, which the bench never does)
+        fault = recoverable_fault()
         updates: list[float] = []
-        for device in range(16):
+        for device in range(scaled(16, 2)):
             t0 = time.perf_counter()
-            sim.bump_counter(root, device, "mem_ecc_repairable_uncorrected")
-            await _until(lambda device=device: _lacks(api, f"neurondevice{device}"))  # type: ignore[misc]
+            sim.inject_fault(root, fault.kind, device, via="device-counter")
+            await until_async(
+                lambda device=device: _lacks(api, f"neurondevice{device}"),  # type: ignore[misc]
+                f"neurondevice{device} to leave the ResourceSlices after {fault.kind}",
+                30,
+            )
             updates.append(time.perf_counter() - t0)
         figures.append(Figure("device error to ResourceSlice updated p50", percentile(updates, 50) * 1e3, "ms"))
         figures.append(Figure("device error to ResourceSlice updated p99", percentile(updates, 99) * 1e3, "ms", 2000))

@@ -16,7 +16,18 @@ from pathlib import Path
 
 import aiohttp
 import psutil
-from common import Figure, idle_cpu, percentile, rss_mb, stop_process, time_calls, work_dir
+from common import (
+    BenchError,
+    Figure,
+    idle_cpu,
+    percentile,
+    rss_mb,
+    scaled,
+    stop_process,
+    time_calls,
+    until_async,
+    work_dir,
+)
 from standins.kubelet import Allocation, FakeKubelet
 
 from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
@@ -26,6 +37,7 @@ from neuron_node_metrics.collector import NeuronCollector
 from neuron_sim import node as sim
 
 TITLE = "neuron-node-metrics on a simulated trn2.48xlarge, LNC=1, 128 attributed pods"
+SCRAPES = scaled(100, 3)
 
 
 def _floor(root: Path) -> tuple[float, int]:
@@ -37,7 +49,7 @@ def _floor(root: Path) -> tuple[float, int]:
             os.read(fd, 4096)
             os.close(fd)
 
-    samples = time_calls(read_all, repeat=40)
+    samples = time_calls(read_all, repeat=scaled(40, 2))
     return percentile(samples, 50), len(paths)
 
 
@@ -60,25 +72,30 @@ async def _measure(root: Path, work: Path) -> list[Figure]:
     try:
         url = f"http://127.0.0.1:{port}/metrics"
         async with aiohttp.ClientSession() as session:
-            for _ in range(100):
+            text = ""
+
+            async def attributed() -> bool:
+                nonlocal text
+                if proc.poll() is not None:
+                    raise BenchError(f"the exporter exited with {proc.returncode}")
                 try:
-                    async with session.get(url) as r:
+                    async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
                         text = await r.text()
-                    if 'pod="worker-127"' in text:
-                        break
                 except aiohttp.ClientError:
-                    pass
-                await asyncio.sleep(0.2)
+                    return False
+                return 'pod="worker-127"' in text
+
+            await until_async(attributed, "the exporter to serve metrics attributed to pod worker-127", 30, 0.2)
             series = sum(1 for line in text.splitlines() if not line.startswith("#"))
             ps = psutil.Process(proc.pid)
             cpu_before = sum(ps.cpu_times()[:2])
             samples = []
-            for _ in range(100):
+            for _ in range(SCRAPES):
                 t0 = time.perf_counter()
-                async with session.get(url) as r:
+                async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
                     await r.read()
                 samples.append(time.perf_counter() - t0)
-            cpu_per_scrape = (sum(ps.cpu_times()[:2]) - cpu_before) / 100
+            cpu_per_scrape = (sum(ps.cpu_times()[:2]) - cpu_before) / SCRAPES
         floor_p50, files = _floor(root)
         p50, p99 = percentile(samples, 50), percentile(samples, 99)
         figures += [
@@ -88,7 +105,7 @@ async def _measure(root: Path, work: Path) -> list[Figure]:
             Figure("scrape p50 / floor p50", p50 / floor_p50, "x", 2.0),
             Figure("scrape p99 (HTTP, end to end)", p99 * 1e3, "ms", 100),
             Figure("CPU seconds per scrape", cpu_per_scrape, "s"),
-            Figure("resident memory after 100 scrapes", rss_mb(proc.pid), "MB", 60),
+            Figure(f"resident memory after {SCRAPES} scrapes", rss_mb(proc.pid), "MB", 60),
         ]
         cpu = await idle_cpu(proc.pid)
         figures.append(Figure("idle CPU (20 s, no scrapes; attribution every 10 s)", cpu, "%", 0.5))

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import Figure, idle_cpu, percentile, rss_mb, stop_process, work_dir
+from common import BenchError, Figure, idle_cpu, percentile, rss_mb, scaled, stop_process, until_async, work_dir
 from standins.apiserver import FakeApiServer
 
 from neuron_driver.kmsg import format_record, parse_record
@@ -27,7 +27,8 @@ KINDS = ["SRAM_UNCORRECTABLE_ERROR", "NC_UNCORRECTABLE_ERROR", "HBM_UNCORRECTABL
 
 def _parse_rate() -> float:
     rules = rules_mod.default_rules()
-    lines = [format_record(6, i, i, f"eth0: unrelated kernel message number {i}").rstrip("\n") for i in range(50_000)]
+    count = scaled(50_000, 500)
+    lines = [format_record(6, i, i, f"eth0: unrelated kernel message number {i}").rstrip("\n") for i in range(count)]
     t0 = time.perf_counter()
     for line in lines:
         rules_mod.match_message(rules, parse_record(line).message)
@@ -55,6 +56,11 @@ def _import_cost() -> list[Figure]:
     return figures
 
 
+def _condition_is(api: FakeApiServer, **fields: str) -> bool:
+    condition = api.condition(NODE, "NeuronHealth")
+    return condition is not None and all(condition.get(k) == v for k, v in fields.items())
+
+
 async def _measure(work: Path) -> list[Figure]:
     root = work / "node"
     sim.create(root, "trn1.32xlarge")
@@ -68,23 +74,27 @@ async def _measure(work: Path) -> list[Figure]:
     )  # fmt: skip
     figures: list[Figure] = []
     try:
-        deadline = time.monotonic() + 30
-        while api.condition(NODE, "NeuronHealth") is None and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        await until_async(lambda: api.condition(NODE, "NeuronHealth") is not None, "the first NeuronHealth", 30, 0.05)
         latencies = []
-        for i in range(40):
+        for i in range(scaled(40, 5)):
             if i and i % 4 == 0:  # a new boot clears the condition, so every sample is a transition
                 proc.terminate()
                 proc.wait(10)
                 sim.reboot(root)
                 proc = subprocess.Popen(proc.args, stderr=subprocess.DEVNULL)
-                while (c := api.condition(NODE, "NeuronHealth")) is None or c["status"] != "False":
-                    await asyncio.sleep(0.05)
+                await until_async(
+                    lambda: _condition_is(api, status="False"), "NeuronHealth False after a reboot", 30, 0.05
+                )
             kind = KINDS[i % 4]
             t0 = time.perf_counter()
             sim.inject_hw_error(root, kind, i % 16, 0)
-            while (c := api.condition(NODE, "NeuronHealth")) is None or c["reason"] != f"NeuronHasError_{kind}":
-                await asyncio.sleep(0.005)
+            await until_async(
+                lambda kind=kind: _condition_is(api, reason=f"NeuronHasError_{kind}"),  # type: ignore[misc]
+                f"NeuronHealth reason NeuronHasError_{kind}",
+                10,
+            )
+            if proc.poll() is not None:
+                raise BenchError(f"the detector exited with {proc.returncode}")
             latencies.append(time.perf_counter() - t0)
         figures.append(Figure("kernel line to condition visible p50", percentile(latencies, 50) * 1e3, "ms"))
         figures.append(Figure("kernel line to condition visible p99", percentile(latencies, 99) * 1e3, "ms", 1000))

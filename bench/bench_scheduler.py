@@ -39,13 +39,13 @@ import asyncio
 import math
 import os
 
-from common import Figure, percentile, work_dir
+from common import SMALL, Figure, percentile, work_dir
 from simcluster.controlplane import missing_prerequisites
 from simcluster.fleet import DEFAULT_SCHEDULER
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command
 from simcluster.simulation import FULL, REDUCED, Outcome, simulate
 
-SIZE = REDUCED if os.environ.get("NEURON_BENCH_SIM_SIZE") == "reduced" else FULL
+SIZE = REDUCED if SMALL or os.environ.get("NEURON_BENCH_SIM_SIZE") == "reduced" else FULL
 TITLE = (
     f"Neuron-aware scheduling: default kube-scheduler vs neuron-scheduler, "
     f"{SIZE.nodes} simulated nodes, {SIZE.pods} pods"

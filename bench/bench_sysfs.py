@@ -6,7 +6,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from common import Figure, summary_ms, time_calls
+from common import Figure, scaled, summary_ms, time_calls
 
 from neuron_driver.counters import CounterReader
 from neuron_driver.inventory import scan
@@ -17,9 +17,9 @@ def run() -> list[Figure]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         sim.create(root, "trn2.48xlarge", lnc=1)
-        scan_samples = time_calls(lambda: scan(root, env={}), repeat=30)
+        scan_samples = time_calls(lambda: scan(root, env={}), repeat=scaled(30, 2))
         reader = CounterReader(scan(root, env={}))
-        read_samples = time_calls(reader.read, repeat=30)
+        read_samples = time_calls(reader.read, repeat=scaled(30, 2))
         paths = reader.paths()
 
         def floor() -> None:
@@ -28,7 +28,7 @@ def run() -> list[Figure]:
                 os.read(fd, 4096)
                 os.close(fd)
 
-        floor_samples = time_calls(floor, repeat=30)
+        floor_samples = time_calls(floor, repeat=scaled(30, 2))
     scan_p50, scan_p99, _ = summary_ms(scan_samples)
     read_p50, read_p99, _ = summary_ms(read_samples)
     floor_p50, _, _ = summary_ms(floor_samples)

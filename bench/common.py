@@ -1,4 +1,5 @@
-"""Shared benchmark helpers: timing percentiles, process memory and CPU, and a result table."""
+"""Shared benchmark helpers: timing percentiles, process memory and CPU, deadlines, a result table,
+and the reduced size `tests/test_bench.py` runs every bench at (NEURON_BENCH_SMALL=1)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,68 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
+
+if TYPE_CHECKING:
+    from neuron_health import faults
+
+# The reduced run proves every bench still runs to the end (no hang, no crash); its figures mean
+# nothing, so it shrinks counts and quiet windows to the least that exercises each code path.
+SMALL = os.environ.get("NEURON_BENCH_SMALL") == "1"
+
+
+def scaled(full: int, small: int) -> int:
+    return small if SMALL else full
+
+
+def quiet_seconds(full: float) -> float:
+    """An idle-CPU window: long enough to mean something, or a second in the reduced run."""
+    return 1.0 if SMALL else full
+
+
+class BenchError(RuntimeError):
+    """A bench could not measure a figure (a wait passed its deadline, a process died)."""
+
+
+def recoverable_fault() -> faults.Fault:
+    """The first fault of the table that takes a device out, shows on a device counter and ends
+    with a driver reload (`neuron-sim inject reload-driver`): one a bench can both cause and mend."""
+    from neuron_health import faults
+
+    for fault in faults.FAULTS:
+        if fault.severity.clears_on_driver_reload and fault.leaves_allocatable and fault.device_counters:
+            return fault
+    raise BenchError("the fault table has no device-counter fault that a driver reload clears")
+
+
+def until(predicate: Callable[[], bool], what: str, timeout: float = 30.0, interval: float = 0.005) -> None:
+    """Wait for `predicate`, failing with `what` (what was awaited) after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise BenchError(f"gave up after {timeout:g} s waiting for {what}")
+        time.sleep(interval)
+
+
+async def until_async(
+    predicate: Callable[[], object], what: str, timeout: float = 30.0, interval: float = 0.005
+) -> None:
+    """`until` inside an event loop; `predicate` may be a coroutine function."""
+    import asyncio
+    import inspect
+
+    deadline = time.monotonic() + timeout
+    while True:
+        answer = predicate()
+        if inspect.isawaitable(answer):
+            answer = await answer
+        if answer:
+            return
+        if time.monotonic() > deadline:
+            raise BenchError(f"gave up after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(interval)
 
 
 @dataclass(frozen=True)
@@ -84,20 +145,20 @@ def idle_cpu_percent(pid: int, seconds: float = 10.0) -> float:
 
 
 def print_figures(title: str, figures: list[Figure]) -> None:
-    print(f"\n== {title}")
+    print(f"\n== {title}", flush=True)
     for f in figures:
         target = ""
         if f.target is not None:
             op = ">=" if f.higher_is_better else "<="
             target = f"  target {op} {f.target:g} {f.unit}  {'ok' if f.met else 'MISSED'}"
-        print(f"  {f.name:<58} {f.value:>10.3f} {f.unit:<6}{target}")
+        print(f"  {f.name:<58} {f.value:>10.3f} {f.unit:<6}{target}", flush=True)
 
 
 async def idle_cpu(pid: int, seconds: float = 20.0) -> float:
     """`idle_cpu_percent` without blocking the event loop that serves the stand-ins."""
     import asyncio
 
-    return await asyncio.get_running_loop().run_in_executor(None, idle_cpu_percent, pid, seconds)
+    return await asyncio.get_running_loop().run_in_executor(None, idle_cpu_percent, pid, quiet_seconds(seconds))
 
 
 def stop_process(proc: subprocess.Popen[bytes]) -> None:
