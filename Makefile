@@ -48,12 +48,13 @@ images: ## images-build, then import the images into the running cluster's conta
 images-build: ## build the service images from services/Dockerfile with podman, smoke-run them, print their sizes
 	tests/cluster/images.sh
 
-cluster-test: ## bring the cluster up, build and import the images, run the cluster and e2e tests, bring it down
+cluster-test: ## bring the cluster up, build and import the images, run the cluster and e2e tests, then make demo and a cluster-down that must leave nothing
 	tests/cluster/up.sh
 	tests/cluster/images.sh --import
 	status=0; KUBECONFIG=$(CURDIR)/.run/cluster/admin.kubeconfig $(BIN)/pytest -q -m cluster tests/cluster || status=$$?; \
 	  if [ $$status -eq 0 ]; then KUBECONFIG=$(CURDIR)/.run/cluster/admin.kubeconfig $(BIN)/pytest -q -m e2e tests/e2e || status=$$?; fi; \
-	  tests/cluster/down.sh; exit $$status
+	  if [ $$status -eq 0 ]; then KUBECONFIG=$(CURDIR)/.run/cluster/admin.kubeconfig $(BIN)/pytest -q -m cluster_down tests/cluster/test_down.py || status=$$?; fi; \
+	  tests/cluster/down.sh || status=$$?; exit $$status
 
 e2e: ## the chart end to end (install, helm test, faults, ct install) on a running cluster: $$KUBECONFIG or make cluster-up's
 	KUBECONFIG=$${KUBECONFIG:-$(CURDIR)/.run/cluster/admin.kubeconfig} $(BIN)/pytest -q -m e2e tests/e2e

@@ -10,31 +10,79 @@ log() { printf '[cluster-down] %s\n' "$*"; }
 CTR_SOCK="$CLUSTER_DIR/containerd/containerd.sock"
 CTR="$CLUSTER_DIR/containerd/bin/ctr"  # the cluster's own (up.sh links it)
 
-if [ -S "$CTR_SOCK" ] && [ -x "$CTR" ]; then  # stop every pod's containers before the runtime goes
-  for ns in k8s.io; do
+stop_pid() {  # name, pid: its process group, TERM then KILL after ten seconds
+  local name=$1 pid=$2
+  kill -0 "$pid" 2>/dev/null || return 0
+  log "stopping $name (pid $pid)"
+  kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
+  for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || return 0; sleep 0.2; done
+  log "$name ignored SIGTERM for 10 s: SIGKILL"
+  kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
+}
+stop_named() {  # name: a process cluster-up started, by its pid file
+  local pidfile="$CLUSTER_DIR/$1.pid"
+  [ -f "$pidfile" ] || return 0
+  stop_pid "$1" "$(cat "$pidfile")"
+  rm -f "$pidfile"
+}
+# The pods' cgroups (cgroupfs driver: kubepods under each v1 controller, or the v2 root)
+pod_cgroups() {
+  local base
+  for base in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
+    [ -d "$base" ] && find "$base" -name cgroup.procs 2>/dev/null
+  done
+}
+pod_processes() { pod_cgroups | xargs -r cat 2>/dev/null | sort -un; }
+
+# 1. The kubelet first: stopped, it can no longer start a container we are about to kill
+#    (it restarted one in the window between the two once, and that one outlived the runtime).
+stop_named kubelet
+# 2. Every container of the cluster's runtime, in every namespace, while the runtime still runs.
+if [ -S "$CTR_SOCK" ] && [ -x "$CTR" ]; then
+  killed=0
+  for ns in $("$CTR" --address "$CTR_SOCK" namespaces ls -q 2>/dev/null); do
     for task in $("$CTR" --address "$CTR_SOCK" -n "$ns" tasks ls -q 2>/dev/null); do
-      "$CTR" --address "$CTR_SOCK" -n "$ns" tasks kill -s SIGKILL "$task" >/dev/null 2>&1
+      "$CTR" --address "$CTR_SOCK" -n "$ns" tasks kill -a -s SIGKILL "$task" >/dev/null 2>&1 && killed=$((killed + 1))
     done
   done
-  sleep 1
+  for _ in $(seq 1 50); do  # until the runtime reports them all stopped (ten seconds at most)
+    left=0
+    for ns in $("$CTR" --address "$CTR_SOCK" namespaces ls -q 2>/dev/null); do
+      left=$((left + $("$CTR" --address "$CTR_SOCK" -n "$ns" tasks ls 2>/dev/null | awk 'NR > 1 && $3 != "STOPPED"' | wc -l)))
+    done
+    [ "$left" -eq 0 ] && break
+    sleep 0.2
+  done
+  log "stopped $killed container(s)${left:+, $left still reported running}"
 fi
-for name in kubelet kube-proxy kube-scheduler kube-controller-manager kube-apiserver containerd etcd; do
-  pidfile="$CLUSTER_DIR/$name.pid"
-  [ -f "$pidfile" ] || continue
-  pid=$(cat "$pidfile")
-  if kill -0 "$pid" 2>/dev/null; then
-    log "stopping $name"
-    kill -TERM -- "-$pid" 2>/dev/null || kill -TERM "$pid" 2>/dev/null
-    for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
-  fi
-  rm -f "$pidfile"
+# 3. Whatever is left in the pods' cgroups (a container's children, a task the runtime lost).
+for round in 1 2 3 4 5; do
+  pids=$(pod_processes)
+  [ -n "$pids" ] || break
+  for pid in $pids; do
+    log "killing pid $pid ($(cat "/proc/$pid/comm" 2>/dev/null || echo gone)), left in a pod cgroup"
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  sleep 0.2
+done
+# 4. The rest of the cluster, the runtime among the last.
+for name in kube-proxy kube-scheduler kube-controller-manager kube-apiserver containerd etcd; do
+  stop_named "$name"
 done
 if tests/registry.sh status "$CLUSTER_DIR/registry" >/dev/null; then  # its storage stays, as the images' cache
   log "stopping the registry"
   tests/registry.sh stop "$CLUSTER_DIR/registry"
 fi
 pkill -f "containerd-shim-runc-v2 .*$CLUSTER_DIR" 2>/dev/null || true
+status=0
+leftover=$(pod_processes)
+if [ -n "$leftover" ]; then
+  log "still in the pods' cgroups after everything stopped: $(echo $leftover)"
+  status=1
+fi
+for base in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do  # the empty pod cgroups; the kubelet makes them again
+  [ -d "$base" ] && find "$base" -depth -type d -exec rmdir {} + 2>/dev/null
+done
 # what the runtime and kubelet mounted under the cluster directory and /var/lib/kubelet
 for mnt in $(awk -v d="$CLUSTER_DIR" -v k=/var/lib/kubelet '$2 ~ "^"d || $2 ~ "^"k {print $2}' /proc/mounts | sort -r); do
   umount -l "$mnt" 2>/dev/null || true
@@ -53,3 +101,4 @@ sed -i "/# neuron-helm-chart test cluster$/d" /etc/hosts
 rm -rf "$CLUSTER_DIR/containerd/state" "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/kubelet" /var/lib/kubelet/pods /var/lib/kubelet/image_manager
 if [ "${PURGE:-0}" = 1 ]; then rm -rf "$CLUSTER_DIR"; fi
 log "stopped"
+exit $status

@@ -1,0 +1,94 @@
+"""`make cluster-down` leaves nothing of the cluster running (issue 28): after `make demo`, with
+the kubelet in the middle of restarting the release's containers, no process is left in the
+pods' cgroups, no `neuron-*` process runs, and no port of the release is still held.
+
+Runs only with `-m cluster_down`, last in `make cluster-test`: it brings the cluster down.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from cluster_access import CLUSTER_DIR, CTR, REPO, kubectl
+
+pytestmark = pytest.mark.cluster_down
+
+RELEASE_PORTS = (9843,)  # the scheduler extender's, a host port the demo's release holds
+
+
+def pod_cgroup_processes() -> dict[int, str]:
+    """Every process in a pod cgroup (cgroupfs driver: kubepods under a v1 controller or v2's root)."""
+    found: dict[int, str] = {}
+    bases = [*Path("/sys/fs/cgroup").glob("*/kubepods"), Path("/sys/fs/cgroup/kubepods")]
+    for base in bases:
+        for procs in base.rglob("cgroup.procs") if base.is_dir() else ():
+            for line in procs.read_text().split():
+                found[int(line)] = procs.parent.as_posix()
+    return found
+
+
+SERVICE = re.compile(
+    r"neuron[-_](device[-_]plugin|node[-_]metrics|problem[-_]detector|scheduler[-_]extender|dra[-_]driver)"
+)
+
+
+def neuron_processes() -> list[str]:
+    """Processes of the release's services, wherever they run: nothing else on a test machine
+    runs them while the cluster tests do, so after cluster-down any one of them is an orphan."""
+    hits = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if SERVICE.search(cmdline) and "pytest" not in cmdline:
+            hits.append(f"{proc.name}: {cmdline.strip()}")
+    return hits
+
+
+def port_in_use(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_cluster_down_after_the_demo_leaves_no_process_even_while_the_kubelet_restarts_containers() -> None:
+    demo = subprocess.run(
+        [str(REPO / "tools/demo.sh")], cwd=REPO, capture_output=True, text=True, timeout=900, check=False
+    )
+    assert demo.returncode == 0, f"make demo failed:\n{demo.stdout[-3000:]}\n{demo.stderr[-3000:]}"
+    running = kubectl("get", "pods", "-A", "--field-selector=status.phase=Running", "-o", "name").split()
+    assert any("neuron" in name for name in running), f"the demo left no release pod running: {running}"
+    assert pod_cgroup_processes(), (
+        "no process in the pods' cgroups before cluster-down: the check below would prove nothing"
+    )
+
+    # Kill every container so the kubelet is restarting them while cluster-down begins (the race
+    # of the issue: a container restarted between the tasks' kill and the runtime's stop).
+    tasks = subprocess.run([*CTR, "tasks", "ls", "-q"], capture_output=True, text=True, check=True).stdout.split()
+    assert tasks, "the runtime reports no task"
+    for task in tasks:
+        subprocess.run([*CTR, "tasks", "kill", "-s", "SIGKILL", task], capture_output=True, check=False)
+
+    down = subprocess.run(
+        [str(REPO / "tests/cluster/down.sh")], cwd=REPO, capture_output=True, text=True, timeout=300, check=False
+    )
+    assert down.returncode == 0, f"cluster-down failed:\n{down.stdout}\n{down.stderr}"
+    log = down.stdout
+    assert log.index("stopping kubelet") < log.index("container(s)") < log.index("stopping containerd"), log
+
+    assert pod_cgroup_processes() == {}, f"processes left in the pods' cgroups:\n{log}"
+    assert neuron_processes() == [], f"the release's services outlived cluster-down:\n{log}"
+    for port in RELEASE_PORTS:
+        assert not port_in_use(port), f"port {port} is still held after cluster-down"
+    assert not (CLUSTER_DIR / "kubelet.pid").exists()
+    assert not (CLUSTER_DIR / "containerd.pid").exists()
+    shims = subprocess.run(
+        ["pgrep", "-f", f"containerd-shim-runc-v2 .*{CLUSTER_DIR}"], capture_output=True, text=True, check=False
+    )
+    assert shims.stdout == "", f"runtime shims left: {shims.stdout}"
