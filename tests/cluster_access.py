@@ -89,6 +89,7 @@ WORKLOAD_PYTHON = "/opt/neuron/bin/python3"
 SHOW_DEVICES = (
     "import glob, os, time\n"
     "for d in sorted(glob.glob('/dev/neuron*')): print('device=' + d, flush=True)\n"
+    "print('lnc=' + os.environ.get('NEURON_LOGICAL_NC_CONFIG', ''), flush=True)\n"
     "print('cores=' + os.environ.get('NEURON_RT_VISIBLE_CORES', ''), flush=True)\n"
     "time.sleep(3600)\n"
 )

@@ -37,7 +37,7 @@ def test_the_one_set_pair_switches_the_release_to_dra() -> None:
     ds = daemonset(docs, "dra-driver")
     c = container(ds)
     assert c["image"] == "localhost/neuron-helm-chart/dra-driver:0.1.0"
-    assert c["args"][:9] == [
+    assert c["args"][:12] == [
         "--host-root=/host",
         "--host-dev-root=/",
         "--plugin-dir=/var/lib/kubelet/plugins/neuron.aws.com",
@@ -47,9 +47,12 @@ def test_the_one_set_pair_switches_the_release_to_dra() -> None:
         "--log-level=info",
         "--health-quiet-period=300",
         "--publish-cores",
+        "--device-taints",
+        "--taint-effect-until-reboot=NoSchedule",
+        "--taint-effect-replace-instance=NoSchedule",
     ]
     # with the problem detector, its verdicts rather than the kernel log
-    assert c["args"][9:] == ["--kmsg-path=none", "--verdict-dir=/var/lib/neuron-problem-detector/verdicts"]
+    assert c["args"][12:] == ["--kmsg-path=none", "--verdict-dir=/var/lib/neuron-problem-detector/verdicts"]
     assert c["env"][0] == {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
     pod = ds["spec"]["template"]["spec"]
     assert "automountServiceAccountToken" not in pod  # it needs its pod-bound token
@@ -89,10 +92,20 @@ def test_device_classes() -> None:
     assert core == (
         'device.driver == "neuron.aws.com" && device.attributes["neuron.aws.com"].resourceType == "neuron_core"'
     )
-    assert "extendedResourceName" not in classes["neuron.aws.com"]
-    mapped = render(*ON, *sets(draDriver__deviceClasses__deviceExtendedResourceName="aws.amazon.com/neuron"))
-    (device_class,) = [d for d in of_kind(mapped, "DeviceClass") if d["metadata"]["name"] == "neuron.aws.com"]
-    assert device_class["spec"]["extendedResourceName"] == "aws.amazon.com/neuron"
+    # the device plugin's names by default, so its pods run unchanged on DRA nodes
+    assert classes["neuron.aws.com"]["extendedResourceName"] == "aws.amazon.com/neuron"
+    assert classes["neuroncore.aws.com"]["extendedResourceName"] == "aws.amazon.com/neuroncore"
+    unmapped = render(
+        *ON,
+        *sets(
+            draDriver__deviceClasses__deviceExtendedResourceName="",
+            draDriver__deviceClasses__coreExtendedResourceName="",
+        ),
+    )
+    assert all("extendedResourceName" not in d["spec"] for d in of_kind(unmapped, "DeviceClass"))
+    renamed = render(*ON, *sets(draDriver__deviceClasses__deviceExtendedResourceName="example.com/accel"))
+    (device_class,) = [d for d in of_kind(renamed, "DeviceClass") if d["metadata"]["name"] == "neuron.aws.com"]
+    assert device_class["spec"]["extendedResourceName"] == "example.com/accel"
 
 
 def test_without_cores_no_core_class_and_the_driver_publishes_none() -> None:
@@ -355,3 +368,16 @@ def test_helm_test_checks_the_published_slices() -> None:
     assert not [p for p in of_kind(plain, "Pod") if p["metadata"]["name"].endswith("-slices")]
     (role,) = [r for r in of_kind(plain, "ClusterRole") if r["metadata"]["name"] == f"{RELEASE}-tests"]
     assert all("resource.k8s.io" not in rule["apiGroups"] for rule in role["rules"])
+
+
+def test_device_taints_are_values_and_a_wrong_effect_is_refused() -> None:
+    off = container(daemonset(render(*ON, *sets(draDriver__deviceTaints__enabled=False)), "dra-driver"))
+    assert "--no-device-taints" in off["args"]
+    evict = render(*ON, *sets(draDriver__deviceTaints__replaceInstance="NoExecute"))
+    assert "--taint-effect-replace-instance=NoExecute" in container(daemonset(evict, "dra-driver"))["args"]
+    # the driver's own flag parser accepts every value the chart may render
+    from neuron_dra_driver import config as driver_config
+
+    for effect in ("NoSchedule", "NoExecute"):
+        driver_config.parse(["--node-name", "n", f"--taint-effect-until-reboot={effect}"], env={})
+    assert "untilReboot" in refusal(*ON, *sets(draDriver__deviceTaints__untilReboot="Evict"))

@@ -4,8 +4,8 @@ over a simulated trn1.32xlarge and then an inf2.48xlarge.
 
 A claim for 4 connected devices gets a torus row and the container sees exactly those /dev/neuronN;
 a claim no node can satisfy stays Pending with the scheduler's reason; a restarted driver keeps the
-running pod's devices and unprepares them afterwards; a device error takes the device and its cores
-out of the node's ResourceSlices; on inf2 a claim for 3 cores gets cores on two connected devices.
+running pod's devices and unprepares them afterwards; a device error taints the device and its
+cores in the node's ResourceSlices (a tolerating claim still gets it) and a reboot untaints them; on inf2 a claim for 3 cores gets cores on two connected devices.
 The tests run in file order and share one release (the device plugin off: one `--set` pair).
 
 Runs with `-m e2e` (make cluster-test) against $KUBECONFIG, which defaults to the test cluster's. It
@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 import yaml
 from cluster_access import (
+    CTR,
     NODE,
     REPO,
     SHOW_DEVICES,
@@ -43,6 +44,7 @@ VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 WORKLOAD_IMAGE = f"localhost/neuron-helm-chart/dra-driver:{VERSION}"  # any project image: it has Python
 DRIVER = f"{RELEASE}-dra-driver"
 INF2_ROOT = SIM_ROOT.parent / "e2e-dra-inf2"
+TRN2_ROOT = SIM_ROOT.parent / "e2e-dra-trn2"
 CDI_DIR = Path("/var/run/cdi")
 GROUP4 = "resource.aws.com/devicegroup4_id"
 
@@ -80,11 +82,15 @@ def counts() -> tuple[int, int]:
     return sum(n.startswith("neurondevice") for n in names), sum(n.startswith("neuroncore") for n in names)
 
 
-def claim_template(name: str, device_class: str, count: int, match: str | None) -> dict[str, Any]:
+def claim_template(
+    name: str, device_class: str, count: int, match: str | None, config: dict[str, Any] | None = None
+) -> dict[str, Any]:
     request: dict[str, Any] = {"name": "neuron", "exactly": {"deviceClassName": device_class, "count": count}}
     devices: dict[str, Any] = {"requests": [request]}
     if match:
         devices["constraints"] = [{"requests": ["neuron"], "matchAttribute": match}]
+    if config:
+        devices["config"] = [{"opaque": {"driver": "neuron.aws.com", "parameters": config}}]
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
@@ -93,28 +99,33 @@ def claim_template(name: str, device_class: str, count: int, match: str | None) 
     }
 
 
-def create_pod(name: str, template: str) -> None:
+def create_pod(name: str, template: str | None, restart: str = "Never", limits: dict[str, int] | None = None) -> None:
+    """A workload that prints what it was given; through a claim from `template`, or, with
+    `limits`, through the device plugin's extended resource names (no claim in the pod)."""
+    resources: dict[str, Any] = {"claims": [{"name": "neuron"}]} if template else {"limits": limits or {}}
     kubectl("apply", "-f", "-", stdin=json.dumps({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": WORKLOADS},
         "spec": {
-            "restartPolicy": "Never",
+            "restartPolicy": restart,
             "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "neuron", "resourceClaimTemplateName": template}],
+            "resourceClaims": [{"name": "neuron", "resourceClaimTemplateName": template}] if template else [],
             "containers": [{
                 "name": "main",
                 "image": WORKLOAD_IMAGE,
                 "imagePullPolicy": "Never",
                 "command": [WORKLOAD_PYTHON, "-c", SHOW_DEVICES],
-                "resources": {"claims": [{"name": "neuron"}]},
+                "resources": resources,
             }],
         },
     }))  # fmt: skip
 
 
-def create_template(name: str, device_class: str, count: int, match: str | None) -> None:
-    kubectl("apply", "-f", "-", stdin=json.dumps(claim_template(name, device_class, count, match)))
+def create_template(
+    name: str, device_class: str, count: int, match: str | None, config: dict[str, Any] | None = None
+) -> None:
+    kubectl("apply", "-f", "-", stdin=json.dumps(claim_template(name, device_class, count, match, config)))
 
 
 def pod(name: str) -> dict[str, Any]:
@@ -259,12 +270,85 @@ def test_restarting_the_driver_keeps_the_running_pods_devices() -> None:
     delete_pods("four-again")
 
 
-def test_a_device_error_takes_it_and_its_cores_out_of_the_slice() -> None:
+def test_a_reboot_that_empties_the_cdi_directory_loses_no_pods_devices() -> None:
+    """/var/run/cdi is a tmpfs: after a reboot the driver restarts and the kubelet restarts the
+    pod's container, naming the claim's CDI device; it must run again with the same devices."""
+    create_pod("survivor", "four-connected", restart="Always")
+    eventually(lambda: pod_phase("survivor", WORKLOADS) == "Running", "the survivor pod running", timeout=180)
+    before = seen_devices("survivor")
+    spec = CDI_DIR / f"neuron.aws.com_claim-{claim_uid('survivor')}.json"
+    assert spec.exists()
+    spec.unlink()  # the reboot, as the runtime's CDI directory sees it
+    restart()
+    assert spec.exists(), "the restarted driver did not write the checkpointed claim's CDI spec again"
+    container = pod("survivor")["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+    run(*CTR, "tasks", "kill", "-s", "SIGKILL", container)
+
+    def restarted() -> bool:
+        status = pod("survivor")["status"]["containerStatuses"][0]
+        return status["restartCount"] >= 1 and "running" in status["state"]
+
+    eventually(restarted, "the survivor's container restarted and running", timeout=180)
+    assert seen_devices("survivor") == before
+    delete_pods("survivor")
+
+
+def test_the_device_plugins_resource_names_run_unchanged_on_a_dra_node() -> None:
+    """DeviceClasses map aws.amazon.com/neuron and aws.amazon.com/neuroncore (on by default): a
+    pod written for the device plugin gets its devices from DRA, with no claim of its own."""
+    create_pod("legacy-devices", None, limits={"aws.amazon.com/neuron": 2})
+    create_pod("legacy-cores", None, limits={"aws.amazon.com/neuroncore": 3})
+    for name in ("legacy-devices", "legacy-cores"):
+        eventually(lambda name=name: pod_phase(name, WORKLOADS) == "Running", f"{name} running", timeout=180)  # type: ignore[misc]
+    devices = seen_devices("legacy-devices")
+    assert len(devices) == 2
+    assert sorted(int(c) for c in shown("legacy-devices")["cores"][0].split(",")) == [
+        c for d in devices for c in (2 * d, 2 * d + 1)
+    ]
+    cores = sorted(int(c) for c in shown("legacy-cores")["cores"][0].split(","))
+    assert len(cores) == 3
+    assert seen_devices("legacy-cores") == sorted({c // 2 for c in cores})
+    # the scheduler made the claims itself (the pods name none)
+    for name in ("legacy-devices", "legacy-cores"):
+        assert pod(name)["status"].get("extendedResourceClaimStatus"), f"{name} has no extended-resource claim"
+    delete_pods("legacy-devices", "legacy-cores")
+
+
+def tainted() -> dict[str, list[dict[str, str]]]:
+    return {name: d["taints"] for name, d in published().items() if d.get("taints")}
+
+
+def pinned_template(name: str, device: int, tolerate: bool) -> dict[str, Any]:
+    """A claim for exactly device `device` (an admin's diagnostic pod would ask so), tolerating
+    the unhealthy taint or not."""
+    request: dict[str, Any] = {
+        "deviceClassName": "neuron.aws.com",
+        "selectors": [{"cel": {"expression": f'device.attributes["neuron.aws.com"].deviceId == {device}'}}],
+    }
+    if tolerate:
+        request["tolerations"] = [{"key": "neuron.aws.com/unhealthy", "operator": "Exists"}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": WORKLOADS},
+        "spec": {"spec": {"devices": {"requests": [{"name": "neuron", "exactly": request}]}}},
+    }
+
+
+def test_a_device_error_taints_it_and_its_cores_and_recovery_untaints() -> None:
     sim("inject", "--root", SIM_ROOT, "fault", "--kind", "NC_UNCORRECTABLE_ERROR", "--device", "3")
-    eventually(lambda: counts() == (15, 30), "device 3 and its two cores out of the slices", timeout=120)
-    names = published()
-    assert "neurondevice3" not in names
-    assert not {"neuroncore6", "neuroncore7"} & set(names)
+    eventually(
+        lambda: set(tainted()) == {"neurondevice3", "neuroncore6", "neuroncore7"},
+        "device 3 and its two cores tainted",
+        timeout=120,
+    )
+    assert counts() == (16, 32)  # kept in the slices: the scheduler can say why a claim waits
+    (taint,) = tainted()["neuroncore7"]
+    assert (taint["key"], taint["value"], taint["effect"]) == (
+        "neuron.aws.com/unhealthy",
+        "NC_UNCORRECTABLE_ERROR",
+        "NoSchedule",
+    )
     # row 0 is broken: four connected devices now come from another row
     create_pod("four-after-error", "four-connected")
     eventually(
@@ -273,9 +357,19 @@ def test_a_device_error_takes_it_and_its_cores_out_of_the_slice() -> None:
     devices = [index(d) for d in allocated("four-after-error")]
     assert 3 not in devices
     assert len({d // 4 for d in devices}) == 1
-    delete_pods("four-after-error")
+    # a claim for device 3 itself waits; one that tolerates the taint (a diagnostic pod) gets it
+    for name, tolerate in (("device3", False), ("device3-diagnostic", True)):
+        kubectl("apply", "-f", "-", stdin=json.dumps(pinned_template(name, 3, tolerate)))
+        create_pod(name, name)
+    eventually(lambda: pod_phase("device3-diagnostic", WORKLOADS) == "Running", "the tolerating pod", timeout=180)
+    assert allocated("device3-diagnostic") == ["neurondevice3"]
+    assert seen_devices("device3-diagnostic") == [3]
+    eventually(lambda: "claim" in unschedulable_reason("device3"), "the untolerating pod unschedulable", timeout=120)
+    assert pod_phase("device3", WORKLOADS) == "Pending"
+    delete_pods("four-after-error", "device3", "device3-diagnostic")
     simulated_reboot()
-    eventually(lambda: counts() == (16, 32), "every device back after the reboot", timeout=180)
+    eventually(lambda: not tainted(), "every taint gone after the reboot", timeout=180)
+    assert counts() == (16, 32)
 
 
 def test_three_cores_on_inf2_land_on_two_connected_devices() -> None:
@@ -300,3 +394,35 @@ def test_three_cores_on_inf2_land_on_two_connected_devices() -> None:
         install()
         run("rm", "-rf", INF2_ROOT)
     eventually(lambda: counts() == (16, 32), "back to trn1.32xlarge", timeout=180)
+
+
+def test_awss_neuron_config_sets_the_claims_logical_cores_on_trn2() -> None:
+    """AWS's opaque NeuronConfig (its DRA guide's `all-neurons-lnc-1` idea, one device here): on a
+    trn2 node at its default LNC 2, the claim's container runs with LNC 1 and all 8 physical cores
+    of its device; an invalid value is refused at prepare, naming the field."""
+    sim("create", "--instance-type", "trn2.48xlarge", "--root", TRN2_ROOT, "--char-devices", "--force")
+    kubectl("label", "node", NODE, "node.kubernetes.io/instance-type=trn2.48xlarge", "--overwrite")
+    try:
+        install("--set", f"simulation.hostRoot={TRN2_ROOT}")
+        eventually(lambda: counts() == (16, 64), "trn2.48xlarge: 16 devices and 64 cores published", timeout=180)
+        aws = {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1}
+        create_template("one-lnc1", "neuron.aws.com", 1, None, aws)
+        create_pod("lnc1", "one-lnc1")
+        eventually(lambda: pod_phase("lnc1", WORKLOADS) == "Running", "the LNC 1 pod running", timeout=180)
+        (device,) = [index(d) for d in allocated("lnc1")]
+        seen = shown("lnc1")
+        assert seen["lnc"] == ["1"]
+        assert sorted(int(c) for c in seen["cores"][0].split(",")) == list(range(8 * device, 8 * device + 8))
+        create_template("one-lnc3", "neuron.aws.com", 1, None, {**aws, "logicalNeuronCore": 3})
+        create_pod("lnc3", "one-lnc3")
+
+        def refused() -> bool:
+            events = kubectl("get", "events", "-n", WORKLOADS, "--field-selector", "involvedObject.name=lnc3")
+            return "logicalNeuronCore must be 1 or 2" in events
+
+        eventually(refused, "the LNC 3 pod's prepare refused, naming logicalNeuronCore", timeout=180)
+        assert pod_phase("lnc3", WORKLOADS) == "Pending"
+        delete_pods("lnc1", "lnc3")
+    finally:
+        kubectl("label", "node", NODE, "node.kubernetes.io/instance-type=trn1.32xlarge", "--overwrite")
+        install()

@@ -208,9 +208,11 @@ def wait_until_ready(
 
 
 @contextlib.contextmanager
-def control_plane(work: Path, *, ready_timeout: float = 120.0) -> Iterator[ControlPlane]:
+def control_plane(
+    work: Path, *, ready_timeout: float = 120.0, apiserver_args: Sequence[str] = ()
+) -> Iterator[ControlPlane]:
     """etcd and kube-apiserver in `work`, ready to serve; stopped (with everything else started
-    through `processes`) on exit."""
+    through `processes`) on exit. `apiserver_args`: more flags (e.g. a feature gate off)."""
     work.mkdir(parents=True, exist_ok=True)
     processes = Processes(work / "logs")
     try:
@@ -242,6 +244,7 @@ def control_plane(work: Path, *, ready_timeout: float = 120.0) -> Iterator[Contr
                 "--endpoint-reconciler-type=none", "--profiling=false",
                 # it taints every new Node not-ready until the node lifecycle controller, not run here, sees it Ready
                 "--disable-admission-plugins=TaintNodesByCondition",
+                *apiserver_args,
             ],
         )  # fmt: skip
         wait_until_ready(processes, "kube-apiserver", api_port, "/readyz", ready_timeout, creds.ssl_context())

@@ -67,7 +67,14 @@ class Kubelet:
 
 
 async def allocated_claim(
-    api: Api, node: str, devices: list[str], *, name: str, namespace: str = "default", request: str = "neuron"
+    api: Api,
+    node: str,
+    devices: list[str],
+    *,
+    name: str,
+    namespace: str = "default",
+    request: str = "neuron",
+    tolerations: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """A ResourceClaim allocated as the scheduler would: created, then its status written."""
     base = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
@@ -90,7 +97,14 @@ async def allocated_claim(
         "allocation": {
             "devices": {
                 "results": [
-                    {"request": request, "driver": "neuron.aws.com", "pool": node, "device": d} for d in devices
+                    {
+                        "request": request,
+                        "driver": "neuron.aws.com",
+                        "pool": node,
+                        "device": d,
+                        **({"tolerations": tolerations} if tolerations else {}),
+                    }
+                    for d in devices
                 ]
             },
             "nodeSelector": {

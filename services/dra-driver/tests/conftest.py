@@ -8,4 +8,4 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from dra_harness import apiserver, short_tmp, start_driver  # noqa: F401
+from dra_harness import apiserver, apiserver_without_taints, short_tmp, start_driver  # noqa: F401

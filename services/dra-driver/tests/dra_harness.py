@@ -53,6 +53,23 @@ def apiserver() -> Iterator[ControlPlane]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+@pytest.fixture(scope="session")
+def apiserver_without_taints() -> Iterator[ControlPlane]:
+    """A real kube-apiserver with DRADeviceTaints and DRAPartitionableDevices off, as 1.34 and
+    1.35 serve by default: it drops device taints and shared counters from the slices it stores."""
+    missing = missing_prerequisites()
+    if missing:
+        pytest.skip(f"no kube-apiserver to test against (run make setup): {', '.join(missing)}")
+    work = Path(tempfile.mkdtemp(prefix="dra-cp-notaints-"))
+    try:
+        with control_plane(
+            work, apiserver_args=["--feature-gates=DRADeviceTaints=false,DRAPartitionableDevices=false"]
+        ) as cp:
+            yield cp
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
     """Unix socket paths must stay under 108 bytes: pytest's tmp_path can be longer."""
@@ -109,7 +126,9 @@ async def start_driver(apiserver: ControlPlane, short_tmp: Path) -> AsyncIterato
         root: Path | None = None,
         dirs: Path | None = None,
         register: bool = True,
+        cp: ControlPlane | None = None,  # another API server than the shared one
     ) -> Harness:
+        server = cp or apiserver
         n = next(counter)
         node = node or f"node-{os.getpid()}-{n}-{int(time.time() * 1000) % 100000}"
         if root is None:
@@ -125,12 +144,12 @@ async def start_driver(apiserver: ControlPlane, short_tmp: Path) -> AsyncIterato
             ],
             env={},
         )  # fmt: skip
-        api = admin_api(apiserver)
+        api = admin_api(server)
         stop = asyncio.Event()
         driver = DraDriver(cfg, stop, api)
         task = asyncio.create_task(driver.run())
         kubelet = Kubelet(dirs / "registry")
-        h = Harness(root, dirs, node, admin_api(apiserver), kubelet, driver, stop, task)
+        h = Harness(root, dirs, node, admin_api(server), kubelet, driver, stop, task)
         harnesses.append(h)
         if register:
             await eventually((dirs / "registry" / "neuron.aws.com-reg.sock").exists)

@@ -142,3 +142,121 @@ def test_corrupt_checkpoint_recovered_from_the_cdi_specs(tmp_path: Path) -> None
     assert cp.load() == recovered  # a good checkpoint again
     assert [p.name for p in tmp_path.glob("checkpoint.json.corrupt-*")]  # the bad one is kept
     assert claims_from_specs(tmp_path / "missing") == {}
+
+
+def test_checkpoint_keeps_each_claims_cdi_spec(tmp_path: Path) -> None:
+    """A reboot empties /var/run/cdi: the checkpoint must be able to write the spec again."""
+    cp = Checkpoint(tmp_path / "checkpoint.json")
+    prepared = prepare(claim(("c", "neurondevice1")), inventory("trn1.32xlarge"))
+    cp.save({UID: prepared})
+    assert cp.load()[UID].spec == prepared.spec
+    assert prepared.spec
+
+
+# --- AWS's opaque NeuronConfig ---------------------------------------------------------------
+
+
+def configured(obj: dict[str, Any], *configs: tuple[dict[str, Any], list[str] | None, str]) -> dict[str, Any]:
+    """`obj` with opaque configs (parameters, requests or None for all, source) in its allocation."""
+    obj["status"]["allocation"]["devices"]["config"] = [
+        {"source": source, **({"requests": requests} if requests else {}),
+         "opaque": {"driver": "neuron.aws.com", "parameters": parameters}}
+        for parameters, requests, source in configs
+    ]  # fmt: skip
+    return obj
+
+
+def lnc(value: object, api_version: str = "neuron.aws.com/v1", **more: object) -> dict[str, Any]:
+    return {"apiVersion": api_version, "kind": "NeuronConfig", "logicalNeuronCore": value, **more}
+
+
+def env_of(prepared: claims.PreparedClaim, index: int = 0) -> dict[str, str]:
+    pairs = prepared.spec["devices"][index]["containerEdits"]["env"]
+    return dict(p.split("=", 1) for p in pairs)
+
+
+def test_aws_neuron_config_sets_the_claims_logical_core_setting_on_a_whole_device() -> None:
+    # AWS's all-neurons-lnc-1 on a trn2 node at its default LNC 2: the device's 8 physical cores
+    inv = inventory("trn2.48xlarge")
+    assert inv.lnc.value == 2
+    prepared = prepare(configured(claim(("c", "neurondevice1")), (lnc(1), None, "FromClaim")), inv)
+    assert env_of(prepared) == {"NEURON_LOGICAL_NC_CONFIG": "1", "NEURON_RT_VISIBLE_CORES": "8,9,10,11,12,13,14,15"}
+    # without the config, the node's setting: 4 logical cores
+    plain = prepare(claim(("c", "neurondevice1")), inv)
+    assert env_of(plain) == {"NEURON_LOGICAL_NC_CONFIG": "2", "NEURON_RT_VISIBLE_CORES": "4,5,6,7"}
+
+
+def test_neuron_config_regroups_single_cores() -> None:
+    # LNC 2 node, logical core 5 = device 1's physical cores 2 and 3 -> at LNC 1: 8+2, 8+3
+    at2 = inventory("trn2.48xlarge")
+    prepared = prepare(configured(claim(("c", "neuroncore5")), (lnc(1), None, "FromClaim")), at2)
+    assert env_of(prepared)["NEURON_RT_VISIBLE_CORES"] == "10,11"
+    # LNC 1 node, cores 2 and 3 (a pair) -> at LNC 2: logical core 1
+    at1 = inventory("trn2.48xlarge", 1)
+    pair = prepare(configured(claim(("c", "neuroncore2"), ("c", "neuroncore3")), (lnc(2), None, "FromClaim")), at1)
+    assert env_of(pair) == {"NEURON_LOGICAL_NC_CONFIG": "2", "NEURON_RT_VISIBLE_CORES": "1"}
+    # the earlier beta group is accepted as well
+    beta = configured(claim(("c", "neurondevice0")), (lnc(1, "neuron.aws.com/v1alphav1"), None, "FromClass"))
+    assert env_of(prepare(beta, at2))["NEURON_LOGICAL_NC_CONFIG"] == "1"
+
+
+def test_the_claims_config_wins_over_its_class_and_applies_only_to_the_requests_it_names() -> None:
+    inv = inventory("trn2.48xlarge")
+    obj = configured(
+        claim(("a", "neurondevice0"), ("b", "neurondevice1")),
+        (lnc(2), None, "FromClass"),
+        (lnc(1), ["a"], "FromClaim"),
+    )
+    prepared = prepare(obj, inv)
+    assert env_of(prepared, 0)["NEURON_LOGICAL_NC_CONFIG"] == "1"  # request a: the claim's own
+    assert env_of(prepared, 1)["NEURON_LOGICAL_NC_CONFIG"] == "2"  # request b: the class's
+    other_driver = claim(("c", "neurondevice0"))
+    other_driver["status"]["allocation"]["devices"]["config"] = [
+        {"source": "FromClaim", "opaque": {"driver": "gpu.example.com", "parameters": {"anything": True}}}
+    ]
+    assert env_of(prepare(other_driver, inv))["NEURON_LOGICAL_NC_CONFIG"] == "2"
+
+
+@pytest.mark.parametrize(
+    ("instance", "node_lnc", "results", "parameters", "message"),
+    [
+        ("trn2.48xlarge", None, [("c", "neurondevice0")], lnc(3), r"logicalNeuronCore must be 1 or 2, not 3"),
+        ("trn2.48xlarge", None, [("c", "neurondevice0")], lnc("1"), r"logicalNeuronCore must be 1 or 2, not '1'"),
+        ("trn2.48xlarge", None, [("c", "neurondevice0")], lnc(1, "example.com/v1"), r"apiVersion 'example.com/v1'"),
+        ("trn2.48xlarge", None, [("c", "neurondevice0")], {**lnc(1), "kind": "GpuConfig"}, r"kind 'GpuConfig'"),
+        ("trn2.48xlarge", None, [("c", "neurondevice0")], lnc(1, lnc2=True), r"unknown field\(s\) lnc2"),
+        ("trn2.48xlarge", None, [("c", "neurondevice0")], "lnc=1", r"parameters must be an object"),
+        (
+            "trn2.48xlarge", None, [("c", "neurondevice0")],
+            {"apiVersion": "neuron.aws.com/v1", "kind": "UltraServerConfig", "ultraserverMode": 4},
+            r"UltraServerConfig.*does not know the UltraServer",
+        ),
+        ("trn1.32xlarge", None, [("c", "neurondevice0")], lnc(2), r"logicalNeuronCore 2 is not supported on trn1"),
+        ("trn2.48xlarge", 1, [("c", "neuroncore1")], lnc(2), r"split a logical core \(physical cores \[0, 1\]"),
+    ],
+)  # fmt: skip
+def test_an_invalid_neuron_config_is_refused_naming_the_field(
+    instance: str, node_lnc: int | None, results: list[tuple[str, str]], parameters: object, message: str
+) -> None:
+    obj = configured(claim(*results), (parameters, None, "FromClaim"))  # type: ignore[arg-type]
+    with pytest.raises(claims.ClaimRefused, match=message):
+        prepare(obj, inventory(instance, node_lnc))
+
+
+def test_a_tainted_device_is_prepared_only_for_a_claim_that_tolerates_its_taint() -> None:
+    from neuron_dra_driver.slices import Taint
+
+    inv = inventory("trn1.32xlarge")
+    taint = Taint("NC_UNCORRECTABLE_ERROR")
+    unhealthy = {2: "kernel NC_UNCORRECTABLE_ERROR"}
+    plain = claim(("c", "neurondevice2"))
+    with pytest.raises(claims.ClaimRefused, match="neuron2: kernel NC_UNCORRECTABLE_ERROR"):
+        claims.prepare(plain, UID, "node-a", inv, unhealthy, Path("/"), {2: taint})
+    tolerant = claim(("c", "neurondevice2"), ("c", "neuroncore5"))
+    for result in tolerant["status"]["allocation"]["devices"]["results"]:
+        result["tolerations"] = [{"key": "neuron.aws.com/unhealthy", "operator": "Exists"}]
+    prepared = claims.prepare(tolerant, UID, "node-a", inv, unhealthy, Path("/"), {2: taint})
+    assert [d.device for d in prepared.devices] == ["neurondevice2", "neuroncore5"]
+    # an unhealthy device with no taint (taints off) is refused whatever the claim tolerates
+    with pytest.raises(claims.ClaimRefused, match="unhealthy"):
+        claims.prepare(tolerant, UID, "node-a", inv, unhealthy, Path("/"))

@@ -14,6 +14,7 @@ from standins.dra_kubelet import allocated_claim
 from kubelet_api.dra_health.v1alpha1 import api_pb2 as health_pb
 from kubelet_api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
 from neuron_common.kube import ApiError
+from neuron_health import faults
 from neuron_sim import node as sim
 
 pytestmark = pytest.mark.asyncio
@@ -99,17 +100,31 @@ async def test_refusals_name_the_reason(start_driver) -> None:  # type: ignore[n
     assert not list(h.cdi_dir.glob("*.json"))
 
 
-async def test_a_device_error_takes_it_out_and_refuses_its_claims(start_driver) -> None:  # type: ignore[no-untyped-def]
+async def test_a_device_error_taints_it_and_its_cores_and_refuses_untolerating_claims(start_driver) -> None:  # type: ignore[no-untyped-def]
     h: Harness = await start_driver("inf2.24xlarge")
     await eventually(lambda: _has_devices(h, 6 + 12))
     claim = await allocated_claim(h.api, h.node, ["neuroncore4", "neuroncore5"], name=claim_name())
     sim.inject_fault(h.root, "NC_UNCORRECTABLE_ERROR", 2, via="kernel")
-    await eventually(lambda: _lacks(h, {"neurondevice2", "neuroncore4", "neuroncore5"}))
-    assert await h.device_names() >= {"neurondevice1", "neurondevice3"}
+    await eventually(lambda: _tainted_are(h, {"neurondevice2", "neuroncore4", "neuroncore5"}))
+    assert await _has_devices(h, 6 + 12)  # kept in the slices, with the taint the API server stored
+    device = await _device(h, "neurondevice2")
+    (taint,) = device["taints"]
+    assert (taint["key"], taint["value"], taint["effect"]) == (
+        "neuron.aws.com/unhealthy",
+        "NC_UNCORRECTABLE_ERROR",
+        "NoSchedule",
+    )
+    assert h.driver.metrics.tainted_devices._value.get() == 3
+    assert h.driver.metrics.unhealthy_devices._value.get() == 1
+    assert h.driver.metrics.taints_kept._value.get() == 1
     uid = claim["metadata"]["uid"]
     response = await h.kubelet.prepare((uid, "default", claim["metadata"]["name"]))
     assert "neuron2: kernel NC_UNCORRECTABLE_ERROR" in response.claims[uid].error
-    assert h.driver.metrics.unhealthy_devices._value.get() == 1
+    # a claim whose allocation tolerates the taint (an admin's diagnostic pod) gets the device
+    toleration = {"key": "neuron.aws.com/unhealthy", "operator": "Exists", "effect": "NoSchedule"}
+    tolerant = await allocated_claim(h.api, h.node, ["neurondevice2"], name=claim_name(), tolerations=[toleration])
+    tuid = tolerant["metadata"]["uid"]
+    assert (await h.kubelet.prepare((tuid, "default", tolerant["metadata"]["name"]))).claims[tuid].error == ""
     # the kubelet's health stream says the same
     async with grpc.aio.insecure_channel(f"unix://{h.kubelet.endpoint}") as ch:
         stream = health_grpc.DRAResourceHealthStub(ch).NodeWatchResources(health_pb.NodeWatchResourcesRequest())
@@ -134,6 +149,55 @@ async def test_restart_keeps_prepared_claims(start_driver) -> None:  # type: ign
     assert (await again.kubelet.prepare((uid, "default", name))).claims[uid] == first
     assert (await again.kubelet.unprepare((uid, "default", name))).claims[uid].error == ""
     assert not list(again.cdi_dir.glob("*.json"))
+
+
+async def test_a_reboot_that_empties_the_cdi_directory_loses_no_claim(start_driver) -> None:  # type: ignore[no-untyped-def]
+    """/var/run/cdi is a tmpfs: after a reboot the kubelet restarts the pod's containers, naming the
+    claim's CDI device, and asks the driver again; the spec must be there though the API server
+    is not asked (here the claim object is even gone)."""
+    h: Harness = await start_driver("trn1.32xlarge")
+    claim = await allocated_claim(h.api, h.node, ["neurondevice2", "neurondevice3"], name=claim_name())
+    uid, name = claim["metadata"]["uid"], claim["metadata"]["name"]
+    first = (await h.kubelet.prepare((uid, "default", name))).claims[uid]
+    assert first.error == ""
+    spec_file = h.cdi_dir / f"neuron.aws.com_claim-{uid}.json"
+    spec_before = json.loads(spec_file.read_text())
+    assert await h.shutdown() == 0
+    for spec in h.cdi_dir.glob("*.json"):  # the reboot
+        spec.unlink()
+    await h.api.delete(f"/apis/resource.k8s.io/v1/namespaces/default/resourceclaims/{name}")
+    again: Harness = await start_driver(node=h.node, root=h.root, dirs=h.dirs)
+    assert json.loads(spec_file.read_text()) == spec_before  # written at start, before any call
+    assert again.driver.metrics.cdi_specs_restored._value.get() == 1
+    assert (await again.kubelet.prepare((uid, "default", name))).claims[uid] == first
+    # gone again while the driver runs: the next prepare writes it back
+    spec_file.unlink()
+    assert (await again.kubelet.prepare((uid, "default", name))).claims[uid] == first
+    assert json.loads(spec_file.read_text()) == spec_before
+    assert again.driver.metrics.cdi_specs_restored._value.get() == 2
+
+
+async def test_a_checkpoint_without_specs_prepares_a_claim_whose_spec_is_gone_again(start_driver) -> None:  # type: ignore[no-untyped-def]
+    """A checkpoint an older driver wrote has no spec copies: such a claim is prepared again from
+    the API server, with the same devices, instead of answered with a spec that does not exist."""
+    h: Harness = await start_driver("trn1.32xlarge")
+    claim = await allocated_claim(h.api, h.node, ["neurondevice5"], name=claim_name())
+    uid, name = claim["metadata"]["uid"], claim["metadata"]["name"]
+    first = (await h.kubelet.prepare((uid, "default", name))).claims[uid]
+    assert await h.shutdown() == 0
+    checkpoint_file = h.dirs / "plugins" / "checkpoint.json"
+    saved = json.loads(checkpoint_file.read_text())
+    assert all("spec" in c for c in saved["claims"])
+    for c in saved["claims"]:
+        del c["spec"]
+    checkpoint_file.write_text(json.dumps(saved))
+    for spec in h.cdi_dir.glob("*.json"):
+        spec.unlink()
+    again: Harness = await start_driver(node=h.node, root=h.root, dirs=h.dirs)
+    assert not list(again.cdi_dir.glob("*.json"))
+    assert (await again.kubelet.prepare((uid, "default", name))).claims[uid] == first
+    assert (again.cdi_dir / f"neuron.aws.com_claim-{uid}.json").exists()
+    assert again.driver.metrics.cdi_specs_restored._value.get() == 0
 
 
 async def test_corrupt_checkpoint_recovered_from_cdi_specs(start_driver) -> None:  # type: ignore[no-untyped-def]
@@ -167,6 +231,62 @@ async def _has_devices(h: Harness, count: int) -> bool:
 
 async def _lacks(h: Harness, names: set[str]) -> bool:
     return not (await h.device_names()) & names
+
+
+async def _device(h: Harness, name: str) -> dict:  # type: ignore[type-arg]
+    return next(d for s in await h.slices() for d in s["spec"].get("devices", []) if d["name"] == name)
+
+
+async def _tainted(h: Harness) -> set[str]:
+    return {d["name"] for s in await h.slices() for d in s["spec"].get("devices", []) if d.get("taints")}
+
+
+async def _tainted_are(h: Harness, names: set[str]) -> bool:
+    return await _tainted(h) == names
+
+
+async def test_without_device_taints_a_device_error_takes_it_out(start_driver) -> None:  # type: ignore[no-untyped-def]
+    h: Harness = await start_driver("inf2.24xlarge", "--no-device-taints")
+    await eventually(lambda: _has_devices(h, 6 + 12))
+    sim.inject_fault(h.root, "NC_UNCORRECTABLE_ERROR", 2, via="kernel")
+    await eventually(lambda: _lacks(h, {"neurondevice2", "neuroncore4", "neuroncore5"}))
+    assert await h.device_names() >= {"neurondevice1", "neurondevice3"}
+    assert not await _tainted(h)
+    assert h.driver.metrics.unhealthy_devices._value.get() == 1
+
+
+async def test_an_api_server_that_drops_taints_and_counters_gets_what_is_safe(
+    start_driver, apiserver_without_taints
+) -> None:  # type: ignore[no-untyped-def]
+    """DRADeviceTaints and DRAPartitionableDevices off (1.34 and 1.35 by default): the stored slices
+    would let a device and its cores go to two claims, and show a faulty device as allocatable; the
+    driver sees what the server dropped and publishes whole devices only, leaving a faulty one out."""
+    h: Harness = await start_driver("inf2.24xlarge", cp=apiserver_without_taints)
+    # the shared counters are dropped too: cores could be handed out with their device, so none
+    await eventually(lambda: _has_devices(h, 6))
+    assert h.driver.publisher.counters_dropped
+    assert h.driver.metrics.counters_kept._value.get() == 0
+    assert await _lacks(h, {f"neuroncore{c}" for c in range(12)})
+    assert h.driver.metrics.taints_kept._value.get() == 1
+    sim.inject_fault(h.root, "NC_UNCORRECTABLE_ERROR", 2, via="kernel")
+    await eventually(lambda: _lacks(h, {"neurondevice2"}))
+    assert h.driver.metrics.taints_kept._value.get() == 0
+    assert h.driver.publisher.taints_dropped
+    assert not await _tainted(h)
+    assert await _has_devices(h, 5)
+
+
+async def test_recovery_removes_the_taint_and_the_effect_follows_the_severity(start_driver) -> None:  # type: ignore[no-untyped-def]
+    h: Harness = await start_driver("trn1.32xlarge", "--taint-effect-until-reboot", "NoExecute")
+    await eventually(lambda: _has_devices(h, 16 + 32))
+    fault = next(f for f in faults.FAULTS if f.severity is faults.Severity.UNTIL_REBOOT and f.device_counters)
+    sim.inject_fault(h.root, fault.kind, 6, via="device-counter")
+    await eventually(lambda: _tainted_are(h, {"neurondevice6", "neuroncore12", "neuroncore13"}))
+    (taint,) = (await _device(h, "neuroncore13"))["taints"]
+    assert (taint["value"], taint["effect"]) == (fault.kind, "NoExecute")
+    sim.reload_driver(h.root)  # the fault clears on a driver reload, after the quiet period
+    await eventually(lambda: _tainted_are(h, set()), timeout=20)
+    assert await _has_devices(h, 16 + 32)
 
 
 async def test_credentials_from_a_kubeconfig_with_inline_data_reach_the_api_server(apiserver, tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -157,6 +157,7 @@ def test_an_unhealthy_device_leaves_with_its_cores_and_counter(data: st.DataObje
     assert slices.published_counts(objs) == {
         "device": len(left),
         "core": sum(len(d.logical_cores) for d in inv.devices if d.index in left),
+        "tainted": 0,
     }
     # group ids do not move when a device leaves: a claim never gets a set with a hole
     healthy = slices.group_ids(topology_from(inv))
@@ -199,3 +200,66 @@ def test_slice_names_stay_valid_for_the_longest_node_names() -> None:
     assert len(name_a) <= 253
     assert name_a != name_b
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", name_a)
+
+
+# --- device taints ---------------------------------------------------------------------------
+
+
+def test_a_tainted_device_stays_with_its_cores_and_counter() -> None:
+    taint = slices.Taint("NC_UNCORRECTABLE_ERROR", "NoExecute")
+    objs = slices.build(model("trn1.32xlarge", 1, taints={3: taint}), 1)
+    devices = {d["name"]: d for d in all_devices(objs)}
+    assert len(devices) == 16 + 32
+    expected = [{"key": "neuron.aws.com/unhealthy", "value": "NC_UNCORRECTABLE_ERROR", "effect": "NoExecute"}]
+    assert {n for n, d in devices.items() if d.get("taints")} == {"neurondevice3", "neuroncore6", "neuroncore7"}
+    assert devices["neurondevice3"]["taints"] == expected
+    assert devices["neuroncore7"]["taints"] == expected
+    counters = {c for s in objs for cs in s["spec"].get("sharedCounters", []) for c in cs["counters"]}
+    assert "neurondevice3" in counters
+    assert slices.published_counts(objs) == {"device": 16, "core": 32, "tainted": 3}
+    # an API server that drops taints: the same node with the device left out instead
+    plain = slices.build(model("trn1.32xlarge", 1, taints={3: taint}).without_taints(), 1)
+    assert "neurondevice3" not in {d["name"] for d in all_devices(plain)}
+    assert not slices.tainted(plain)
+
+
+@given(st.text(max_size=100))
+def test_taint_values_are_always_valid_label_values(text: str) -> None:
+    value = slices.taint_value(text)
+    assert re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9_.-]{0,61}[A-Za-z0-9])?", value), value
+
+
+def test_taint_for_each_cause_and_severity() -> None:
+    from neuron_dra_driver import taints
+
+    from neuron_health.device_health import Verdict
+    from neuron_health.faults import Severity
+
+    effects = taints.Effects(until_reboot="NoSchedule", replace_instance="NoExecute")
+    replace = Verdict(False, "kernel X", True, "NC_UNCORRECTABLE_ERROR", Severity.REPLACE_INSTANCE)
+    reboot = Verdict(False, "counter y", True, "HBM_REPAIRABLE", Severity.UNTIL_REBOOT)
+    absent = Verdict(False, "device vanished from sysfs", False, absent=True)
+    detector = Verdict(False, "problem detector: DMA_ERROR", False, external=True)
+    assert taints.taint_for(replace, effects) == slices.Taint("NC_UNCORRECTABLE_ERROR", "NoExecute")
+    assert taints.taint_for(reboot, effects) == slices.Taint("HBM_REPAIRABLE", "NoSchedule")
+    assert taints.taint_for(absent, effects) == slices.Taint("DeviceAbsent", "NoSchedule")
+    assert taints.taint_for(detector, effects) == slices.Taint("ProblemDetector", "NoSchedule")
+
+
+@pytest.mark.parametrize(
+    ("toleration", "tolerated"),
+    [
+        ({"key": "neuron.aws.com/unhealthy", "operator": "Exists"}, True),
+        ({"key": "neuron.aws.com/unhealthy", "operator": "Equal", "value": "DMA_ERROR"}, True),
+        ({"key": "neuron.aws.com/unhealthy", "value": "DMA_ERROR", "effect": "NoSchedule"}, True),
+        ({"key": "neuron.aws.com/unhealthy", "operator": "Equal", "value": "OTHER"}, False),
+        ({"key": "neuron.aws.com/unhealthy", "operator": "Exists", "effect": "NoExecute"}, False),
+        ({"operator": "Exists"}, True),
+        ({"key": "example.com/other", "operator": "Exists"}, False),
+        ({"operator": "Equal", "value": "DMA_ERROR"}, False),
+    ],
+)
+def test_tolerations_match_as_the_scheduler_matches_them(toleration: dict[str, str], tolerated: bool) -> None:
+    from neuron_dra_driver import taints
+
+    assert taints.tolerates([toleration], slices.Taint("DMA_ERROR", "NoSchedule")) is tolerated

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from neuron_driver.inventory import InstanceTypeSource, NodeInventory
 from neuron_health import faults
@@ -33,6 +33,7 @@ class Finding:
     device: int
     reason: str  # e.g. "counter mem_ecc_uncorrected +2", "kernel NC_UNCORRECTABLE_ERROR nc-id=1"
     severity: Severity
+    fault: str = ""  # the fault table's kind, when the finding is one of its faults
 
 
 def counter_findings(
@@ -47,7 +48,9 @@ def counter_findings(
             continue
         before = 0 if previous is None else previous.get((device, name), value)
         if value > before:
-            findings.append(Finding(device, f"counter {name} +{value - before} ({fault.kind})", fault.severity))
+            findings.append(
+                Finding(device, f"counter {name} +{value - before} ({fault.kind})", fault.severity, fault.kind)
+            )
     return findings
 
 
@@ -56,6 +59,13 @@ class Verdict:
     healthy: bool
     reason: str  # why unhealthy, or "" when healthy
     permanent: bool
+    # What made it unhealthy, for consumers that say so in a machine-readable form (the DRA
+    # driver's device taints): the worst fault's kind and severity, the device missing, or the
+    # problem detector's word. Not part of equality: transitions compare health and reason.
+    fault: str = field(default="", compare=False)
+    severity: Severity | None = field(default=None, compare=False)
+    absent: bool = field(default=False, compare=False)
+    external: bool = field(default=False, compare=False)
 
 
 HEALTHY = Verdict(True, "", False)
@@ -66,6 +76,7 @@ class _DeviceState:
     last_error_at: float | None = None
     reason: str = ""
     severity: Severity | None = None  # the worst fault seen; None: only absence
+    fault: str = ""  # the worst fault's kind
     absent: bool = False
 
     @property
@@ -87,6 +98,7 @@ class HealthTracker:
         if state.severity is None or _rank(finding.severity) > _rank(state.severity):
             state.reason = finding.reason
             state.severity = finding.severity
+            state.fault = finding.fault
 
     def driver_reloaded(self, devices: Iterable[int]) -> None:
         """The driver counts afresh on these devices: faults a reload mends are gone."""
@@ -94,6 +106,7 @@ class HealthTracker:
             state = self._devices.get(device)
             if state is not None and state.severity is not None and state.severity.clears_on_driver_reload:
                 state.severity = None
+                state.fault = ""
                 state.reason = "device vanished from sysfs" if state.absent else ""
                 if not state.absent:
                     state.last_error_at = None
@@ -117,9 +130,9 @@ class HealthTracker:
         if state is None or state.last_error_at is None:
             return HEALTHY
         if state.permanent:
-            return Verdict(False, state.reason, True)
+            return Verdict(False, state.reason, True, state.fault, state.severity, state.absent)
         if state.absent or now - state.last_error_at < self.quiet_period:
-            return Verdict(False, state.reason, False)
+            return Verdict(False, state.reason, False, state.fault, state.severity, state.absent)
         return HEALTHY
 
 
@@ -140,7 +153,7 @@ def merged_verdicts(
     for index in devices:
         verdict = tracker.verdict(index, now)
         if verdict.healthy and index in external:
-            verdict = Verdict(False, f"problem detector: {external[index]}", False)
+            verdict = Verdict(False, f"problem detector: {external[index]}", False, external=True)
         result[index] = verdict
     return result
 
@@ -272,6 +285,10 @@ class DeviceHealth:
 
     def verdict(self, device: int) -> Verdict:
         return self._verdicts.get(device, HEALTHY)
+
+    def unhealthy_verdicts(self) -> dict[int, Verdict]:
+        """Device -> its verdict, for every device not healthy now."""
+        return {d: v for d, v in self._verdicts.items() if not v.healthy}
 
     def unhealthy(self) -> dict[int, str]:
         """Device -> why, for every device not healthy now."""

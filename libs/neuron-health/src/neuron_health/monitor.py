@@ -138,7 +138,7 @@ class KmsgWatcher:
                 log.warning("kernel log: %s names no device (nd-id): %s", fault.kind, message[:200])
                 continue
             core = f" nc-id={found.core}" if found.core is not None else ""
-            self.state.observe([Finding(found.device, f"kernel {fault.kind}{core}", fault.severity)])
+            self.state.observe([Finding(found.device, f"kernel {fault.kind}{core}", fault.severity, fault.kind)])
 
     async def run(self, stop: asyncio.Event) -> None:
         warned = False

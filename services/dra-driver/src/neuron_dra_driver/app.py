@@ -13,7 +13,7 @@ from pathlib import Path
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
 from neuron_common.supervisor import Supervisor
-from neuron_dra_driver import servers, slices
+from neuron_dra_driver import servers, slices, taints
 from neuron_dra_driver.config import Config
 from neuron_dra_driver.driver import Driver
 from neuron_dra_driver.metrics import DriverMetrics
@@ -63,6 +63,7 @@ class DraDriver:
             api=api,
             inventory=lambda: self.health.inventory,
             unhealthy=self.health.unhealthy,
+            taints=self.taints,
             checkpoint_file=config.checkpoint_file,
             cdi_dir=config.cdi_spec_dir,
             host_dev_root=config.host_dev_root,
@@ -82,14 +83,24 @@ class DraDriver:
         self.http = HealthServer(host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready)
 
     def model(self) -> slices.NodeDevices:
+        taints = self.taints()
         return slices.NodeDevices(
             self.config.node_name,
             self.health.inventory,
-            tuple(self.health.unhealthy()),
+            tuple(d for d in self.health.unhealthy() if d not in taints),
             driver_version=self.kernel_driver_version,
             plugin_version=self.plugin_version,
             publish_cores=self.config.publish_cores,
+            taints=taints,
         )
+
+    def taints(self) -> dict[int, slices.Taint]:
+        """The taint of each unhealthy device, when taints are on (else none: such devices leave)."""
+        if not self.config.device_taints:
+            return {}
+        c = self.config
+        effects = taints.Effects(c.taint_effect_until_reboot, c.taint_effect_replace_instance)
+        return {d: taints.taint_for(v, effects) for d, v in self.health.unhealthy_verdicts().items()}
 
     def ready(self) -> tuple[bool, str]:
         if not self.registration.registered:

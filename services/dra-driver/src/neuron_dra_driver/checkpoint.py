@@ -1,7 +1,10 @@
 """Prepared claims on disk, so a restarted driver answers NodeUnprepareResources (and a repeated
 NodePrepareResources) for claims it prepared before.
 
-One JSON file, replaced atomically. A file that cannot be read back is moved aside (never
+One JSON file, replaced atomically, on persistent disk; it keeps each claim's CDI spec too, because
+the specs live in /var/run/cdi, a tmpfs that a reboot empties while the kubelet still expects the
+claims it prepared before (it asks again, and starts containers naming their CDI devices).
+A file that cannot be read back is moved aside (never
 deleted: it is evidence) and the claims are rebuilt from the CDI specs of prepared claims,
 which carry the same facts; the driver keeps running instead of failing on every restart.
 """
@@ -30,7 +33,8 @@ class CheckpointError(Exception):
 
 
 def encode(claims: Mapping[str, PreparedClaim]) -> str:
-    return json.dumps({"version": VERSION, "claims": [c.to_json() for _, c in sorted(claims.items())]}, indent=1)
+    claims_json = [c.to_json(with_spec=True) for _, c in sorted(claims.items())]
+    return json.dumps({"version": VERSION, "claims": claims_json}, indent=1)
 
 
 def decode(text: str) -> dict[str, PreparedClaim]:

@@ -4,7 +4,8 @@ model and the health verdicts are passed in.
 A claim's devices for this driver become, per request, one CDI device: the `/dev/neuronN` nodes
 of the devices holding the allocated devices or cores, `NEURON_RT_VISIBLE_CORES` (exactly the
 allocated logical cores; all of a whole device's) and `NEURON_LOGICAL_NC_CONFIG` (the node's
-setting, so the runtime counts cores as the slices did). One CDI device per request, not per
+setting, so the runtime counts cores as the slices did, unless the request's `NeuronConfig` sets
+`logicalNeuronCore`: then both are in that setting, see `parameters`). One CDI device per request, not per
 Neuron device: the cores of a request must reach the container as one variable.
 """
 
@@ -15,7 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from neuron_dra_driver import slices
+from neuron_dra_driver import parameters, slices
+from neuron_dra_driver.slices import Taint
+from neuron_dra_driver.taints import tolerates
 from neuron_driver import cdi, layout
 from neuron_driver.inventory import NodeInventory
 from neuron_model.allocator import id_list
@@ -43,8 +46,10 @@ class PreparedClaim:
     devices: tuple[PreparedDevice, ...]
     spec: Mapping[str, Any] = field(compare=False, repr=False, default_factory=dict)  # the CDI spec
 
-    def to_json(self) -> dict[str, Any]:
-        return {
+    def to_json(self, with_spec: bool = False) -> dict[str, Any]:
+        """The claim as the checkpoint keeps it; `with_spec` adds its CDI spec, so a spec lost with
+        /var/run/cdi (a tmpfs: a reboot empties it) can be written again without the API server."""
+        raw: dict[str, Any] = {
             "uid": self.uid,
             "namespace": self.namespace,
             "name": self.name,
@@ -53,9 +58,15 @@ class PreparedClaim:
                 for d in self.devices
             ],
         }
+        if with_spec and self.spec:
+            raw["spec"] = dict(self.spec)
+        return raw
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> PreparedClaim:
+        spec = raw.get("spec") or {}
+        if not isinstance(spec, Mapping):
+            raise TypeError(f"claim {raw.get('uid')!r}: its CDI spec is {type(spec).__name__}, not an object")
         return cls(
             str(raw["uid"]),
             str(raw["namespace"]),
@@ -64,6 +75,7 @@ class PreparedClaim:
                 PreparedDevice(str(d["request"]), str(d["pool"]), str(d["device"]), tuple(map(str, d["cdiIds"])))
                 for d in raw["devices"]
             ),
+            dict(spec),
         )
 
 
@@ -91,13 +103,17 @@ def prepare(
     inventory: NodeInventory,
     unhealthy: Mapping[int, str],
     host_dev_root: Path,
+    taints: Mapping[int, Taint] | None = None,
 ) -> PreparedClaim:
     """The prepared form of `claim` (as the API server returns it), or `ClaimRefused`: allocated,
-    the same UID the kubelet asked for, its devices in this node's pool, known and healthy."""
+    the same UID the kubelet asked for, its devices in this node's pool, known and healthy, or
+    tainted (`taints`) with every result on them tolerating the taint (an admin's diagnostic pod)."""
+    taints = taints or {}
     meta = claim.get("metadata") or {}
     if meta.get("uid") != uid:
         raise ClaimRefused(f"the claim's UID is {meta.get('uid')!r}, the kubelet asked for {uid!r} (recreated?)")
     per_request: dict[str, tuple[set[int], set[int]]] = {}  # request -> (devices, cores)
+    untolerated: set[int] = set()  # devices some result on which does not tolerate their taint
     results = _results(claim)
     for result in results:
         pool, name, request = str(result.get("pool")), str(result.get("device")), str(result.get("request"))
@@ -114,21 +130,34 @@ def prepare(
                 raise ClaimRefused(f"{name}: no such Neuron device on this node")
             devices.add(index)
             cores.update(device.logical_cores)
+            holder = index
         else:
             core = inventory.core(index)
             if core is None:
                 raise ClaimRefused(f"{name}: no such NeuronCore on this node")
             devices.add(core.device)
             cores.add(index)
-    sick = sorted({d for devices, _ in per_request.values() for d in devices if d in unhealthy})
+            holder = core.device
+        taint = taints.get(holder)
+        if taint is None or not tolerates(result.get("tolerations") or [], taint):
+            untolerated.add(holder)
+    sick = sorted({d for devices, _ in per_request.values() for d in devices if d in unhealthy and d in untolerated})
     if sick:
         raise ClaimRefused(
             "allocated Neuron device(s) are unhealthy: " + "; ".join(f"neuron{d}: {unhealthy[d]}" for d in sick)
         )
-    edits = {
-        cdi_device_name(uid, request): cdi.container_edits(devices, host_dev_root, env(inventory, cores))
-        for request, (devices, cores) in sorted(per_request.items())
-    }
+    try:
+        configs = parameters.per_request((claim.get("status") or {}).get("allocation") or {}, per_request)
+    except parameters.ConfigError as exc:
+        raise ClaimRefused(f"invalid device config: {exc}") from exc
+    edits = {}
+    for request, (devices, cores) in sorted(per_request.items()):
+        lnc = configs[request].logical_neuron_core
+        try:
+            request_env = env(inventory, cores, lnc)
+        except ValueError as exc:
+            raise ClaimRefused(f"request {request!r}: {exc}") from exc
+        edits[cdi_device_name(uid, request)] = cdi.container_edits(devices, host_dev_root, request_env)
     first_of_request: set[str] = set()
     prepared: list[PreparedDevice] = []
     for result in results:
@@ -142,8 +171,54 @@ def prepare(
     return PreparedClaim(uid, str(meta.get("namespace", "")), str(meta.get("name", "")), tuple(prepared), spec)
 
 
-def env(inventory: NodeInventory, cores: set[int]) -> dict[str, str]:
+def env(inventory: NodeInventory, cores: set[int], lnc: int | None = None) -> dict[str, str]:
+    """The runtime's variables for `cores` (logical, in the node's setting), counted in `lnc`
+    (None: the node's setting). ValueError when `lnc` is not supported here or splits a core."""
+    if lnc is None or lnc == inventory.lnc.value:
+        visible, setting = cores, inventory.lnc.value
+    else:
+        visible, setting = relogical(inventory, cores, lnc), lnc
     return {
-        "NEURON_RT_VISIBLE_CORES": id_list(cores) if cores else "",
-        layout.LNC_ENV: str(inventory.lnc.value),
+        "NEURON_RT_VISIBLE_CORES": id_list(visible) if visible else "",
+        layout.LNC_ENV: str(setting),
     }
+
+
+def relogical(inventory: NodeInventory, cores: set[int], lnc: int) -> set[int]:
+    """`cores` (logical indices in the node's setting) as the runtime counts them with `lnc`
+    physical cores per logical one: every physical core behind them, regrouped by `lnc`.
+
+    The runtime numbers logical cores device by device, `physical_cores // lnc` per device; the
+    regrouped set must cover whole logical cores (two cores of a pair at LNC 2), or the container
+    would be handed a core half of which another claim holds."""
+    family = inventory.instance_type.family if inventory.instance_type else None
+    supported = family.supported_lnc if family else (inventory.lnc.value,)
+    if lnc not in supported:
+        name = family.name if family else "this node"
+        raise ValueError(
+            f"logicalNeuronCore {lnc} is not supported on {name} (supported: {', '.join(map(str, supported))})"
+        )
+    physical: dict[int, set[int]] = {}  # device -> its physical cores behind `cores`
+    per_device: dict[int, int] = {}
+    for index in cores:
+        core = inventory.core(index)
+        holder = inventory.device(core.device) if core else None
+        if core is None or holder is None:
+            raise ValueError(f"neuroncore{index}: no such NeuronCore on this node")
+        physical.setdefault(core.device, set()).update(core.physical)
+        per_device[core.device] = holder.physical_cores
+    visible: set[int] = set()
+    for device, held in sorted(physical.items()):
+        if per_device[device] % lnc:
+            raise ValueError(f"neuron{device}'s {per_device[device]} physical cores do not divide by {lnc}")
+        for group in range(per_device[device] // lnc):
+            members = set(range(group * lnc, (group + 1) * lnc))
+            if members <= held:
+                visible.add(device * (per_device[device] // lnc) + group)
+            elif members & held:
+                raise ValueError(
+                    f"with logicalNeuronCore {lnc} the allocated cores of neuron{device} split a logical core"
+                    f" (physical cores {sorted(members)}, of which {sorted(members & held)} allocated):"
+                    " allocate whole devices or cores in pairs"
+                )
+    return visible

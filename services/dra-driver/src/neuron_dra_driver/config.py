@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_duration, require_node_name
+from neuron_dra_driver import slices
 from neuron_driver import layout
 
 DEFAULT_LISTEN = "0.0.0.0:9844"
@@ -29,6 +30,9 @@ class Config:
     kmsg_path: Path | None
     verdict_dir: Path | None
     publish_cores: bool
+    device_taints: bool
+    taint_effect_until_reboot: str
+    taint_effect_replace_instance: str
     resync_interval: float
     api_timeout: float
 
@@ -104,6 +108,21 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         help="publish each NeuronCore as a device too, sharing a counter with its Neuron device "
         "(needs the DRAPartitionableDevices feature, Beta and on in Kubernetes 1.36)",
     )
+    p.add_bool_flag(
+        "--device-taints",
+        default=True,
+        help="keep an unhealthy device (and its cores) in the ResourceSlices with the taint neuron.aws.com/unhealthy="
+        "<fault kind> instead of leaving it out (needs DRADeviceTaints, Beta and on in Kubernetes 1.36; where the API "
+        "server drops taints the driver leaves such devices out and says so)",
+    )
+    for severity, default in (("until-reboot", "NoSchedule"), ("replace-instance", "NoSchedule")):
+        p.add_flag(
+            f"--taint-effect-{severity}",
+            default=default,
+            choices=slices.TAINT_EFFECTS,
+            help=f"effect of the taint of a device with a fault of severity {severity} (the fault table's); "
+            "NoExecute also evicts the pods using it. A missing device or the problem detector's verdict: NoSchedule",
+        )
     p.add_flag(
         "--resync-interval",
         default="1m",
@@ -148,6 +167,9 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         kmsg_path=kmsg,
         verdict_dir=Path(a.verdict_dir) if a.verdict_dir else None,
         publish_cores=a.publish_cores,
+        device_taints=a.device_taints,
+        taint_effect_until_reboot=a.taint_effect_until_reboot,
+        taint_effect_replace_instance=a.taint_effect_replace_instance,
         resync_interval=a.resync_interval,
         api_timeout=a.api_timeout,
     )

@@ -21,6 +21,7 @@ from neuron_dra_driver import checkpoint
 from neuron_dra_driver.checkpoint import Checkpoint
 from neuron_dra_driver.claims import ClaimRefused, PreparedClaim, prepare, spec_file_name
 from neuron_dra_driver.metrics import DriverMetrics
+from neuron_dra_driver.slices import Taint
 from neuron_driver import cdi
 from neuron_driver.inventory import NodeInventory
 
@@ -51,6 +52,7 @@ class Driver:
         inventory: Callable[[], NodeInventory],
         unhealthy: Callable[[], Mapping[int, str]],
         checkpoint_file: Path,
+        taints: Callable[[], Mapping[int, Taint]] = dict,
         cdi_dir: Path,
         host_dev_root: Path,
         metrics: DriverMetrics,
@@ -59,6 +61,7 @@ class Driver:
         self.api = api
         self.inventory = inventory
         self.unhealthy = unhealthy
+        self.taints = taints
         self.checkpoint = Checkpoint(checkpoint_file)
         self.cdi_dir = cdi_dir
         self.host_dev_root = host_dev_root
@@ -68,12 +71,48 @@ class Driver:
         self.problem = ""  # a checkpoint recovery to report on /readyz's detail
 
     def load(self) -> None:
+        """The checkpoint's claims, each with its CDI spec on disk again if a reboot took it: the
+        kubelet may start a container naming a claim's CDI device before asking the driver anything."""
         self.prepared, self.problem = self.checkpoint.recover(self.cdi_dir)
         if self.problem:
             self.metrics.errors.labels("checkpoint").inc()
+        for claim in list(self.prepared.values()):
+            self._ensure_spec(claim)
         self.metrics.prepared_claims.set(len(self.prepared))
         if self.prepared:
             log.info("%d prepared claim(s) from the checkpoint", len(self.prepared))
+
+    def _spec_path(self, uid: str) -> Path:
+        return self.cdi_dir / spec_file_name(uid)
+
+    def _ensure_spec(self, claim: PreparedClaim) -> bool:
+        """True when `claim`'s CDI spec is on disk (written again from the checkpoint if it was
+        missing); False when it is missing and the checkpoint has no copy (a checkpoint written by
+        an older driver): such a claim is prepared again from the API server when the kubelet asks."""
+        if self._spec_path(claim.uid).exists():
+            return True
+        if not claim.spec:
+            log.warning(
+                "claim %s/%s: its CDI spec is gone and the checkpoint has no copy; it is prepared again when asked",
+                claim.namespace,
+                claim.name,
+                extra={"claim_uid": claim.uid},
+            )
+            return False
+        try:
+            cdi.write_spec(self.cdi_dir, spec_file_name(claim.uid), checkpoint.annotate(dict(claim.spec), claim))
+        except OSError as exc:
+            self.metrics.errors.labels("write").inc()
+            log.error("claim %s/%s: cannot write its CDI spec again: %s", claim.namespace, claim.name, exc)
+            return False
+        self.metrics.cdi_specs_restored.inc()
+        log.info(
+            "claim %s/%s: CDI spec written again from the checkpoint (gone, as after a reboot)",
+            claim.namespace,
+            claim.name,
+            extra={"claim_uid": claim.uid},
+        )
+        return True
 
     async def prepare(self, refs: Iterable[ClaimRef]) -> dict[str, PreparedClaim | str]:
         """Per claim UID: the prepared claim, or why it was refused."""
@@ -88,11 +127,14 @@ class Driver:
 
     async def _prepare_one(self, ref: ClaimRef) -> PreparedClaim | str:
         known = self.prepared.get(ref.uid)
-        if known is not None:
+        if known is not None and self._ensure_spec(known):
             return known
+        # not prepared, or prepared but its spec is gone with no copy: ask the API server
         try:
             claim = await self.api.get(claim_path(ref.namespace, ref.name))
-            prepared = prepare(claim, ref.uid, self.node_name, self.inventory(), self.unhealthy(), self.host_dev_root)
+            prepared = prepare(
+                claim, ref.uid, self.node_name, self.inventory(), self.unhealthy(), self.host_dev_root, self.taints()
+            )
         except ClaimRefused as exc:
             self.metrics.refusals.labels("refused").inc()
             log.warning("refused claim %s/%s: %s", ref.namespace, ref.name, exc, extra={"claim_uid": ref.uid})

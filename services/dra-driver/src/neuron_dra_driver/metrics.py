@@ -27,13 +27,38 @@ class DriverMetrics:
             registry=r,
         )
         self.unhealthy_devices = Gauge(
-            "neuron_dra_unhealthy_devices", "Neuron devices left out of the ResourceSlices as unhealthy", registry=r
+            "neuron_dra_unhealthy_devices",
+            "Neuron devices unhealthy: tainted in the ResourceSlices, or left out of them (taints off or dropped)",
+            registry=r,
+        )
+        self.tainted_devices = Gauge(
+            "neuron_dra_tainted_devices",
+            "Published devices and cores carrying the unhealthy taint (device taints on)",
+            registry=r,
+        )
+        self.counters_kept = Gauge(
+            "neuron_dra_shared_counters_kept",
+            "1 while the API server keeps shared counters; 0 when it drops them (DRAPartitionableDevices off) "
+            "and only whole devices are published, so a device and its cores are never handed out together",
+            registry=r,
+        )
+        self.taints_kept = Gauge(
+            "neuron_dra_device_taints_kept",
+            "1 while the API server keeps device taints; 0 when it drops them (DRADeviceTaints off) "
+            "and unhealthy devices are left out of the slices instead",
+            registry=r,
         )
         self.slice_updates = Counter(
             "neuron_dra_slice_updates", "Times this node's ResourceSlices were written with new content", registry=r
         )
         self.refusals = Counter(
             "neuron_dra_prepare_refusals", "Claims refused by NodePrepareResources", ["reason"], registry=r
+        )
+        self.cdi_specs_restored = Counter(
+            "neuron_dra_cdi_specs_restored",
+            "Prepared claims whose CDI spec was missing (as after a reboot: /var/run/cdi is a tmpfs) "
+            "and was written again from the checkpoint",
+            registry=r,
         )
         self.errors = Counter("neuron_dra_errors", "Internal errors by kind", ["kind"], registry=r)
         self.registered = Gauge("neuron_dra_registered", "1 while the kubelet has registered the driver", registry=r)

@@ -5,6 +5,16 @@ slices are rebuilt; when their content differs from what the API server has, the
 with server-side apply under a new pool generation (the scheduler uses only the highest
 generation of a pool, so a half-written update is never mixed with the previous one), and slices
 no longer needed are deleted. A failed write is retried with back-off.
+
+Device taints need `DRADeviceTaints` on the API server (Beta and on in 1.36, alpha and off in
+1.34 and 1.35); an API server without it drops them silently from what it stores, which would
+publish an unhealthy device as allocatable. So the publisher checks what the server kept: when
+a written taint is gone, it says so (log, `neuron_dra_device_taints_kept` 0) and from then on
+leaves unhealthy devices out of the pool instead. Likewise the shared counters that keep a
+device and its cores from both being handed out need `DRAPartitionableDevices` (Beta and on in
+1.36, alpha and off before): a server that drops them would let the scheduler allocate a device
+and one of its cores to two claims, so when they are gone the publisher stops publishing cores
+(`neuron_dra_shared_counters_kept` 0) and the node offers whole devices only.
 """
 
 from __future__ import annotations
@@ -13,6 +23,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
+from dataclasses import replace
 from typing import Any, Protocol
 
 from neuron_common.backoff import Backoff
@@ -58,6 +69,8 @@ class SlicePublisher:
         self.resync = resync
         self.generation = 0
         self.synced = False  # the API server has the current slices
+        self.taints_dropped = False  # the API server does not keep device taints
+        self.counters_dropped = False  # the API server does not keep shared counters
         self._kick = asyncio.Event()
 
     def kick(self) -> None:
@@ -77,22 +90,44 @@ class SlicePublisher:
     async def sync(self) -> bool:
         """One pass; True when something was written."""
         model = self.model()
+        if self.taints_dropped:
+            model = model.without_taints()
+        if self.counters_dropped:
+            model = replace(model, publish_cores=False)
         found = await self.existing()
         found_gen = max((int(s["spec"]["pool"].get("generation", 0)) for s in found), default=0)
         self.generation = max(self.generation, found_gen)
         desired = slices.build(model, self.generation)
         counts = slices.published_counts(desired)
-        for kind, count in counts.items():
-            self.metrics.published_devices.labels(kind).set(count)
-        self.metrics.unhealthy_devices.set(len(set(model.unhealthy)))
+        for kind in ("device", "core"):
+            self.metrics.published_devices.labels(kind).set(counts[kind])
+        self.metrics.tainted_devices.set(counts["tainted"])
+        self.metrics.unhealthy_devices.set(len(set(model.unhealthy) | set(model.taints)))
+        self.metrics.taints_kept.set(0 if self.taints_dropped else 1)
+        self.metrics.counters_kept.set(0 if self.counters_dropped else 1)
         one_generation = len({s["spec"]["pool"].get("generation") for s in found}) == 1
         if one_generation and _comparable(found) == _comparable(desired):
             self.synced = True
             return False
         self.generation += 1
         desired = slices.build(model, self.generation)
-        for obj in desired:
-            await self.api.apply(f"{SLICES}/{obj['metadata']['name']}", obj, FIELD_MANAGER)
+        stored = [await self.api.apply(f"{SLICES}/{obj['metadata']['name']}", obj, FIELD_MANAGER) for obj in desired]
+        if slices.tainted(desired) and not slices.tainted(stored):
+            self.taints_dropped = True
+            self.metrics.taints_kept.set(0)
+            log.warning(
+                "the API server dropped the device taints (DRADeviceTaints off: Kubernetes before 1.36?); "
+                "unhealthy devices are left out of the ResourceSlices instead"
+            )
+            return await self.sync()
+        if slices.counted(desired) and not slices.counted(stored):
+            self.counters_dropped = True
+            self.metrics.counters_kept.set(0)
+            log.warning(
+                "the API server dropped the shared counters (DRAPartitionableDevices off: Kubernetes before 1.36?); "
+                "a device and its cores could be handed out together, so only whole devices are published"
+            )
+            return await self.sync()
         wanted = {s["metadata"]["name"] for s in desired}
         for obj in found:
             name = obj["metadata"]["name"]
@@ -161,7 +196,8 @@ def _comparable(objs: list[dict[str, Any]]) -> list[Any]:
 
 def _strip(value: Any) -> Any:
     if isinstance(value, dict):
-        return {k: _strip(v) for k, v in value.items() if v not in (None, [], {}, False)}
+        # timeAdded: the API server stamps each taint with it
+        return {k: _strip(v) for k, v in value.items() if v not in (None, [], {}, False) and k != "timeAdded"}
     if isinstance(value, list):
         return [_strip(v) for v in value]
     return value

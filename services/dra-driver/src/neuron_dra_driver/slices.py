@@ -19,13 +19,19 @@ topology (`Topology.group_sizes`). A claim asking for k devices (or cores) with
   when k does not divide the ring has no id of that size. Every set the scheduler can pick is a
   valid arc; arcs crossing a tile boundary (e.g. devices 2-5 for k=4) are not reachable.
 Ids are the lowest device index of the group (an int).
+
+An unhealthy device either leaves the pool (with its cores) or, with device taints on (KEP-5055,
+`DRADeviceTaints`, Beta in 1.36), stays in it with a taint `neuron.aws.com/unhealthy=<why>` on the
+device and each of its cores: the scheduler then says why a claim waits, allocates it only to a
+claim that tolerates the taint (an admin's diagnostic pod), and with `NoExecute` evicts the pods
+using it. `<why>` is the fault table's kind, `DeviceAbsent`, or `ProblemDetector`.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from neuron_driver import layout
@@ -72,6 +78,29 @@ def group_ids(topo: Topology) -> dict[int, dict[int, int]]:
     return result
 
 
+TAINT_KEY = f"{DRIVER}/unhealthy"
+TAINT_EFFECTS = ("NoSchedule", "NoExecute")
+ABSENT_TAINT = "DeviceAbsent"
+DETECTOR_TAINT = "ProblemDetector"
+
+
+@dataclass(frozen=True)
+class Taint:
+    value: str
+    effect: str = "NoSchedule"
+    key: str = TAINT_KEY
+
+    def to_api(self) -> dict[str, str]:
+        return {"key": self.key, "value": self.value, "effect": self.effect}
+
+
+def taint_value(text: str) -> str:
+    """`text` as a label value (what a taint's value must be): at most 63 of [A-Za-z0-9_.-],
+    starting and ending with an alphanumeric."""
+    cleaned = "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in text)[:63]
+    return cleaned.strip("_.-") or "Unhealthy"
+
+
 @dataclass(frozen=True)
 class NodeDevices:
     """What the slices say about one node: the scanned model plus the health verdicts."""
@@ -82,6 +111,11 @@ class NodeDevices:
     driver_version: str | None = None  # the Neuron kernel driver's, when the node tells it
     plugin_version: str = "0.0.0"  # this DRA driver's package version (a semantic version)
     publish_cores: bool = True
+    taints: Mapping[int, Taint] = field(default_factory=dict)  # unhealthy devices published tainted
+
+    def without_taints(self) -> NodeDevices:
+        """The same node with its tainted devices left out instead (an API server that drops taints)."""
+        return replace(self, unhealthy=tuple(sorted({*self.unhealthy, *self.taints})), taints={})
 
 
 def _string(value: str) -> dict[str, str]:
@@ -135,16 +169,22 @@ def devices(model: NodeDevices) -> list[dict[str, Any]]:
             entry["capacity"] = {"memory": {"value": _quantity(memory)}}
         if model.publish_cores:
             entry["consumesCounters"] = [_consumes(d.index, len(d.logical_cores))]
+        _taint(entry, model.taints.get(d.index))
         result.append(entry)
     if model.publish_cores:
         for d in healthy:
             for core in d.logical_cores:
                 attributes = _common(model, CORE_KIND, d.index, groups)
                 attributes["coreId"] = _int(core)
-                result.append(
-                    {"name": core_name(core), "attributes": attributes, "consumesCounters": [_consumes(d.index, 1)]}
-                )
+                entry = {"name": core_name(core), "attributes": attributes, "consumesCounters": [_consumes(d.index, 1)]}
+                _taint(entry, model.taints.get(d.index))
+                result.append(entry)
     return result
+
+
+def _taint(entry: dict[str, Any], taint: Taint | None) -> None:
+    if taint is not None:
+        entry["taints"] = [taint.to_api()]
 
 
 def _consumes(device: int, cores: int) -> dict[str, Any]:
@@ -210,12 +250,23 @@ def content(slices: list[dict[str, Any]]) -> list[Any]:
 
 
 def published_counts(slices: list[dict[str, Any]]) -> dict[str, int]:
-    counts = {"device": 0, "core": 0}
+    """Devices and cores published (tainted ones too), and how many of them carry a taint."""
+    counts = {"device": 0, "core": 0, "tainted": 0}
     for s in slices:
         for d in s["spec"].get("devices", []):
             kind = d["attributes"]["resourceType"]["string"]
             counts["device" if kind == DEVICE_KIND else "core"] += 1
+            counts["tainted"] += bool(d.get("taints"))
     return counts
+
+
+def tainted(slices: list[dict[str, Any]]) -> bool:
+    return any(d.get("taints") for s in slices for d in s["spec"].get("devices", []))
+
+
+def counted(slices: list[dict[str, Any]]) -> bool:
+    """Whether any device consumes a shared counter (what keeps a device and its cores apart)."""
+    return any(d.get("consumesCounters") for s in slices for d in s["spec"].get("devices", []))
 
 
 def parse_device_name(name: str) -> tuple[str, int] | None:
