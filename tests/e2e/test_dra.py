@@ -15,6 +15,7 @@ needs the images `make images` builds (the DRA driver's among them) and a contai
 from __future__ import annotations
 
 import json
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -240,6 +241,32 @@ def test_four_connected_devices_and_the_container_sees_exactly_them() -> None:
     cores = sorted(int(c) for c in shown("four")["cores"][0].split(","))
     assert cores == [c for d in sorted(devices) for c in (2 * d, 2 * d + 1)]
     assert (CDI_DIR / f"neuron.aws.com_claim-{claim_uid('four')}.json").exists()
+
+
+def exporter_metrics() -> str:
+    pods = json.loads(
+        kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=node-metrics", "-o", "json")
+    )
+    (exporter,) = [p for p in pods["items"] if p["metadata"].get("deletionTimestamp") is None]
+    with urllib.request.urlopen(f"http://{exporter['status']['podIP']}:9840/metrics", timeout=10) as response:
+        return response.read().decode()  # type: ignore[no-any-return]
+
+
+def test_the_exporter_labels_dra_held_devices_with_their_pod_and_claim() -> None:
+    (status,) = pod("four")["status"]["resourceClaimStatuses"]
+    claim = status["resourceClaimName"]
+    devices = [index(d) for d in allocated("four")]
+
+    def attributed() -> set[int]:
+        held = set()
+        for line in exporter_metrics().splitlines():
+            if line.startswith("neuron_core_allocation_info{") and 'pod="four"' in line:
+                assert f'namespace="{WORKLOADS}"' in line, line
+                assert f'claim="{claim}"' in line, line
+                held.add(int(line.split('core="', 1)[1].split('"', 1)[0]))
+        return held
+
+    eventually(lambda: attributed() == {c for d in devices for c in (2 * d, 2 * d + 1)}, "the pod's cores attributed")
 
 
 def test_an_unsatisfiable_claim_stays_pending_with_the_schedulers_reason() -> None:

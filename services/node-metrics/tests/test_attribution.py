@@ -44,3 +44,61 @@ def test_cap_on_owners_and_label_length() -> None:
     assert a.dropped == 2
     long = attribute([h("x" * 300, "neuron", "neuron0")], RES, CORES, max_owners=4, max_label_length=63)
     assert long.devices[0].pod == "x" * 63
+
+
+def dra(pod: str, device: str, claim: str = "claim-a", driver: str = "neuron.aws.com") -> Holding:
+    return Holding("ns", pod, "c", driver, device, claim, "node-a")
+
+
+def test_devices_held_through_a_dra_claim_carry_the_pod_and_the_claim() -> None:
+    a = attribute([dra("p", "neurondevice1"), dra("q", "neuroncore4", "claim-b")], RES, CORES, max_owners=10)
+    assert a.cores == {
+        2: Owner("ns", "p", "c", "claim-a"),
+        3: Owner("ns", "p", "c", "claim-a"),
+        4: Owner("ns", "q", "c", "claim-b"),
+    }
+    assert a.devices == {1: Owner("ns", "p", "c", "claim-a"), 2: Owner("ns", "q", "c", "claim-b")}
+    assert a.allocated == {}  # DRA holdings are not the device plugin's extended resources
+    # another driver's devices, and names this driver never publishes, are ignored
+    other = attribute(
+        [dra("p", "neurondevice1", driver="gpu.example.com"), dra("p", "neuron1"), dra("p", "neuroncore01")],
+        RES,
+        CORES,
+        max_owners=10,
+    )
+    assert (other.cores, other.devices) == ({}, {})
+
+
+def test_flatten_reads_the_kubelets_dynamic_resources() -> None:
+    from kubelet_api.podresources.v1 import api_pb2 as pr
+    from kubelet_api.podresources_client import flatten
+
+    response = pr.ListPodResourcesResponse(
+        pod_resources=[
+            pr.PodResources(
+                name="p",
+                namespace="ns",
+                containers=[
+                    pr.ContainerResources(
+                        name="c",
+                        devices=[pr.ContainerDevices(resource_name="aws.amazon.com/neuron", device_ids=["neuron0"])],
+                        dynamic_resources=[
+                            pr.DynamicResource(
+                                claim_name="claim-a",
+                                claim_namespace="ns",
+                                claim_resources=[
+                                    pr.ClaimResource(
+                                        driver_name="neuron.aws.com", pool_name="node-a", device_name="neuroncore5"
+                                    )
+                                ],
+                            )
+                        ],
+                    )
+                ],
+            )
+        ]
+    )
+    assert flatten(response) == [
+        Holding("ns", "p", "c", "aws.amazon.com/neuron", "neuron0"),
+        Holding("ns", "p", "c", "neuron.aws.com", "neuroncore5", "claim-a", "node-a"),
+    ]

@@ -20,13 +20,17 @@ from kubelet_api.podresources.v1 import api_pb2, api_pb2_grpc
 
 @dataclass(frozen=True, slots=True)
 class Holding:
-    """One device ID held by one container, flattened out of a List response."""
+    """One device held by one container, flattened out of a List response: a device plugin's
+    device ID under its resource name, or a DRA device under its driver's name (`resource`), with
+    the claim it was allocated through and its pool."""
 
     namespace: str
     pod: str
     container: str
-    resource: str
-    device_id: str
+    resource: str  # extended resource name, or DRA driver name
+    device_id: str  # device plugin ID, or DRA device name
+    claim: str = ""  # DRA only: the ResourceClaim's name (in the pod's namespace)
+    pool: str = ""  # DRA only: the ResourceSlice pool
 
 
 def flatten(response: api_pb2.ListPodResourcesResponse) -> list[Holding]:
@@ -36,6 +40,20 @@ def flatten(response: api_pb2.ListPodResourcesResponse) -> list[Holding]:
             for devices in container.devices:
                 for device_id in devices.device_ids:
                     holdings.append(Holding(pod.namespace, pod.name, container.name, devices.resource_name, device_id))
+            # DRA claims (the kubelet fills these with DynamicResourceAllocation on, 1.34+)
+            for dynamic in container.dynamic_resources:
+                for claimed in dynamic.claim_resources:
+                    holdings.append(
+                        Holding(
+                            pod.namespace,
+                            pod.name,
+                            container.name,
+                            claimed.driver_name,
+                            claimed.device_name,
+                            dynamic.claim_name,
+                            claimed.pool_name,
+                        )
+                    )
     return holdings
 
 

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
 
+from neuron_model import resources
+
 # -- relative to a host root ------------------------------------------------------------------
 DEVICES_DIR = "sys/devices/virtual/neuron_device"
 CLASS_DIR = "sys/class/neuron_device"
@@ -39,7 +41,7 @@ NPD_STATE_DIR = "/var/lib/neuron-problem-detector"
 NPD_STATE_FILE = f"{NPD_STATE_DIR}/state.json"
 VERDICT_DIR = f"{NPD_STATE_DIR}/verdicts"  # the detector writes, the device plugin reads
 CDI_SPEC_DIR = "/var/run/cdi"
-DRA_DRIVER_NAME = "neuron.aws.com"
+DRA_DRIVER_NAME = resources.DRA_DRIVER
 DRA_PLUGINS_DIR = f"{KUBELET_DIR}/plugins"  # a DRA driver's sockets and state live in <this>/<driver>/
 DRA_REGISTRY_DIR = f"{KUBELET_DIR}/plugins_registry"  # the kubelet watches it for registration sockets
 DRA_PLUGIN_DIR = f"{DRA_PLUGINS_DIR}/{DRA_DRIVER_NAME}"

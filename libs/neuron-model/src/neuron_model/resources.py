@@ -1,7 +1,8 @@
-"""The extended resources the stack advertises and the device IDs it gives them.
+"""The extended resources the stack advertises and the device IDs it gives them, and the DRA
+driver's name and device names.
 
-One place for the naming, because the device plugin writes these IDs and the exporter
-reads them back out of the kubelet's PodResources API.
+One place for the naming, because the device plugin and the DRA driver write these names and the
+exporter reads them back out of the kubelet's PodResources API.
 """
 
 from __future__ import annotations
@@ -63,6 +64,30 @@ def parse_id(value: str) -> tuple[Kind, int] | None:
     if match is None:
         return None
     return (Kind.CORE if match.group(1) == "neuroncore" else Kind.DEVICE), int(match.group(2))
+
+
+# --- DRA: the driver's name and the names of the devices it publishes ------------------------
+
+DRA_DRIVER = "neuron.aws.com"  # the AWS driver's name too, so its DeviceClasses and claims work unchanged
+_DRA_NAME_RE = re.compile(r"^(neurondevice|neuroncore)(0|[1-9][0-9]*)$")
+
+
+def dra_device_name(index: int) -> str:
+    """A whole Neuron device in the driver's ResourceSlices."""
+    return f"neurondevice{index}"
+
+
+def dra_core_name(global_index: int) -> str:
+    """A logical NeuronCore in the driver's ResourceSlices (its NEURON_RT_VISIBLE_CORES index)."""
+    return f"neuroncore{global_index}"
+
+
+def parse_dra_name(value: str) -> tuple[Kind, int] | None:
+    """`neurondevice3` -> (DEVICE, 3); `neuroncore12` -> (CORE, 12); anything else -> None."""
+    match = _DRA_NAME_RE.match(value)
+    if match is None:
+        return None
+    return (Kind.DEVICE if match.group(1) == "neurondevice" else Kind.CORE), int(match.group(2))
 
 
 def is_valid_prefix(prefix: str) -> bool:

@@ -36,6 +36,7 @@ from typing import Any
 
 from neuron_driver import layout
 from neuron_driver.inventory import NodeInventory, topology_from
+from neuron_model import resources
 from neuron_model.allocator import Topology
 from neuron_model.instance_types import GIB
 
@@ -52,12 +53,8 @@ MAX_ATTRIBUTES_AND_CAPACITIES = 32
 MAX_NAME = 253
 
 
-def device_name(index: int) -> str:
-    return f"neurondevice{index}"
-
-
-def core_name(index: int) -> str:
-    return f"neuroncore{index}"
+device_name = resources.dra_device_name
+core_name = resources.dra_core_name
 
 
 def group_attribute(size: int) -> str:
@@ -271,8 +268,8 @@ def counted(slices: list[dict[str, Any]]) -> bool:
 
 def parse_device_name(name: str) -> tuple[str, int] | None:
     """(`neuron_device` or `neuron_core`, index) for a name this driver publishes, else None."""
-    for kind, prefix in ((DEVICE_KIND, "neurondevice"), (CORE_KIND, "neuroncore")):
-        digits = name.removeprefix(prefix)
-        if digits != name and digits.isdigit() and str(int(digits)) == digits:
-            return kind, int(digits)
-    return None
+    parsed = resources.parse_dra_name(name)
+    if parsed is None:
+        return None
+    kind, index = parsed
+    return (DEVICE_KIND if kind is resources.Kind.DEVICE else CORE_KIND), index

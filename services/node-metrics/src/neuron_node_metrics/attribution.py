@@ -3,6 +3,10 @@
 A `neuron` (or `neurondevice`) holding covers the device and every logical core on it; a
 `neuroncore` holding covers that core. A device's own series (memory, ECC, power) name a
 container only when one container holds all of it or all its held cores.
+
+Devices held through DRA claims of driver `neuron.aws.com` (`neurondevice<N>`, `neuroncore<G>`)
+are attributed the same way, with the claim's name as well; they are not counted in `allocated`
+(the device plugin's extended resources).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from kubelet_api.podresources_client import Holding
-from neuron_model.resources import Kind, Resource, parse_id
+from neuron_model.resources import DRA_DRIVER, Kind, Resource, parse_dra_name, parse_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,6 +23,7 @@ class Owner:
     namespace: str
     pod: str
     container: str
+    claim: str = ""  # the DRA claim the devices were allocated through ("" for the device plugin's)
 
 
 @dataclass(frozen=True)
@@ -44,14 +49,22 @@ def attribute(
     owners_seen: dict[Owner, None] = {}
     dropped: set[Owner] = set()
     for h in holdings:
-        resource = by_name.get(h.resource)
-        if resource is None:
-            continue
-        parsed = parse_id(h.device_id)
-        if parsed is None or parsed[0] is not resource.kind:
-            continue
-        allocated[h.resource] = allocated.get(h.resource, 0) + 1
-        owner = Owner(*(v[:max_label_length] for v in (h.namespace, h.pod, h.container)))
+        kind: Kind
+        if h.resource == DRA_DRIVER:
+            dra = parse_dra_name(h.device_id)
+            if dra is None:
+                continue
+            kind, index = dra
+        else:
+            resource = by_name.get(h.resource)
+            if resource is None:
+                continue
+            parsed = parse_id(h.device_id)
+            if parsed is None or parsed[0] is not resource.kind:
+                continue
+            kind, index = parsed
+            allocated[h.resource] = allocated.get(h.resource, 0) + 1
+        owner = Owner(*(v[:max_label_length] for v in (h.namespace, h.pod, h.container, h.claim)))
         if owner not in owners_seen:
             if len(owners_seen) >= max_owners:
                 dropped.add(owner)
@@ -59,8 +72,7 @@ def attribute(
             owners_seen[owner] = None
         elif owner in dropped:
             continue
-        index = parsed[1]
-        if resource.kind is Kind.DEVICE:
+        if kind is Kind.DEVICE:
             for core in cores_of_device.get(index, ()):
                 core_owner[core] = owner
             device_owners.setdefault(index, set()).add(owner)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-ATTRIBUTION = ("namespace", "pod", "container")
+ATTRIBUTION = ("namespace", "pod", "container", "claim")
 
 
 @dataclass(frozen=True)

@@ -76,8 +76,11 @@ def fault_labels(counter: str) -> str:
 
 def owner_labels(owner: Owner | None) -> str:
     if owner is None:
-        return 'namespace="",pod="",container=""'
-    return f"{pair('namespace', owner.namespace)},{pair('pod', owner.pod)},{pair('container', owner.container)}"
+        return 'namespace="",pod="",container="",claim=""'
+    return (
+        f"{pair('namespace', owner.namespace)},{pair('pod', owner.pod)},{pair('container', owner.container)},"
+        f"{pair('claim', owner.claim)}"
+    )
 
 
 def number(value: float) -> str:
