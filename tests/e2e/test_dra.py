@@ -391,6 +391,17 @@ def test_a_device_error_taints_it_and_its_cores_and_recovery_untaints() -> None:
     eventually(lambda: pod_phase("device3-diagnostic", WORKLOADS) == "Running", "the tolerating pod", timeout=180)
     assert allocated("device3-diagnostic") == ["neurondevice3"]
     assert seen_devices("device3-diagnostic") == [3]
+
+    # the driver's health stream reaches the pod's status (KEP-4680, ResourceHealthStatus)
+    def reported_unhealthy() -> bool:
+        statuses = pod("device3-diagnostic")["status"]["containerStatuses"][0].get("allocatedResourcesStatus") or []
+        return any(
+            "neurondevice3" in r.get("resourceID", "") and r.get("health") == "Unhealthy"
+            for s in statuses
+            for r in s.get("resources") or []
+        )
+
+    eventually(reported_unhealthy, "device 3 Unhealthy in the pod's allocatedResourcesStatus", timeout=120)
     eventually(lambda: "claim" in unschedulable_reason("device3"), "the untolerating pod unschedulable", timeout=120)
     assert pod_phase("device3", WORKLOADS) == "Pending"
     delete_pods("four-after-error", "device3", "device3-diagnostic")
