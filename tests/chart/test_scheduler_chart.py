@@ -54,10 +54,16 @@ def test_the_extender_deployment() -> None:
     pod = deployment["spec"]["template"]["spec"]
     c = container(deployment)
     assert c["image"] == "localhost/neuron-helm-chart/scheduler-extender:0.1.0"
+    tls_dir = "/etc/neuron-scheduling/tls"
     assert c["args"] == [
         "--listen=0.0.0.0:9843",
         "--log-level=info",
         "--report-max-age=2m",
+        "--scheduler-name=neuron-scheduler",
+        f"--tls-cert-file={tls_dir}/tls.crt",
+        f"--tls-key-file={tls_dir}/tls.key",
+        f"--client-ca-file={tls_dir}/ca.crt",
+        f"--tls-server-name={EXTENDER}.kube-system.svc",
         f"--lease-name={EXTENDER}",
         "--lease-duration=15s",
         "--renew-deadline=10s",
@@ -65,8 +71,8 @@ def test_the_extender_deployment() -> None:
     ]
     env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in c["env"]}
     assert env == {"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name", "POD_IP": "status.podIP"}
-    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http"}
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "http", "scheme": "HTTPS"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http", "scheme": "HTTPS"}
     # nobody, read-only, no capability: it only talks to the API server
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] == 65534
@@ -157,12 +163,18 @@ def test_the_kube_scheduler_configuration() -> None:
     }
     assert config["extenders"] == [
         {
-            "urlPrefix": f"http://{EXTENDER}.kube-system.svc:9843",
+            "urlPrefix": f"https://{EXTENDER}.kube-system.svc:9843",
             "filterVerb": "filter",
             "prioritizeVerb": "prioritize",
             "weight": 10,
             "bindVerb": "bind",
-            "enableHTTPS": False,
+            "enableHTTPS": True,
+            "tlsConfig": {
+                "serverName": f"{EXTENDER}.kube-system.svc",
+                "certFile": "/etc/neuron-scheduling/tls/tls.crt",
+                "keyFile": "/etc/neuron-scheduling/tls/tls.key",
+                "caFile": "/etc/neuron-scheduling/tls/ca.crt",
+            },
             "nodeCacheCapable": True,
             "httpTimeout": "10s",
             "ignorable": False,
@@ -179,8 +191,9 @@ def test_the_kube_scheduler_configuration() -> None:
     for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
         assert c[probe]["httpGet"] == {"path": "/healthz", "port": "https", "scheme": "HTTPS"}
     assert c["ports"] == [{"name": "https", "containerPort": 10259, "protocol": "TCP"}]
-    volume = deployment["spec"]["template"]["spec"]["volumes"][0]
-    assert volume["configMap"]["name"] == SCHEDULER
+    config_volume, tls_volume = deployment["spec"]["template"]["spec"]["volumes"]
+    assert config_volume["configMap"]["name"] == SCHEDULER
+    assert tls_volume["secret"]["secretName"] == f"{EXTENDER}-tls"
     assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
@@ -192,6 +205,11 @@ def test_the_scheduling_simulation_calls_the_extender_as_the_chart_does() -> Non
     assert simulated["profiles"] == chart["profiles"]
     for config in (chart, simulated):
         config["extenders"][0].pop("urlPrefix")
+    # the simulation calls the extender over plain HTTP (its figures leave out the TLS handshake and
+    # encryption, which keep-alive connections pay once per connection)
+    for key in ("enableHTTPS", "tlsConfig"):
+        chart["extenders"][0].pop(key)
+        simulated["extenders"][0].pop(key, None)
     assert simulated["extenders"] == chart["extenders"]
     assert simulated.get("percentageOfNodesToScore") == chart.get("percentageOfNodesToScore")
 
@@ -208,7 +226,8 @@ def test_a_fixed_cluster_ip_the_alias_and_the_weight_reach_the_configuration() -
     )
     config = scheduler_config(docs)
     (extender,) = config["extenders"]
-    assert extender["urlPrefix"] == "http://10.96.0.53:9843"
+    assert extender["urlPrefix"] == "https://10.96.0.53:9843"
+    assert extender["tlsConfig"]["serverName"] == f"{EXTENDER}.kube-system.svc"  # the certificate's name
     assert named(docs, "Service", EXTENDER)["spec"]["clusterIP"] == "10.96.0.53"
     assert extender["weight"] == 3
     assert [r["name"] for r in extender["managedResources"]][-1] == "aws.amazon.com/neurondevice"
@@ -325,7 +344,17 @@ def load_with_kube_scheduler(config: dict[str, Any], tmp_path: Path) -> subproce
     ids=["defaults", "alias-and-ip"],
 )
 def test_the_real_kube_scheduler_accepts_the_configuration(values: list[str], tmp_path: Path) -> None:
-    config = scheduler_config(render(*values))
+    import base64
+
+    docs = render(*values)
+    config = scheduler_config(docs)
+    # the Secret's files where the pod mounts them, here under tmp_path (kube-scheduler opens them)
+    secret = named(docs, "Secret", f"{EXTENDER}-tls")
+    tls_config = config["extenders"][0]["tlsConfig"]
+    for field, key in (("certFile", "tls.crt"), ("keyFile", "tls.key"), ("caFile", "ca.crt")):
+        (tmp_path / key).write_bytes(base64.b64decode(secret["data"][key]))
+        assert tls_config[field] == f"/etc/neuron-scheduling/tls/{key}"
+        tls_config[field] = str(tmp_path / key)
     result = load_with_kube_scheduler(config, tmp_path)
     assert result.returncode == 0, result.stderr
     loaded = yaml.safe_load((tmp_path / "out.yaml").read_text())
@@ -364,3 +393,46 @@ def test_the_extenders_service_monitor_feeds_the_scheduling_dashboard() -> None:
     # the job the dashboards' tests scrape the extender as
     job = {"targetLabel": "job", "replacement": generator().SCHEDULER_EXTENDER}
     assert job in endpoint["relabelings"]
+
+
+def test_mutual_tls_secret_is_generated_once_or_taken_from_the_user() -> None:
+    import base64
+    import subprocess
+    import tempfile
+
+    docs = render(*ON)
+    secret = named(docs, "Secret", f"{EXTENDER}-tls")
+    assert secret["type"] == "kubernetes.io/tls"
+    with tempfile.TemporaryDirectory() as tmp:
+        for key in ("ca.crt", "tls.crt"):
+            Path(tmp, key).write_bytes(base64.b64decode(secret["data"][key]))
+        verified = subprocess.run(
+            ["openssl", "verify", "-CAfile", f"{tmp}/ca.crt", f"{tmp}/tls.crt"],
+            capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert verified.returncode == 0, verified.stderr
+        text = subprocess.run(
+            ["openssl", "x509", "-in", f"{tmp}/tls.crt", "-noout", "-ext", "extendedKeyUsage,subjectAltName"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+    # both sides present it, and the scheduler checks the Service's name whatever address it dials
+    assert "TLS Web Server Authentication, TLS Web Client Authentication" in text
+    assert f"DNS:{EXTENDER}.kube-system.svc" in text
+    # the user's (cert-manager's) Secret: none generated, every mount and monitor names it
+    own = render(*ON, *sets(scheduler__extender__tls__secretName="my-extender-cert"))
+    assert not [d for d in of_kind(own, "Secret") if d["metadata"]["name"].endswith("-tls")]
+    for name in (EXTENDER, SCHEDULER):
+        volumes = named(own, "Deployment", name)["spec"]["template"]["spec"]["volumes"]
+        assert {"name": "tls", "secret": {"secretName": "my-extender-cert"}} in volumes
+
+
+def test_without_tls_plain_http_and_no_secret() -> None:
+    docs = render(*ON, *sets(scheduler__extender__tls__enabled=False))
+    (extender,) = scheduler_config(docs)["extenders"]
+    assert extender["urlPrefix"].startswith("http://")
+    assert extender["enableHTTPS"] is False
+    assert "tlsConfig" not in extender
+    assert not [d for d in of_kind(docs, "Secret") if d["metadata"]["name"].endswith("-tls")]
+    c = container(named(docs, "Deployment", EXTENDER))
+    assert not [a for a in c["args"] if a.startswith("--tls")]
+    assert "scheme" not in c["readinessProbe"]["httpGet"]

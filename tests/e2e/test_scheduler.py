@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import json
 import re
+import ssl
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -147,9 +149,31 @@ def extender_pods() -> list[dict[str, Any]]:
     return [p for p in pods["items"] if p["metadata"].get("deletionTimestamp") is None]
 
 
+def extender_tls(client_cert: bool) -> ssl.SSLContext:
+    """A client context trusting the release's CA, with its certificate (kube-scheduler's) or none."""
+    import base64
+    import tempfile
+
+    secret = json.loads(kubectl("get", "secret", "-n", NAMESPACE, f"{EXTENDER}-tls", "-o", "json"))["data"]
+    directory = Path(tempfile.mkdtemp(prefix="extender-tls-"))
+    for key in ("ca.crt", "tls.crt", "tls.key"):
+        (directory / key).write_bytes(base64.b64decode(secret[key]))
+    context = ssl.create_default_context(cafile=str(directory / "ca.crt"))
+    context.check_hostname = False  # dialled by pod IP; the CA is what is checked
+    if client_cert:
+        context.load_cert_chain(str(directory / "tls.crt"), str(directory / "tls.key"))
+    return context
+
+
 def get(pod_ip: str, path: str) -> tuple[int, str]:
+    return call(pod_ip, path)
+
+
+def call(pod_ip: str, path: str, body: bytes | None = None, client_cert: bool = False) -> tuple[int, str]:
+    """GET (or POST `body`) on an extender replica over HTTPS, as anyone in the cluster could."""
+    request = urllib.request.Request(f"https://{pod_ip}:9843{path}", data=body, method="POST" if body else "GET")
     try:
-        with urllib.request.urlopen(f"http://{pod_ip}:9843{path}", timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10, context=extender_tls(client_cert)) as response:
             return response.status, response.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
@@ -253,6 +277,28 @@ def test_one_device_lost_in_each_row_keeps_8_and_4_device_pods_pending_with_the_
         )
         assert pod_phase(name, WORKLOADS) == "Pending"
         assert not pod(name)["spec"].get("nodeName")
+
+
+def test_a_bind_without_the_releases_certificate_is_refused_and_an_oversized_body_gets_413() -> None:
+    """What issue 24 did from inside the cluster: POST /bind for a pending pod. Without a client
+    certificate of the release's CA the extender answers 403 and the pod stays unbound; with it, a
+    body over the limit gets 413 and both replicas stay up."""
+    binding = json.dumps(
+        {"PodName": "four", "PodNamespace": WORKLOADS, "PodUID": pod("four")["metadata"]["uid"], "Node": NODE}
+    ).encode()
+    for replica in extender_pods():
+        status, text = call(replica["status"]["podIP"], "/bind", binding)
+        assert status == 403, text
+        assert "client certificate" in text
+    assert pod_phase("four", WORKLOADS) == "Pending"
+    assert not pod("four")["spec"].get("nodeName")
+    leader_ip = leader_pod()["status"]["podIP"]
+    status, text = call(leader_ip, "/filter", b"[" + b"0," * (3 * 1024**2) + b"0]", client_cert=True)
+    assert status == 413, text
+    for replica in extender_pods():
+        assert get(replica["status"]["podIP"], "/healthz")[0] == 200
+    _, metrics = get(leader_ip, "/metrics")
+    assert 'neuron_scheduler_extender_refused_requests_total{reason="too_large",verb="filter"} 1.0' in metrics
 
 
 def test_restarting_both_extenders_loses_nothing() -> None:

@@ -273,6 +273,9 @@ spec:
   httpGet:
     path: {{ $probe.path | quote }}
     port: http
+    {{- with $.scheme }}
+    scheme: {{ . }}
+    {{- end }}
   {{- omit $probe "path" | toYaml | nindent 2 }}
 {{- end }}
 {{- end -}}

@@ -241,6 +241,58 @@ class TestBind:
         assert message in answer["Error"]
 
 
+class TestBindServesOnlyItsScheduler:
+    """A caller that reaches /bind must not be able to place someone else's pod (issue 24)."""
+
+    async def test_a_pod_of_another_scheduler_is_refused(self, start: Callable[..., Any]) -> None:
+        pod = pod_object("theirs", devices=1)
+        pod["spec"]["schedulerName"] = "default-scheduler"
+        ext = await start(await cluster(report_object("n1"), pods=(pod,)))
+        _, body = await ext.post("bind", binding_args(pod, "n1"))
+        assert body["Error"] == (
+            "pod default/theirs is scheduled by 'default-scheduler', not 'neuron-scheduler': "
+            "this extender binds only its scheduler's pods"
+        )
+        assert ext.api.bindings == []
+        # remembered from filter too: the schedulerName comes with the request
+        await ext.post("filter", extender_args(pod, ["n1"]))
+        _, body = await ext.post("bind", binding_args(pod, "n1"))
+        assert "this extender binds only its scheduler's pods" in body["Error"]
+        _, metrics = await ext.get("/metrics")
+        assert ext.metric(metrics, "neuron_scheduler_extender_bind_failures_total", reason="foreign_scheduler") == 2
+
+    async def test_a_pod_that_asks_for_no_neuron_resource_is_refused(self, start: Callable[..., Any]) -> None:
+        pod = pod_object("plain")
+        ext = await start(await cluster(report_object("n1"), pods=(pod,)))
+        _, body = await ext.post("bind", binding_args(pod, "n1"))
+        assert body["Error"] == "pod default/plain asks for no Neuron resource: not this extender's to bind"
+        assert ext.api.bindings == []
+
+    async def test_a_binding_without_the_pods_uid_is_refused(self, start: Callable[..., Any]) -> None:
+        pod = pod_object("p", devices=1)
+        ext = await start(await cluster(report_object("n1"), pods=(pod,)))
+        _, body = await ext.post("bind", {**binding_args(pod, "n1"), "PodUID": ""})
+        assert body["Error"] == "neuron-scheduler-extender: ExtenderBindingArgs.PodUID: missing"
+        assert ext.api.bindings == []
+
+    async def test_a_body_over_the_limit_gets_413_and_the_extender_lives_on(self, start: Callable[..., Any]) -> None:
+        pod = pod_object("p", devices=1)
+        ext = await start(await cluster(report_object("n1"), pods=(pod,)))
+        status, text = await ext.post("bind", b"{" + b" " * (65 * 1024) + b"}")
+        assert status == 413
+        assert "at most 65536 bytes" in text
+        status, _ = await ext.post("filter", b"[" + b"0," * (3 * 1024**2) + b"0]")
+        assert status == 413
+        assert (await ext.get("/healthz"))[0] == 200
+        _, metrics = await ext.get("/metrics")
+        for verb in ("bind", "filter"):
+            assert (
+                ext.metric(metrics, "neuron_scheduler_extender_refused_requests_total", verb=verb, reason="too_large")
+                == 1
+            )
+        assert (await ext.post("bind", binding_args(pod, "n1")))[1] == {"Error": ""}
+
+
 class TestReadinessAndLeadership:
     async def test_not_ready_until_listed_then_ready_as_leader(self, start: Callable[..., Any]) -> None:
         api = await cluster(report_object("n1"))

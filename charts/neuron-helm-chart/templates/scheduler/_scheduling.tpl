@@ -13,10 +13,23 @@
      without cluster DNS), else its DNS name. */}}
 {{- define "neuron.extenderUrl" -}}
 {{- $v := .Values.scheduler.extender -}}
-{{- $host := printf "%s.%s.svc" (include "neuron.componentName" (dict "root" . "component" "scheduler-extender")) .Release.Namespace -}}
+{{- $host := include "neuron.extenderHost" . -}}
 {{- with $v.service.clusterIP }}{{ $host = . }}{{ end -}}
-{{- printf "http://%s:%d" $host (int $v.port) -}}
+{{- printf "%s://%s:%d" (ternary "https" "http" $v.tls.enabled) $host (int $v.port) -}}
 {{- end -}}
+
+{{/* The extender Service's DNS name: what its certificate is for, whatever address the scheduler dials. */}}
+{{- define "neuron.extenderHost" -}}
+{{- printf "%s.%s.svc" (include "neuron.componentName" (dict "root" . "component" "scheduler-extender")) .Release.Namespace -}}
+{{- end -}}
+
+{{/* The Secret with the extender's certificate (tls.crt, tls.key, ca.crt): the user's, or the chart's own. */}}
+{{- define "neuron.extenderTlsSecret" -}}
+{{- .Values.scheduler.extender.tls.secretName | default (printf "%s-tls" (include "neuron.componentName" (dict "root" . "component" "scheduler-extender"))) -}}
+{{- end -}}
+
+{{/* Where both scheduling Deployments mount that Secret. */}}
+{{- define "neuron.extenderTlsDir" -}}/etc/neuron-scheduling/tls{{- end -}}
 
 {{/* The Neuron resources the second scheduler hands to the extender: both, and the deprecated alias when the
      device plugin advertises it. */}}
@@ -131,7 +144,14 @@ extenders:
     prioritizeVerb: prioritize
     weight: {{ $x.weight }}
     bindVerb: bind
-    enableHTTPS: false
+    enableHTTPS: {{ $x.tls.enabled }}
+    {{- if $x.tls.enabled }}
+    tlsConfig:
+      serverName: {{ include "neuron.extenderHost" . }}
+      certFile: {{ include "neuron.extenderTlsDir" . }}/tls.crt
+      keyFile: {{ include "neuron.extenderTlsDir" . }}/tls.key
+      caFile: {{ include "neuron.extenderTlsDir" . }}/ca.crt
+    {{- end }}
     nodeCacheCapable: true
     httpTimeout: {{ $x.httpTimeout }}
     ignorable: false

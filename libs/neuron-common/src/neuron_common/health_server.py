@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import ssl
 from collections.abc import Callable
 
 from aiohttp import web
@@ -29,8 +30,10 @@ class HealthServer:
         ready: Check = _always_ok,
         metrics_handler: Callable[[web.Request], object] | None = None,
         client_max_size: int = 1024**2,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.host, self.port = host, port
+        self.ssl_context = ssl_context
         self.registry = registry
         self._live, self._ready = live, ready
         # a service that serves more than probes (the scheduler extender) may take larger request bodies
@@ -58,7 +61,7 @@ class HealthServer:
     async def start(self) -> None:
         self._runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True, ssl_context=self.ssl_context)
         await site.start()
         server = site._server  # the only way aiohttp exposes the bound port when port=0
         sockets = getattr(server, "sockets", None) or []

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from typing import Any
 
@@ -12,8 +13,9 @@ from neuron_common.kube import Api
 from neuron_common.lifecycle import sleep_or_stop
 from neuron_common.supervisor import Supervisor
 from neuron_model import report
+from neuron_scheduler_extender import tls
 from neuron_scheduler_extender.config import Config
-from neuron_scheduler_extender.endpoints import Endpoints
+from neuron_scheduler_extender.endpoints import MAX_BODY, Endpoints, Forwarder
 from neuron_scheduler_extender.leader import AlwaysLeader, LeaderElector
 from neuron_scheduler_extender.metrics import Metrics
 from neuron_scheduler_extender.pods import PodRecord, ResourceNames, pod_record
@@ -25,8 +27,6 @@ from neuron_scheduler_extender.state import ClusterView, ReportRecord, report_re
 BOUND_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 NEURON_NODES = Resource("neuronnodes", f"/apis/{report.GROUP}/{report.VERSION}/{report.PLURAL}")
 PODS = Resource("pods", "/api/v1/pods", {"fieldSelector": BOUND_PODS})
-# With nodeCacheCapable=false kube-scheduler sends whole Node objects: several MB at 1,000 nodes.
-MAX_REQUEST_BYTES = 256 * 1024 * 1024
 MAINTENANCE_INTERVAL = 10.0
 
 log = logging.getLogger(__name__)
@@ -69,13 +69,19 @@ class Extender:
             self.leader = AlwaysLeader()
         self.supervisor = Supervisor(stop)
         host, port = config.listen
+        self.tls_contexts: list[ssl.SSLContext] = []
+        forwarder = Forwarder()
+        if config.tls is not None:
+            self.tls_contexts = [tls.server_context(config.tls), tls.client_context(config.tls)]
+            forwarder = Forwarder(ssl_context=self.tls_contexts[1], server_name=config.tls.server_name)
         self.http = HealthServer(
             host,
             port,
             self.metrics.registry,
             live=self.supervisor.healthy,
             ready=self.ready,
-            client_max_size=MAX_REQUEST_BYTES,
+            client_max_size=max(MAX_BODY.values()),
+            ssl_context=self.tls_contexts[0] if self.tls_contexts else None,
         )
         self.endpoints = Endpoints(
             self.view,
@@ -85,6 +91,9 @@ class Extender:
             read_pod=self.read_pod,
             bind_pod=self.bind_pod,
             synced=self.synced,
+            forwarder=forwarder,
+            scheduler_name=config.scheduler_name,
+            require_client_cert=config.tls is not None,
         )
         self.endpoints.add_routes(self.http.app)
         self.metrics.watch_view(
@@ -155,6 +164,9 @@ class Extender:
         self.supervisor.start("pods", lambda: self.pods.run(self.stop))
         self.supervisor.start("leader-election", lambda: self.leader.run(self.stop))
         self.supervisor.start("maintenance", self.maintain)
+        if self.config.tls is not None:
+            files = self.config.tls
+            self.supervisor.start("tls-reload", lambda: tls.reload_on_change(files, self.tls_contexts, self.stop))
         code = await self.supervisor.run()
         await self.http.stop()
         await self.endpoints.forwarder.close()

@@ -36,6 +36,19 @@ class Config:
     lease_duration: float
     renew_deadline: float
     retry_period: float
+    scheduler_name: str = "neuron-scheduler"
+    tls: TlsFiles | None = None
+
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """Mutual TLS: the extender's serving certificate, and the CA whose client certificates may call
+    the extender verbs (kube-scheduler's, and the other replica's when it relays to the leader)."""
+
+    cert: str
+    key: str
+    client_ca: str
+    server_name: str  # the name the certificate is for, checked when relaying to the leader by IP
 
 
 def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
@@ -102,6 +115,27 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
     p.add_flag(
         "--retry-period", default="2s", type=positive_duration, help="time between attempts to take or renew the lease"
     )
+    p.add_flag(
+        "--scheduler-name",
+        default="neuron-scheduler",
+        help="the only schedulerName whose pods /bind binds (the chart's second scheduler); others are refused",
+    )
+    p.add_flag(
+        "--tls-cert-file", default="", help="serving certificate (PEM); with --tls-key-file and --client-ca-file"
+    )
+    p.add_flag("--tls-key-file", default="", help="private key of --tls-cert-file (PEM)")
+    p.add_flag(
+        "--client-ca-file",
+        default="",
+        help="CA of the client certificates allowed to call /filter, /prioritize and /bind (PEM); "
+        "the health and metrics paths need none. All three TLS flags, or none (plain HTTP: trusts the network)",
+    )
+    p.add_flag(
+        "--tls-server-name",
+        default="",
+        help="name in the serving certificate, checked when a standby relays to the leader by IP "
+        "(default: the certificate's first DNS name)",
+    )
     return p
 
 
@@ -119,6 +153,16 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         p.error(f"--retry-period ({a.retry_period:g}s) must be shorter than --renew-deadline ({a.renew_deadline:g}s)")
     if a.advertise_url and not a.advertise_url.startswith(("http://", "https://")):
         p.error(f"--advertise-url must be an http:// or https:// URL, got {a.advertise_url!r}")
+    tls_flags = (a.tls_cert_file, a.tls_key_file, a.client_ca_file)
+    if any(tls_flags) and not all(tls_flags):
+        p.error("--tls-cert-file, --tls-key-file and --client-ca-file go together: pass all three or none")
+    tls = None
+    if all(tls_flags):
+        for flag, path in zip(("--tls-cert-file", "--tls-key-file", "--client-ca-file"), tls_flags, strict=True):
+            if not os.path.isfile(path):
+                p.error(f"{flag} {path}: no such file")
+        tls = TlsFiles(a.tls_cert_file, a.tls_key_file, a.client_ca_file, a.tls_server_name)
+    scheme = "https" if tls else "http"
     host = environ.get("POD_IP") or (a.listen[0] if a.listen[0] not in ("0.0.0.0", "::", "") else socket.gethostname())
     identity = a.identity or f"{environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
     return Config(
@@ -132,10 +176,12 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         lease_name=a.lease_name,
         lease_namespace=a.lease_namespace or environ.get("POD_NAMESPACE") or "default",
         identity=identity,
-        advertise_url=a.advertise_url.rstrip("/") or f"http://{_bracketed(host)}:{{port}}",
+        advertise_url=a.advertise_url.rstrip("/") or f"{scheme}://{_bracketed(host)}:{{port}}",
         lease_duration=a.lease_duration,
         renew_deadline=a.renew_deadline,
         retry_period=a.retry_period,
+        scheduler_name=a.scheduler_name,
+        tls=tls,
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import ssl
 import time
 from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable, Hashable
@@ -37,7 +38,7 @@ from neuron_common.kube import ApiError
 from neuron_model.placement import PodRequest
 from neuron_scheduler_extender import decisions, protocol
 from neuron_scheduler_extender.metrics import Metrics
-from neuron_scheduler_extender.pods import PodError, ResourceNames, neuron_request, pod_key, pod_uid
+from neuron_scheduler_extender.pods import PodError, ResourceNames, neuron_request, pod_key, pod_uid, scheduler_name
 from neuron_scheduler_extender.protocol import BindingArgs, ProtocolError
 from neuron_scheduler_extender.state import ClusterView
 
@@ -48,6 +49,9 @@ REMEMBERED_REQUESTS = 10_000  # pods filtered lately, so bind need not fetch the
 
 FORWARDED = "X-Neuron-Extender-Forwarded"  # on a forwarded request: never forwarded twice
 FORWARD_TIMEOUT = 5.0
+# Largest body a verb reads. kube-scheduler sends node names only (nodeCacheCapable: the chart's
+# setting), about 40 bytes a node: 4 MiB is some 100,000 nodes. A binding is a few hundred bytes.
+MAX_BODY = {"filter": 4 * 1024**2, "prioritize": 4 * 1024**2, "bind": 64 * 1024}
 
 
 class Leadership(Protocol):
@@ -59,21 +63,31 @@ class Leadership(Protocol):
 
 
 class Forwarder:
-    """Relays a request to the leader."""
+    """Relays a request to the leader (with mutual TLS, this replica's certificate as the client's)."""
 
-    def __init__(self, timeout: float = FORWARD_TIMEOUT) -> None:
+    def __init__(
+        self, timeout: float = FORWARD_TIMEOUT, ssl_context: ssl.SSLContext | None = None, server_name: str = ""
+    ) -> None:
         self.timeout = timeout
+        self.ssl_context = ssl_context
+        self.server_name = server_name
         self._session: aiohttp.ClientSession | None = None
 
     async def post(self, url: str, verb: str, body: bytes) -> tuple[int, bytes]:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession()
+        tls: dict[str, Any] = {}
+        if self.ssl_context is not None:
+            tls["ssl"] = self.ssl_context
+            if self.server_name:
+                tls["server_hostname"] = self.server_name
         try:
             async with self._session.post(
                 f"{url}/{verb}",
                 data=body,
                 headers={FORWARDED: "1", "Content-Type": "application/json"},
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
+                **tls,
             ) as response:
                 return response.status, await response.read()
         except (aiohttp.ClientError, TimeoutError) as exc:
@@ -146,9 +160,12 @@ class Endpoints:
     bind_pod: Binder
     synced: Callable[[], bool]
     forwarder: Forwarder = field(default_factory=Forwarder)
+    scheduler_name: str = "neuron-scheduler"  # the only schedulerName whose pods /bind binds
+    require_client_cert: bool = False  # mutual TLS: the verbs answer only a verified client certificate
     now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
     monotonic: Callable[[], float] = time.monotonic
-    _requests: OrderedDict[str, tuple[str, PodRequest]] = field(default_factory=OrderedDict)  # uid -> (key, request)
+    # uid -> (key, request, schedulerName)
+    _requests: OrderedDict[str, tuple[str, PodRequest, str]] = field(default_factory=OrderedDict)
     _in_order: InOrder = field(default_factory=InOrder)
 
     def add_routes(self, app: web.Application) -> None:
@@ -159,7 +176,9 @@ class Endpoints:
     # --- filter ----------------------------------------------------------------------------------
     async def filter(self, request: web.Request) -> web.Response:
         with self.metrics.latency.labels("filter").time():
-            body = await request.read()
+            body = await self._read("filter", request)
+            if isinstance(body, web.Response):
+                return body
             if (relayed := await self._to_leader("filter", request, body)) is not None:
                 return relayed
             try:
@@ -196,7 +215,9 @@ class Endpoints:
     # --- prioritize ------------------------------------------------------------------------------
     async def prioritize(self, request: web.Request) -> web.Response:
         with self.metrics.latency.labels("prioritize").time():
-            body = await request.read()
+            body = await self._read("prioritize", request)
+            if isinstance(body, web.Response):
+                return body
             if (relayed := await self._to_leader("prioritize", request, body)) is not None:
                 return relayed
             try:
@@ -212,7 +233,9 @@ class Endpoints:
     # --- bind ------------------------------------------------------------------------------------
     async def bind(self, request: web.Request) -> web.Response:
         with self.metrics.latency.labels("bind").time():
-            body = await request.read()
+            body = await self._read("bind", request)
+            if isinstance(body, web.Response):
+                return body
             if (relayed := await self._to_leader("bind", request, body)) is not None:
                 return relayed
             try:
@@ -231,9 +254,22 @@ class Endpoints:
                 return self._bind_failure(
                     "not_ready", "neuron-scheduler-extender has not read the cluster yet; retrying"
                 )
-            pod = await self._pod_request(args)
-            if isinstance(pod, str):
-                return self._bind_failure("unknown_pod", pod)
+            if not args.pod_uid:
+                return self._bind_failure("malformed", "neuron-scheduler-extender: ExtenderBindingArgs.PodUID: missing")
+            found = await self._pod_request(args)
+            if isinstance(found, str):
+                return self._bind_failure("unknown_pod", found)
+            pod, scheduler_name = found
+            if scheduler_name != self.scheduler_name:
+                return self._bind_failure(
+                    "foreign_scheduler",
+                    f"pod {args.key} is scheduled by {scheduler_name or 'default-scheduler'!r}, "
+                    f"not {self.scheduler_name!r}: this extender binds only its scheduler's pods",
+                )
+            if not (pod.effective.devices or pod.effective.cores):
+                return self._bind_failure(
+                    "no_neuron_request", f"pod {args.key} asks for no Neuron resource: not this extender's to bind"
+                )
             # No await from the check to `assume`: no other bind can slip in between.
             refused = decisions.bind_refusal(self.view, pod, args.key, args.node, self.now())
             if refused is not None:
@@ -279,11 +315,33 @@ class Endpoints:
         self.metrics.forwarded.labels(verb, "relayed").inc()
         return web.Response(status=status, body=payload, content_type="application/json")
 
-    async def _pod_request(self, args: BindingArgs) -> PodRequest | str:
-        """The pod's request, remembered from filter or read from the API server; or why not."""
+    async def _read(self, verb: str, request: web.Request) -> bytes | web.Response:
+        """The body, or the refusal: no verified client certificate (TLS on), or over the verb's
+        limit (answered 413 from the Content-Length before the body is read, or when it passes it)."""
+        if self.require_client_cert and not has_client_certificate(request.transport):
+            return self._refuse(verb, "unauthenticated", 403, "a client certificate the extender's CA issued")
+        limit = MAX_BODY[verb]
+        if request.content_length is not None and request.content_length > limit:
+            return self._refuse(verb, "too_large", 413, f"a body of at most {limit} bytes")
+        chunks, size = [], 0
+        async for chunk in request.content.iter_chunked(64 * 1024):
+            size += len(chunk)
+            if size > limit:
+                return self._refuse(verb, "too_large", 413, f"a body of at most {limit} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _refuse(self, verb: str, reason: str, status: int, needs: str) -> web.Response:
+        self.metrics.refused_requests.labels(verb, reason).inc()
+        log.warning("%s refused (%s): it needs %s", verb, reason, needs, extra={"verb": verb, "reason": reason})
+        return web.Response(status=status, text=f"neuron-scheduler-extender: {verb} needs {needs}\n")
+
+    async def _pod_request(self, args: BindingArgs) -> tuple[PodRequest, str] | str:
+        """The pod's request and schedulerName, remembered from filter or read from the API server;
+        or why not."""
         remembered = self._requests.get(args.pod_uid)
         if remembered is not None and remembered[0] == args.key:
-            return remembered[1]
+            return remembered[1], remembered[2]
         try:
             obj = await self.read_pod(args.pod_namespace, args.pod_name)
         except ApiError as exc:
@@ -291,7 +349,7 @@ class Endpoints:
         if args.pod_uid and pod_uid(obj) != args.pod_uid:
             return f"pod {args.key} was replaced (uid {pod_uid(obj)}, binding asked for {args.pod_uid})"
         try:
-            return self._request_of(obj)
+            return self._request_of(obj), scheduler_name(obj)
         except PodError as exc:
             return f"pod {args.key}: {exc}"
 
@@ -299,7 +357,7 @@ class Endpoints:
         result = neuron_request(pod, self.names)
         uid = pod_uid(pod)
         if uid:
-            self._requests[uid] = (pod_key(pod), result)
+            self._requests[uid] = (pod_key(pod), result, scheduler_name(pod))
             self._requests.move_to_end(uid)
             while len(self._requests) > REMEMBERED_REQUESTS:
                 self._requests.popitem(last=False)
@@ -328,3 +386,11 @@ def _json(body: bytes) -> Any:
 def _reply(answer: Any, status: int = 200) -> web.Response:
     """`answer` as JSON; orjson, as a filter's answer about a thousand nodes is sent per pod scheduled."""
     return web.Response(status=status, body=orjson.dumps(answer), content_type="application/json")
+
+
+def has_client_certificate(transport: Any) -> bool:
+    """Whether the connection presented a client certificate (with CERT_OPTIONAL, one the CA did
+    not issue fails the handshake, so any certificate seen here is verified)."""
+    if transport is None:
+        return False
+    return bool(transport.get_extra_info("peercert"))

@@ -16,7 +16,18 @@ PREFIX = "neuron_scheduler_extender"
 # kube-scheduler waits `httpTimeout` (5 s by default) for an answer; the target is 20 ms at 1,000 nodes
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
 VERBS = ("filter", "prioritize", "bind")
-BIND_FAILURES = ("no_longer_fits", "not_leader", "not_ready", "unknown_pod", "api_error", "malformed")
+BIND_FAILURES = (
+    "no_longer_fits",
+    "not_leader",
+    "not_ready",
+    "unknown_pod",
+    "api_error",
+    "malformed",
+    "foreign_scheduler",  # the pod names another scheduler
+    "no_neuron_request",  # the pod asks for no Neuron resource: not the extender's to bind
+)
+# Requests refused before they are read: no client certificate (with TLS), or a body over the limit.
+REQUEST_REFUSALS = ("unauthenticated", "too_large")
 
 
 class Metrics:
@@ -42,6 +53,13 @@ class Metrics:
         self.bind_failures = Counter(
             f"{PREFIX}_bind_failures_total", "Bindings refused or failed, by reason", ["reason"], registry=r
         )
+        self.refused_requests = Counter(
+            f"{PREFIX}_refused_requests_total",
+            "Requests to the extender verbs refused before being read: without a client certificate "
+            "(TLS on) or with a body over the limit, per verb",
+            ["verb", "reason"],
+            registry=r,
+        )
         self.forwarded = Counter(
             f"{PREFIX}_forwarded_total",
             "Requests a standby forwarded to the leader: relayed, or failed (then answered by the standby)",
@@ -53,6 +71,8 @@ class Metrics:
             self.errors.labels(verb)
             for result in ("relayed", "failed"):
                 self.forwarded.labels(verb, result)
+            for reason in REQUEST_REFUSALS:
+                self.refused_requests.labels(verb, reason)
         for kind in RefusalKind:
             self.nodes_refused.labels(str(kind))
         for reason in BIND_FAILURES:

@@ -59,6 +59,13 @@ def pod_uid(pod: Mapping[str, Any]) -> str:
     return uid if isinstance(uid, str) else ""
 
 
+def scheduler_name(pod: Mapping[str, Any]) -> str:
+    """The pod's schedulerName; the API server defaults it to default-scheduler."""
+    spec = pod.get("spec")
+    name = spec.get("schedulerName") if isinstance(spec, Mapping) else None
+    return name if isinstance(name, str) and name else "default-scheduler"
+
+
 def node_name(pod: Mapping[str, Any]) -> str:
     """The node the pod is bound to, or "" while it is not bound."""
     spec = pod.get("spec")
