@@ -876,6 +876,25 @@ def test_openshift_values_grant_the_agents_the_privileged_scc() -> None:
     assert not [r for r in of_kind(render(), "Role") if "scc" in r["metadata"]["name"]]
 
 
+@pytest.mark.parametrize(
+    "component_values",
+    [[], sets(devicePlugin__enabled=False, draDriver__enabled=True)],
+    ids=["device-plugin", "dra-driver"],
+)
+def test_every_node_agent_with_host_paths_is_bound_to_the_privileged_scc(component_values: list[str]) -> None:
+    """Every DaemonSet of the release with a hostPath volume or UID 0 (what restricted-v2 refuses) is
+    admitted on OpenShift: its ServiceAccount is in the SCC binding (the DRA driver's was not)."""
+    docs = render(*OPENSHIFT_VALUES, *OPENSHIFT_API, *component_values)
+    (binding,) = [b for b in of_kind(docs, "RoleBinding") if b["metadata"]["name"].endswith("-privileged-scc")]
+    bound = {s["name"] for s in binding["subjects"]}
+    for ds in of_kind(docs, "DaemonSet"):
+        pod = ds["spec"]["template"]["spec"]
+        host_paths = [v for v in pod.get("volumes", []) if "hostPath" in v]
+        root = any((c.get("securityContext") or {}).get("runAsUser") == 0 for c in pod["containers"])
+        if host_paths or root:
+            assert pod["serviceAccountName"] in bound, ds["metadata"]["name"]
+
+
 def test_the_agents_need_the_privileged_scc_as_the_readme_says() -> None:
     """What rules out restricted-v2 for every agent: a hostPath volume and UID 0."""
     for ds in of_kind(render(*OPENSHIFT_VALUES, *OPENSHIFT_API), "DaemonSet"):

@@ -45,6 +45,9 @@ class Metrics:
         )
         self.api_up = Gauge("neuron_npd_api_up", "1 when the last API server call succeeded", registry=r)
         self.pending_events = Gauge("neuron_npd_pending_events", "Events waiting for the API server", registry=r)
+        self.failed_events = Gauge(
+            "neuron_npd_failed_events", "Events dropped after the API server refused them repeatedly", registry=r
+        )
         self.dropped_events = Gauge(
             "neuron_npd_dropped_events", "Events dropped while the API server was away", registry=r
         )
@@ -228,6 +231,7 @@ class Detector:
             self.metrics.api_up.set(1 if self.reporter.api_up else 0)
             self.metrics.pending_events.set(len(self.reporter.pending))
             self.metrics.dropped_events.set(self.reporter.dropped_events)
+            self.metrics.failed_events.set(self.reporter.failed_events)
             await sleep_or_stop(self.stop, 5)
 
     async def run(self) -> int:

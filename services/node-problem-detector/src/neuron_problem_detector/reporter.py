@@ -8,7 +8,11 @@
   minutes bumps `count` on the existing Event) and rate-limited (a token bucket).
 - While the API server is unreachable the latest desired conditions and up to
   `max_pending` Events are kept in memory (the oldest Events are dropped first, counted) and
-  delivered with back-off when it returns.
+  delivered with back-off when it returns. An Event create answered 409 (a create whose reply
+  was lost, retried under its deterministic name) counts as delivered; an Event the API server
+  keeps refusing (403, 422, ...) is dropped after `EVENT_ATTEMPTS` tries and counted, so one bad
+  Event never holds up the ones behind it, and Events never hold up conditions or remediation.
+  The de-duplication memory keeps at most `DEDUPE_ENTRIES` Events, none older than its window.
 - Remediation (off by default): a `NoSchedule` taint and/or cordon while a condition is True,
   removed when it clears; a cordon the detector did not make is never undone; never a drain.
 """
@@ -19,7 +23,7 @@ import asyncio
 import hashlib
 import logging
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -39,6 +43,8 @@ SELF = "neuron-problem-detector"
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
 DEDUPE_WINDOW = 600.0
+DEDUPE_ENTRIES = 1000
+EVENT_ATTEMPTS = 5
 
 
 def rfc3339(ts: float) -> str:
@@ -53,6 +59,7 @@ class PendingEvent:
     first: float
     last: float
     count: int = 1
+    attempts: int = 0
 
     @property
     def key(self) -> str:
@@ -100,8 +107,10 @@ class Reporter:
         self.timeout = request_timeout
         self.desired: dict[str, ConditionStatus] = {}
         self.pending: deque[PendingEvent] = deque(maxlen=max_pending)
-        self.dropped_events = 0
-        self.sent: dict[str, tuple[str, float, int]] = {}  # key -> (event name, last sent, count)
+        self.dropped_events = 0  # the oldest, while the API server was away
+        self.failed_events = 0  # refused EVENT_ATTEMPTS times
+        # key -> (event name, last sent, count), oldest first; bounded by DEDUPE_ENTRIES
+        self.sent: OrderedDict[str, tuple[str, float, int]] = OrderedDict()
         self.bucket = TokenBucket(event_burst, event_rate)
         self.api_up = False
         self.api_errors: dict[str, int] = {}
@@ -159,16 +168,31 @@ class Reporter:
         }
         self.api.patch_node_status(self.node, body, _content_type=STRATEGIC, _request_timeout=self.timeout)
 
+    def _remember(self, key: str, name: str, count: int) -> None:
+        now = time.time()
+        self.sent[key] = (name, now, count)
+        self.sent.move_to_end(key)
+        while self.sent and (
+            len(self.sent) > DEDUPE_ENTRIES or now - next(iter(self.sent.values()))[1] >= DEDUPE_WINDOW
+        ):
+            self.sent.popitem(last=False)
+
     def _send_event(self, e: PendingEvent) -> None:
         previous = self.sent.get(e.key)
         if previous is not None and time.time() - previous[1] < DEDUPE_WINDOW:
             name, _, count = previous
             body = {"count": count + e.count, "lastTimestamp": rfc3339(e.last), "message": e.message}
-            self.api.patch_namespaced_event(
-                name, self.event_namespace, body, _content_type=MERGE, _request_timeout=self.timeout
-            )
-            self.sent[e.key] = (name, time.time(), count + e.count)
-            return
+            try:
+                self.api.patch_namespaced_event(
+                    name, self.event_namespace, body, _content_type=MERGE, _request_timeout=self.timeout
+                )
+                self._remember(e.key, name, count + e.count)
+                return
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                # the Event expired (the API server keeps them an hour by default): a new one
+                del self.sent[e.key]
         name = f"{self.node}.{e.key}.{int(e.first * 1000):x}"
         event = client.CoreV1Event(
             metadata=client.V1ObjectMeta(name=name, namespace=self.event_namespace),
@@ -183,8 +207,13 @@ class Reporter:
             reporting_component=self.source,
             reporting_instance=self.node,
         )
-        self.api.create_namespaced_event(self.event_namespace, event, _request_timeout=self.timeout)
-        self.sent[e.key] = (name, time.time(), e.count)
+        try:
+            self.api.create_namespaced_event(self.event_namespace, event, _request_timeout=self.timeout)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+            # AlreadyExists: an earlier create of this very Event landed though its reply was lost
+        self._remember(e.key, name, e.count)
 
     def _remediate(self, unhealthy: bool) -> None:
         node = self._read_node()
@@ -225,15 +254,31 @@ class Reporter:
                 await asyncio.to_thread(self._patch_conditions)
                 self.synced_conditions = dict(self.desired)
                 self._last_heartbeat = time.monotonic()
-            while self.pending and self.bucket.take():
-                event = self.pending[0]
-                await asyncio.to_thread(self._send_event, event)
-                self.pending.popleft()
-            if self.taint or self.cordon:
+            if self.taint or self.cordon:  # before the Events: remediation never waits on them
                 unhealthy = any(c.status == "True" for c in self.desired.values())
                 if unhealthy != self._remediated:
                     await asyncio.to_thread(self._remediate, unhealthy)
                     self._remediated = unhealthy
+            while self.pending and self.bucket.take():
+                event = self.pending[0]
+                try:
+                    await asyncio.to_thread(self._send_event, event)
+                except ApiException as exc:
+                    if exc.status is not None and 400 <= exc.status < 500 and exc.status not in (408, 429):
+                        event.attempts += 1  # refused, not unreachable: bounded tries
+                        if event.attempts >= EVENT_ATTEMPTS:
+                            self.pending.popleft()
+                            self.failed_events += 1
+                            log.error(
+                                "Event %s dropped after %d refusals (HTTP %s): %s",
+                                event.reason,
+                                event.attempts,
+                                exc.status,
+                                str(exc.body or exc.reason)[:200],
+                            )
+                            continue
+                    raise
+                self.pending.popleft()
         except (ApiException, OSError, Exception) as exc:  # urllib3 raises its own; all mean "try again"
             kind = type(exc).__name__ if not isinstance(exc, ApiException) else f"HTTP {exc.status}"
             self.api_errors[kind] = self.api_errors.get(kind, 0) + 1

@@ -1,0 +1,199 @@
+"""The problem detector's admission policy on a real kube-apiserver (issue 24): with the chart's
+RBAC and ValidatingAdmissionPolicy installed, a detector's pod-bound token on node-a changes its
+own node's NeuronHealth condition, its own taint and cordon, and Events about node-a; it cannot
+touch node-b, other conditions, labels, or anything with a token bound to no pod."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import ssl
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chart.test_chart import render, sets
+from simcluster.controlplane import ControlPlane, control_plane, missing_prerequisites
+
+from neuron_common.kube import Api, ApiError
+
+DETECTOR = "neuron-helm-chart-problem-detector"
+STRATEGIC = "application/strategic-merge-patch+json"
+MERGE = "application/merge-patch+json"
+PATHS = {
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "ValidatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+}
+
+
+@pytest.fixture(scope="module")
+def apiserver() -> Iterator[ControlPlane]:
+    missing = missing_prerequisites()
+    if missing:
+        pytest.skip(f"no kube-apiserver to test against (run make setup): {', '.join(missing)}")
+    work = Path(tempfile.mkdtemp(prefix="npd-policy-cp-"))
+    try:
+        with control_plane(work) as cp:
+            yield cp
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def condition(ctype: str, status: str) -> dict[str, Any]:
+    return {"status": {"conditions": [{"type": ctype, "status": status, "reason": "R", "message": "m"}]}}
+
+
+def event(node: str, name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name},
+        "involvedObject": {"kind": "Node", "name": node, "apiVersion": "v1"},
+        "reason": "NeuronHasError_X",
+        "message": "m",
+        "type": "Warning",
+    }
+
+
+async def _attempts(cp: ControlPlane) -> dict[str, str]:
+    admin = Api(cp.server, ssl_context=cp.credentials.ssl_context())
+    docs = render(*sets(npd__remediation__taint=True, npd__remediation__cordon=True))
+    try:
+        for doc in docs:
+            if doc["kind"] in PATHS and doc["metadata"]["name"].startswith(DETECTOR):
+                await admin.create(PATHS[doc["kind"]], doc)
+        await admin.create(
+            "/api/v1/namespaces/kube-system/serviceaccounts",
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": DETECTOR}},
+        )
+        for node in ("node-a", "node-b"):
+            await admin.create(
+                "/api/v1/nodes",
+                {"apiVersion": "v1", "kind": "Node", "metadata": {"name": node, "labels": {"zone": "a"}}},
+            )
+            await admin.request(
+                "PATCH", f"/api/v1/nodes/{node}/status", body=condition("Ready", "True"), content_type=STRATEGIC
+            )
+        pod = await admin.create(
+            "/api/v1/namespaces/kube-system/pods",
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": "detector-a"},
+                "spec": {
+                    "nodeName": "node-a",
+                    "serviceAccountName": DETECTOR,
+                    "containers": [{"name": "c", "image": "x"}],
+                },
+            },
+        )
+        tokens = f"/api/v1/namespaces/kube-system/serviceaccounts/{DETECTOR}/token"
+        bound = await admin.create(
+            tokens,
+            {
+                "apiVersion": "authentication.k8s.io/v1",
+                "kind": "TokenRequest",
+                "spec": {
+                    "expirationSeconds": 600,
+                    "boundObjectRef": {
+                        "apiVersion": "v1",
+                        "kind": "Pod",
+                        "name": "detector-a",
+                        "uid": pod["metadata"]["uid"],
+                    },
+                },
+            },
+        )
+        unbound = await admin.create(
+            tokens,
+            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 600}},
+        )
+        context = ssl.create_default_context(cafile=str(cp.credentials.ca))
+        detector = Api(cp.server, ssl_context=context, authorization=lambda: f"Bearer {bound['status']['token']}")
+        stranger = Api(cp.server, ssl_context=context, authorization=lambda: f"Bearer {unbound['status']['token']}")
+
+        def status(api: Api, node: str, body: dict[str, Any]) -> Any:
+            return api.request("PATCH", f"/api/v1/nodes/{node}/status", body=body, content_type=STRATEGIC)
+
+        def node_patch(api: Api, node: str, body: dict[str, Any]) -> Any:
+            return api.request("PATCH", f"/api/v1/nodes/{node}", body=body, content_type=MERGE)
+
+        taint = {
+            "spec": {"taints": [{"key": "aws.amazon.com/neuron-unhealthy", "value": "true", "effect": "NoSchedule"}]}
+        }
+        # the policy takes a moment to be enforced after it is created
+        for _ in range(200):
+            try:
+                await status(detector, "node-b", condition("NeuronHealth", "True"))
+            except ApiError as exc:
+                last = f"{exc.status} {exc.message}"
+                if exc.status == 403 and "may not change node node-b" in exc.message:
+                    break
+            else:
+                last = "allowed"
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"the admission policy was never enforced; last answer: {last}")
+        attempts = {
+            "own condition": status(detector, "node-a", condition("NeuronHealth", "True")),
+            "another condition type": status(detector, "node-a", condition("Ready", "False")),
+            "another node's condition": status(detector, "node-b", condition("NeuronHealth", "True")),
+            "a token bound to no pod": status(stranger, "node-a", condition("NeuronHealth", "True")),
+            "own taint and cordon": node_patch(
+                detector,
+                "node-a",
+                {**taint, "metadata": {"annotations": {"neuron.aws/cordoned-by": "neuron-problem-detector"}}}
+                | {"spec": {**taint["spec"], "unschedulable": True}},
+            ),
+            "another node's taint": node_patch(detector, "node-b", taint),
+            "a label": node_patch(detector, "node-a", {"metadata": {"labels": {"zone": "b"}}}),
+            "another taint": node_patch(
+                detector, "node-a", {"spec": {"taints": [{"key": "example.com/x", "effect": "NoSchedule"}]}}
+            ),
+            "an Event about its node": detector.create("/api/v1/namespaces/default/events", event("node-a", "ev-a")),
+            "an Event about another node": detector.create(
+                "/api/v1/namespaces/default/events", event("node-b", "ev-b")
+            ),
+        }
+        outcomes: dict[str, str] = {}
+        for name, call in attempts.items():
+            try:
+                await call
+                outcomes[name] = "allowed"
+            except ApiError as exc:
+                outcomes[name] = f"{exc.status} {exc.message}"
+        await detector.close()
+        await stranger.close()
+        return outcomes
+    finally:
+        await admin.close()
+
+
+def test_a_detector_changes_only_its_own_node(apiserver: ControlPlane) -> None:
+    outcomes = asyncio.run(_attempts(apiserver))
+    allowed = {"own condition", "own taint and cordon", "an Event about its node"}
+    for name, outcome in outcomes.items():
+        if name in allowed:
+            assert outcome == "allowed", f"{name}: {outcome}"
+        else:
+            assert outcome.startswith("403"), (name, outcome)
+    assert "only the node conditions of its rules (NeuronHealth)" in outcomes["another condition type"]
+    assert "may not change node node-b" in outcomes["another node's taint"]
+    assert "names none" in outcomes["a token bound to no pod"]
+    assert "only its own taint" in outcomes["a label"]
+    assert "Events about its node only" in outcomes["an Event about another node"]
+
+
+def test_without_remediation_the_detector_changes_no_node() -> None:
+    docs = render()
+    (policy,) = [
+        d for d in docs if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].startswith(DETECTOR)
+    ]
+    rules = {d["kind"]: d for d in docs if d["metadata"]["name"] == DETECTOR and d["kind"] == "ClusterRole"}
+    (nodes,) = [r for r in rules["ClusterRole"]["rules"] if r["resources"] == ["nodes"]]
+    assert nodes["verbs"] == ["get"]
+    assert any("changes no Node without remediation" in v["messageExpression"] for v in policy["spec"]["validations"])
