@@ -1,6 +1,10 @@
 """Repository-wide test set-up.
 
 - Makes the shared stand-ins under tests/ importable from every test directory.
+- Stages: a test that starts an external process (kube-apiserver, Prometheus, helm, podman, a
+  service as its own process, ...) is an `integration` test; `make unit` runs the others and
+  fails any of them that starts a process after all (NEURON_TEST_STAGE=unit), so the unit stage
+  stays pure and in-process. NEURON_TEST_SPAWN_REPORT=<file> lists, per test, what it started.
 - Puts test temporaries on tmpfs when there is one: a simulated trn2 node is ~12,000 small
   files, and creating and deleting those on a disk mounted with `discard` made test times
   vary tenfold.
@@ -8,10 +12,14 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,3 +50,50 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
     for path in _created:
         shutil.rmtree(path, ignore_errors=True)
+
+
+# --- stages: who starts external processes ----------------------------------------------------
+
+_spawned: list[str] = []
+_report: dict[str, list[str]] = {}
+_original_popen_init = subprocess.Popen.__init__
+
+
+def _recording_init(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> None:
+    argv = [args] if isinstance(args, (str, bytes, os.PathLike)) else list(args)
+    _spawned.append(os.path.basename(str(argv[0])) if argv else "?")
+    _original_popen_init(self, args, *rest, **kwargs)
+
+
+subprocess.Popen.__init__ = _recording_init  # type: ignore[method-assign]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Iterator[None]:
+    _spawned.clear()
+    yield
+    if _spawned and os.environ.get("NEURON_TEST_SPAWN_REPORT"):
+        _report[item.nodeid] = sorted(set(_spawned))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if (
+        os.environ.get("NEURON_TEST_STAGE") == "unit"
+        and _spawned
+        and report.passed
+        and item.get_closest_marker("integration") is None
+    ):
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{item.nodeid} started external processes ({', '.join(sorted(set(_spawned)))}) in the unit stage: "
+            "mark it `integration` (pytestmark = pytest.mark.integration) or keep it in-process"
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    path = os.environ.get("NEURON_TEST_SPAWN_REPORT")
+    if path:
+        Path(path).write_text(json.dumps(_report, indent=1, sort_keys=True))

@@ -230,7 +230,7 @@ def match_kernel_line(message: str) -> list[KernelFault]:
 
 
 def markdown_table() -> str:
-    """The fault table as README.md shows it (`neuron-sim faults`)."""
+    """The fault table as docs/device-plugin.md shows it (`neuron-sim faults`)."""
     rows = [
         "| Fault | Kernel log | Counters | Severity | Device leaves allocatable | Reason | Why |",
         "|---|---|---|---|---|---|---|",

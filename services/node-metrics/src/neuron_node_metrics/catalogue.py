@@ -1,6 +1,6 @@
 """Every metric family the exporter serves: one place for names, types, labels and meaning.
 
-The README's metric table is generated from here (`neuron-node-metrics --list-metrics`), and
+docs/node-metrics.md's metric table is generated from here (`neuron-node-metrics --list-metrics`), and
 a test keeps the two equal.
 """
 
