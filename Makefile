@@ -13,7 +13,7 @@ PY_DIRS   := $(wildcard libs services tests bench tools charts)
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup test lint typecheck unit bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images images-build release
+.PHONY: help setup test lint typecheck unit integration bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images images-build release
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -21,7 +21,14 @@ help: ## list the targets
 setup: ## install everything the project needs (idempotent; seconds when nothing changed)
 	@tools/setup.sh
 
-test: lint typecheck unit cluster-test ## ruff, mypy --strict on src/, pytest, then the real-cluster tests
+test: ## ruff, mypy --strict on src/, the unit and integration tests, then the real-cluster tests; prints each stage's time
+	@tools/stage.sh --reset
+	@tools/stage.sh lint $(MAKE) --no-print-directory lint
+	@tools/stage.sh typecheck $(MAKE) --no-print-directory typecheck
+	@tools/stage.sh unit $(MAKE) --no-print-directory unit
+	@tools/stage.sh integration $(MAKE) --no-print-directory integration
+	@tools/stage.sh cluster-test $(MAKE) --no-print-directory cluster-test
+	@tools/stage.sh --summary
 
 lint: ## ruff lint and format check
 	$(BIN)/ruff check $(PY_DIRS)
@@ -30,8 +37,11 @@ lint: ## ruff lint and format check
 typecheck: ## mypy --strict over every package's src/
 	$(BIN)/mypy $(SRC_DIRS)
 
-unit: ## pytest over libs, services and tests
-	$(BIN)/pytest -q
+unit: ## pure, in-process tests only: a test that starts an external process here fails (mark it integration)
+	NEURON_TEST_STAGE=unit $(BIN)/pytest -q -m 'not integration and not cluster and not e2e and not cluster_down'
+
+integration: ## tests that start real processes: kube-apiserver, kube-scheduler, Prometheus, NFD, helm, a registry, podman, the services
+	$(BIN)/pytest -q -m 'integration and not cluster and not e2e and not cluster_down'
 
 release: ## publish the images and the chart to an OCI registry: make release REGISTRY=host[:port][/path] VERSION=x.y.z
 	$(PYTHON) tools/release.py --registry "$(REGISTRY)" --version "$(VERSION)"

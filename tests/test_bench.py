@@ -16,7 +16,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = sorted(p.stem for p in (ROOT / "bench").glob("bench_*.py"))
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 
 def test_every_bench_runs_to_its_end_at_a_reduced_size() -> None:

@@ -6,6 +6,8 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -39,6 +41,7 @@ def test_python_dependencies_are_pinned() -> None:
     assert all(re.fullmatch(r"[A-Za-z0-9_.\-]+==(\d+!)?[\w.\-+]+", line) for line in lines), lines
 
 
+@pytest.mark.integration
 def test_no_package_registry_host_is_written_down() -> None:
     # Spelled in pieces so that this file does not name them either.
     hosts = [

@@ -24,6 +24,7 @@ from simcluster.simulation import REDUCED, Outcome, simulate
 from neuron_model.placement import FreeState, PodRequest
 
 pytestmark = [
+    pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.skipif(bool(missing_prerequisites()), reason=f"make setup provides: {missing_prerequisites()}"),
 ]

@@ -21,6 +21,8 @@ import pytest
 import yaml
 from chart_tools import DRIVER, KMM_API, NFD_API, NODE_ENABLEMENT_GROUPS, NODE_ENABLEMENT_VARIANTS, chart_tools, sets
 
+pytestmark = pytest.mark.integration  # starts external processes: make integration
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "neuron-helm-chart"
 CI_VALUES = sorted((CHART / "ci").glob("*-values.yaml"))
@@ -395,8 +397,11 @@ def test_the_plugin_may_create_and_patch_neuronnodes_and_nothing_else() -> None:
 
 
 def _policy(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
-    (policy,) = of_kind(docs, "ValidatingAdmissionPolicy")
-    (binding,) = of_kind(docs, "ValidatingAdmissionPolicyBinding")
+    """The device plugin's policy (the detector has one of its own)."""
+    (policy,) = [p for p in of_kind(docs, "ValidatingAdmissionPolicy") if p["metadata"]["name"].startswith(PLUGIN_SA)]
+    (binding,) = [
+        b for b in of_kind(docs, "ValidatingAdmissionPolicyBinding") if b["metadata"]["name"].startswith(PLUGIN_SA)
+    ]
     return policy, binding
 
 

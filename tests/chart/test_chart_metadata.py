@@ -10,8 +10,11 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 from chart_tools import sets
+
+pytestmark = pytest.mark.integration  # starts external processes: make integration
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "neuron-helm-chart"

@@ -20,6 +20,8 @@ from simcluster.controlplane import ControlPlane, control_plane, missing_prerequ
 
 from neuron_common.kube import Api, ApiError
 
+pytestmark = pytest.mark.integration  # starts external processes: make integration
+
 ON = sets(devicePlugin__enabled=False, draDriver__enabled=True)
 RELEASE = "neuron-helm-chart"
 DRIVER = f"{RELEASE}-dra-driver"

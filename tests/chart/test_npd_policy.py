@@ -19,6 +19,8 @@ from simcluster.controlplane import ControlPlane, control_plane, missing_prerequ
 
 from neuron_common.kube import Api, ApiError
 
+pytestmark = pytest.mark.integration  # starts external processes: make integration
+
 DETECTOR = "neuron-helm-chart-problem-detector"
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"

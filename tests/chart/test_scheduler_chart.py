@@ -15,6 +15,8 @@ from chart.test_chart import MONITORING_API, container, of_kind, refusal, render
 from prometheus_server import generator
 from simcluster.schedulers import scheduler_config as simulated_scheduler_config
 
+pytestmark = pytest.mark.integration  # starts external processes: make integration
+
 ON = sets(scheduler__enabled=True)
 RELEASE = "neuron-helm-chart"
 EXTENDER = f"{RELEASE}-scheduler-extender"

@@ -46,7 +46,10 @@ NODE = "sim-node-1"
 SOURCE = "neuron-node-metrics"
 QUERIES = panel_queries(frozenset({SOURCE}))
 
-pytestmark = pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is installed by make setup")
+pytestmark = [
+    pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is installed by make setup"),
+    pytest.mark.integration,
+]
 one_prometheus = pytest.mark.asyncio(loop_scope="module")  # the async tests share one Prometheus
 
 

@@ -44,6 +44,7 @@ PREPARED_DEVICES, FAILED_DEVICE = (0, 1, 2), 9
 RATE_INTERVAL = "1m"  # the queries are evaluated just after the activity, over all of it
 
 pytestmark = [
+    pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is installed by make setup"),
     pytest.mark.skipif(bool(missing_prerequisites()), reason=f"make setup provides: {missing_prerequisites()}"),
@@ -148,15 +149,17 @@ async def test_the_node_variable_lists_the_drivers_node(stack: Stack) -> None:
 
 
 @one_prometheus
-async def test_the_counts_are_the_nodes_less_the_failed_device(stack: Stack) -> None:
-    healthy = INSTANCE_TYPE.devices - 1
-    cores = healthy * INSTANCE_TYPE.logical_cores_per_device(INSTANCE_TYPE.family.default_lnc)
+async def test_the_counts_are_the_nodes_with_the_failed_device_tainted(stack: Stack) -> None:
+    per_device = INSTANCE_TYPE.logical_cores_per_device(INSTANCE_TYPE.family.default_lnc)
     for expr, expected in (
-        ('sum(neuron_dra_published_devices{kind="device"})', healthy),
-        ('sum(neuron_dra_published_devices{kind="core"})', cores),
+        # the failed device stays published, tainted with its cores (device taints are on by default)
+        ('sum(neuron_dra_published_devices{kind="device"})', INSTANCE_TYPE.devices),
+        ('sum(neuron_dra_published_devices{kind="core"})', INSTANCE_TYPE.devices * per_device),
+        ("sum(neuron_dra_tainted_devices)", 1 + per_device),
+        ("sum(neuron_dra_unhealthy_devices)", 1),
         ("sum(neuron_dra_prepared_claims)", len(PREPARED_DEVICES) - 1),
         ('sum(neuron_dra_prepare_duration_seconds_count{operation="prepare"})', len(PREPARED_DEVICES)),
     ):
         assert numbers(await query(stack.prometheus, expr, stack.at)) == [expected], expr
-    # published once, then again without the failed device
+    # published once, then again with the failed device tainted
     assert numbers(await query(stack.prometheus, "sum(neuron_dra_slice_updates_total)", stack.at))[0] >= 2

@@ -37,6 +37,7 @@ NODES, PODS_ASKED = 6, 40
 RATE_INTERVAL = "1m"  # the queries are evaluated just after the activity, over all of it
 
 pytestmark = [
+    pytest.mark.integration,
     pytest.mark.slow,
     pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is installed by make setup"),
     pytest.mark.skipif(bool(missing_prerequisites()), reason=f"make setup provides: {missing_prerequisites()}"),

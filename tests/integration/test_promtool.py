@@ -10,7 +10,10 @@ import pytest
 
 RULES = Path(__file__).resolve().parents[2] / "charts/neuron-helm-chart/rules"
 PROMTOOL = shutil.which("promtool")
-pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool comes with Debian's prometheus (make setup)")
+pytestmark = [
+    pytest.mark.skipif(PROMTOOL is None, reason="promtool comes with Debian's prometheus (make setup)"),
+    pytest.mark.integration,
+]
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:

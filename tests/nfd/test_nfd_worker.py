@@ -20,6 +20,8 @@ from nfd_tools import run_worker_offline
 from neuron_model.instance_types import FAMILIES, INSTANCE_TYPES
 from neuron_sim import node as sim
 
+pytestmark = pytest.mark.integration  # starts external processes: make integration
+
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "neuron-helm-chart"
 HELM = str(REPO / ".venv" / "bin" / "helm")

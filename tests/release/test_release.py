@@ -34,7 +34,7 @@ VERSION = "0.1.0-test.1+release.2"
 TAG = "0.1.0-test.1_release.2"
 
 # on a fresh machine the first release builds the base image and every image (several minutes, cached afterwards)
-pytestmark = pytest.mark.timeout(1800)
+pytestmark = [pytest.mark.timeout(1800), pytest.mark.integration]
 
 
 def load_release() -> ModuleType:

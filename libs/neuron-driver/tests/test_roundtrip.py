@@ -45,6 +45,7 @@ def test_round_trip_agrees_with_table(tmp_path: Path, name: str, lnc: int | None
     assert topology_from(inv) == topology_for(it, per_device)
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("name", ["inf1.6xlarge", "trn1.32xlarge", "trn2.48xlarge"])
 def test_cli_json_agrees_with_table(tmp_path: Path, name: str) -> None:
     create = subprocess.run(
@@ -71,6 +72,7 @@ def test_cli_json_agrees_with_table(tmp_path: Path, name: str) -> None:
     assert data["devices"][1]["logical_cores"] == list(range(per_device, 2 * per_device))
 
 
+@pytest.mark.integration
 def test_cli_text_table_and_exit_code_on_empty_root(tmp_path: Path) -> None:
     sim.create(tmp_path / "n", "inf2.24xlarge")
     out = subprocess.run(

@@ -84,6 +84,7 @@ def test_a_non_neuron_node_has_amazon_functions_but_no_neuron_device(tmp_path: P
         sim.create(tmp_path, "trn1.2xlarge")
 
 
+@pytest.mark.integration
 def test_cli_creates_a_non_neuron_node_over_a_neuron_one(tmp_path: Path) -> None:
     sim.create(tmp_path, "trn1.2xlarge")
     result = subprocess.run(

@@ -71,6 +71,7 @@ def test_reboot_changes_boot_id_and_clears_log(tmp_path: Path) -> None:
     assert layout.HostLayout(tmp_path).kmsg.read_text() == ""
 
 
+@pytest.mark.integration
 def test_cli_inject_and_errors(tmp_path: Path) -> None:
     root = str(tmp_path)
     assert run_sim("create", "--instance-type", "trn2.48xlarge", "--root", root, "--lnc", "1").returncode == 0

@@ -32,6 +32,7 @@ def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedPr
     )
 
 
+@pytest.mark.integration
 def test_help_names_every_flag_and_its_environment_twin() -> None:
     out = run("--help")
     assert out.returncode == 0
@@ -41,6 +42,7 @@ def test_help_names_every_flag_and_its_environment_twin() -> None:
     assert "default: /var/lib/kubelet/device-plugins/" in out.stdout
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("args", "env", "message"),
     [
@@ -99,6 +101,7 @@ def test_duration_defaults() -> None:
     assert (cfg.pending_ttl, cfg.register_timeout) == (60.0, 10.0)
 
 
+@pytest.mark.integration
 async def test_sigterm_during_list_and_watch_exits_cleanly(short_tmp: Path) -> None:
     root = short_tmp / "node"
     sim.create(root, "trn1.2xlarge")

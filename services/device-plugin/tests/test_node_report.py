@@ -401,6 +401,7 @@ def test_bad_report_flags_are_clear_errors(
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("kubeconfig", [True, False], ids=["missing-kubeconfig", "not-in-a-pod"])
 def test_no_credentials_is_a_clear_error_at_start(tmp_path: Path, kubeconfig: bool) -> None:
     args = ["--kubeconfig", str(tmp_path / "absent")] if kubeconfig else []

@@ -17,7 +17,7 @@ from neuron_common.kube import ApiError
 from neuron_health import faults
 from neuron_sim import node as sim
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
 
 
 def claim_name() -> str:

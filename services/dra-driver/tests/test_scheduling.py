@@ -18,6 +18,8 @@ from simcluster.schedulers import start_scheduler
 
 from neuron_common.kube import Api
 
+pytestmark = pytest.mark.integration  # starts external processes: make integration
+
 REPO = Path(__file__).resolve().parents[3]
 NAMESPACE = "default"
 GROUP4 = "resource.aws.com/devicegroup4_id"

@@ -193,6 +193,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )
 
 
+@pytest.mark.integration
 def test_cli_help_list_and_validation() -> None:
     out = run_cli("--help")
     assert out.returncode == 0
@@ -208,6 +209,7 @@ def test_cli_help_list_and_validation() -> None:
     assert "NEURON_METRICS_NAMING='dcgm' must be one of native, neuron-monitor" in bad.stderr
 
 
+@pytest.mark.integration
 def test_attribution_interval_is_written_the_kubernetes_way() -> None:
     assert set(re.findall(r"(--[\w-]+) DURATION", config_mod.parser({}).format_help())) == {"--attribution-interval"}
     for argv, env in (
@@ -230,4 +232,6 @@ def test_readme_metric_table_is_generated_from_the_code() -> None:
     begin, end = "<!-- metrics:begin (neuron-node-metrics --list-metrics) -->", "<!-- metrics:end -->"
     assert begin in readme, "docs/node-metrics.md lacks the generated metric table"
     table = readme.split(begin, 1)[1].split(end, 1)[0].strip()
-    assert table == markdown_table(), "docs/node-metrics.md's metric table is stale: paste `neuron-node-metrics --list-metrics`"
+    assert table == markdown_table(), (
+        "docs/node-metrics.md's metric table is stale: paste `neuron-node-metrics --list-metrics`"
+    )

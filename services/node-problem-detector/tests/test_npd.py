@@ -265,6 +265,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     )  # fmt: skip
 
 
+@pytest.mark.integration
 def test_cli_errors(tmp_path: Path) -> None:
     out = run_cli("--help")
     assert out.returncode == 0
@@ -293,6 +294,7 @@ def test_durations_are_written_the_kubernetes_way(flag: str) -> None:
     assert getattr(config_mod.parse(["--node-name", NODE], env={variable: "500ms"}), DURATIONS[flag]) == 0.5
 
 
+@pytest.mark.integration
 def test_duration_defaults_and_zero_lookback() -> None:
     cfg = config_mod.parse(["--node-name", NODE], env={})
     assert (cfg.lookback, cfg.counter_interval, cfg.heartbeat) == (300.0, 5.0, 60.0)

@@ -60,6 +60,7 @@ def test_timing_checks_do_not_apply_without_leader_election() -> None:
     assert config_mod.parse(["--no-leader-elect", "--renew-deadline=20s"], env={}).leader_elect is False
 
 
+@pytest.mark.integration
 def test_help_names_every_flag_and_its_variable() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "neuron_scheduler_extender", "--help"], capture_output=True, text=True, check=False

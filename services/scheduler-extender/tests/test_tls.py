@@ -22,6 +22,8 @@ from neuron_scheduler_extender import config as config_mod
 from neuron_scheduler_extender import tls
 from neuron_scheduler_extender.app import Extender
 
+pytestmark = pytest.mark.integration  # starts external processes: make integration
+
 
 def openssl(*args: str | Path) -> None:
     subprocess.run(["openssl", *map(str, args)], check=True, capture_output=True)

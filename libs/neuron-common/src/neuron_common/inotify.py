@@ -29,12 +29,15 @@ _MASK = IN_CREATE | IN_DELETE | IN_DELETE_SELF | IN_MOVE_SELF | IN_MOVED_FROM | 
 
 
 def _libc() -> ctypes.CDLL | None:
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        libc.inotify_init1  # noqa: B018 - probe for the symbol
-    except (OSError, AttributeError):
-        return None
-    return libc
+    # glibc's soname first: find_library runs `ldconfig -p` in a subprocess, needed only elsewhere
+    for name in ("libc.so.6", None):
+        try:
+            libc = ctypes.CDLL(name or ctypes.util.find_library("c"), use_errno=True)
+            libc.inotify_init1  # noqa: B018 - probe for the symbol
+        except (OSError, AttributeError, TypeError):
+            continue
+        return libc
+    return None
 
 
 class DirectoryWatch:

@@ -1,0 +1,45 @@
+"""`make unit` stays pure: a test that starts an external process without the `integration`
+marker fails there, naming what it started; marked, it passes and belongs to `make integration`."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.integration  # it runs pytest in a subprocess
+
+
+def run_unit_stage(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "test_probe.py").write_text(body)
+    (tmp_path / "conftest.py").write_text((REPO / "conftest.py").read_text())
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not integration", str(tmp_path)],
+        env=dict(os.environ, NEURON_TEST_STAGE="unit"),
+        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
+    )  # fmt: skip
+
+
+def test_an_unmarked_test_that_starts_a_process_fails_the_unit_stage(tmp_path: Path) -> None:
+    done = run_unit_stage(
+        tmp_path,
+        "import subprocess\n\ndef test_spawns():\n    subprocess.run(['true'], check=True)\n",
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "started external processes (true) in the unit stage" in done.stdout
+
+
+def test_a_marked_one_is_left_to_the_integration_stage_and_a_pure_one_passes(tmp_path: Path) -> None:
+    done = run_unit_stage(
+        tmp_path,
+        "import subprocess\nimport pytest\n\n"
+        "@pytest.mark.integration\ndef test_spawns():\n    subprocess.run(['true'], check=True)\n\n"
+        "def test_pure():\n    assert sum([1, 2]) == 3\n",
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 passed, 1 deselected" in done.stdout
