@@ -39,7 +39,7 @@ def test_the_one_set_pair_switches_the_release_to_dra() -> None:
     ds = daemonset(docs, "dra-driver")
     c = container(ds)
     assert c["image"] == "localhost/neuron-helm-chart/dra-driver:0.1.0"
-    assert c["args"][:12] == [
+    assert c["args"][:13] == [
         "--host-root=/host",
         "--host-dev-root=/",
         "--plugin-dir=/var/lib/kubelet/plugins/neuron.aws.com",
@@ -49,12 +49,13 @@ def test_the_one_set_pair_switches_the_release_to_dra() -> None:
         "--log-level=info",
         "--health-quiet-period=300",
         "--publish-cores",
+        "--publish-groups",
         "--device-taints",
         "--taint-effect-until-reboot=NoSchedule",
         "--taint-effect-replace-instance=NoSchedule",
     ]
     # with the problem detector, its verdicts rather than the kernel log
-    assert c["args"][12:] == ["--kmsg-path=none", "--verdict-dir=/var/lib/neuron-problem-detector/verdicts"]
+    assert c["args"][13:] == ["--kmsg-path=none", "--verdict-dir=/var/lib/neuron-problem-detector/verdicts"]
     assert c["env"][0] == {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
     pod = ds["spec"]["template"]["spec"]
     assert "automountServiceAccountToken" not in pod  # it needs its pod-bound token
@@ -85,7 +86,9 @@ def test_a_custom_kubelet_root_moves_every_socket() -> None:
 def test_device_classes() -> None:
     docs = render(*ON)
     classes = {d["metadata"]["name"]: d["spec"] for d in of_kind(docs, "DeviceClass")}
-    assert set(classes) == {"neuron.aws.com", "neuroncore.aws.com"}
+    assert set(classes) == {"neuron.aws.com", "neuroncore.aws.com", "neurongroup.aws.com"}
+    group = " ".join(classes["neurongroup.aws.com"]["selectors"][0]["cel"]["expression"].split())
+    assert group.endswith('.resourceType == "neuron_device_group"')
     device = " ".join(classes["neuron.aws.com"]["selectors"][0]["cel"]["expression"].split())
     core = " ".join(classes["neuroncore.aws.com"]["selectors"][0]["cel"]["expression"].split())
     assert device == (

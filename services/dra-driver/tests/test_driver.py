@@ -15,9 +15,12 @@ from kubelet_api.dra_health.v1alpha1 import api_pb2 as health_pb
 from kubelet_api.dra_health.v1alpha1 import api_pb2_grpc as health_grpc
 from neuron_common.kube import ApiError
 from neuron_health import faults
+from neuron_model import resources
 from neuron_sim import node as sim
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
+# inf2.24xlarge's ring of 6: 6 arcs of each size from 2 to 5, and the whole ring
+INF2_24_ARCS = 6 * 4 + 1
 
 
 def claim_name() -> str:
@@ -102,11 +105,17 @@ async def test_refusals_name_the_reason(start_driver) -> None:  # type: ignore[n
 
 async def test_a_device_error_taints_it_and_its_cores_and_refuses_untolerating_claims(start_driver) -> None:  # type: ignore[no-untyped-def]
     h: Harness = await start_driver("inf2.24xlarge")
-    await eventually(lambda: _has_devices(h, 6 + 12))
+    await eventually(lambda: _has_devices(h, 6 + 12 + INF2_24_ARCS))
     claim = await allocated_claim(h.api, h.node, ["neuroncore4", "neuroncore5"], name=claim_name())
     sim.inject_fault(h.root, "NC_UNCORRECTABLE_ERROR", 2, via="kernel")
-    await eventually(lambda: _tainted_are(h, {"neurondevice2", "neuroncore4", "neuroncore5"}))
-    assert await _has_devices(h, 6 + 12)  # kept in the slices, with the taint the API server stored
+    # the device, its cores and every ring arc it is in
+    arcs_with_2 = {
+        resources.dra_group_name(k, first) for k in range(2, 7) for first in range(6 if k < 6 else 1)
+        if 2 in resources.ring_arc(first, k, 6)
+    }  # fmt: skip
+    assert len(arcs_with_2) == 2 + 3 + 4 + 5 + 1
+    await eventually(lambda: _tainted_are(h, {"neurondevice2", "neuroncore4", "neuroncore5", *arcs_with_2}))
+    assert await _has_devices(h, 6 + 12 + INF2_24_ARCS)  # kept in the slices, with the taint the API server stored
     device = await _device(h, "neurondevice2")
     (taint,) = device["taints"]
     assert (taint["key"], taint["value"], taint["effect"]) == (
@@ -114,7 +123,7 @@ async def test_a_device_error_taints_it_and_its_cores_and_refuses_untolerating_c
         "NC_UNCORRECTABLE_ERROR",
         "NoSchedule",
     )
-    assert h.driver.metrics.tainted_devices._value.get() == 3
+    assert h.driver.metrics.tainted_devices._value.get() == 3 + len(arcs_with_2)
     assert h.driver.metrics.unhealthy_devices._value.get() == 1
     assert h.driver.metrics.taints_kept._value.get() == 1
     uid = claim["metadata"]["uid"]
@@ -247,7 +256,7 @@ async def _tainted_are(h: Harness, names: set[str]) -> bool:
 
 async def test_without_device_taints_a_device_error_takes_it_out(start_driver) -> None:  # type: ignore[no-untyped-def]
     h: Harness = await start_driver("inf2.24xlarge", "--no-device-taints")
-    await eventually(lambda: _has_devices(h, 6 + 12))
+    await eventually(lambda: _has_devices(h, 6 + 12 + INF2_24_ARCS))
     sim.inject_fault(h.root, "NC_UNCORRECTABLE_ERROR", 2, via="kernel")
     await eventually(lambda: _lacks(h, {"neurondevice2", "neuroncore4", "neuroncore5"}))
     assert await h.device_names() >= {"neurondevice1", "neurondevice3"}

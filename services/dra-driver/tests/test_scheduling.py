@@ -17,6 +17,7 @@ from simcluster.controlplane import ControlPlane
 from simcluster.schedulers import start_scheduler
 
 from neuron_common.kube import Api
+from neuron_model import resources
 
 pytestmark = pytest.mark.integration  # starts external processes: make integration
 
@@ -69,11 +70,13 @@ async def create_node(api: Api, name: str) -> None:
 
 
 async def claim_and_pod(
-    api: Api, node: str, device_class: str, count: int, match: str | None = None
+    api: Api, node: str, device_class: str, count: int, match: str | None = None, selector: str | None = None
 ) -> tuple[str, str]:
     """A claim pinned to the test's node and a pod using it; their names."""
     name = f"c-{uuid.uuid4().hex[:8]}"
     exactly: dict[str, Any] = {"deviceClassName": device_class, "count": count}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
     devices: dict[str, Any] = {"requests": [{"name": "r", "exactly": exactly}]}
     if match:
         devices["constraints"] = [{"requests": ["r"], "matchAttribute": match}]
@@ -114,11 +117,11 @@ def index(name: str) -> int:
     return int(name.removeprefix("neurondevice").removeprefix("neuroncore"))
 
 
-async def started(start_driver, instance_type: str, devices: int, cores: int) -> Harness:  # type: ignore[no-untyped-def]
+async def started(start_driver, instance_type: str, devices: int, cores: int, arcs: int = 0) -> Harness:  # type: ignore[no-untyped-def]
     node = f"sched-{uuid.uuid4().hex[:8]}"
     h: Harness = await start_driver(instance_type, node=node)
     await create_node(h.api, node)
-    await eventually(lambda: _published(h, devices + cores))
+    await eventually(lambda: _published(h, devices + cores + arcs))
     return h
 
 
@@ -145,7 +148,7 @@ async def test_four_connected_devices_are_a_torus_row(start_driver, scheduler) -
 
 
 async def test_a_device_and_its_cores_are_never_both_allocated(start_driver, scheduler) -> None:  # type: ignore[no-untyped-def]
-    h = await started(start_driver, "inf2.24xlarge", 6, 12)  # 2 cores a device
+    h = await started(start_driver, "inf2.24xlarge", 6, 12, 6 * 4 + 1)  # 2 cores a device
     claim, _ = await claim_and_pod(h.api, h.node, "neuroncore.aws.com", 11)
     await eventually(lambda: allocation(h.api, claim), timeout=60)
     cores = [index(c) for c in await allocation(h.api, claim) or []]
@@ -161,7 +164,7 @@ async def test_a_device_and_its_cores_are_never_both_allocated(start_driver, sch
 
 
 async def test_three_cores_on_a_ring_tile_are_on_two_neighbours(start_driver, scheduler) -> None:  # type: ignore[no-untyped-def]
-    h = await started(start_driver, "inf2.48xlarge", 12, 24)
+    h = await started(start_driver, "inf2.48xlarge", 12, 24, 12 * 10 + 1)
     claim, _ = await claim_and_pod(h.api, h.node, "neuroncore.aws.com", 3, "resource.aws.com/devicegroup2_id")
     await eventually(lambda: allocation(h.api, claim), timeout=60)
     cores = [index(c) for c in await allocation(h.api, claim) or []]
@@ -170,3 +173,26 @@ async def test_three_cores_on_a_ring_tile_are_on_two_neighbours(start_driver, sc
     assert len(devices) == 2
     assert devices[1] - devices[0] == 1
     assert devices[0] % 2 == 0  # one tile of the ring's size-2 groups
+
+
+async def test_any_arc_of_the_ring_is_one_group_device(start_driver, scheduler) -> None:  # type: ignore[no-untyped-def]
+    """An arc across the size-4 tiles (devices 2-5 of inf2.24xlarge's ring of 6) is reachable as
+    one device of class neurongroup.aws.com, and never handed out with a member or its cores."""
+    h = await started(start_driver, "inf2.24xlarge", 6, 12, 6 * 4 + 1)
+    # devices 0 and 1 taken: only arcs of 4 within 2..5 are free, and 2-5 crosses the tiles 0-3 / 4-7
+    taken, _ = await claim_and_pod(h.api, h.node, "neuron.aws.com", 2, "resource.aws.com/devicegroup2_id")
+    await eventually(lambda: allocation(h.api, taken), timeout=60)
+    held = [index(d) for d in await allocation(h.api, taken) or []]
+    assert sorted(held) in ([0, 1], [2, 3], [4, 5])
+    four = 'device.attributes["neuron.aws.com"].deviceCount == 4'
+    arc, _ = await claim_and_pod(h.api, h.node, "neurongroup.aws.com", 1, selector=four)
+    await eventually(lambda: allocation(h.api, arc), timeout=60)
+    (name,) = await allocation(h.api, arc) or []
+    size, first = resources.parse_dra_group(name) or (0, 0)
+    members = set(resources.ring_arc(first, size, 6))
+    assert size == 4
+    assert not members & set(held), f"{name} overlaps the devices held {held}"
+    # the arc consumed its members' counters: no device or core of it can go to anyone else
+    rest, rest_pod = await claim_and_pod(h.api, h.node, "neuroncore.aws.com", 1)
+    await eventually(lambda: unschedulable(h.api, rest_pod), timeout=60)
+    assert await allocation(h.api, rest) is None

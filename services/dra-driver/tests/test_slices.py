@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from neuron_dra_driver import slices
 
 from neuron_driver.inventory import NodeInventory, scan, topology_from
+from neuron_model import resources
 from neuron_model.instance_types import INSTANCE_TYPES, TopologyKind
 from neuron_sim import node as sim
 
@@ -34,8 +35,14 @@ def model(name: str, lnc: int, unhealthy: frozenset[int] = frozenset(), **kw: ob
     return slices.NodeDevices("node-a", inventory(name, lnc), unhealthy, **kw)  # type: ignore[arg-type]
 
 
-def all_devices(objs: list[dict]) -> list[dict]:  # type: ignore[type-arg]
-    return [d for s in objs for d in s["spec"].get("devices", [])]
+def all_devices(objs: list[dict], groups: bool = False) -> list[dict]:  # type: ignore[type-arg]
+    """The devices and cores published (and the ring arcs, with `groups`)."""
+    return [
+        d
+        for s in objs
+        for d in s["spec"].get("devices", [])
+        if groups or d["attributes"]["resourceType"]["string"] != slices.GROUP_KIND
+    ]
 
 
 @pytest.mark.parametrize(("name", "lnc"), SETTINGS, ids=IDS)
@@ -157,6 +164,7 @@ def test_an_unhealthy_device_leaves_with_its_cores_and_counter(data: st.DataObje
     assert slices.published_counts(objs) == {
         "device": len(left),
         "core": sum(len(d.logical_cores) for d in inv.devices if d.index in left),
+        "group": len([d for d in all_devices(objs, groups=True) if d["name"].startswith("neurongroup")]),
         "tainted": 0,
     }
     # group ids do not move when a device leaves: a claim never gets a set with a hole
@@ -216,7 +224,7 @@ def test_a_tainted_device_stays_with_its_cores_and_counter() -> None:
     assert devices["neuroncore7"]["taints"] == expected
     counters = {c for s in objs for cs in s["spec"].get("sharedCounters", []) for c in cs["counters"]}
     assert "neurondevice3" in counters
-    assert slices.published_counts(objs) == {"device": 16, "core": 32, "tainted": 3}
+    assert slices.published_counts(objs) == {"device": 16, "core": 32, "group": 0, "tainted": 3}
     # an API server that drops taints: the same node with the device left out instead
     plain = slices.build(model("trn1.32xlarge", 1, taints={3: taint}).without_taints(), 1)
     assert "neurondevice3" not in {d["name"] for d in all_devices(plain)}
@@ -263,3 +271,47 @@ def test_tolerations_match_as_the_scheduler_matches_them(toleration: dict[str, s
     from neuron_dra_driver import taints
 
     assert taints.tolerates([toleration], slices.Taint("DMA_ERROR", "NoSchedule")) is tolerated
+
+
+# --- ring arcs as devices --------------------------------------------------------------------
+
+RINGS = [(name, lnc) for name, lnc in SETTINGS if INSTANCE_TYPES[name].topology is TopologyKind.RING]
+
+
+@pytest.mark.parametrize(("name", "lnc"), RINGS, ids=[f"{n}-lnc{lnc}" for n, lnc in RINGS])
+def test_every_arc_of_a_ring_is_one_device_consuming_its_members_counters(name: str, lnc: int) -> None:
+    inv = inventory(name, lnc)
+    topo = topology_from(inv)
+    objs = slices.build(model(name, lnc), 1)
+    arcs = [d for d in all_devices(objs, groups=True) if d["attributes"]["resourceType"]["string"] == slices.GROUP_KIND]
+    expected = {frozenset(g) for size in topo.group_sizes if size >= 2 for g in topo.groups(size)}
+    published = set()
+    for arc in arcs:
+        size, first = resources.parse_dra_group(arc["name"]) or (0, 0)
+        members = resources.ring_arc(first, size, topo.device_count)
+        assert arc["attributes"]["deviceCount"] == {"int": size}
+        assert arc["attributes"]["firstDeviceId"] == {"int": first}
+        consumed = {c: int(v["value"]) for cc in arc["consumesCounters"] for c, v in cc["counters"].items()}
+        # all of every member's counter: no member device or core can be allocated beside the arc
+        assert consumed == {f"neurondevice{d}": len(inv.device(d).logical_cores) for d in members}  # type: ignore[union-attr]
+        published.add(frozenset(members))
+    assert published == expected
+    assert len(arcs) == len(expected)
+    # a member left out takes its arcs with it; none without the shared counters
+    without_2 = {d["name"] for d in all_devices(slices.build(model(name, lnc, frozenset({2})), 1), groups=True)}
+    assert not [
+        a["name"]
+        for a in arcs
+        if 2 in resources.ring_arc(*reversed(resources.parse_dra_group(a["name"]) or (0, 0)), topo.device_count)
+        and a["name"] in without_2
+    ]
+    assert not [
+        d
+        for d in all_devices(slices.build(model(name, lnc, publish_cores=False), 1), groups=True)
+        if d["name"].startswith("neurongroup")
+    ]
+
+
+def test_a_torus_publishes_no_arcs() -> None:
+    objs = slices.build(model("trn1.32xlarge", 1), 1)
+    assert not [d for d in all_devices(objs, groups=True) if d["name"].startswith("neurongroup")]

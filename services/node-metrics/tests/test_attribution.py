@@ -102,3 +102,13 @@ def test_flatten_reads_the_kubelets_dynamic_resources() -> None:
         Holding("ns", "p", "c", "aws.amazon.com/neuron", "neuron0"),
         Holding("ns", "p", "c", "neuron.aws.com", "neuroncore5", "claim-a", "node-a"),
     ]
+
+
+def test_a_ring_arc_held_through_dra_labels_each_of_its_devices() -> None:
+    cores = {d: (2 * d, 2 * d + 1) for d in range(6)}
+    a = attribute([dra("p", "neurongroup3-5")], RES, cores, max_owners=10, ring=6)
+    owner = Owner("ns", "p", "c", "claim-a")
+    assert a.devices == {5: owner, 0: owner, 1: owner}  # the arc wraps round the ring
+    assert set(a.cores) == {10, 11, 0, 1, 2, 3}
+    # not a ring (or not known to be): an arc name is not attributed
+    assert attribute([dra("p", "neurongroup3-5")], RES, cores, max_owners=10).cores == {}

@@ -82,6 +82,26 @@ def dra_core_name(global_index: int) -> str:
     return f"neuroncore{global_index}"
 
 
+_DRA_GROUP_RE = re.compile(r"^neurongroup([1-9][0-9]*)-(0|[1-9][0-9]*)$")
+
+
+def dra_group_name(size: int, first: int) -> str:
+    """An arc of `size` connected devices of a ring starting at device `first` (wrapping round),
+    published as one device so that a claim can ask for any arc, overlapping ones included."""
+    return f"neurongroup{size}-{first}"
+
+
+def parse_dra_group(value: str) -> tuple[int, int] | None:
+    """`neurongroup4-10` -> (4, 10): the arc's size and first device; anything else -> None."""
+    match = _DRA_GROUP_RE.match(value)
+    return None if match is None else (int(match.group(1)), int(match.group(2)))
+
+
+def ring_arc(first: int, size: int, ring: int) -> tuple[int, ...]:
+    """The devices of the arc of `size` starting at `first` on a ring of `ring` devices."""
+    return tuple((first + i) % ring for i in range(size))
+
+
 def parse_dra_name(value: str) -> tuple[Kind, int] | None:
     """`neurondevice3` -> (DEVICE, 3); `neuroncore12` -> (CORE, 12); anything else -> None."""
     match = _DRA_NAME_RE.match(value)

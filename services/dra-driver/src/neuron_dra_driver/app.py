@@ -92,6 +92,7 @@ class DraDriver:
             plugin_version=self.plugin_version,
             publish_cores=self.config.publish_cores,
             taints=taints,
+            publish_groups=self.config.publish_groups,
         )
 
     def taints(self) -> dict[int, slices.Taint]:

@@ -20,8 +20,10 @@ from neuron_dra_driver import parameters, slices
 from neuron_dra_driver.slices import Taint
 from neuron_dra_driver.taints import tolerates
 from neuron_driver import cdi, layout
-from neuron_driver.inventory import NodeInventory
+from neuron_driver.inventory import NodeInventory, topology_from
+from neuron_model import resources
 from neuron_model.allocator import id_list
+from neuron_model.instance_types import TopologyKind
 
 CLAIM_KIND = f"{slices.DRIVER}/claim"
 
@@ -119,10 +121,20 @@ def prepare(
         pool, name, request = str(result.get("pool")), str(result.get("device")), str(result.get("request"))
         if pool != node_name:
             raise ClaimRefused(f"device {name} is allocated from pool {pool!r}, this node is {node_name!r}")
-        parsed = slices.parse_device_name(name)
         devices, cores = per_request.setdefault(request, (set(), set()))
+        arc = resources.parse_dra_group(name)
+        if arc is not None:
+            members = _arc_members(inventory, name, *arc)
+            devices.update(members)
+            for member in members:
+                cores.update(inventory.device(member).logical_cores)  # type: ignore[union-attr]
+                taint = taints.get(member)
+                if taint is None or not tolerates(result.get("tolerations") or [], taint):
+                    untolerated.add(member)
+            continue
+        parsed = slices.parse_device_name(name)
         if parsed is None:
-            raise ClaimRefused(f"device {name!r} is not a Neuron device or core")
+            raise ClaimRefused(f"device {name!r} is not a Neuron device, core or group")
         kind, index = parsed
         if kind == slices.DEVICE_KIND:
             device = inventory.device(index)
@@ -169,6 +181,17 @@ def prepare(
         prepared.append(PreparedDevice(request, str(result["pool"]), str(result["device"]), ids))
     spec = cdi.spec(CLAIM_KIND, edits)
     return PreparedClaim(uid, str(meta.get("namespace", "")), str(meta.get("name", "")), tuple(prepared), spec)
+
+
+def _arc_members(inventory: NodeInventory, name: str, size: int, first: int) -> tuple[int, ...]:
+    """The devices of a published ring arc, or `ClaimRefused` when this node has no such arc."""
+    topo = topology_from(inventory)
+    if topo.kind is not TopologyKind.RING:
+        raise ClaimRefused(f"{name}: this node's devices are not a ring, so it publishes no arcs")
+    members = resources.ring_arc(first, size, topo.device_count)
+    if frozenset(members) not in topo.groups(size) or any(inventory.device(d) is None for d in members):
+        raise ClaimRefused(f"{name}: no such arc of connected Neuron devices on this node")
+    return members
 
 
 def env(inventory: NodeInventory, cores: set[int], lnc: int | None = None) -> dict[str, str]:

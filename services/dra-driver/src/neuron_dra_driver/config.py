@@ -30,6 +30,7 @@ class Config:
     kmsg_path: Path | None
     verdict_dir: Path | None
     publish_cores: bool
+    publish_groups: bool
     device_taints: bool
     taint_effect_until_reboot: str
     taint_effect_replace_instance: str
@@ -109,6 +110,13 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         "(needs the DRAPartitionableDevices feature, Beta and on in Kubernetes 1.36)",
     )
     p.add_bool_flag(
+        "--publish-groups",
+        default=True,
+        help="on a ring (inf1, inf2) publish every arc of connected devices as one device too "
+        "(neurongroup<k>-<first>), so a claim can get any arc, overlapping ones included; needs --publish-cores "
+        "(the arcs share its counters)",
+    )
+    p.add_bool_flag(
         "--device-taints",
         default=True,
         help="keep an unhealthy device (and its cores) in the ResourceSlices with the taint neuron.aws.com/unhealthy="
@@ -167,6 +175,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         kmsg_path=kmsg,
         verdict_dir=Path(a.verdict_dir) if a.verdict_dir else None,
         publish_cores=a.publish_cores,
+        publish_groups=a.publish_groups,
         device_taints=a.device_taints,
         taint_effect_until_reboot=a.taint_effect_until_reboot,
         taint_effect_replace_instance=a.taint_effect_replace_instance,

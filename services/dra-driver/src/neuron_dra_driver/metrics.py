@@ -22,7 +22,8 @@ class DriverMetrics:
         self.prepared_claims = Gauge("neuron_dra_prepared_claims", "Claims prepared on this node", registry=r)
         self.published_devices = Gauge(
             "neuron_dra_published_devices",
-            "Devices in this node's ResourceSlices, by kind (device: a Neuron device, core: a NeuronCore)",
+            "Devices in this node's ResourceSlices, by kind (device: a Neuron device, core: a NeuronCore, "
+            "group: a ring arc of connected devices)",
             ["kind"],
             registry=r,
         )

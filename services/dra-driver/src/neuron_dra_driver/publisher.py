@@ -99,7 +99,7 @@ class SlicePublisher:
         self.generation = max(self.generation, found_gen)
         desired = slices.build(model, self.generation)
         counts = slices.published_counts(desired)
-        for kind in ("device", "core"):
+        for kind in ("device", "core", "group"):
             self.metrics.published_devices.labels(kind).set(counts[kind])
         self.metrics.tainted_devices.set(counts["tainted"])
         self.metrics.unhealthy_devices.set(len(set(model.unhealthy) | set(model.taints)))

@@ -19,6 +19,11 @@ topology (`Topology.group_sizes`). A claim asking for k devices (or cores) with
   when k does not divide the ring has no id of that size. Every set the scheduler can pick is a
   valid arc; arcs crossing a tile boundary (e.g. devices 2-5 for k=4) are not reachable.
 Ids are the lowest device index of the group (an int).
+- ring arcs as devices (`publish_groups`, with the shared counters): every valid arc of k >= 2
+  devices, overlapping ones too, is also published as one device `neurongroup<k>-<first>`
+  (`resourceType=neuron_device_group`, `deviceCount`, `firstDeviceId`) that consumes every
+  member's whole counter: a claim for one device of class `neurongroup.aws.com` with
+  `deviceCount == k` gets any free arc, and never together with a member or one of its cores.
 
 An unhealthy device either leaves the pool (with its cores) or, with device taints on (KEP-5055,
 `DRADeviceTaints`, Beta in 1.36), stays in it with a taint `neuron.aws.com/unhealthy=<why>` on the
@@ -38,13 +43,14 @@ from neuron_driver import layout
 from neuron_driver.inventory import NodeInventory, topology_from
 from neuron_model import resources
 from neuron_model.allocator import Topology
-from neuron_model.instance_types import GIB
+from neuron_model.instance_types import GIB, TopologyKind
 
 DRIVER = layout.DRA_DRIVER_NAME
 API_VERSION = "resource.k8s.io/v1"
 GROUP_DOMAIN = "resource.aws.com"
 DEVICE_KIND = "neuron_device"
 CORE_KIND = "neuron_core"
+GROUP_KIND = "neuron_device_group"
 COUNTER_SET_PREFIX = "neuroncores"
 # API limits (k8s.io/api resource/v1): devices per slice when counters are used, counters per set.
 MAX_DEVICES_PER_SLICE = 64
@@ -109,6 +115,7 @@ class NodeDevices:
     plugin_version: str = "0.0.0"  # this DRA driver's package version (a semantic version)
     publish_cores: bool = True
     taints: Mapping[int, Taint] = field(default_factory=dict)  # unhealthy devices published tainted
+    publish_groups: bool = True  # ring arcs as devices (only with the shared counters of publish_cores)
 
     def without_taints(self) -> NodeDevices:
         """The same node with its tainted devices left out instead (an API server that drops taints)."""
@@ -176,6 +183,53 @@ def devices(model: NodeDevices) -> list[dict[str, Any]]:
                 entry = {"name": core_name(core), "attributes": attributes, "consumesCounters": [_consumes(d.index, 1)]}
                 _taint(entry, model.taints.get(d.index))
                 result.append(entry)
+    return result + ring_groups(model)
+
+
+def arc_start(group: frozenset[int], ring: int) -> int:
+    """The device an arc starts from, going round the ring (its only member whose predecessor is
+    not a member; 0 for the whole ring)."""
+    for d in sorted(group):
+        if (d - 1) % ring not in group:
+            return d
+    return 0
+
+
+def ring_groups(model: NodeDevices) -> list[dict[str, Any]]:
+    """Every valid arc of two or more devices of a ring, all members published, as one device."""
+    inv = model.inventory
+    topo = topology_from(inv)
+    if not (model.publish_groups and model.publish_cores) or topo.kind is not TopologyKind.RING:
+        return []
+    present = {d.index: d for d in inv.devices if d.index not in set(model.unhealthy)}
+    ring = topo.device_count
+    result = []
+    for size in sorted(topo.group_sizes):
+        if size < 2:
+            continue
+        for group in topo.groups(size):
+            if not group <= present.keys():
+                continue
+            first = arc_start(group, ring)
+            members = resources.ring_arc(first, size, ring)
+            attributes = _common(model, GROUP_KIND, first, {})
+            del attributes["deviceId"]
+            attributes["deviceCount"] = _int(size)
+            attributes["firstDeviceId"] = _int(first)
+            attributes["coreCount"] = _int(sum(len(present[d].logical_cores) for d in members))
+            counters: dict[str, dict[str, dict[str, str]]] = {}
+            for d in members:
+                counters.setdefault(counter_set_name(d), {})[device_name(d)] = {
+                    "value": str(len(present[d].logical_cores))
+                }
+            entry: dict[str, Any] = {
+                "name": resources.dra_group_name(size, first),
+                "attributes": attributes,
+                "consumesCounters": [{"counterSet": s, "counters": c} for s, c in sorted(counters.items())],
+            }
+            tainted = [model.taints[d] for d in members if d in model.taints]
+            _taint(entry, tainted[0] if tainted else None)
+            result.append(entry)
     return result
 
 
@@ -248,11 +302,11 @@ def content(slices: list[dict[str, Any]]) -> list[Any]:
 
 def published_counts(slices: list[dict[str, Any]]) -> dict[str, int]:
     """Devices and cores published (tainted ones too), and how many of them carry a taint."""
-    counts = {"device": 0, "core": 0, "tainted": 0}
+    counts = {"device": 0, "core": 0, "group": 0, "tainted": 0}
     for s in slices:
         for d in s["spec"].get("devices", []):
             kind = d["attributes"]["resourceType"]["string"]
-            counts["device" if kind == DEVICE_KIND else "core"] += 1
+            counts[{DEVICE_KIND: "device", CORE_KIND: "core"}.get(kind, "group")] += 1
             counts["tainted"] += bool(d.get("taints"))
     return counts
 

@@ -17,7 +17,8 @@ from kubelet_api.podresources_client import PodResourcesClient
 from neuron_common.health_server import HealthServer
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
 from neuron_common.supervisor import Supervisor
-from neuron_driver.inventory import NodeInventory
+from neuron_driver.inventory import NodeInventory, topology_from
+from neuron_model.instance_types import TopologyKind
 from neuron_model.resources import Kind
 from neuron_node_metrics import __version__
 from neuron_node_metrics.attribution import Attribution, attribute
@@ -84,6 +85,7 @@ class Exporter:
             self.collector.cores_of_device,
             max_owners=self.config.max_attributed_containers,
             max_label_length=self.config.max_label_length,
+            ring=self._ring(),
         )
         if self._attribution.dropped:
             log.warning(
@@ -93,6 +95,11 @@ class Exporter:
             )
         if snapshot.allocatable is not None:
             self._allocatable = {name: len(ids) for name, ids in snapshot.allocatable.items()}
+
+    def _ring(self) -> int | None:
+        """The ring's length when this node's devices are a ring (its DRA arcs name their first device)."""
+        topo = topology_from(self.collector.inventory)
+        return topo.device_count if topo.kind is TopologyKind.RING else None
 
     def attribution_age(self) -> float:
         latest = self.poller.latest

@@ -5,7 +5,8 @@ A `neuron` (or `neurondevice`) holding covers the device and every logical core 
 container only when one container holds all of it or all its held cores.
 
 Devices held through DRA claims of driver `neuron.aws.com` (`neurondevice<N>`, `neuroncore<G>`)
-are attributed the same way, with the claim's name as well; they are not counted in `allocated`
+and ring arcs (`neurongroup<k>-<first>`: each of its devices) are attributed the same way, with
+the claim's name as well; they are not counted in `allocated`
 (the device plugin's extended resources).
 """
 
@@ -15,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from kubelet_api.podresources_client import Holding
-from neuron_model.resources import DRA_DRIVER, Kind, Resource, parse_dra_name, parse_id
+from neuron_model.resources import DRA_DRIVER, Kind, Resource, parse_dra_group, parse_dra_name, parse_id, ring_arc
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,7 @@ def attribute(
     *,
     max_owners: int,
     max_label_length: int = 128,
+    ring: int | None = None,  # the ring's length when the node's devices are a ring (DRA arcs)
 ) -> Attribution:
     by_name = {r.full_name: r for r in resources}
     core_owner: dict[int, Owner] = {}
@@ -50,11 +52,16 @@ def attribute(
     dropped: set[Owner] = set()
     for h in holdings:
         kind: Kind
+        members: tuple[int, ...] = ()
         if h.resource == DRA_DRIVER:
-            dra = parse_dra_name(h.device_id)
-            if dra is None:
-                continue
-            kind, index = dra
+            arc = parse_dra_group(h.device_id)
+            if arc is not None and ring:
+                kind, index, members = Kind.DEVICE, arc[1], ring_arc(arc[1], arc[0], ring)
+            else:
+                dra = parse_dra_name(h.device_id)
+                if dra is None:
+                    continue
+                kind, index = dra
         else:
             resource = by_name.get(h.resource)
             if resource is None:
@@ -73,9 +80,10 @@ def attribute(
         elif owner in dropped:
             continue
         if kind is Kind.DEVICE:
-            for core in cores_of_device.get(index, ()):
-                core_owner[core] = owner
-            device_owners.setdefault(index, set()).add(owner)
+            for device in members or (index,):  # an arc: each of its devices
+                for core in cores_of_device.get(device, ()):
+                    core_owner[core] = owner
+                device_owners.setdefault(device, set()).add(owner)
         else:
             core_owner[index] = owner
             for device, cores in cores_of_device.items():
