@@ -427,6 +427,18 @@ def test_three_cores_on_inf2_land_on_two_connected_devices() -> None:
         assert seen_devices("three") == devices
         assert sorted(int(c) for c in shown("three")["cores"][0].split(",")) == sorted(cores)
         delete_pods("three")
+        # any arc of the ring as one device: the container sees four consecutive devices
+        arc = claim_template("any-arc-of-4", "neurongroup.aws.com", 1, None)
+        arc["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [
+            {"cel": {"expression": 'device.attributes["neuron.aws.com"].deviceCount == 4'}}
+        ]
+        kubectl("apply", "-f", "-", stdin=json.dumps(arc))
+        create_pod("arc", "any-arc-of-4")
+        eventually(lambda: pod_phase("arc", WORKLOADS) == "Running", "the arc pod running", timeout=180)
+        (group,) = allocated("arc")
+        first = int(group.split("-")[1])
+        assert seen_devices("arc") == sorted((first + i) % 12 for i in range(4))
+        delete_pods("arc")
     finally:
         kubectl("label", "node", NODE, "node.kubernetes.io/instance-type=trn1.32xlarge", "--overwrite")
         install()
