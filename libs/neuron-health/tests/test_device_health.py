@@ -223,3 +223,14 @@ def test_findings_about_unknown_devices_are_dropped_and_warned_of_on_request(
     assert health.verdict(42).healthy
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == (["error reported for unknown device 42: counter x +1"] if warn else [])
+
+
+def test_the_detectors_verdict_carries_its_fault_when_the_reason_names_one() -> None:
+    from neuron_health import faults
+    from neuron_health.device_health import HealthTracker, merged_verdicts
+
+    fault = faults.BY_KIND["NC_UNCORRECTABLE_ERROR"]
+    verdicts = merged_verdicts(HealthTracker(1.0), [0, 1], {0: fault.reason, 1: "SomethingElse"}, now=0.0)
+    assert (verdicts[0].fault, verdicts[0].severity, verdicts[0].external) == (fault.kind, fault.severity, True)
+    assert (verdicts[1].fault, verdicts[1].severity, verdicts[1].external) == ("", None, True)
+    assert not verdicts[0].healthy

@@ -252,6 +252,11 @@ def test_taint_for_each_cause_and_severity() -> None:
     assert taints.taint_for(reboot, effects) == slices.Taint("HBM_REPAIRABLE", "NoSchedule")
     assert taints.taint_for(absent, effects) == slices.Taint("DeviceAbsent", "NoSchedule")
     assert taints.taint_for(detector, effects) == slices.Taint("ProblemDetector", "NoSchedule")
+    # the detector's verdict names a fault of the table: its kind and severity, as if seen here
+    named = Verdict(
+        False, "problem detector: x", False, "NC_UNCORRECTABLE_ERROR", Severity.REPLACE_INSTANCE, external=True
+    )
+    assert taints.taint_for(named, effects) == slices.Taint("NC_UNCORRECTABLE_ERROR", "NoExecute")
 
 
 @pytest.mark.parametrize(

@@ -153,7 +153,15 @@ def merged_verdicts(
     for index in devices:
         verdict = tracker.verdict(index, now)
         if verdict.healthy and index in external:
-            verdict = Verdict(False, f"problem detector: {external[index]}", False, external=True)
+            fault = faults.BY_REASON.get(external[index])
+            verdict = Verdict(
+                False,
+                f"problem detector: {external[index]}",
+                False,
+                fault.kind if fault else "",
+                fault.severity if fault else None,
+                external=True,
+            )
         result[index] = verdict
     return result
 

@@ -184,6 +184,9 @@ BY_KIND: Mapping[str, Fault] = MappingProxyType({f.kind: f for f in (*FAULTS, UN
 BY_KERNEL_NAME: Mapping[str, Fault] = MappingProxyType({n: f for f in FAULTS for n in f.kernel_names})
 BY_COUNTER: Mapping[str, Fault] = MappingProxyType({c: f for f in FAULTS for c in f.counters})
 KERNEL_NAMES: tuple[str, ...] = tuple(BY_KERNEL_NAME)
+# The condition (or Event) reason a fault is reported under, back to the fault: the problem
+# detector's per-device verdicts carry the reason, and the agents reading them want the fault.
+BY_REASON: Mapping[str, Fault] = MappingProxyType({f.reason: f for f in (*FAULTS, UNKNOWN_FATAL, UNKNOWN_NOTICE)})
 
 
 def unknown_kind_pattern(action: str | None) -> str:
