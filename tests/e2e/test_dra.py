@@ -392,11 +392,18 @@ def test_a_device_error_taints_it_and_its_cores_and_recovery_untaints() -> None:
     assert allocated("device3-diagnostic") == ["neurondevice3"]
     assert seen_devices("device3-diagnostic") == [3]
 
-    # the driver's health stream reaches the pod's status (KEP-4680, ResourceHealthStatus)
+    # the driver's health stream reaches the pod's status (KEP-4680, ResourceHealthStatus); the
+    # kubelet names the resource by its first CDI device (the claim's), else driver/pool/device
+    uid = claim_uid("device3-diagnostic")
+
     def reported_unhealthy() -> bool:
         statuses = pod("device3-diagnostic")["status"]["containerStatuses"][0].get("allocatedResourcesStatus") or []
         return any(
-            "neurondevice3" in r.get("resourceID", "") and r.get("health") == "Unhealthy"
+            r.get("health") == "Unhealthy"
+            and (
+                r.get("resourceID") == f"neuron.aws.com/claim={uid}-neuron"
+                or r.get("resourceID", "").endswith("/neurondevice3")
+            )
             for s in statuses
             for r in s.get("resources") or []
         )
