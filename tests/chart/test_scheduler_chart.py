@@ -61,7 +61,7 @@ def test_the_extender_deployment() -> None:
         "--listen=0.0.0.0:9843",
         "--log-level=info",
         "--report-max-age=2m",
-        "--scheduler-name=neuron-scheduler",
+        "--scheduler-name=neuron-scheduler,my-scheduler",
         f"--tls-cert-file={tls_dir}/tls.crt",
         f"--tls-key-file={tls_dir}/tls.key",
         f"--client-ca-file={tls_dir}/ca.crt",
@@ -153,7 +153,8 @@ def test_the_kube_scheduler_configuration() -> None:
     config = scheduler_config(docs)
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1"
     assert config["kind"] == "KubeSchedulerConfiguration"
-    assert config["profiles"] == [{"schedulerName": "neuron-scheduler"}]
+    # its own name, and AWS's default name, so pods written for AWS's chart are placed unchanged
+    assert config["profiles"] == [{"schedulerName": "neuron-scheduler"}, {"schedulerName": "my-scheduler"}]
     assert config["leaderElection"] == {
         "leaderElect": True,
         "resourceLock": "leases",
@@ -204,7 +205,7 @@ def test_the_scheduling_simulation_calls_the_extender_as_the_chart_does() -> Non
     neuron-scheduler has the chart's profiles and extender stanza, the extender's address apart."""
     chart = scheduler_config(render(*ON))
     simulated = simulated_scheduler_config(Path("kubeconfig"), "neuron-scheduler", "http://127.0.0.1:1")
-    assert simulated["profiles"] == chart["profiles"]
+    assert simulated["profiles"] == chart["profiles"][:1]  # the simulation's pods name the first
     for config in (chart, simulated):
         config["extenders"][0].pop("urlPrefix")
     # the simulation calls the extender over plain HTTP (its figures leave out the TLS handshake and
@@ -233,7 +234,9 @@ def test_a_fixed_cluster_ip_the_alias_and_the_weight_reach_the_configuration() -
     assert named(docs, "Service", EXTENDER)["spec"]["clusterIP"] == "10.96.0.53"
     assert extender["weight"] == 3
     assert [r["name"] for r in extender["managedResources"]][-1] == "aws.amazon.com/neurondevice"
-    assert config["profiles"] == [{"schedulerName": "trainium"}]
+    assert config["profiles"] == [{"schedulerName": "trainium"}, {"schedulerName": "my-scheduler"}]
+    alone = scheduler_config(render(*ON, *sets(scheduler__additionalSchedulerNames=[])))
+    assert alone["profiles"] == [{"schedulerName": "neuron-scheduler"}]
     assert config["leaderElection"]["resourceName"] == "trainium"
 
 
@@ -361,7 +364,7 @@ def test_the_real_kube_scheduler_accepts_the_configuration(values: list[str], tm
     assert result.returncode == 0, result.stderr
     loaded = yaml.safe_load((tmp_path / "out.yaml").read_text())
     assert loaded["extenders"][0]["urlPrefix"] == config["extenders"][0]["urlPrefix"]
-    assert [p["schedulerName"] for p in loaded["profiles"]] == ["neuron-scheduler"]
+    assert [p["schedulerName"] for p in loaded["profiles"]] == ["neuron-scheduler", "my-scheduler"]
 
 
 def test_the_real_kube_scheduler_refuses_a_broken_configuration(tmp_path: Path) -> None:

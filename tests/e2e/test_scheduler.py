@@ -78,13 +78,13 @@ def report() -> dict[str, Any]:
     return json.loads(kubectl("get", "neuronnodes", NODE, "-o", "json"))  # type: ignore[no-any-return]
 
 
-def pod_manifest(name: str, devices: int) -> str:
+def pod_manifest(name: str, devices: int, scheduler: str = SCHEDULER) -> str:
     return json.dumps({
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "namespace": WORKLOADS},
         "spec": {
-            "schedulerName": SCHEDULER,
+            "schedulerName": scheduler,
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": 1,
             "containers": [{
@@ -335,6 +335,14 @@ def test_after_the_devices_recover_the_8_device_pod_runs_on_an_aligned_group() -
     assert four in ([0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]), four
     held = {*devices, *four, *devices_of("one-a"), *devices_of("one-b")}
     assert len(held) == 14, "no device is given twice"
+
+
+def test_a_pod_written_for_awss_chart_is_placed_by_neuron_scheduler() -> None:
+    """`schedulerName: my-scheduler`, AWS's chart's default, is one of neuron-scheduler's profiles."""
+    kubectl("apply", "-f", "-", stdin=pod_manifest("aws-style", 1, scheduler="my-scheduler"))
+    eventually(lambda: pod_phase("aws-style", WORKLOADS) == "Running", "the my-scheduler pod running", timeout=180)
+    assert len(devices_of("aws-style")) == 1
+    delete_pods("aws-style")
 
 
 def test_the_standby_takes_over_when_the_leader_goes() -> None:

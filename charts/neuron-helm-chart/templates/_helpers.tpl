@@ -97,7 +97,7 @@ imagePullSecrets:
 {{- $p := .Values.placement -}}
 {{- $exprs := list -}}
 {{- if eq $p.mode "instanceType" -}}
-{{- $exprs = append $exprs (dict "key" $p.instanceTypeLabel "operator" "In" "values" $p.instanceTypes) -}}
+{{- $exprs = append $exprs (dict "key" $p.instanceTypeLabel "operator" "In" "values" (include "neuron.instanceTypes" . | fromJsonArray)) -}}
 {{- else if eq $p.mode "nfd" -}}
 {{- $exprs = append $exprs (dict "key" $p.nfdLabel "operator" "In" "values" (list "true")) -}}
 {{- end -}}
@@ -307,7 +307,7 @@ spec:
 {{- fail "devicePlugin.enabled and draDriver.enabled would both run on the same Neuron nodes, and each would hand out devices the other has already given away. Switch the release to DRA with --set devicePlugin.enabled=false,draDriver.enabled=true, or run each on its own nodes: give devicePlugin.nodeSelector and draDriver.nodeSelector the same label with different values (e.g. neuron.aws.com/allocator: device-plugin and dra)" -}}
 {{- end -}}
 {{- end -}}
-{{- if and (eq .Values.placement.mode "instanceType") (empty .Values.placement.instanceTypes) -}}
+{{- if and (eq .Values.placement.mode "instanceType") (empty (include "neuron.instanceTypes" . | fromJsonArray)) -}}
 {{- fail "placement.mode=instanceType needs at least one entry in placement.instanceTypes (or use placement.mode=nfd or none)" -}}
 {{- end -}}
 {{- if and .Values.placement.nodeFeatureRule.enabled (ne .Values.placement.mode "nfd") -}}

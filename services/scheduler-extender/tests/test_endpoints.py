@@ -453,3 +453,14 @@ class TestBindingsInOrder:
         await following
         assert written == ["next"]
         assert not queue.busy
+
+
+async def test_every_profile_name_of_the_second_scheduler_is_bound(start: Callable[..., Any]) -> None:
+    """AWS's pods say `schedulerName: my-scheduler`: with the chart's additional name they bind too."""
+    aws_pod = pod_object("aws-style", devices=1)
+    aws_pod["spec"]["schedulerName"] = "my-scheduler"
+    api = await cluster(report_object("n1"), pods=(aws_pod,))
+    ext = await start(api, "--scheduler-name=neuron-scheduler,my-scheduler")
+    status, body = await ext.post("bind", binding_args(aws_pod, "n1"))
+    assert (status, body) == (200, {"Error": ""})
+    assert api.bindings == [("default/aws-style", "n1")]

@@ -137,7 +137,9 @@ leaderElection:
   renewDeadline: {{ $v.leaderElection.renewDeadline }}
   retryPeriod: {{ $v.leaderElection.retryPeriod }}
 profiles:
-  - schedulerName: {{ .Values.scheduler.schedulerName }}
+  {{- range (include "neuron.schedulerNames" . | fromJsonArray) }}
+  - schedulerName: {{ . }}
+  {{- end }}
 extenders:
   - urlPrefix: {{ include "neuron.extenderUrl" . }}
     filterVerb: filter
@@ -157,4 +159,10 @@ extenders:
     ignorable: false
     managedResources:
       {{- include "neuron.managedResources" . | trim | nindent 6 }}
+{{- end -}}
+
+
+{{/* Every schedulerName the second scheduler answers to: its own first, then the additional ones. */}}
+{{- define "neuron.schedulerNames" -}}
+{{- toJson (uniq (prepend .Values.scheduler.additionalSchedulerNames .Values.scheduler.schedulerName)) -}}
 {{- end -}}

@@ -92,7 +92,7 @@ class Extender:
             bind_pod=self.bind_pod,
             synced=self.synced,
             forwarder=forwarder,
-            scheduler_name=config.scheduler_name,
+            scheduler_names=config.scheduler_names,
             require_client_cert=config.tls is not None,
         )
         self.endpoints.add_routes(self.http.app)

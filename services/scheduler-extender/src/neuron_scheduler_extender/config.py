@@ -36,7 +36,7 @@ class Config:
     lease_duration: float
     renew_deadline: float
     retry_period: float
-    scheduler_name: str = "neuron-scheduler"
+    scheduler_names: frozenset[str] = frozenset({"neuron-scheduler"})
     tls: TlsFiles | None = None
 
 
@@ -118,7 +118,8 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
     p.add_flag(
         "--scheduler-name",
         default="neuron-scheduler",
-        help="the only schedulerName whose pods /bind binds (the chart's second scheduler); others are refused",
+        help="the schedulerNames whose pods /bind binds, comma-separated (the chart's second scheduler and its "
+        "other profiles); others are refused",
     )
     p.add_flag(
         "--tls-cert-file", default="", help="serving certificate (PEM); with --tls-key-file and --client-ca-file"
@@ -153,6 +154,8 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         p.error(f"--retry-period ({a.retry_period:g}s) must be shorter than --renew-deadline ({a.renew_deadline:g}s)")
     if a.advertise_url and not a.advertise_url.startswith(("http://", "https://")):
         p.error(f"--advertise-url must be an http:// or https:// URL, got {a.advertise_url!r}")
+    if not [n for n in a.scheduler_name.split(",") if n.strip()]:
+        p.error("--scheduler-name needs at least one scheduler name")
     tls_flags = (a.tls_cert_file, a.tls_key_file, a.client_ca_file)
     if any(tls_flags) and not all(tls_flags):
         p.error("--tls-cert-file, --tls-key-file and --client-ca-file go together: pass all three or none")
@@ -180,7 +183,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         lease_duration=a.lease_duration,
         renew_deadline=a.renew_deadline,
         retry_period=a.retry_period,
-        scheduler_name=a.scheduler_name,
+        scheduler_names=frozenset(n.strip() for n in a.scheduler_name.split(",") if n.strip()),
         tls=tls,
     )
 

@@ -160,7 +160,7 @@ class Endpoints:
     bind_pod: Binder
     synced: Callable[[], bool]
     forwarder: Forwarder = field(default_factory=Forwarder)
-    scheduler_name: str = "neuron-scheduler"  # the only schedulerName whose pods /bind binds
+    scheduler_names: frozenset[str] = frozenset({"neuron-scheduler"})  # the schedulerNames whose pods /bind binds
     require_client_cert: bool = False  # mutual TLS: the verbs answer only a verified client certificate
     now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
     monotonic: Callable[[], float] = time.monotonic
@@ -259,12 +259,13 @@ class Endpoints:
             found = await self._pod_request(args)
             if isinstance(found, str):
                 return self._bind_failure("unknown_pod", found)
-            pod, scheduler_name = found
-            if scheduler_name != self.scheduler_name:
+            pod, pod_scheduler = found
+            if pod_scheduler not in self.scheduler_names:
+                names = " or ".join(repr(n) for n in sorted(self.scheduler_names))
                 return self._bind_failure(
                     "foreign_scheduler",
-                    f"pod {args.key} is scheduled by {scheduler_name or 'default-scheduler'!r}, "
-                    f"not {self.scheduler_name!r}: this extender binds only its scheduler's pods",
+                    f"pod {args.key} is scheduled by {pod_scheduler!r}, "
+                    f"not {names}: this extender binds only its scheduler's pods",
                 )
             if not (pod.effective.devices or pod.effective.cores):
                 return self._bind_failure(
