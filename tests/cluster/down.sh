@@ -53,7 +53,7 @@ if [ -S "$CTR_SOCK" ] && [ -x "$CTR" ]; then
     [ "$left" -eq 0 ] && break
     sleep 0.2
   done
-  log "stopped $killed container(s)${left:+, $left still reported running}"
+  if [ "${left:-0}" -gt 0 ]; then log "stopped $killed container(s), $left still reported running"; else log "stopped $killed container(s)"; fi
 fi
 # 3. Whatever is left in the pods' cgroups (a container's children, a task the runtime lost).
 for round in 1 2 3 4 5; do

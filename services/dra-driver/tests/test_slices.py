@@ -320,3 +320,27 @@ def test_every_arc_of_a_ring_is_one_device_consuming_its_members_counters(name: 
 def test_a_torus_publishes_no_arcs() -> None:
     objs = slices.build(model("trn1.32xlarge", 1), 1)
     assert not [d for d in all_devices(objs, groups=True) if d["name"].startswith("neurongroup")]
+
+
+def test_the_aws_drivers_position_attributes_on_a_torus() -> None:
+    """topology_x/topology_y (row, column), topology4_id (row), topology8_id (pair of rows), as AWS's
+    driver publishes them on trn nodes that are not UltraServer nodes; devices and cores alike."""
+    listed = all_devices(slices.build(model("trn1.32xlarge", 1), 1))
+    by_name = {d["name"]: d["attributes"] for d in listed}
+    assert {k: by_name["neurondevice6"][k] for k in ("topology_x", "topology_y", "topology4_id", "topology8_id")} == {
+        "topology_x": {"int": 1},
+        "topology_y": {"int": 2},
+        "topology4_id": {"int": 1},
+        "topology8_id": {"int": 0},
+    }
+    assert by_name["neuroncore13"]["topology8_id"] == {"int": 0}  # core 13 is on device 6
+    assert by_name["neurondevice11"]["topology8_id"] == {"int": 1}
+    # rows of four are the connected groups of four: topology4_id agrees with devicegroup4_id's grouping
+    for d in listed:
+        a = d["attributes"]
+        if a["resourceType"] == {"string": "neuron_device"}:
+            assert a["topology4_id"]["int"] == a["resource.aws.com/devicegroup4_id"]["int"] // 4
+    # a ring, and an UltraServer node, publish none
+    for name in ("inf2.48xlarge", "trn2u.48xlarge"):
+        lnc = INSTANCE_TYPES[name].family.default_lnc
+        assert not [d for d in all_devices(slices.build(model(name, lnc), 1)) if "topology_x" in d["attributes"]]

@@ -110,6 +110,7 @@ class InstanceType:
     topology: TopologyKind
     torus_shape: tuple[int, int] | None = None  # (rows, cols) for TORUS_2D
     numa_nodes: int = 1  # sockets the devices are spread over (for the simulator's PCI tree)
+    ultraserver: bool = False  # a node of an UltraServer (its devices also link to other nodes')
 
     @property
     def physical_cores_per_device(self) -> int:
@@ -161,8 +162,9 @@ def _it(
     topology: TopologyKind,
     shape: tuple[int, int] | None = None,
     numa_nodes: int = 1,
+    ultraserver: bool = False,
 ) -> InstanceType:
-    return InstanceType(name, FAMILIES[family], devices, topology, shape, numa_nodes)
+    return InstanceType(name, FAMILIES[family], devices, topology, shape, numa_nodes, ultraserver)
 
 
 INSTANCE_TYPES: Mapping[str, InstanceType] = MappingProxyType(
@@ -182,7 +184,7 @@ INSTANCE_TYPES: Mapping[str, InstanceType] = MappingProxyType(
             _it("trn1n.32xlarge", "trn1", 16, TopologyKind.TORUS_2D, (4, 4), numa_nodes=2),
             _it("trn2.3xlarge", "trn2", 1, TopologyKind.SINGLE),
             _it("trn2.48xlarge", "trn2", 16, TopologyKind.TORUS_2D, (4, 4), numa_nodes=2),
-            _it("trn2u.48xlarge", "trn2", 16, TopologyKind.TORUS_2D, (4, 4), numa_nodes=2),
+            _it("trn2u.48xlarge", "trn2", 16, TopologyKind.TORUS_2D, (4, 4), numa_nodes=2, ultraserver=True),
         )
     }
 )

@@ -153,7 +153,25 @@ def _common(model: NodeDevices, kind: str, device: int, groups: Mapping[int, Map
     for size, ids in sorted(groups.items()):
         if device in ids:
             attributes[group_attribute(size)] = _int(ids[device])
+    attributes.update(torus_position(inv, device))
     return attributes
+
+
+def torus_position(inv: NodeInventory, device: int) -> dict[str, Any]:
+    """AWS's driver's position attributes on a trn torus that is not an UltraServer node (its
+    "Neuron DRA Driver Attributes Reference"): `topology_x` the row, `topology_y` the column,
+    `topology4_id` the row (four connected devices), `topology8_id` the pair of rows."""
+    it = inv.instance_type
+    if it is None or it.topology is not TopologyKind.TORUS_2D or it.ultraserver or not it.torus_shape:
+        return {}
+    _, cols = it.torus_shape
+    row, col = divmod(device, cols)
+    return {
+        "topology_x": _int(row),
+        "topology_y": _int(col),
+        "topology4_id": _int(row),
+        "topology8_id": _int(row // 2),
+    }
 
 
 def devices(model: NodeDevices) -> list[dict[str, Any]]:
