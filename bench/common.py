@@ -62,19 +62,9 @@ async def until_async(
     predicate: Callable[[], object], what: str, timeout: float = 30.0, interval: float = 0.005
 ) -> None:
     """`until` inside an event loop; `predicate` may be a coroutine function."""
-    import asyncio
-    import inspect
+    from polling import until_async as poll
 
-    deadline = time.monotonic() + timeout
-    while True:
-        answer = predicate()
-        if inspect.isawaitable(answer):
-            answer = await answer
-        if answer:
-            return
-        if time.monotonic() > deadline:
-            raise BenchError(f"gave up after {timeout:g} s waiting for {what}")
-        await asyncio.sleep(interval)
+    await poll(predicate, what, timeout, interval, error=BenchError)
 
 
 @dataclass(frozen=True)

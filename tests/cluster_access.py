@@ -161,3 +161,13 @@ def host_device_plugin(
         proc.wait(20)
         for pod in leftover_pods:
             kubectl("delete", "pod", pod, "--ignore-not-found", "--wait=false", check=False)
+
+
+def exporter_metrics(namespace: str) -> str:
+    """The text the chart's node-metrics exporter in `namespace` serves on /metrics (its one live pod)."""
+    pods = json.loads(
+        kubectl("get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=node-metrics", "-o", "json")
+    )
+    (exporter,) = [p for p in pods["items"] if p["metadata"].get("deletionTimestamp") is None]
+    with urllib.request.urlopen(f"http://{exporter['status']['podIP']}:9840/metrics", timeout=10) as response:
+        return response.read().decode()  # type: ignore[no-any-return]

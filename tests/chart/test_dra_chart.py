@@ -6,17 +6,14 @@ plugin. Rendered by the real Helm 4 (the helpers of test_chart.py)."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 import ssl
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from chart.test_chart import MONITORING_API, by_component, container, daemonset, of_kind, refusal, render, sets
 from prometheus_server import generator
-from simcluster.controlplane import ControlPlane, control_plane, missing_prerequisites
+from simcluster.controlplane import ControlPlane, private_control_plane
 
 from neuron_common.kube import Api, ApiError
 
@@ -208,15 +205,8 @@ def test_the_drivers_monitor_feeds_the_dra_dashboard() -> None:
 
 @pytest.fixture(scope="module")
 def apiserver() -> Iterator[ControlPlane]:
-    missing = missing_prerequisites()
-    if missing:
-        pytest.skip(f"no kube-apiserver to test against (run make setup): {', '.join(missing)}")
-    work = Path(tempfile.mkdtemp(prefix="dra-chart-cp-"))
-    try:
-        with control_plane(work) as cp:
-            yield cp
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with private_control_plane("dra-chart-cp-") as cp:
+        yield cp
 
 
 def _slice(node: str, driver: str = "neuron.aws.com") -> dict[str, Any]:

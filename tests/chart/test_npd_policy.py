@@ -6,16 +6,13 @@ touch node-b, other conditions, labels, or anything with a token bound to no pod
 from __future__ import annotations
 
 import asyncio
-import shutil
 import ssl
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 from chart.test_chart import render, sets
-from simcluster.controlplane import ControlPlane, control_plane, missing_prerequisites
+from simcluster.controlplane import ControlPlane, private_control_plane
 
 from neuron_common.kube import Api, ApiError
 
@@ -34,15 +31,8 @@ PATHS = {
 
 @pytest.fixture(scope="module")
 def apiserver() -> Iterator[ControlPlane]:
-    missing = missing_prerequisites()
-    if missing:
-        pytest.skip(f"no kube-apiserver to test against (run make setup): {', '.join(missing)}")
-    work = Path(tempfile.mkdtemp(prefix="npd-policy-cp-"))
-    try:
-        with control_plane(work) as cp:
-            yield cp
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with private_control_plane("npd-policy-cp-") as cp:
+        yield cp
 
 
 def condition(ctype: str, status: str) -> dict[str, Any]:

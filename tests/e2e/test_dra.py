@@ -15,7 +15,6 @@ needs the images `make images` builds (the DRA driver's among them) and a contai
 from __future__ import annotations
 
 import json
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from cluster_access import (
     SIM_ROOT,
     WORKLOAD_PYTHON,
     eventually,
+    exporter_metrics,
     helm,
     kubectl,
     pod_phase,
@@ -243,15 +243,6 @@ def test_four_connected_devices_and_the_container_sees_exactly_them() -> None:
     assert (CDI_DIR / f"neuron.aws.com_claim-{claim_uid('four')}.json").exists()
 
 
-def exporter_metrics() -> str:
-    pods = json.loads(
-        kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=node-metrics", "-o", "json")
-    )
-    (exporter,) = [p for p in pods["items"] if p["metadata"].get("deletionTimestamp") is None]
-    with urllib.request.urlopen(f"http://{exporter['status']['podIP']}:9840/metrics", timeout=10) as response:
-        return response.read().decode()  # type: ignore[no-any-return]
-
-
 def test_the_exporter_labels_dra_held_devices_with_their_pod_and_claim() -> None:
     (status,) = pod("four")["status"]["resourceClaimStatuses"]
     claim = status["resourceClaimName"]
@@ -259,7 +250,7 @@ def test_the_exporter_labels_dra_held_devices_with_their_pod_and_claim() -> None
 
     def attributed() -> set[int]:
         held = set()
-        for line in exporter_metrics().splitlines():
+        for line in exporter_metrics(NAMESPACE).splitlines():
             if line.startswith("neuron_core_allocation_info{") and 'pod="four"' in line:
                 assert f'namespace="{WORKLOADS}"' in line, line
                 assert f'claim="{claim}"' in line, line

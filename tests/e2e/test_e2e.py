@@ -31,6 +31,7 @@ from cluster_access import (
     SIM_ROOT,
     WORKLOAD_PYTHON,
     eventually,
+    exporter_metrics,
     helm,
     kubectl,
     node,
@@ -156,15 +157,6 @@ def delete_pods(*names: str) -> None:
     kubectl("delete", "pod", "-n", WORKLOADS, *names, "--ignore-not-found", "--wait=true", "--timeout=60s")
 
 
-def exporter_metrics() -> str:
-    pods = json.loads(
-        kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=node-metrics", "-o", "json")
-    )
-    (pod,) = [p for p in pods["items"] if p["metadata"].get("deletionTimestamp") is None]
-    with urllib.request.urlopen(f"http://{pod['status']['podIP']}:9840/metrics", timeout=10) as response:
-        return response.read().decode()  # type: ignore[no-any-return]
-
-
 def restart_daemonset_pods(kube_cluster: Cluster, component: str) -> None:
     name = f"{RELEASE}-{component}"
     before = kubectl(
@@ -224,7 +216,9 @@ def test_install_with_each_ci_values_file(kube_cluster: Cluster, values: Path) -
     if "npd" in enabled:
         eventually(lambda: neuron_health() is not None, "the NeuronHealth condition")
     if "nodeMetrics" in enabled:
-        eventually(lambda: "neuron_device_info{" in exporter_metrics(), "the exporter serving neuron_device_info")
+        eventually(
+            lambda: "neuron_device_info{" in exporter_metrics(NAMESPACE), "the exporter serving neuron_device_info"
+        )
     objects = {
         kind: kubectl("get", kind, "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name")
         for kind in ("servicemonitors", "podmonitors", "prometheusrules")
@@ -290,7 +284,9 @@ def test_a_pod_with_two_cores_sees_its_device_and_is_attributed() -> None:
         labels = f'namespace="{WORKLOADS}",pod="cores2",container="main"'
 
         def attributed() -> bool:
-            return any(labels in line and line.startswith("neuron_") for line in exporter_metrics().splitlines())
+            return any(
+                labels in line and line.startswith("neuron_") for line in exporter_metrics(NAMESPACE).splitlines()
+            )
 
         # within one attribution period (10 s by default), plus one scrape
         eventually(attributed, "the exporter's metrics carry the pod's labels", timeout=25)
@@ -355,7 +351,7 @@ def test_restarting_each_daemonset_pod_loses_nothing(kube_cluster: Cluster) -> N
         assert condition["status"] == "True", component
         assert condition["reason"] == "NeuronHasError_NC_UNCORRECTABLE_ERROR"
         eventually(lambda: allocatable() == ("15", "30"), f"neuron3 still Unhealthy after restarting {component}")
-    eventually(lambda: "neuron_device_info{" in exporter_metrics(), "the exporter serving again")
+    eventually(lambda: "neuron_device_info{" in exporter_metrics(NAMESPACE), "the exporter serving again")
 
 
 def test_remediation_on_taints_and_a_reboot_clears_everything(kube_cluster: Cluster) -> None:

@@ -256,3 +256,22 @@ def control_plane(
         raise
     finally:
         processes.stop_all()
+
+
+@contextlib.contextmanager
+def private_control_plane(prefix: str, *, apiserver_args: Sequence[str] = ()) -> Iterator[ControlPlane]:
+    """A private control plane for a test module or session, in a fresh temporary directory
+    removed afterwards; skips the test (naming what is missing) where `make setup` has not run."""
+    import tempfile
+
+    import pytest
+
+    missing = missing_prerequisites()
+    if missing:
+        pytest.skip(f"no kube-apiserver to test against (run make setup): {', '.join(missing)}")
+    work = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        with control_plane(work, apiserver_args=apiserver_args) as cp:
+            yield cp
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import os
 import shutil
 import tempfile
@@ -18,7 +17,8 @@ from typing import Any
 import pytest
 from neuron_dra_driver import config as config_mod
 from neuron_dra_driver.app import DraDriver
-from simcluster.controlplane import ControlPlane, control_plane, missing_prerequisites
+from polling import until_async
+from simcluster.controlplane import ControlPlane, private_control_plane
 from standins.dra_kubelet import Kubelet
 
 from neuron_common.kube import Api
@@ -26,48 +26,24 @@ from neuron_sim import node as sim
 
 
 async def eventually(predicate: Callable[[], object], timeout: float = 15.0) -> None:
-    """Polls `predicate` (plain or async) until true; the timeout only bounds a failing test."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = predicate()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition never became true: {predicate}")
-        await asyncio.sleep(0.05)
+    await until_async(predicate, timeout=timeout)
 
 
 @pytest.fixture(scope="session")
 def apiserver() -> Iterator[ControlPlane]:
     """A real kube-apiserver (resource.k8s.io/v1 served), shared by the tests of this directory."""
-    missing = missing_prerequisites()
-    if missing:
-        pytest.skip(f"no kube-apiserver to test against (run make setup): {', '.join(missing)}")
-    work = Path(tempfile.mkdtemp(prefix="dra-cp-"))
-    try:
-        with control_plane(work) as cp:
-            yield cp
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with private_control_plane("dra-cp-") as cp:
+        yield cp
 
 
 @pytest.fixture(scope="session")
 def apiserver_without_taints() -> Iterator[ControlPlane]:
     """A real kube-apiserver with DRADeviceTaints and DRAPartitionableDevices off, as 1.34 and
     1.35 serve by default: it drops device taints and shared counters from the slices it stores."""
-    missing = missing_prerequisites()
-    if missing:
-        pytest.skip(f"no kube-apiserver to test against (run make setup): {', '.join(missing)}")
-    work = Path(tempfile.mkdtemp(prefix="dra-cp-notaints-"))
-    try:
-        with control_plane(
-            work, apiserver_args=["--feature-gates=DRADeviceTaints=false,DRAPartitionableDevices=false"]
-        ) as cp:
-            yield cp
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+    with private_control_plane(
+        "dra-cp-notaints-", apiserver_args=["--feature-gates=DRADeviceTaints=false,DRAPartitionableDevices=false"]
+    ) as cp:
+        yield cp
 
 
 @pytest.fixture

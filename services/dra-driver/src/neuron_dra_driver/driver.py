@@ -85,6 +85,10 @@ class Driver:
     def _spec_path(self, uid: str) -> Path:
         return self.cdi_dir / spec_file_name(uid)
 
+    def _write_spec(self, claim: PreparedClaim) -> None:
+        """The claim's CDI spec, annotated so that a spec alone says which claim it serves."""
+        cdi.write_spec(self.cdi_dir, spec_file_name(claim.uid), checkpoint.annotate(dict(claim.spec), claim))
+
     def _ensure_spec(self, claim: PreparedClaim) -> bool:
         """True when `claim`'s CDI spec is on disk (written again from the checkpoint if it was
         missing); False when it is missing and the checkpoint has no copy (a checkpoint written by
@@ -100,7 +104,7 @@ class Driver:
             )
             return False
         try:
-            cdi.write_spec(self.cdi_dir, spec_file_name(claim.uid), checkpoint.annotate(dict(claim.spec), claim))
+            self._write_spec(claim)
         except OSError as exc:
             self.metrics.errors.labels("write").inc()
             log.error("claim %s/%s: cannot write its CDI spec again: %s", claim.namespace, claim.name, exc)
@@ -144,7 +148,7 @@ class Driver:
             log.warning("cannot prepare claim %s/%s: %s", ref.namespace, ref.name, exc, extra={"claim_uid": ref.uid})
             return f"claim {ref.namespace}/{ref.name}: {exc}"
         try:
-            cdi.write_spec(self.cdi_dir, spec_file_name(ref.uid), checkpoint.annotate(dict(prepared.spec), prepared))
+            self._write_spec(prepared)
             self.prepared[ref.uid] = prepared
             self.checkpoint.save(self.prepared)
         except OSError as exc:

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from neuron_common.backoff import Backoff
@@ -36,6 +36,34 @@ log = logging.getLogger(__name__)
 
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 FIELD_MANAGER = "neuron-dra-driver"
+
+
+@dataclass(frozen=True)
+class _Feature:
+    """A part of the slices an API server may drop silently, and how the publisher gives it up."""
+
+    used: Callable[[list[dict[str, Any]]], bool]  # whether slices use it
+    flag: str  # the publisher's attribute set once the server dropped it
+    gauge: str  # the metric set to 0 then
+    warning: str
+
+
+_FEATURES = (
+    _Feature(
+        slices.tainted,
+        "taints_dropped",
+        "taints_kept",
+        "the API server dropped the device taints (DRADeviceTaints off: Kubernetes before 1.36?); "
+        "unhealthy devices are left out of the ResourceSlices instead",
+    ),
+    _Feature(
+        slices.counted,
+        "counters_dropped",
+        "counters_kept",
+        "the API server dropped the shared counters (DRAPartitionableDevices off: Kubernetes before 1.36?); "
+        "a device and its cores could be handed out together, so only whole devices are published",
+    ),
+)
 
 
 class SliceApi(Protocol):
@@ -112,21 +140,7 @@ class SlicePublisher:
         self.generation += 1
         desired = slices.build(model, self.generation)
         stored = [await self.api.apply(f"{SLICES}/{obj['metadata']['name']}", obj, FIELD_MANAGER) for obj in desired]
-        if slices.tainted(desired) and not slices.tainted(stored):
-            self.taints_dropped = True
-            self.metrics.taints_kept.set(0)
-            log.warning(
-                "the API server dropped the device taints (DRADeviceTaints off: Kubernetes before 1.36?); "
-                "unhealthy devices are left out of the ResourceSlices instead"
-            )
-            return await self.sync()
-        if slices.counted(desired) and not slices.counted(stored):
-            self.counters_dropped = True
-            self.metrics.counters_kept.set(0)
-            log.warning(
-                "the API server dropped the shared counters (DRAPartitionableDevices off: Kubernetes before 1.36?); "
-                "a device and its cores could be handed out together, so only whole devices are published"
-            )
+        if self._dropped_features(desired, stored):
             return await self.sync()
         wanted = {s["metadata"]["name"] for s in desired}
         for obj in found:
@@ -144,6 +158,18 @@ class SlicePublisher:
             extra={"unhealthy": sorted(model.unhealthy)},
         )
         return True
+
+    def _dropped_features(self, desired: list[dict[str, Any]], stored: list[dict[str, Any]]) -> bool:
+        """Whether the API server stored the slices without a feature they use (a gate that is off before
+        Kubernetes 1.36); each such feature is then given up for good, said once in the log and a metric."""
+        dropped = False
+        for feature in _FEATURES:
+            if not getattr(self, feature.flag) and feature.used(desired) and not feature.used(stored):
+                setattr(self, feature.flag, True)
+                getattr(self.metrics, feature.gauge).set(0)
+                log.warning(feature.warning)
+                dropped = True
+        return dropped
 
     async def run(self, stop: asyncio.Event, changed: Callable[[], asyncio.Event]) -> None:
         backoff = Backoff(initial=0.5, maximum=30.0)
