@@ -230,6 +230,24 @@ def test_the_slices_carry_the_torus_groups_and_the_driver_is_ready() -> None:
     assert "(trn1.32xlarge) publishes 16 devices and 32 cores for DRA" in result.stdout
 
 
+def test_the_nodes_ec2_placement_labels_become_awss_attributes() -> None:
+    """The driver reads its own Node (the chart's RBAC allows get on nodes) for the labels EKS sets
+    and publishes them as AWS's driver does (following a change is the driver's own integration test)."""
+    label = "topology.k8s.aws/network-node-layer-3"
+    try:
+        kubectl("label", "node", NODE, f"{label}=nn-e2e", "--overwrite")
+        # the driver reads the Node every minute: restart it to read it now
+        kubectl("rollout", "restart", "daemonset", DRIVER, "-n", NAMESPACE)
+        kubectl("rollout", "status", "daemonset", DRIVER, "-n", NAMESPACE, "--timeout=180s")
+        eventually(
+            lambda: published()["neurondevice0"]["attributes"].get("networkNodeLayer3") == {"string": "nn-e2e"},
+            "networkNodeLayer3 in the slices",
+        )
+        assert published()["neuroncore1"]["attributes"]["networkNodeLayer3"] == {"string": "nn-e2e"}
+    finally:
+        kubectl("label", "node", NODE, f"{label}-")
+
+
 def test_four_connected_devices_and_the_container_sees_exactly_them() -> None:
     create_template("four-connected", "neuron.aws.com", 4, GROUP4)
     create_pod("four", "four-connected")

@@ -3,12 +3,16 @@ stubs as the kubelet, a real kube-apiserver for the slices and claims, a simulat
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import time
 import uuid
+from typing import Any
 
 import grpc
 import pytest
-from dra_harness import Harness, eventually
+from dra_harness import Harness, admin_api, eventually
 from standins.dra_kubelet import allocated_claim
 
 from kubelet_api.dra_health.v1alpha1 import api_pb2 as health_pb
@@ -356,3 +360,37 @@ async def test_the_slices_carry_this_drivers_version(start_driver) -> None:  # t
     await eventually(lambda: _has_devices(h, 1 + 2))
     device = next(d for s in await h.slices() for d in s["spec"].get("devices", []) if d["name"] == "neurondevice0")
     assert device["attributes"]["draDriverVersion"] == {"version": version("neuron-dra-driver")}
+
+
+async def test_the_nodes_placement_labels_reach_the_slices_and_follow_a_change(start_driver, apiserver) -> None:  # type: ignore[no-untyped-def]
+    node = f"placed-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+    api = admin_api(apiserver)
+    try:
+        labels = {"topology.k8s.aws/network-node-layer-3": "nn-aaaa", "topology.k8s.aws/capacity-block-id": "cr-1"}
+        await api.request("POST", "/api/v1/nodes", body={"metadata": {"name": node, "labels": labels}})
+        h: Harness = await start_driver("trn1.2xlarge", "--resync-interval", "0.2", node=node)
+
+        async def attributes() -> dict[str, Any]:
+            devices = [d for s in await h.slices() for d in s["spec"].get("devices", [])]
+            return next((d["attributes"] for d in devices if d["name"] == "neurondevice0"), {})
+
+        async def layer3_is(value: str) -> bool:
+            return (await attributes()).get("networkNodeLayer3") == {"string": value}
+
+        await eventually(lambda: layer3_is("nn-aaaa"))
+        assert (await attributes())["capacityBlockId"] == {"string": "cr-1"}
+        patch = {"metadata": {"labels": {"topology.k8s.aws/network-node-layer-3": "nn-bbbb"}}}
+        await api.request("PATCH", f"/api/v1/nodes/{node}", body=patch, content_type="application/merge-patch+json")
+        await eventually(lambda: layer3_is("nn-bbbb"))
+    finally:
+        with contextlib.suppress(ApiError):
+            await api.delete(f"/api/v1/nodes/{node}")
+        await api.close()
+
+
+async def test_a_node_it_cannot_read_leaves_the_placement_out_and_publishes_anyway(start_driver) -> None:  # type: ignore[no-untyped-def]
+    h: Harness = await start_driver("trn1.2xlarge")  # no Node object of that name exists
+    await eventually(lambda: _has_devices(h, 1 + 2))
+    devices = [d for s in await h.slices() for d in s["spec"].get("devices", [])]
+    assert not [k for d in devices for k in d["attributes"] if k.startswith(("networkNode", "capacityBlock"))]
+    assert h.driver.metrics.errors.labels("node")._value.get() >= 1

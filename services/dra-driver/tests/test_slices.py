@@ -15,6 +15,7 @@ from neuron_dra_driver import slices
 from neuron_driver.inventory import NodeInventory, scan, topology_from
 from neuron_model import resources
 from neuron_model.instance_types import INSTANCE_TYPES, TopologyKind
+from neuron_model.placement_labels import ATTRIBUTE_OF_LABEL, placement_attributes
 from neuron_sim import node as sim
 
 SETTINGS = [(name, lnc) for name, it in INSTANCE_TYPES.items() for lnc in it.family.supported_lnc]
@@ -344,3 +345,37 @@ def test_the_aws_drivers_position_attributes_on_a_torus() -> None:
     for name in ("inf2.48xlarge", "trn2u.48xlarge"):
         lnc = INSTANCE_TYPES[name].family.default_lnc
         assert not [d for d in all_devices(slices.build(model(name, lnc), 1)) if "topology_x" in d["attributes"]]
+
+
+def test_the_nodes_placement_labels_are_the_aws_drivers_attributes_on_every_device() -> None:
+    labels = {
+        "topology.k8s.aws/network-node-layer-1": "nn-1a2b",
+        "topology.k8s.aws/network-node-layer-2": "nn-3c4d",
+        "topology.k8s.aws/network-node-layer-3": "nn-5e6f",
+        "topology.k8s.aws/capacity-block-id": "cr-0123456789abcdef0",
+        "kubernetes.io/hostname": "not-a-placement-label",
+    }
+    placed = model("inf2.48xlarge", 1, placement=placement_attributes(labels))
+    listed = all_devices(slices.build(placed, 1), groups=True)
+    kinds = {d["attributes"]["resourceType"]["string"] for d in listed}
+    assert kinds == {"neuron_device", "neuron_core", "neuron_device_group"}
+    for d in listed:
+        a = d["attributes"]
+        assert {k: a[k] for k in a if k.startswith(("networkNode", "capacityBlock"))} == {
+            "networkNodeLayer1": {"string": "nn-1a2b"},
+            "networkNodeLayer2": {"string": "nn-3c4d"},
+            "networkNodeLayer3": {"string": "nn-5e6f"},
+            "capacityBlockId": {"string": "cr-0123456789abcdef0"},
+        }
+        assert len(a) <= 32  # the API's limit of attributes and capacities per device, placement included
+    unplaced = all_devices(slices.build(model("inf2.48xlarge", 1), 1))
+    assert not [k for d in unplaced for k in d["attributes"] if k.startswith(("networkNode", "capacityBlock"))]
+
+
+@given(st.dictionaries(st.sampled_from(sorted(ATTRIBUTE_OF_LABEL)), st.text(max_size=100)))
+def test_placement_attributes_are_valid_string_attributes_for_any_label_values(labels: dict[str, str]) -> None:
+    attributes = placement_attributes(labels)
+    assert set(attributes) <= set(ATTRIBUTE_OF_LABEL.values())
+    for name, value in attributes.items():
+        assert QUALIFIED.match(name)
+        assert 0 < len(value) <= 64

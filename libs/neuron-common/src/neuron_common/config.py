@@ -12,6 +12,7 @@ import argparse
 import os
 import re
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 from neuron_common.duration import DurationError, parse_duration
@@ -135,3 +136,94 @@ def require_node_name(parser: argparse.ArgumentParser, name: str) -> None:
     """Stop at start, naming the flag, when `--node-name` cannot be a Node's name."""
     if len(name) > 253 or not NODE_NAME.fullmatch(name):
         parser.error(f"--node-name {name!r} is not a node name (a lowercase DNS subdomain)")
+
+
+# Flag groups: what several services take, declared once. Each service composes the groups it
+# needs, then adds its own flags; the resolvers below turn a group's raw values into the config's.
+
+
+def add_serving_flags(p: EnvArgumentParser, default_listen: str, what: str = "/healthz, /readyz, /metrics") -> None:
+    """--listen and --log-level."""
+    p.add_flag("--listen", default=default_listen, type=listen_address, help=f"address of {what}")
+    p.add_flag("--log-level", default="info", type=log_level, help="debug, info, warning or error")
+
+
+def add_host_flags(p: EnvArgumentParser, *, found: str = "sys/, dev/ and opt/aws/", dev_root: bool = False) -> None:
+    """--host-root (and --host-dev-root for services that hand device paths to the container runtime)."""
+    p.add_flag("--host-root", default="/", type=Path, help=f"host root where {found} are found")
+    if dev_root:
+        p.add_flag(
+            "--host-dev-root",
+            default="",
+            help="root the container runtime resolves /dev/neuronN against, when the service sees the host under "
+            "another path (e.g. --host-root=/host, --host-dev-root=/); default: --host-root",
+        )
+
+
+def add_node_flag(p: EnvArgumentParser, purpose: str = "") -> None:
+    """--node-name, which falls back to $NODE_NAME (the chart sets it from the downward API)."""
+    p.add_flag("--node-name", default="", help=f"this node's name{purpose} (default $NODE_NAME)")
+
+
+def add_api_flags(p: EnvArgumentParser, *, purpose: str = "", timeout: str | None = None) -> None:
+    """--kubeconfig, and --api-timeout where the service bounds its requests."""
+    p.add_flag("--kubeconfig", default="", help=f"kubeconfig file{purpose}; default: the in-cluster service account")
+    if timeout is not None:
+        p.add_flag("--api-timeout", default=timeout, type=positive_duration, help="timeout of one API server request")
+
+
+def add_health_source_flags(p: EnvArgumentParser, *, verdict_default: str = "") -> None:
+    """The device-health sources of the plugin and the DRA driver: counters, the kernel log, verdicts."""
+    p.add_flag(
+        "--health-interval",
+        default="500ms",
+        type=positive_duration,
+        help="time between reads of the error counters and device presence",
+    )
+    p.add_flag(
+        "--health-quiet-period",
+        default="5m",
+        type=positive_duration,
+        help="time without a new error before a device with a recoverable error is healthy again",
+    )
+    p.add_flag(
+        "--kmsg-path",
+        default="",
+        help="kernel log to watch for NEURON_HW_ERR lines; default <host-root>/dev/kmsg; 'none' disables",
+    )
+    p.add_flag(
+        "--verdict-dir",
+        default=verdict_default,
+        help="directory of per-device verdicts from neuron-problem-detector (a device it marks unhealthy is "
+        "taken out of service); '' disables",
+    )
+
+
+def resolve_node_name(
+    p: argparse.ArgumentParser, given: str, environ: Mapping[str, str], *, needed_by: str = ""
+) -> str:
+    """The node's name from --node-name or $NODE_NAME; stops at start when it is needed and missing or
+    not a node name. `needed_by`: the flag that needs it, when the service can run without it."""
+    node = given or environ.get("NODE_NAME", "")
+    if not node:
+        why = f"{needed_by} needs the node's name" if needed_by else "the node's name is needed"
+        p.error(f"{why}: pass --node-name or set NODE_NAME (the chart sets it from the downward API)")
+    require_node_name(p, node)
+    return node
+
+
+def resolve_kmsg(kmsg_path: str, host_kmsg: Path) -> Path | None:
+    """--kmsg-path of the health sources: '' is the host's kernel log (`host_kmsg`, from the host
+    layout); 'none' disables watching it."""
+    if kmsg_path == "none":
+        return None
+    return Path(kmsg_path) if kmsg_path else host_kmsg
+
+
+def resolve_health_periods(p: argparse.ArgumentParser, interval: float, quiet_period: float) -> None:
+    if quiet_period < interval:
+        p.error("--health-quiet-period must be at least --health-interval")
+
+
+def optional_path(text: str) -> Path | None:
+    return Path(text) if text else None

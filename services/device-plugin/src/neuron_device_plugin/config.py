@@ -9,11 +9,17 @@ from pathlib import Path
 
 from neuron_common.config import (
     EnvArgumentParser,
-    listen_address,
-    log_level,
+    add_api_flags,
+    add_health_source_flags,
+    add_host_flags,
+    add_node_flag,
+    add_serving_flags,
+    optional_path,
     positive_duration,
-    require_node_name,
     require_resource_prefix,
+    resolve_health_periods,
+    resolve_kmsg,
+    resolve_node_name,
 )
 from neuron_driver import layout
 from neuron_model import resources
@@ -65,19 +71,7 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         env_prefix="NEURON_DP_",
         env=env,
     )
-    p.add_flag(
-        "--host-root",
-        default="/",
-        type=Path,
-        help="host root where sys/, dev/ and opt/aws/ are found (a simulated node's root in tests)",
-    )
-    p.add_flag(
-        "--host-dev-root",
-        default="",
-        help="root the container runtime resolves /dev/neuronN against, "
-        "when the plugin sees the host under another path (e.g. --host-root=/host, --host-dev-root=/); "
-        "default: --host-root",
-    )
+    add_host_flags(p, dev_root=True)
     p.add_flag(
         "--device-plugin-path",
         default=layout.DEVICE_PLUGIN_DIR,
@@ -89,26 +83,14 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         default=layout.POD_RESOURCES_SOCKET,
         help="the kubelet's PodResources socket, read to learn current holdings",
     )
-    p.add_flag("--listen", default=DEFAULT_LISTEN, type=listen_address, help="address of /healthz, /readyz, /metrics")
-    p.add_flag("--log-level", default="info", type=log_level, help="debug, info, warning or error")
+    add_serving_flags(p, DEFAULT_LISTEN)
     p.add_flag("--resource-prefix", default=resources.DEFAULT_PREFIX, help="extended resource prefix")
     p.add_bool_flag(
         "--neurondevice-alias",
         default=False,
         help="also advertise the deprecated <prefix>/neurondevice (whole devices)",
     )
-    p.add_flag(
-        "--health-interval",
-        default="500ms",
-        type=positive_duration,
-        help="time between reads of the error counters and device presence",
-    )
-    p.add_flag(
-        "--health-quiet-period",
-        default="5m",
-        type=positive_duration,
-        help="time without a new error before a device with a recoverable error is Healthy again",
-    )
+    add_health_source_flags(p)
     p.add_flag(
         "--holdings-interval",
         default="5s",
@@ -121,11 +103,6 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         type=positive_duration,
         help="how long an own allocation counts as held before the kubelet's List confirms it",
     )
-    p.add_flag(
-        "--kmsg-path",
-        default="",
-        help="kernel log to watch for NEURON_HW_ERR lines; default <host-root>/dev/kmsg; 'none' disables",
-    )
     p.add_bool_flag(
         "--cdi",
         default=False,
@@ -133,12 +110,6 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         "device nodes; the container runtime must have CDI enabled",
     )
     p.add_flag("--cdi-spec-dir", default=layout.CDI_SPEC_DIR, type=Path, help="where the CDI spec is written")
-    p.add_flag(
-        "--verdict-dir",
-        default="",
-        help="directory of per-device verdicts published by "
-        "neuron-problem-detector; a device it marks unhealthy is reported Unhealthy; '' disables",
-    )
     p.add_flag(
         "--register-timeout",
         default="10s",
@@ -151,10 +122,8 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         help="publish this node's NeuronNode (free devices and cores, health, topology) to the API server "
         "for the Neuron-aware scheduler",
     )
-    p.add_flag("--node-name", default="", help="this node's name, for --node-report (default $NODE_NAME)")
-    p.add_flag(
-        "--kubeconfig", default="", help="kubeconfig file for --node-report; default: the in-cluster service account"
-    )
+    add_node_flag(p, " for --node-report")
+    add_api_flags(p, purpose=" for --node-report")
     p.add_flag(
         "--node-report-interval",
         default="30s",
@@ -169,26 +138,11 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
     p = parser(env)
     a = p.parse_args(argv)
     require_resource_prefix(p, a.resource_prefix)
-    if a.health_quiet_period < a.health_interval:
-        p.error("--health-quiet-period must be at least --health-interval")
-    node = a.node_name or environ.get("NODE_NAME", "")
-    if a.node_report:
-        if not node:
-            p.error(
-                "--node-report needs the node's name: pass --node-name or set NODE_NAME "
-                "(the chart sets it from the downward API)"
-            )
-        require_node_name(p, node)
-    kmsg: Path | None
-    if a.kmsg_path == "none":
-        kmsg = None
-    elif a.kmsg_path:
-        kmsg = Path(a.kmsg_path)
-    else:
-        kmsg = layout.HostLayout(a.host_root).kmsg
+    resolve_health_periods(p, a.health_interval, a.health_quiet_period)
+    node = resolve_node_name(p, a.node_name, environ, needed_by="--node-report") if a.node_report else ""
     return Config(
         host_root=a.host_root,
-        host_dev_root=Path(a.host_dev_root) if a.host_dev_root else a.host_root,
+        host_dev_root=optional_path(a.host_dev_root) or a.host_root,
         device_plugin_path=a.device_plugin_path,
         pod_resources_socket=a.pod_resources_socket,
         listen=a.listen,
@@ -199,10 +153,10 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         health_quiet_period=a.health_quiet_period,
         holdings_interval=a.holdings_interval,
         pending_ttl=a.pending_ttl,
-        kmsg_path=kmsg,
+        kmsg_path=resolve_kmsg(a.kmsg_path, layout.HostLayout(a.host_root).kmsg),
         cdi=a.cdi,
         cdi_spec_dir=a.cdi_spec_dir,
-        verdict_dir=Path(a.verdict_dir) if a.verdict_dir else None,
+        verdict_dir=optional_path(a.verdict_dir),
         register_timeout=a.register_timeout,
         node_report=a.node_report,
         node_name=node,

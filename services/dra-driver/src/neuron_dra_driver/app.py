@@ -17,6 +17,7 @@ from neuron_dra_driver import servers, slices, taints
 from neuron_dra_driver.config import Config
 from neuron_dra_driver.driver import Driver
 from neuron_dra_driver.metrics import DriverMetrics
+from neuron_dra_driver.placement import NodePlacement
 from neuron_dra_driver.publisher import SlicePublisher
 from neuron_driver import layout
 from neuron_driver.inventory import scan
@@ -77,6 +78,9 @@ class DraDriver:
             on_error=lambda kind: self.metrics.errors.labels(kind).inc(),
         )
         self.publisher = SlicePublisher(api, config.node_name, self.model, self.metrics, resync=config.resync_interval)
+        self.placement = NodePlacement(
+            api, config.node_name, config.resync_interval, self.metrics, on_change=self.publisher.kick
+        )
         self.registration = servers.RegistrationServicer(config.dra_socket, self.metrics, on_change=self.publisher.kick)
         self.supervisor = Supervisor(stop)
         host, port = config.listen
@@ -93,6 +97,7 @@ class DraDriver:
             publish_cores=self.config.publish_cores,
             taints=taints,
             publish_groups=self.config.publish_groups,
+            placement=self.placement.attributes,
         )
 
     def taints(self) -> dict[int, slices.Taint]:
@@ -115,6 +120,7 @@ class DraDriver:
     async def run(self) -> int:
         self.driver.load()
         await self.http.start()
+        await self.placement.refresh()  # so that the first slices carry the placement already
         c = self.config
         self.supervisor.start(
             "grpc",
@@ -132,6 +138,7 @@ class DraDriver:
         if c.kmsg_path is not None:
             kmsg = KmsgWatcher(self.health, c.kmsg_path)
             self.supervisor.start("kmsg", lambda: kmsg.run(self.stop))
+        self.supervisor.start("placement", lambda: self.placement.run(self.stop))
         self.supervisor.start("slices", lambda: self.publisher.run(self.stop, lambda: self.health.changed))
         self.supervisor.start("slice-deletions", lambda: self.publisher.watch_deletions(self.stop))
         code = await self.supervisor.run()

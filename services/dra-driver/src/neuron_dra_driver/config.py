@@ -7,7 +7,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from neuron_common.config import EnvArgumentParser, listen_address, log_level, positive_duration, require_node_name
+from neuron_common.config import (
+    EnvArgumentParser,
+    add_api_flags,
+    add_health_source_flags,
+    add_host_flags,
+    add_node_flag,
+    add_serving_flags,
+    optional_path,
+    positive_duration,
+    resolve_health_periods,
+    resolve_kmsg,
+    resolve_node_name,
+)
 from neuron_dra_driver import slices
 from neuron_driver import layout
 
@@ -58,13 +70,8 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         env_prefix="NEURON_DRA_",
         env=env,
     )
-    p.add_flag("--node-name", default="", help="this node's name (default $NODE_NAME); the pool is named after it")
-    p.add_flag("--host-root", default="/", type=Path, help="host root where sys/, dev/ and opt/aws/ are found")
-    p.add_flag(
-        "--host-dev-root",
-        default="",
-        help="root the container runtime resolves /dev/neuronN against in CDI specs; default: --host-root",
-    )
+    add_node_flag(p, "; the pool is named after it")
+    add_host_flags(p, dev_root=True)
     p.add_flag(
         "--plugin-dir",
         default=layout.DRA_PLUGIN_DIR,
@@ -78,31 +85,9 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         help="the kubelet's plugins_registry directory (the registration socket)",
     )
     p.add_flag("--cdi-spec-dir", default=layout.CDI_SPEC_DIR, type=Path, help="where claims' CDI specs are written")
-    p.add_flag("--kubeconfig", default="", help="kubeconfig file; default: the in-cluster service account")
-    p.add_flag("--listen", default=DEFAULT_LISTEN, type=listen_address, help="address of /healthz, /readyz, /metrics")
-    p.add_flag("--log-level", default="info", type=log_level, help="debug, info, warning or error")
-    p.add_flag(
-        "--health-interval",
-        default="500ms",
-        type=positive_duration,
-        help="time between reads of the error counters and device presence",
-    )
-    p.add_flag(
-        "--health-quiet-period",
-        default="5m",
-        type=positive_duration,
-        help="time without a new error before a device with a recoverable error is healthy again",
-    )
-    p.add_flag(
-        "--kmsg-path",
-        default="",
-        help="kernel log to watch for NEURON_HW_ERR lines; default <host-root>/dev/kmsg; 'none' disables",
-    )
-    p.add_flag(
-        "--verdict-dir",
-        default="",
-        help="directory of per-device verdicts from neuron-problem-detector; '' disables",
-    )
+    add_api_flags(p, timeout="10s")
+    add_serving_flags(p, DEFAULT_LISTEN)
+    add_health_source_flags(p)
     p.add_bool_flag(
         "--publish-cores",
         default=True,
@@ -137,7 +122,6 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         type=positive_duration,
         help="longest time between two checks that the ResourceSlices are as published",
     )
-    p.add_flag("--api-timeout", default="10s", type=positive_duration, help="timeout of one API server request")
     return p
 
 
@@ -145,25 +129,12 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
     environ = os.environ if env is None else env
     p = parser(env)
     a = p.parse_args(argv)
-    if a.health_quiet_period < a.health_interval:
-        p.error("--health-quiet-period must be at least --health-interval")
-    node = a.node_name or environ.get("NODE_NAME", "")
-    if not node:
-        p.error(
-            "the node's name is needed: pass --node-name or set NODE_NAME (the chart sets it from the downward API)"
-        )
-    require_node_name(p, node)
-    kmsg: Path | None
-    if a.kmsg_path == "none":
-        kmsg = None
-    elif a.kmsg_path:
-        kmsg = Path(a.kmsg_path)
-    else:
-        kmsg = layout.HostLayout(a.host_root).kmsg
+    resolve_health_periods(p, a.health_interval, a.health_quiet_period)
+    node = resolve_node_name(p, a.node_name, environ)
     return Config(
         node_name=node,
         host_root=a.host_root,
-        host_dev_root=Path(a.host_dev_root) if a.host_dev_root else a.host_root,
+        host_dev_root=optional_path(a.host_dev_root) or a.host_root,
         plugin_dir=a.plugin_dir,
         registry_dir=a.registry_dir,
         cdi_spec_dir=a.cdi_spec_dir,
@@ -172,8 +143,8 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         log_level=a.log_level,
         health_interval=a.health_interval,
         health_quiet_period=a.health_quiet_period,
-        kmsg_path=kmsg,
-        verdict_dir=Path(a.verdict_dir) if a.verdict_dir else None,
+        kmsg_path=resolve_kmsg(a.kmsg_path, layout.HostLayout(a.host_root).kmsg),
+        verdict_dir=optional_path(a.verdict_dir),
         publish_cores=a.publish_cores,
         publish_groups=a.publish_groups,
         device_taints=a.device_taints,

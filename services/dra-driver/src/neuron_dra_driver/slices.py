@@ -116,6 +116,7 @@ class NodeDevices:
     publish_cores: bool = True
     taints: Mapping[int, Taint] = field(default_factory=dict)  # unhealthy devices published tainted
     publish_groups: bool = True  # ring arcs as devices (only with the shared counters of publish_cores)
+    placement: Mapping[str, str] = field(default_factory=dict)  # from the Node's labels (placement_labels)
 
     def without_taints(self) -> NodeDevices:
         """The same node with its tainted devices left out instead (an API server that drops taints)."""
@@ -154,6 +155,7 @@ def _common(model: NodeDevices, kind: str, device: int, groups: Mapping[int, Map
         if device in ids:
             attributes[group_attribute(size)] = _int(ids[device])
     attributes.update(torus_position(inv, device))
+    attributes.update((name, _string(value)) for name, value in sorted(model.placement.items()))
     return attributes
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from neuron_common.config import (
     EnvArgumentParser,
-    listen_address,
-    log_level,
+    add_host_flags,
+    add_serving_flags,
     positive_duration,
     positive_int,
     require_resource_prefix,
@@ -49,20 +49,19 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         env_prefix="NEURON_METRICS_",
         env=env,
     )
-    p.add_flag("--host-root", default="/", type=Path, help="host root where sys/ and opt/aws/ are found")
+    add_host_flags(p, found="sys/ and opt/aws/")
     p.add_flag(
         "--pod-resources-socket",
         default=layout.POD_RESOURCES_SOCKET,
         help="the kubelet's PodResources socket (mount its directory: the socket is recreated on restart)",
     )
-    p.add_flag("--listen", default=DEFAULT_LISTEN, type=listen_address, help="address of /metrics, /healthz, /readyz")
+    add_serving_flags(p, DEFAULT_LISTEN, what="/metrics, /healthz, /readyz")
     p.add_flag(
         "--attribution-interval",
         default="10s",
         type=positive_duration,
         help="time between PodResources reads (never on the scrape path)",
     )
-    p.add_flag("--log-level", default="info", type=log_level, help="debug, info, warning or error")
     p.add_flag("--resource-prefix", default=resources.DEFAULT_PREFIX, help="extended resource prefix")
     p.add_flag(
         "--metrics",

@@ -10,11 +10,15 @@ from pathlib import Path
 
 from neuron_common.config import (
     EnvArgumentParser,
-    listen_address,
-    log_level,
+    add_api_flags,
+    add_host_flags,
+    add_node_flag,
+    add_serving_flags,
     non_negative_duration,
+    optional_path,
     positive_duration,
     positive_int,
+    resolve_node_name,
 )
 from neuron_driver import layout
 
@@ -50,10 +54,10 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         env_prefix="NEURON_NPD_",
         env=env,
     )
-    p.add_flag("--host-root", default="/", type=Path, help="host root where sys/, dev/ and proc/ are found")
+    add_host_flags(p, found="sys/, dev/ and proc/")
     p.add_flag("--kmsg-path", default="", help="kernel log to follow (default <host-root>/dev/kmsg)")
-    p.add_flag("--node-name", default="", help="this node's name (default $NODE_NAME)")
-    p.add_flag("--kubeconfig", default="", help="kubeconfig file; default: the in-cluster service account")
+    add_node_flag(p)
+    add_api_flags(p)
     p.add_flag(
         "--rules",
         default="",
@@ -62,8 +66,7 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
     p.add_argument(
         "--print-default-rules", action="store_true", help="print the built-in rules as a rules file and exit"
     )
-    p.add_flag("--listen", default=DEFAULT_LISTEN, type=listen_address, help="address of /healthz, /readyz, /metrics")
-    p.add_flag("--log-level", default="info", type=log_level, help="debug, info, warning or error")
+    add_serving_flags(p, DEFAULT_LISTEN)
     p.add_flag(
         "--lookback",
         default="5m",
@@ -107,24 +110,20 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
 
         sys.stdout.write(default_text())
         p.exit(0)
-    node = a.node_name or environ.get("NODE_NAME", "")
-    if not node:
-        p.error(
-            "the node's name is needed: pass --node-name or set NODE_NAME (the chart sets it from the downward API)"
-        )
+    node = resolve_node_name(p, a.node_name, environ)
     return Config(
         host_root=a.host_root,
         kmsg_path=Path(a.kmsg_path) if a.kmsg_path else layout.HostLayout(a.host_root).kmsg,
         node_name=node,
         kubeconfig=a.kubeconfig or None,
-        rules=Path(a.rules) if a.rules else None,
+        rules=optional_path(a.rules),
         listen=a.listen,
         log_level=a.log_level,
         lookback=a.lookback,
         counter_interval=a.counter_interval,
         heartbeat=a.heartbeat,
         state_file=a.state_file,
-        verdict_dir=Path(a.verdict_dir) if a.verdict_dir else None,
+        verdict_dir=optional_path(a.verdict_dir),
         event_namespace=a.event_namespace,
         max_pending_events=a.max_pending_events,
         taint=a.taint,

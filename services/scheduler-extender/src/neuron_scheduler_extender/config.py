@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from neuron_common.config import (
     EnvArgumentParser,
-    listen_address,
-    log_level,
+    add_api_flags,
+    add_serving_flags,
     positive_duration,
     require_resource_prefix,
 )
@@ -61,9 +61,8 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         env_prefix="NEURON_EXTENDER_",
         env=env,
     )
-    p.add_flag("--listen", default=DEFAULT_LISTEN, type=listen_address, help="address of the extender's HTTP server")
-    p.add_flag("--log-level", default="info", type=log_level, help="debug, info, warning or error")
-    p.add_flag("--kubeconfig", default="", help="kubeconfig file; default: the in-cluster service account")
+    add_serving_flags(p, DEFAULT_LISTEN, what="the extender's HTTP server")
+    add_api_flags(p)
     p.add_flag(
         "--resource-prefix",
         default=resources.DEFAULT_PREFIX,

@@ -1,0 +1,59 @@
+"""The node's EC2 placement (network node layers, capacity block), read from its Node's labels at
+start and at every resync; a change re-publishes the slices. Reading needs `get` on nodes; a Node
+that is missing or unreadable leaves the attributes out (logged, counted) and is read again later,
+so the driver never stops publishing for want of them."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from neuron_common.kube import ApiError
+from neuron_common.lifecycle import wait_any
+from neuron_dra_driver.metrics import DriverMetrics
+from neuron_model.placement_labels import placement_attributes
+
+log = logging.getLogger(__name__)
+
+
+class NodeApi(Protocol):
+    async def get(self, path: str) -> dict[str, Any]: ...
+
+
+class NodePlacement:
+    def __init__(
+        self, api: NodeApi, node_name: str, interval: float, metrics: DriverMetrics, on_change: Callable[[], None]
+    ) -> None:
+        self.api = api
+        self.node_name = node_name
+        self.interval = interval
+        self.metrics = metrics
+        self.on_change = on_change
+        self.attributes: dict[str, str] = {}
+        self._failing = False
+
+    async def refresh(self) -> None:
+        try:
+            node = await self.api.get(f"/api/v1/nodes/{self.node_name}")
+        except ApiError as exc:
+            self.metrics.errors.labels("node").inc()
+            if not self._failing:  # once per outage: a resync every minute would repeat it
+                log.warning("cannot read Node %s for its placement labels (read again later): %s", self.node_name, exc)
+            self._failing = True
+            return
+        self._failing = False
+        labels = (node.get("metadata") or {}).get("labels") or {}
+        attributes = placement_attributes(labels if isinstance(labels, dict) else {})
+        if attributes != self.attributes:
+            log.info("placement attributes from the Node's labels", extra={"attributes": attributes})
+            self.attributes = attributes
+            self.on_change()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        # The first read is the caller's, before the first slices are published.
+        while not stop.is_set():
+            await wait_any(stop, timeout=self.interval)
+            if not stop.is_set():
+                await self.refresh()
