@@ -19,7 +19,7 @@ from oracles.neuron_sets import exhaustive_fits, topology
 from simcluster.controlplane import missing_prerequisites
 from simcluster.fleet import DEFAULT_SCHEDULER, NAMESPACE
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command
-from simcluster.simulation import REDUCED, Outcome, simulate
+from simcluster.simulation import DRA_CLAIMS, DRA_EXTENDED, REDUCED, Outcome, simulate
 
 from neuron_model.placement import FreeState, PodRequest
 
@@ -132,3 +132,20 @@ def test_neuron_scheduler_places_only_where_a_valid_set_is_free(tmp_path: Path) 
     invalid = [f"{a.pod} on {a.node}: {a.reason}" for a in outcome.admissions if not a.valid]
     assert not invalid, "\n".join(invalid)
     assert outcome.stranded() == []
+
+
+@pytest.mark.parametrize("mode", [DRA_EXTENDED, DRA_CLAIMS])
+def test_dra_never_hands_out_silicon_twice_and_gives_exactly_what_was_asked(tmp_path: Path, mode: str) -> None:
+    """The default scheduler allocating from the DRA driver's slices (DeviceClasses from the chart):
+    every bound pod's claim holds exactly the devices or cores it asked for, none already held by
+    another pod (the shared counters at work); with group-constrained claims every device set is a
+    connected group. How many core sets are on more devices than needed is the bench's figure."""
+    outcome = asyncio.run(simulate(REDUCED, DEFAULT_SCHEDULER, tmp_path, dra=mode))
+    assert_accounted(outcome)
+    assert outcome.admissions, "nothing was placed"
+    for a in outcome.admissions:
+        assert (len(a.devices), len(a.cores)) == (a.request.effective.devices, a.request.effective.cores), a
+        assert a.shortfall == 0, f"{a.pod} on {a.node} was given silicon another pod holds"
+    if mode == DRA_CLAIMS:
+        invalid = [a for a in outcome.admissions if a.devices and not a.valid]
+        assert not invalid, invalid[:3]

@@ -49,16 +49,14 @@ class NodeSpec:
     def topology(self) -> Topology:
         return _topology(self.instance_type, self.lnc)
 
-    def node_object(self) -> dict[str, Any]:
-        """A Node as a kubelet would register it, Ready, with the plugin's two resources."""
+    def node_object(self, dra: bool = False) -> dict[str, Any]:
+        """A Node as a kubelet would register it, Ready, with the plugin's two resources (none on a
+        DRA node: its devices are in ResourceSlices)."""
         topo = self.topology
-        resources = {
-            "cpu": "192",
-            "memory": "768Gi",
-            "pods": "110",
-            NEURON: str(topo.device_count),
-            NEURONCORE: str(topo.device_count * topo.cores_per_device),
-        }
+        resources = {"cpu": "192", "memory": "768Gi", "pods": "110"}
+        if not dra:
+            resources[NEURON] = str(topo.device_count)
+            resources[NEURONCORE] = str(topo.device_count * topo.cores_per_device)
         ready = {
             "type": "Ready",
             "status": "True",
@@ -100,8 +98,32 @@ class PodSpec:
     def request(self) -> PodRequest:
         return PodRequest(containers=(ContainerRequest(self.devices, self.cores),))
 
-    def pod_object(self, scheduler: str) -> dict[str, Any]:
+    def claim_object(self) -> dict[str, Any]:
+        """The pod's own ResourceClaim, as a user who does not pick the instance type writes it from
+        the chart README: N devices of one connected group (`devicegroup<N>_id`; a ring publishes
+        groups of 2 too, a torus 4, 8 and 16 only); up to 2 cores on one device (every instance has
+        at least 2 a device), more within one group of 4 devices (which holds at least 8 cores)."""
+        if self.devices:
+            request = {"name": "neuron", "exactly": {"deviceClassName": "neuron.aws.com", "count": self.devices}}
+            match = f"resource.aws.com/devicegroup{self.devices}_id"
+        else:
+            request = {"name": "neuron", "exactly": {"deviceClassName": "neuroncore.aws.com", "count": self.cores}}
+            match = "neuron.aws.com/deviceId" if self.cores <= 2 else "resource.aws.com/devicegroup4_id"
+        devices: dict[str, Any] = {"requests": [request]}
+        if self.devices + self.cores > 1:
+            devices["constraints"] = [{"requests": ["neuron"], "matchAttribute": match}]
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": self.name, "namespace": NAMESPACE},
+            "spec": {"devices": devices},
+        }
+
+    def pod_object(self, scheduler: str, claim: bool = False) -> dict[str, Any]:
+        """The pod; asking for the device plugin's resource names, or (`claim`) for its own claim."""
         limits = {NEURON: str(self.devices)} if self.devices else {NEURONCORE: str(self.cores)}
+        if claim:
+            return self._with_claim(self.pod_object(scheduler))
         return {
             "apiVersion": "v1",
             "kind": "Pod",
@@ -115,6 +137,11 @@ class PodSpec:
                 ],
             },
         }
+
+    def _with_claim(self, pod: dict[str, Any]) -> dict[str, Any]:
+        pod["spec"]["resourceClaims"] = [{"name": "neuron", "resourceClaimName": self.name}]
+        pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "neuron"}]}
+        return pod
 
 
 def fleet(count: int, seed: int) -> list[NodeSpec]:

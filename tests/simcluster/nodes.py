@@ -13,6 +13,11 @@ this does what the node would:
   apply, as the real plugin does: a change at once but at most one write per `min_gap` seconds
   per node, and a heartbeat every `report_interval` seconds without changes.
 Nodes are plain Node objects created Ready (see controlplane: nothing expects node heartbeats).
+
+With `dra`, the nodes are DRA nodes instead (simcluster.dra): each publishes the driver's
+ResourceSlices once and no NeuronNode; a bound pod holds what its claim's allocation says (read
+from the API server), judged valid by the same rules, and `shortfall` counts allocated silicon
+that another pod already holds.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import contextlib
 import datetime as dt
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,6 +35,7 @@ from neuron_device_plugin.node_report import FIELD_MANAGER, MIN_GAP  # the real 
 from neuron_model.allocator import Topology, choose_cores, choose_devices
 from neuron_model.placement import FreeState, PodRequest, place
 from neuron_model.report import GROUP, PLURAL, VERSION, NodeReport
+from simcluster import dra as dra_nodes
 from simcluster.api import Api, ApiError, bounded
 from simcluster.fleet import NAMESPACE, NodeSpec, pod_request
 
@@ -89,8 +96,19 @@ WRITERS = 48
 
 
 class SimulatedNodes:
-    def __init__(self, api: Api, specs: list[NodeSpec], *, report_interval: float, writers: int = WRITERS) -> None:
+    def __init__(
+        self,
+        api: Api,
+        specs: list[NodeSpec],
+        *,
+        report_interval: float,
+        writers: int = WRITERS,
+        dra: bool = False,
+        requests: Mapping[str, PodRequest] | None = None,
+    ) -> None:
         self.api = api
+        self.dra = dra
+        self.requests = requests or {}  # pod -> its request, for pods whose own claim says it (no limits)
         self.nodes = {s.name: SimNode(s, s.topology, whole_node(s.topology)) for s in specs}
         self.report_interval = report_interval
         self.writers = writers
@@ -100,6 +118,7 @@ class SimulatedNodes:
         self.unschedulable: dict[str, str] = {}  # unbound pod -> the scheduler's last message
         self.report_writes = 0
         self._status_queue: asyncio.Queue[str] = asyncio.Queue()
+        self._claim_queue: asyncio.Queue[tuple[str, str, dict[str, Any]]] = asyncio.Queue()
         self._report_queue: asyncio.Queue[str] = asyncio.Queue()
         self._statuses_unwritten = 0
 
@@ -109,9 +128,13 @@ class SimulatedNodes:
         """Creates every Node and publishes its first report."""
 
         async def create(node: SimNode) -> None:
-            await self.api.create("/api/v1/nodes", node.spec.node_object())
+            await self.api.create("/api/v1/nodes", node.spec.node_object(dra=self.dra))
 
         await bounded(self.nodes.values(), create, connections)
+        if self.dra:
+            objects = [obj for node in self.nodes.values() for obj in dra_nodes.node_slices(node.spec)]
+            await bounded(objects, lambda obj: self.api.create(dra_nodes.SLICES, obj), connections)
+            return
         await bounded(self.nodes.values(), self._write_report, connections)
         # A real fleet's plugins started at different times: spread the heartbeats over the
         # interval, as registering every node at once would otherwise time them all together,
@@ -127,6 +150,7 @@ class SimulatedNodes:
         tasks = [asyncio.create_task(self._watch_pods(), name="pod watch")]
         tasks += [asyncio.create_task(self._status_writer()) for _ in range(self.writers)]
         tasks += [asyncio.create_task(self._report_writer()) for _ in range(self.writers)]
+        tasks += [asyncio.create_task(self._claim_reader()) for _ in range(self.writers if self.dra else 0)]
         tasks.append(asyncio.create_task(self._heartbeats()))
         stopped = asyncio.create_task(stop.wait())
         try:
@@ -178,7 +202,10 @@ class SimulatedNodes:
         if node and name not in self.bound_at:
             self.bound_at[name] = time.monotonic()
             self.unschedulable.pop(name, None)
-            if node in self.nodes:
+            if node in self.nodes and self.dra:
+                self._statuses_unwritten += 1  # written once its claim is read
+                self._claim_queue.put_nowait((name, node, pod))
+            elif node in self.nodes:
                 self.admit(name, self.nodes[node], pod_request(pod))
                 self._statuses_unwritten += 1
                 self._status_queue.put_nowait(name)
@@ -205,6 +232,42 @@ class SimulatedNodes:
         self.admissions.append(admission)
         node.holdings[pod] = (admission.devices, admission.cores)
         self._changed(node)
+        return admission
+
+    async def _claim_reader(self) -> None:
+        """Admits each bound DRA pod with what its claim holds: the claim the scheduler made for the
+        pod's extended resources (`status.extendedResourceClaimStatus`), else the pod's own claims."""
+        while True:
+            name, node_name, pod = await self._claim_queue.get()
+            node = self.nodes[node_name]
+            claims = _claim_names(pod) or _claim_names(await self.api.request("GET", f"{PODS}/{name}"))
+            devices: set[int] = set()
+            cores: set[int] = set()
+            for claim in claims:
+                obj = await self.api.request(
+                    "GET", f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{claim}"
+                )
+                held_devices, held_cores = dra_nodes.allocated(obj, node.topo.device_count)
+                devices.update(held_devices)
+                cores.update(held_cores)
+            request = self.requests.get(name) or pod_request(pod)
+            self.admit_allocated(name, node, request, tuple(sorted(devices)), tuple(sorted(cores)))
+            self._status_queue.put_nowait(name)
+
+    def admit_allocated(
+        self, pod: str, node: SimNode, request: PodRequest, devices: tuple[int, ...], cores: tuple[int, ...]
+    ) -> Admission:
+        """A DRA pod: its allocation is given; judged against the node's free silicon before it."""
+        valid = bool(devices or cores) and dra_nodes.valid_set(node.topo, node.free, devices, cores)
+        taken = {c for d in devices for c in node.topo.cores_of(d)} | set(cores)
+        shortfall = len(taken - node.free.cores)
+        node.free = node.free.without_devices(node.topo, devices).without_cores(node.topo, cores)
+        reason = "" if valid else "the allocation is not a valid set on the free silicon"
+        admission = Admission(
+            len(self.admissions), pod, node.spec.name, request, valid, devices, cores, shortfall, reason
+        )
+        self.admissions.append(admission)
+        node.holdings[pod] = (devices, cores)
         return admission
 
     @staticmethod
@@ -239,6 +302,8 @@ class SimulatedNodes:
     # -- writes -----------------------------------------------------------------------------
 
     def _changed(self, node: SimNode) -> None:
+        if self.dra:
+            return  # a DRA node publishes no NeuronNode; its slices do not change with holdings
         node.changed_since_write = True
         self._schedule_write(node)
 
@@ -289,3 +354,13 @@ class SimulatedNodes:
             for node in self.nodes.values():
                 if not (node.write_pending or node.writing) and now - node.last_write >= self.report_interval:
                     self._changed(node)
+
+
+def _claim_names(pod: dict[str, Any]) -> list[str]:
+    status = pod.get("status") or {}
+    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    generated = [
+        s["resourceClaimName"] for s in status.get("resourceClaimStatuses") or [] if s.get("resourceClaimName")
+    ]
+    named = [c["resourceClaimName"] for c in pod["spec"].get("resourceClaims") or [] if c.get("resourceClaimName")]
+    return ([extended] if extended else []) + generated + named

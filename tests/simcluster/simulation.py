@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,8 @@ from neuron_model.placement import FreeState, PodRequest, refusal
 from neuron_model.report import NodeReport
 from simcluster.api import Api, bounded
 from simcluster.controlplane import ControlPlane, control_plane, free_port, wait_until_ready
-from simcluster.fleet import NAMESPACE, NodeSpec, PodSpec, fleet, pod_stream
+from simcluster.dra import DEVICE_CLASSES, chart_device_classes
+from simcluster.fleet import DEFAULT_SCHEDULER, NAMESPACE, NodeSpec, PodSpec, fleet, pod_stream
 from simcluster.nodes import PODS, REPORTS, WRITERS, Admission, SimulatedNodes
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command, start_extender, start_scheduler
 
@@ -139,15 +140,25 @@ async def _wait_established(api: Api, name: str, timeout: float = 30.0) -> None:
     raise TimeoutError(f"CRD {name} not established within {timeout:.0f}s")
 
 
-async def prepare(api: Api, specs: list[NodeSpec], report_interval: float) -> SimulatedNodes:
-    """The pods' namespace, the NeuronNode CRD, and the Nodes with their first reports: the fleet,
-    registered and ready for its simulated kubelets to `run`."""
+async def prepare(
+    api: Api,
+    specs: list[NodeSpec],
+    report_interval: float,
+    dra: bool = False,
+    requests: Mapping[str, PodRequest] | None = None,
+) -> SimulatedNodes:
+    """The pods' namespace, the NeuronNode CRD, and the Nodes with their first reports (with `dra`:
+    the chart's DeviceClasses and the Nodes with their ResourceSlices): the fleet, registered and
+    ready for its simulated kubelets to `run`."""
     await api.create("/api/v1/namespaces", {"metadata": {"name": NAMESPACE}})
     await api.create(f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts", {"metadata": {"name": "default"}})
     crd = neuronnode_crd()
     await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
     await _wait_established(api, crd["metadata"]["name"])
-    nodes = SimulatedNodes(api, specs, report_interval=report_interval)
+    if dra:
+        for device_class in chart_device_classes():
+            await api.create(DEVICE_CLASSES, device_class)
+    nodes = SimulatedNodes(api, specs, report_interval=report_interval, dra=dra, requests=requests)
     await nodes.register()
     return nodes
 
@@ -210,9 +221,22 @@ async def _until_settled(
             return True
 
 
-async def simulate(size: Size, scheduler: str, work: Path, log: Callable[[str], None] = print) -> Outcome:
+# The DRA runs (the default scheduler only): the nodes are DRA nodes, and the same pods either ask for
+# the device plugin's resource names, which the chart's DeviceClasses map (extendedResourceName: the
+# scheduler makes a claim without constraints), or each has its own claim with a group constraint
+# (`PodSpec.claim_object`).
+DRA_EXTENDED = "extended resource names"
+DRA_CLAIMS = "claims with group constraints"
+
+
+async def simulate(
+    size: Size, scheduler: str, work: Path, log: Callable[[str], None] = print, dra: str | None = None
+) -> Outcome:
     """One run of `scheduler` (DEFAULT_SCHEDULER or NEURON_SCHEDULER) in `work`, an empty directory
-    the caller removes afterwards."""
+    the caller removes afterwards; `dra`: DRA_EXTENDED or DRA_CLAIMS, with the default scheduler."""
+    if dra is not None and (scheduler != DEFAULT_SCHEDULER or dra not in (DRA_EXTENDED, DRA_CLAIMS)):
+        raise ValueError(f"no DRA run {dra!r} of {scheduler}")
+    claims = dra == DRA_CLAIMS
     specs, stream = fleet(size.nodes, size.seed), pod_stream(size.pods, size.seed)
     names = [s.name for s in specs]
     command = extender_command() if scheduler == NEURON_SCHEDULER else None
@@ -223,12 +247,17 @@ async def simulate(size: Size, scheduler: str, work: Path, log: Callable[[str], 
         # the pod creator's 16 before the scheduler starts; then the kubelets' status and report writers
         # (WRITERS each) share them all
         async with Api(cp, connections=WRITERS + 16) as api:
-            nodes = await prepare(api, specs, size.report_interval)
+            requests = {p.name: p.request for p in stream}
+            nodes = await prepare(api, specs, size.report_interval, dra=dra is not None, requests=requests)
             stop = asyncio.Event()
             kubelets = asyncio.create_task(nodes.run(stop))
 
             async def create(pod: PodSpec) -> None:
-                await api.create(PODS, pod.pod_object(scheduler))
+                if claims:
+                    await api.create(
+                        f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims", pod.claim_object()
+                    )
+                await api.create(PODS, pod.pod_object(scheduler, claim=claims))
 
             await bounded(stream, create, 16)
             ready = time.monotonic() - started
@@ -281,7 +310,7 @@ async def simulate(size: Size, scheduler: str, work: Path, log: Callable[[str], 
             stop.set()
             await kubelets
     return Outcome(
-        scheduler=scheduler,
+        scheduler=f"DRA, {dra}" if dra else scheduler,
         nodes=specs,
         pods=stream,
         admissions=list(nodes.admissions),

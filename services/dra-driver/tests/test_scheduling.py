@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from dra_harness import Harness, eventually
 from simcluster.controlplane import ControlPlane
+from simcluster.dra import chart_device_classes
 from simcluster.schedulers import start_scheduler
 
 from neuron_common.kube import Api
@@ -24,17 +24,6 @@ pytestmark = pytest.mark.integration  # starts external processes: make integrat
 REPO = Path(__file__).resolve().parents[3]
 NAMESPACE = "default"
 GROUP4 = "resource.aws.com/devicegroup4_id"
-
-
-def chart_device_classes() -> list[dict[str, Any]]:
-    """The DeviceClasses exactly as the chart renders them."""
-    out = subprocess.run(
-        [str(REPO / ".venv/bin/helm"), "template", "x", str(REPO / "charts/neuron-helm-chart"),
-         "--set", "devicePlugin.enabled=false,draDriver.enabled=true",
-         "--show-only", "templates/dra-driver/deviceclasses.yaml"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    return [d for d in yaml.safe_load_all(out) if d]
 
 
 @pytest.fixture(scope="module")
