@@ -13,7 +13,7 @@ PY_DIRS   := $(wildcard libs services tests bench tools charts)
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: help setup test lint typecheck unit integration bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images images-build release
+.PHONY: k8s-next help setup test lint typecheck unit integration bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images images-build release
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -69,8 +69,11 @@ cluster-test: ## bring the cluster up, build and import the images, run the clus
 e2e: ## the chart end to end (install, helm test, faults, ct install) on a running cluster: $$KUBECONFIG or make cluster-up's
 	KUBECONFIG=$${KUBECONFIG:-$(CURDIR)/.run/cluster/admin.kubeconfig} $(BIN)/pytest -q -m e2e tests/e2e
 
-bench: ## run the benchmarks in bench/ and print their figures
+bench: k8s-next ## run the benchmarks in bench/ and print their figures
 	$(PYTHON) bench/run.py
+
+k8s-next: ## build the newer Kubernetes release the scheduling bench compares DRA on (cached; minutes the first time)
+	K8S_MODULE_DIR=tests/simcluster/k8s-next K8S_BINARIES="kube-apiserver kube-scheduler" tests/cluster/build-k8s.sh
 
 demo: ## the chart on the real cluster over a simulated node (INSTANCE_TYPE, default trn1.32xlarge): capacity, a pod, its metrics, a hardware error
 	tools/demo.sh

@@ -48,9 +48,10 @@ import asyncio
 import dataclasses
 import math
 import os
+from pathlib import Path
 
 from common import SMALL, Figure, percentile, work_dir
-from simcluster.controlplane import missing_prerequisites
+from simcluster.controlplane import k8s_release, missing_prerequisites, next_k8s_version
 from simcluster.fleet import DEFAULT_SCHEDULER
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command
 from simcluster.simulation import DRA_CLAIMS, DRA_EXTENDED, FULL, REDUCED, Outcome, simulate
@@ -121,6 +122,25 @@ def _extender_figures(outcome: Outcome) -> list[Figure]:
     return figures
 
 
+def _next_release(work: Path) -> list[Figure]:
+    """The default scheduler and DRA with claims again on the newer release `make k8s-next` builds,
+    whose scheduler has the fix for kubernetes#138917, when it is built."""
+    version = next_k8s_version()
+    if SMALL:
+        print(f"  the comparison on Kubernetes {version} runs at full size only (the same simulation, another binary)")
+        return []
+    with k8s_release(version):
+        if missing_prerequisites():
+            print(f"  Kubernetes {version} not built (make k8s-next): the DRA comparison on it is skipped")
+            return []
+        default = asyncio.run(simulate(SIZE, DEFAULT_SCHEDULER, work / "next-default"))
+        claims = asyncio.run(simulate(DRA_SIZE, DEFAULT_SCHEDULER, work / "next-dra-claims", dra=DRA_CLAIMS))
+    default = dataclasses.replace(default, scheduler=f"{version}: {default.scheduler}")
+    claims = dataclasses.replace(claims, scheduler=f"{version}: {claims.scheduler}")
+    ratio = Figure(f"{version}: DRA with claims: throughput / default's", claims.throughput / default.throughput, "x")
+    return [*_placement_figures(default, None), *_placement_figures(claims, default.throughput, DRA_RATIO), ratio]
+
+
 def run() -> list[Figure]:
     missing = missing_prerequisites()
     if missing:
@@ -136,6 +156,7 @@ def run() -> list[Figure]:
         claims = asyncio.run(simulate(DRA_SIZE, DEFAULT_SCHEDULER, work / "dra-claims", dra=DRA_CLAIMS))
         figures += _placement_figures(claims, default.throughput, DRA_RATIO)
         figures.append(Figure("DRA with claims: throughput / default's", claims.throughput / default.throughput, "x"))
+        figures += _next_release(work)
         if extender_command() is None:
             print("  neuron-scheduler: extender not installed: skipped")
             return figures

@@ -6,12 +6,14 @@
 # Rebuilt only when the pin changes (first build: about ten minutes on two cores).
 #   build-k8s.sh                 build what is missing
 #   build-k8s.sh --regenerate    rewrite tests/cluster/k8s/go.mod for K8S_VERSION from the release's own go.mod
+# K8S_MODULE_DIR names another such module (tests/simcluster/k8s-next: a newer release for the
+# scheduling simulation only) and K8S_BINARIES the binaries to build from it.
 set -euo pipefail
-cd "$(dirname "$0")/k8s"
+cd "${K8S_MODULE_DIR:-$(dirname "$0")/k8s}"
 K8S_VERSION=$(sed -n 's/^require k8s.io\/kubernetes \(v[0-9.]*\)$/\1/p' go.mod)
 [ -n "${NEW_K8S_VERSION:-}" ] && K8S_VERSION=$NEW_K8S_VERSION
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/neuron-helm-chart/k8s/$K8S_VERSION"
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet)
+read -r -a BINARIES <<< "${K8S_BINARIES:-kube-apiserver kube-controller-manager kube-scheduler kube-proxy kubelet}"
 
 if [ "${1:-}" = "--regenerate" ]; then
   upstream=$(go mod download -json "k8s.io/kubernetes@$K8S_VERSION" | python3 -c 'import json,sys; print(json.load(sys.stdin)["GoMod"])')

@@ -35,10 +35,35 @@ STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL
 
 
 def k8s_version() -> str:
-    match = re.search(r"^require k8s.io/kubernetes (v[0-9.]+)$", K8S_GO_MOD.read_text(), re.MULTILINE)
+    """The pinned release (the test cluster's), or NEURON_SIM_K8S_VERSION: another release built
+    into the same cache (`make k8s-next`), for the scheduling simulation's comparisons."""
+    return os.environ.get("NEURON_SIM_K8S_VERSION") or _pinned(K8S_GO_MOD)
+
+
+def _pinned(go_mod: Path) -> str:
+    match = re.search(r"^require k8s.io/kubernetes (v[0-9.]+)$", go_mod.read_text(), re.MULTILINE)
     if not match:
-        raise RuntimeError(f"{K8S_GO_MOD} pins no k8s.io/kubernetes version")
+        raise RuntimeError(f"{go_mod} pins no k8s.io/kubernetes version")
     return match.group(1)
+
+
+def next_k8s_version() -> str:
+    """The newer release of tests/simcluster/k8s-next (`make k8s-next`)."""
+    return _pinned(REPO / "tests/simcluster/k8s-next/go.mod")
+
+
+@contextlib.contextmanager
+def k8s_release(version: str) -> Iterator[None]:
+    """Control planes started inside run `version` (its binaries must be built: `make k8s-next`)."""
+    before = os.environ.get("NEURON_SIM_K8S_VERSION")
+    os.environ["NEURON_SIM_K8S_VERSION"] = version
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("NEURON_SIM_K8S_VERSION", None)
+        else:
+            os.environ["NEURON_SIM_K8S_VERSION"] = before
 
 
 def k8s_bin() -> Path:
