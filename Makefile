@@ -13,7 +13,7 @@ PY_DIRS   := $(wildcard libs services tests bench tools charts)
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: k8s-next help setup test lint typecheck unit integration bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images images-build release
+.PHONY: k8s-versions k8s-next help setup test lint typecheck unit integration bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images images-build release
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -71,6 +71,9 @@ e2e: ## the chart end to end (install, helm test, faults, ct install) on a runni
 
 bench: k8s-next ## run the benchmarks in bench/ and print their figures
 	$(PYTHON) bench/run.py
+
+k8s-versions: ## build kube-apiserver and kube-scheduler of the older releases the DRA driver is tested on (tests/simcluster/k8s-1.*; cached)
+	for d in tests/simcluster/k8s-1.*; do K8S_MODULE_DIR=$$d K8S_BINARIES="kube-apiserver kube-scheduler" tests/cluster/build-k8s.sh || exit 1; done
 
 k8s-next: ## build the newer Kubernetes release the scheduling bench compares DRA on (cached; minutes the first time)
 	K8S_MODULE_DIR=tests/simcluster/k8s-next K8S_BINARIES="kube-apiserver kube-scheduler" tests/cluster/build-k8s.sh

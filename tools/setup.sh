@@ -71,6 +71,10 @@ ln -sf "$tools_dir/kubectl" "$VENV/bin/kubectl"
 
 # --- Kubernetes binaries for the test cluster, built from the pinned Go module (cached) -------
 tests/cluster/build-k8s.sh
+# ... and kube-apiserver and kube-scheduler of the older releases the DRA driver is tested on
+for module in tests/simcluster/k8s-1.*; do
+  K8S_MODULE_DIR="$module" K8S_BINARIES="kube-apiserver kube-scheduler" tests/cluster/build-k8s.sh
+done
 
 # --- containerd 2.x (CDI) for the test cluster, from the pinned Go module (cached) --------------
 tests/cluster/build-containerd.sh >/dev/null

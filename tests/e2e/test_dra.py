@@ -74,7 +74,7 @@ def published() -> dict[str, dict[str, Any]]:
         d["name"]: d
         for s in items
         if s["spec"]["driver"] == "neuron.aws.com" and s["spec"]["pool"]["generation"] == newest
-        for d in s["spec"].get("devices", [])
+        for d in s["spec"].get("devices") or []
     }
 
 

@@ -83,7 +83,7 @@ class Harness:
         return list(answer.get("items") or [])
 
     async def device_names(self) -> set[str]:
-        return {d["name"] for s in await self.slices() for d in s["spec"].get("devices", [])}
+        return {d["name"] for s in await self.slices() for d in s["spec"].get("devices") or []}
 
 
 def admin_api(cp: ControlPlane) -> Api:

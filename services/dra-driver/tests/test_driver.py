@@ -53,7 +53,7 @@ async def test_slices_accepted_by_the_api_server(start_driver) -> None:  # type:
     assert len({s["spec"]["pool"]["generation"] for s in objs}) == 1
     counters = [s for s in objs if s["spec"].get("sharedCounters")]
     assert len(counters) == 1  # one counter set, 16 counters
-    device = next(d for s in objs for d in s["spec"].get("devices", []) if d["name"] == "neurondevice5")
+    device = next(d for s in objs for d in s["spec"].get("devices") or [] if d["name"] == "neurondevice5")
     assert device["attributes"]["resource.aws.com/devicegroup4_id"] == {"int": 4}
     assert device["consumesCounters"][0]["counters"] == {"neurondevice5": {"value": "4"}}
     # unchanged content is not written again
@@ -247,11 +247,11 @@ async def _lacks(h: Harness, names: set[str]) -> bool:
 
 
 async def _device(h: Harness, name: str) -> dict:  # type: ignore[type-arg]
-    return next(d for s in await h.slices() for d in s["spec"].get("devices", []) if d["name"] == name)
+    return next(d for s in await h.slices() for d in s["spec"].get("devices") or [] if d["name"] == name)
 
 
 async def _tainted(h: Harness) -> set[str]:
-    return {d["name"] for s in await h.slices() for d in s["spec"].get("devices", []) if d.get("taints")}
+    return {d["name"] for s in await h.slices() for d in s["spec"].get("devices") or [] if d.get("taints")}
 
 
 async def _tainted_are(h: Harness, names: set[str]) -> bool:
@@ -358,7 +358,7 @@ async def test_the_slices_carry_this_drivers_version(start_driver) -> None:  # t
 
     h: Harness = await start_driver("trn1.2xlarge")
     await eventually(lambda: _has_devices(h, 1 + 2))
-    device = next(d for s in await h.slices() for d in s["spec"].get("devices", []) if d["name"] == "neurondevice0")
+    device = next(d for s in await h.slices() for d in s["spec"].get("devices") or [] if d["name"] == "neurondevice0")
     assert device["attributes"]["draDriverVersion"] == {"version": version("neuron-dra-driver")}
 
 
@@ -371,7 +371,7 @@ async def test_the_nodes_placement_labels_reach_the_slices_and_follow_a_change(s
         h: Harness = await start_driver("trn1.2xlarge", "--resync-interval", "0.2", node=node)
 
         async def attributes() -> dict[str, Any]:
-            devices = [d for s in await h.slices() for d in s["spec"].get("devices", [])]
+            devices = [d for s in await h.slices() for d in s["spec"].get("devices") or []]
             return next((d["attributes"] for d in devices if d["name"] == "neurondevice0"), {})
 
         async def layer3_is(value: str) -> bool:
@@ -391,6 +391,6 @@ async def test_the_nodes_placement_labels_reach_the_slices_and_follow_a_change(s
 async def test_a_node_it_cannot_read_leaves_the_placement_out_and_publishes_anyway(start_driver) -> None:  # type: ignore[no-untyped-def]
     h: Harness = await start_driver("trn1.2xlarge")  # no Node object of that name exists
     await eventually(lambda: _has_devices(h, 1 + 2))
-    devices = [d for s in await h.slices() for d in s["spec"].get("devices", [])]
+    devices = [d for s in await h.slices() for d in s["spec"].get("devices") or []]
     assert not [k for d in devices for k in d["attributes"] if k.startswith(("networkNode", "capacityBlock"))]
     assert h.driver.metrics.errors.labels("node")._value.get() >= 1

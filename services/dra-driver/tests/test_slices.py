@@ -41,7 +41,7 @@ def all_devices(objs: list[dict], groups: bool = False) -> list[dict]:  # type: 
     return [
         d
         for s in objs
-        for d in s["spec"].get("devices", [])
+        for d in s["spec"].get("devices") or []
         if groups or d["attributes"]["resourceType"]["string"] != slices.GROUP_KIND
     ]
 
@@ -379,3 +379,10 @@ def test_placement_attributes_are_valid_string_attributes_for_any_label_values(l
     for name, value in attributes.items():
         assert QUALIFIED.match(name)
         assert 0 < len(value) <= 64
+
+
+def test_a_slice_the_api_server_stored_with_null_devices_reads_as_none() -> None:
+    """Kubernetes 1.34 stores the counter slice, its shared counters dropped, with `devices: null`."""
+    stored = [{"metadata": {"name": "s"}, "spec": {"devices": None}}]
+    assert not slices.counted(stored)
+    assert not slices.tainted(stored)

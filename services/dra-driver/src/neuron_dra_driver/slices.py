@@ -324,7 +324,7 @@ def published_counts(slices: list[dict[str, Any]]) -> dict[str, int]:
     """Devices and cores published (tainted ones too), and how many of them carry a taint."""
     counts = {"device": 0, "core": 0, "group": 0, "tainted": 0}
     for s in slices:
-        for d in s["spec"].get("devices", []):
+        for d in s["spec"].get("devices") or []:
             kind = d["attributes"]["resourceType"]["string"]
             counts[{DEVICE_KIND: "device", CORE_KIND: "core"}.get(kind, "group")] += 1
             counts["tainted"] += bool(d.get("taints"))
@@ -332,12 +332,12 @@ def published_counts(slices: list[dict[str, Any]]) -> dict[str, int]:
 
 
 def tainted(slices: list[dict[str, Any]]) -> bool:
-    return any(d.get("taints") for s in slices for d in s["spec"].get("devices", []))
+    return any(d.get("taints") for s in slices for d in s["spec"].get("devices") or [])
 
 
 def counted(slices: list[dict[str, Any]]) -> bool:
     """Whether any device consumes a shared counter (what keeps a device and its cores apart)."""
-    return any(d.get("consumesCounters") for s in slices for d in s["spec"].get("devices", []))
+    return any(d.get("consumesCounters") for s in slices for d in s["spec"].get("devices") or [])
 
 
 def parse_device_name(name: str) -> tuple[str, int] | None:

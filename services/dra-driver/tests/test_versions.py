@@ -1,0 +1,96 @@
+"""The driver against the real kube-apiserver and kube-scheduler of the older releases EKS offers DRA
+on (1.34, 1.35; built from their modules by `make k8s-versions` and cached like the pinned one), with
+their default feature gates: what each API server keeps of the slices, that the driver then publishes
+only what is safe, and that the release's own scheduler never hands out a device together with one of
+its cores. The pinned release (1.36) is every other test's."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from dra_harness import Harness, eventually
+from simcluster.controlplane import ControlPlane, k8s_release, missing_prerequisites, private_control_plane
+from simcluster.dra import chart_device_classes
+from simcluster.schedulers import start_scheduler
+from test_scheduling import NAMESPACE, allocation, claim_and_pod, create_node, unschedulable
+
+from neuron_sim import node as sim
+
+pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
+
+REPO = Path(__file__).resolve().parents[3]
+OLDER = sorted(p.name.removeprefix("k8s-") for p in (REPO / "tests/simcluster").glob("k8s-1.*"))
+
+
+@pytest.fixture(params=OLDER)
+def older(request: pytest.FixtureRequest, apiserver: ControlPlane) -> Iterator[tuple[str, ControlPlane]]:
+    """A control plane of an older release, with its scheduler and the chart's DeviceClasses. The
+    release is chosen only while its processes start, so the session's shared API server (requested
+    first) and every other test keep the pinned release."""
+    version = f"v{request.param}"
+    with contextlib.ExitStack() as stack:
+        with k8s_release(version):
+            if missing_prerequisites():
+                pytest.skip(f"Kubernetes {version} is not built (make k8s-versions)")
+            cp = stack.enter_context(private_control_plane(f"dra-{version}-"))
+            start_scheduler(cp, "default-scheduler")
+        kubectl = [str(REPO / ".venv/bin/kubectl"), f"--kubeconfig={cp.kubeconfig}"]
+        subprocess.run(
+            [*kubectl, "-n", NAMESPACE, "create", "serviceaccount", "default"], capture_output=True, check=False
+        )
+        for device_class in chart_device_classes():
+            subprocess.run(
+                [*kubectl, "apply", "-f", "-"],
+                input=json.dumps(device_class),
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+        yield version, cp
+
+
+async def test_an_older_release_gets_only_what_is_safe_and_its_scheduler_never_shares_silicon(
+    start_driver, older: tuple[str, ControlPlane]
+) -> None:  # type: ignore[no-untyped-def]
+    version, cp = older
+    node = f"old-{uuid.uuid4().hex[:8]}"
+    h: Harness = await start_driver("trn1.2xlarge", node=node, cp=cp)  # 1 device, 2 cores
+    await create_node(h.api, node)
+    await eventually(lambda: h.driver.publisher.synced, timeout=30)
+    names = await h.device_names()
+    counters = not h.driver.publisher.counters_dropped
+    print(f"{version}: shared counters kept: {counters}; published: {sorted(names)}")
+    assert h.driver.metrics.counters_kept._value.get() == (1 if counters else 0)
+    if counters:
+        assert names == {"neurondevice0", "neuroncore0", "neuroncore1"}
+        # the whole device first; then a core: the counters must keep the core's claim waiting
+        device_claim, _ = await claim_and_pod(h.api, node, "neuron.aws.com", 1)
+        await eventually(lambda: allocation(h.api, device_claim), timeout=60)
+        core_claim, core_pod = await claim_and_pod(h.api, node, "neuroncore.aws.com", 1)
+        await eventually(lambda: unschedulable(h.api, core_pod), timeout=60)
+        assert await allocation(h.api, core_claim) is None, f"{version} handed out a core of an allocated device"
+    else:
+        assert names == {"neurondevice0"}, "cores published on a server without shared counters"
+        claim, _ = await claim_and_pod(h.api, node, "neuron.aws.com", 1)
+        await eventually(lambda: allocation(h.api, claim), timeout=60)
+    # a fault: tainted where the server keeps taints, else left out
+    sim.inject_fault(h.root, "NC_UNCORRECTABLE_ERROR", 0, via="kernel")
+    await eventually(lambda: h.driver.metrics.unhealthy_devices._value.get() == 1)
+
+    async def settled() -> bool:
+        """Tainted, or, once the publisher has seen the server drop the taint, left out."""
+        devices = {d["name"]: d for s in await h.slices() for d in s["spec"].get("devices") or []}
+        if h.driver.publisher.taints_dropped:
+            return "neurondevice0" not in devices
+        return bool(devices.get("neurondevice0", {}).get("taints"))
+
+    await eventually(settled, timeout=30)
+    kept = not h.driver.publisher.taints_dropped
+    assert h.driver.metrics.taints_kept._value.get() == (1 if kept else 0)
+    print(f"{version}: device taints kept: {kept}")
