@@ -22,13 +22,13 @@ from test_scheduling import NAMESPACE, allocation, claim_and_pod, create_node, u
 
 from neuron_sim import node as sim
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.integration]
+pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[3]
 OLDER = sorted(p.name.removeprefix("k8s-") for p in (REPO / "tests/simcluster").glob("k8s-1.*"))
 
 
-@pytest.fixture(params=OLDER)
+@pytest.fixture(scope="module", params=OLDER)
 def older(request: pytest.FixtureRequest, apiserver: ControlPlane) -> Iterator[tuple[str, ControlPlane]]:
     """A control plane of an older release, with its scheduler and the chart's DeviceClasses. The
     release is chosen only while its processes start, so the session's shared API server (requested
@@ -55,6 +55,7 @@ def older(request: pytest.FixtureRequest, apiserver: ControlPlane) -> Iterator[t
         yield version, cp
 
 
+@pytest.mark.asyncio
 async def test_an_older_release_gets_only_what_is_safe_and_its_scheduler_never_shares_silicon(
     start_driver, older: tuple[str, ControlPlane]
 ) -> None:  # type: ignore[no-untyped-def]
@@ -94,3 +95,22 @@ async def test_an_older_release_gets_only_what_is_safe_and_its_scheduler_never_s
     kept = not h.driver.publisher.taints_dropped
     assert h.driver.metrics.taints_kept._value.get() == (1 if kept else 0)
     print(f"{version}: device taints kept: {kept}")
+
+
+def test_the_charts_notes_say_what_an_older_release_gets(older: tuple[str, ControlPlane]) -> None:
+    """The NOTES of an install against the older release's API server (a server-side dry run, so
+    Helm sees the real version) say that only whole devices are published and faults leave."""
+    version, cp = older
+    out = subprocess.run(
+        [str(REPO / ".venv/bin/helm"), "install", "neuron", str(REPO / "charts/neuron-helm-chart"),
+         "--kubeconfig", str(cp.kubeconfig), "--namespace", "default", "--dry-run=server",
+         "--set", "devicePlugin.enabled=false,draDriver.enabled=true",
+         # the fixture's DeviceClasses (not Helm's) hold the chart's names
+         "--set", "draDriver.deviceClasses.device=dry.neuron,draDriver.deviceClasses.core=dry.neuroncore",
+         "--set", "draDriver.deviceClasses.group=dry.neurongroup"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    notes = " ".join(out.stdout.split("NOTES:", 1)[1].split())
+    assert f"This cluster runs Kubernetes {version}" in notes
+    assert "the driver publishes whole devices only" in notes
