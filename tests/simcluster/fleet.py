@@ -14,10 +14,12 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
+from neuron_dra_driver.slices import group_attribute
+
 from neuron_model.allocator import Topology, topology_for
 from neuron_model.instance_types import get_instance_type
 from neuron_model.placement import ContainerRequest, PodRequest
-from neuron_model.resources import neuron, neuroncore
+from neuron_model.resources import DRA_DRIVER, neuron, neuroncore
 from neuron_scheduler_extender.pods import ResourceNames, neuron_request
 
 NEURON, NEURONCORE = neuron().full_name, neuroncore().full_name
@@ -101,14 +103,15 @@ class PodSpec:
     def claim_object(self) -> dict[str, Any]:
         """The pod's own ResourceClaim, as a user who does not pick the instance type writes it from
         the chart README: N devices of one connected group (`devicegroup<N>_id`; a ring publishes
-        groups of 2 too, a torus 4, 8 and 16 only); up to 2 cores on one device (every instance has
-        at least 2 a device), more within one group of 4 devices (which holds at least 8 cores)."""
+        groups of 2 too, a torus 4, 8 and 16 only); as many cores as every device of the fleet holds on
+        one device, more within one group of 4 devices (which holds all of the largest core request)."""
         if self.devices:
             request = {"name": "neuron", "exactly": {"deviceClassName": "neuron.aws.com", "count": self.devices}}
-            match = f"resource.aws.com/devicegroup{self.devices}_id"
+            match = group_attribute(self.devices)
         else:
             request = {"name": "neuron", "exactly": {"deviceClassName": "neuroncore.aws.com", "count": self.cores}}
-            match = "neuron.aws.com/deviceId" if self.cores <= 2 else "resource.aws.com/devicegroup4_id"
+            one_device = self.cores <= _fewest_cores_per_device()
+            match = f"{DRA_DRIVER}/deviceId" if one_device else group_attribute(4)
         devices: dict[str, Any] = {"requests": [request]}
         if self.devices + self.cores > 1:
             devices["constraints"] = [{"requests": ["neuron"], "matchAttribute": match}]
@@ -122,9 +125,7 @@ class PodSpec:
     def pod_object(self, scheduler: str, claim: bool = False) -> dict[str, Any]:
         """The pod; asking for the device plugin's resource names, or (`claim`) for its own claim."""
         limits = {NEURON: str(self.devices)} if self.devices else {NEURONCORE: str(self.cores)}
-        if claim:
-            return self._with_claim(self.pod_object(scheduler))
-        return {
+        pod = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": self.name, "namespace": NAMESPACE},
@@ -137,11 +138,15 @@ class PodSpec:
                 ],
             },
         }
-
-    def _with_claim(self, pod: dict[str, Any]) -> dict[str, Any]:
-        pod["spec"]["resourceClaims"] = [{"name": "neuron", "resourceClaimName": self.name}]
-        pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "neuron"}]}
+        if claim:
+            pod["spec"]["resourceClaims"] = [{"name": "neuron", "resourceClaimName": self.name}]
+            pod["spec"]["containers"][0]["resources"] = {"claims": [{"name": "neuron"}]}
         return pod
+
+
+@cache
+def _fewest_cores_per_device() -> int:
+    return min(_topology(instance_type, lnc).cores_per_device for instance_type, lnc in NODE_MIX)
 
 
 def fleet(count: int, seed: int) -> list[NodeSpec]:

@@ -26,21 +26,24 @@ NAMESPACE = "default"
 GROUP4 = "resource.aws.com/devicegroup4_id"
 
 
+def ready_for_claims(cp: ControlPlane) -> None:
+    """The chart's DeviceClasses in `cp`, and the namespace's default ServiceAccount, which pods need
+    (no controller manager here makes it)."""
+    kubectl = [str(REPO / ".venv/bin/kubectl"), f"--kubeconfig={cp.kubeconfig}"]
+    subprocess.run(
+        [*kubectl, "-n", NAMESPACE, "create", "serviceaccount", "default"], capture_output=True, text=True, check=False
+    )
+    for device_class in chart_device_classes():
+        subprocess.run(
+            [*kubectl, "apply", "-f", "-"], input=json.dumps(device_class), capture_output=True, text=True, check=True
+        )
+
+
 @pytest.fixture(scope="module")
 def scheduler(apiserver: ControlPlane) -> str:
     """kube-scheduler against the shared API server, and the chart's DeviceClasses in it."""
     start_scheduler(apiserver, "default-scheduler")
-    # no controller manager here: the namespace's default ServiceAccount, which pods need, is made by hand
-    subprocess.run(
-        [str(REPO / ".venv/bin/kubectl"), f"--kubeconfig={apiserver.kubeconfig}", "-n", NAMESPACE,
-         "create", "serviceaccount", "default"],
-        capture_output=True, text=True, check=False,
-    )  # fmt: skip
-    for device_class in chart_device_classes():
-        subprocess.run(
-            [str(REPO / ".venv/bin/kubectl"), f"--kubeconfig={apiserver.kubeconfig}", "apply", "-f", "-"],
-            input=json.dumps(device_class), capture_output=True, text=True, check=True,
-        )  # fmt: skip
+    ready_for_claims(apiserver)
     return "default-scheduler"
 
 

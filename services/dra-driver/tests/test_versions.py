@@ -7,7 +7,6 @@ its cores. The pinned release (1.36) is every other test's."""
 from __future__ import annotations
 
 import contextlib
-import json
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -16,9 +15,8 @@ from pathlib import Path
 import pytest
 from dra_harness import Harness, eventually
 from simcluster.controlplane import ControlPlane, k8s_release, missing_prerequisites, private_control_plane
-from simcluster.dra import chart_device_classes
 from simcluster.schedulers import start_scheduler
-from test_scheduling import NAMESPACE, allocation, claim_and_pod, create_node, unschedulable
+from test_scheduling import allocation, claim_and_pod, create_node, ready_for_claims, unschedulable
 
 from neuron_sim import node as sim
 
@@ -40,18 +38,7 @@ def older(request: pytest.FixtureRequest, apiserver: ControlPlane) -> Iterator[t
                 pytest.skip(f"Kubernetes {version} is not built (make k8s-versions)")
             cp = stack.enter_context(private_control_plane(f"dra-{version}-"))
             start_scheduler(cp, "default-scheduler")
-        kubectl = [str(REPO / ".venv/bin/kubectl"), f"--kubeconfig={cp.kubeconfig}"]
-        subprocess.run(
-            [*kubectl, "-n", NAMESPACE, "create", "serviceaccount", "default"], capture_output=True, check=False
-        )
-        for device_class in chart_device_classes():
-            subprocess.run(
-                [*kubectl, "apply", "-f", "-"],
-                input=json.dumps(device_class),
-                capture_output=True,
-                text=True,
-                check=True,
-            )
+        ready_for_claims(cp)
         yield version, cp
 
 

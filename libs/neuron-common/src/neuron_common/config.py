@@ -172,7 +172,7 @@ def add_api_flags(p: EnvArgumentParser, *, purpose: str = "", timeout: str | Non
         p.add_flag("--api-timeout", default=timeout, type=positive_duration, help="timeout of one API server request")
 
 
-def add_health_source_flags(p: EnvArgumentParser, *, verdict_default: str = "") -> None:
+def add_health_source_flags(p: EnvArgumentParser) -> None:
     """The device-health sources of the plugin and the DRA driver: counters, the kernel log, verdicts."""
     p.add_flag(
         "--health-interval",
@@ -193,7 +193,7 @@ def add_health_source_flags(p: EnvArgumentParser, *, verdict_default: str = "") 
     )
     p.add_flag(
         "--verdict-dir",
-        default=verdict_default,
+        default="",
         help="directory of per-device verdicts from neuron-problem-detector (a device it marks unhealthy is "
         "taken out of service); '' disables",
     )
