@@ -7,10 +7,13 @@ that cluster (the simulated node's root, the kubelet's pid file), so they are fo
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import http.client
 import json
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -171,3 +174,36 @@ def exporter_metrics(namespace: str) -> str:
     (exporter,) = [p for p in pods["items"] if p["metadata"].get("deletionTimestamp") is None]
     with urllib.request.urlopen(f"http://{exporter['status']['podIP']}:9840/metrics", timeout=10) as response:
         return response.read().decode()  # type: ignore[no-any-return]
+
+
+class _NamedHttps(http.client.HTTPSConnection):
+    """HTTPS to an address whose certificate is checked against another name (a pod IP, the name the
+    chart's certificate is for), as Prometheus does with a monitor's tlsConfig.serverName."""
+
+    def __init__(self, address: str, port: int, server_name: str, context: ssl.SSLContext) -> None:
+        super().__init__(address, port, context=context, timeout=10)
+        self._server_name = server_name
+        self._tls = context
+
+    def connect(self) -> None:
+        http.client.HTTPConnection.connect(self)
+        self.sock = self._tls.wrap_socket(self.sock, server_hostname=self._server_name)
+
+
+def https_get(
+    address: str, port: int, path: str, *, ca_pem: bytes, server_name: str, token: str | None = None
+) -> tuple[int, str]:
+    """(status, body) of a GET over TLS verified against `ca_pem` for `server_name`."""
+    context = ssl.create_default_context(cadata=ca_pem.decode())
+    conn = _NamedHttps(address, port, server_name, context)
+    try:
+        conn.request("GET", path, headers={"Authorization": f"Bearer {token}"} if token else {})
+        response = conn.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        conn.close()
+
+
+def secret_value(namespace: str, name: str, key: str) -> bytes:
+    data = json.loads(kubectl("get", "secret", "-n", namespace, name, "-o", "json")).get("data") or {}
+    return base64.b64decode(data[key]) if key in data else b""

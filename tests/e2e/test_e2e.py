@@ -33,11 +33,13 @@ from cluster_access import (
     eventually,
     exporter_metrics,
     helm,
+    https_get,
     kubectl,
     node,
     pod_phase,
     restart_kubelet,
     run,
+    secret_value,
     sim,
 )
 from nfd_tools import nfd_bin, worker_env
@@ -418,6 +420,52 @@ def test_upgrade_with_changed_values_rolls_out(kube_cluster: Cluster) -> None:
     running = [p for p in pods["items"] if p["metadata"].get("deletionTimestamp") is None]
     assert running
     assert all("--attribution-interval=5" in p["spec"]["containers"][0]["args"] for p in running)
+
+
+def test_protected_metrics_serve_readers_only(kube_cluster: Cluster) -> None:
+    """Issue 24 item 3 on the real cluster: with secureMetrics the agents' pods become ready (the
+    kubelet probes HTTPS), each /metrics refuses an anonymous caller and a ServiceAccount without the
+    reader role, and serves a reader named in metricsAuth.readers and the chart's own scraper (whose
+    token Secret the controller manager fills), over TLS checked against the chart's CA."""
+    kubectl("create", "namespace", "monitoring", check=False)
+    kubectl("create", "serviceaccount", "prometheus", "-n", "monitoring", check=False)
+    reader = json.dumps([{"kind": "ServiceAccount", "name": "prometheus", "namespace": "monitoring"}])
+    ports = {"node-metrics": 9840, "device-plugin": 9841, "problem-detector": 9842}
+    try:
+        install(
+            kube_cluster, *(f"--set={key}.secureMetrics=true" for key in ("nodeMetrics", "devicePlugin", "npd")),
+            f"--set-json=metricsAuth.readers={reader}", values=CHART / "ci" / "all-on-values.yaml",
+        )  # fmt: skip
+        ca = secret_value(NAMESPACE, f"{RELEASE}-metrics-tls", "ca.crt")
+        server_name = f"{RELEASE}-metrics.{NAMESPACE}.svc"
+        eventually(lambda: secret_value(NAMESPACE, f"{RELEASE}-metrics-scraper", "token") != b"", "the scraper's token")
+        tokens = {
+            "prometheus": kubectl("create", "token", "prometheus", "-n", "monitoring").strip(),
+            "scraper": secret_value(NAMESPACE, f"{RELEASE}-metrics-scraper", "token").decode(),
+            "stranger": kubectl("create", "token", "default", "-n", "monitoring").strip(),
+        }
+        for component, port in ports.items():
+            pods = json.loads(
+                kubectl("get", "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/component={component}", "-o", "json")
+            )
+            (pod,) = [p for p in pods["items"] if p["metadata"].get("deletionTimestamp") is None]
+            assert "--metrics-auth=kubernetes" in pod["spec"]["containers"][0]["args"]
+            address = pod["status"]["podIP"]
+
+            def get(token: str | None, address: str = address, port: int = port) -> tuple[int, str]:
+                return https_get(address, port, "/metrics", ca_pem=ca, server_name=server_name, token=token)
+
+            assert get(None)[0] == 401, component
+            assert get(tokens["stranger"])[0] == 403, component
+            for who in ("prometheus", "scraper"):
+                status, body = get(tokens[who])
+                assert status == 200, (component, who)
+                assert 'neuron_metrics_auth_decisions_total{verdict="forbidden"}' in body
+            assert https_get(address, port, "/healthz", ca_pem=ca, server_name=server_name)[0] == 200
+    finally:
+        install(kube_cluster, values=CHART / "ci" / "all-on-values.yaml")
+        kubectl("delete", "namespace", "monitoring", "--wait=false", check=False)
+    assert "neuron_device_info{" in exporter_metrics(NAMESPACE)  # plain HTTP again
 
 
 def test_trn2_48xlarge_advertises_16_devices_and_64_cores(kube_cluster: Cluster) -> None:

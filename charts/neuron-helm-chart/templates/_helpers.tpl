@@ -292,6 +292,9 @@ spec:
 
 {{/* Contradictory values: fail with a message that says what to change. */}}
 {{- define "neuron.validate" -}}
+{{- if and .Values.scheduler.enabled .Values.scheduler.extender.secureMetrics (not .Values.scheduler.extender.tls.enabled) -}}
+{{- fail "scheduler.extender.secureMetrics needs scheduler.extender.tls.enabled: callers send bearer tokens, which must not cross the network in clear" -}}
+{{- end -}}
 {{- if not (or .Values.devicePlugin.enabled .Values.draDriver.enabled .Values.nodeMetrics.enabled .Values.npd.enabled) -}}
 {{- fail "devicePlugin.enabled, draDriver.enabled, nodeMetrics.enabled and npd.enabled are all false: the release would install nothing; enable at least one component" -}}
 {{- end -}}

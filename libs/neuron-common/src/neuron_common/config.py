@@ -12,6 +12,7 @@ import argparse
 import os
 import re
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -142,10 +143,57 @@ def require_node_name(parser: argparse.ArgumentParser, name: str) -> None:
 # needs, then adds its own flags; the resolvers below turn a group's raw values into the config's.
 
 
-def add_serving_flags(p: EnvArgumentParser, default_listen: str, what: str = "/healthz, /readyz, /metrics") -> None:
-    """--listen and --log-level."""
+def add_serving_flags(
+    p: EnvArgumentParser, default_listen: str, what: str = "/healthz, /readyz, /metrics", *, tls: bool = True
+) -> None:
+    """--listen, --log-level and the /metrics protection (`tls=False`: the service has its own TLS flags)."""
     p.add_flag("--listen", default=default_listen, type=listen_address, help=f"address of {what}")
     p.add_flag("--log-level", default="info", type=log_level, help="debug, info, warning or error")
+    add_metrics_auth_flags(p, tls=tls)
+
+
+METRICS_AUTH = ("none", "kubernetes")
+
+
+@dataclass(frozen=True)
+class MetricsSecurity:
+    """--metrics-auth=kubernetes: /metrics over TLS, served only to callers the API server vouches
+    for (neuron_common.metrics_auth). The certificate and key are the service's serving pair."""
+
+    cert: str
+    key: str
+
+
+def add_metrics_auth_flags(p: EnvArgumentParser, *, tls: bool = True) -> None:
+    """--metrics-auth, and the serving certificate it needs (`tls=False`: the service has its own)."""
+    p.add_flag(
+        "--metrics-auth",
+        default="none",
+        choices=METRICS_AUTH,
+        help="'kubernetes': serve over TLS and answer /metrics only to a bearer token the API server authenticates "
+        "(TokenReview) whose user may get the non-resource path /metrics (SubjectAccessReview); /healthz and "
+        "/readyz stay open to the kubelet's probes. 'none': plain HTTP, /metrics open to whoever reaches the port",
+    )
+    if tls:
+        p.add_flag("--tls-cert-file", default="", help="serving certificate (PEM), needed by --metrics-auth=kubernetes")
+        p.add_flag("--tls-key-file", default="", help="private key of --tls-cert-file (PEM)")
+
+
+def resolve_metrics_security(
+    p: argparse.ArgumentParser, metrics_auth: str, cert: str, key: str
+) -> MetricsSecurity | None:
+    """Stops at start when authentication is asked for without TLS: a bearer token must not cross
+    the network in clear, nor a certificate be half given."""
+    if (cert or key) and not (cert and key):
+        p.error("--tls-cert-file and --tls-key-file go together: pass both or neither")
+    if metrics_auth == "none":
+        return None
+    if not cert:
+        p.error("--metrics-auth=kubernetes needs --tls-cert-file and --tls-key-file: callers send bearer tokens")
+    for flag, path in (("--tls-cert-file", cert), ("--tls-key-file", key)):
+        if not Path(path).is_file():
+            p.error(f"{flag} {path}: no such file")
+    return MetricsSecurity(cert, key)
 
 
 def add_host_flags(p: EnvArgumentParser, *, found: str = "sys/, dev/ and opt/aws/", dev_root: bool = False) -> None:

@@ -2,17 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from neuron_common.metrics_auth import SecureMetrics
+from neuron_common.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
 # (ok, reason): the reason is shown to whoever probes, so it says what is missing
 Check = Callable[[], tuple[bool, str]]
+# None lets a /metrics request through; a response refuses it (neuron_common.metrics_auth)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Guard = Callable[[web.Request], Awaitable[web.Response | None]]
 
 
 def _always_ok() -> tuple[bool, str]:
@@ -28,10 +35,17 @@ class HealthServer:
         *,
         live: Check = _always_ok,
         ready: Check = _always_ok,
-        metrics_handler: Callable[[web.Request], object] | None = None,
+        metrics_handler: Handler | None = None,
         client_max_size: int = 1024**2,
         ssl_context: ssl.SSLContext | None = None,
+        metrics_guard: Guard | None = None,
+        secure: SecureMetrics | None = None,
     ) -> None:
+        """`secure` (--metrics-auth=kubernetes): TLS and the authorizer in front of /metrics; a
+        service that serves TLS itself passes its `ssl_context` and the authorizer's guard instead."""
+        if secure is not None:
+            ssl_context, metrics_guard = secure.context, secure.authorizer.guard
+        self.secure = secure
         self.host, self.port = host, port
         self.ssl_context = ssl_context
         self.registry = registry
@@ -40,7 +54,10 @@ class HealthServer:
         self.app = web.Application(client_max_size=client_max_size)
         self.app.router.add_get("/healthz", self._healthz)
         self.app.router.add_get("/readyz", self._readyz)
-        self.app.router.add_get("/metrics", metrics_handler or self._metrics)  # type: ignore[arg-type]
+        serve: Handler = metrics_handler or self._metrics
+        if metrics_guard is not None:
+            serve = _guarded(metrics_guard, serve)
+        self.app.router.add_get("/metrics", serve)
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
 
@@ -68,7 +85,23 @@ class HealthServer:
         self.bound_port = sockets[0].getsockname()[1] if sockets else self.port
         log.info("serving /healthz /readyz /metrics", extra={"address": f"{self.host}:{self.bound_port}"})
 
+    def supervise(self, supervisor: Supervisor, stop: asyncio.Event) -> None:
+        """Its own loops under the service's supervisor: reloading a rotated certificate."""
+        if self.secure is not None:
+            secure = self.secure
+            supervisor.start("tls-reload", lambda: secure.reload(stop))
+
     async def stop(self) -> None:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
+        if self.secure is not None:
+            await self.secure.close()
+
+
+def _guarded(guard: Guard, serve: Handler) -> Handler:
+    async def guarded(request: web.Request) -> web.StreamResponse:
+        refusal = await guard(request)
+        return refusal if refusal is not None else await serve(request)
+
+    return guarded

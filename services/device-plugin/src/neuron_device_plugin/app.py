@@ -10,6 +10,7 @@ from typing import Any
 
 from kubelet_api.podresources_client import PodResourcesClient
 from neuron_common.health_server import HealthServer
+from neuron_common.metrics_auth import SecureMetrics
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
 from neuron_common.supervisor import Supervisor
 from neuron_device_plugin import cdi, registration
@@ -89,7 +90,12 @@ class Plugin:
             )
         self.supervisor = Supervisor(stop)
         host, port = config.listen
-        self.http = HealthServer(host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready)
+        secure = SecureMetrics.for_service(
+            config.metrics_security, self.metrics.registry, kubeconfig=config.kubeconfig or ""
+        )
+        self.http = HealthServer(
+            host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready, secure=secure
+        )
 
     def _on_holdings(self, snapshot: PodResourcesSnapshot) -> None:
         self.metrics.podresources_up.set(1)
@@ -111,6 +117,7 @@ class Plugin:
             )
             log.info("wrote CDI spec %s", path)
         await self.http.start()
+        self.http.supervise(self.supervisor, self.stop)
         # Stopping `registration` unregisters and closes the plugin sockets; its servers get a grace
         # period, so RPCs in flight complete.
         self.supervisor.start("registration", lambda: registration.watch(self.registrars, self.stop))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from neuron_common.config import (
     EnvArgumentParser,
+    MetricsSecurity,
     add_api_flags,
     add_health_source_flags,
     add_host_flags,
@@ -19,6 +20,7 @@ from neuron_common.config import (
     require_resource_prefix,
     resolve_health_periods,
     resolve_kmsg,
+    resolve_metrics_security,
     resolve_node_name,
 )
 from neuron_driver import layout
@@ -50,6 +52,7 @@ class Config:
     node_name: str
     kubeconfig: str | None  # None: the in-cluster service account
     node_report_interval: float
+    metrics_security: MetricsSecurity | None = None  # --metrics-auth=kubernetes
 
     @property
     def resources(self) -> list[resources.Resource]:
@@ -147,6 +150,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         pod_resources_socket=a.pod_resources_socket,
         listen=a.listen,
         log_level=a.log_level,
+        metrics_security=resolve_metrics_security(p, a.metrics_auth, a.tls_cert_file, a.tls_key_file),
         resource_prefix=a.resource_prefix,
         neurondevice_alias=a.neurondevice_alias,
         health_interval=a.health_interval,

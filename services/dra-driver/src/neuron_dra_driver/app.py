@@ -12,6 +12,7 @@ from pathlib import Path
 
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
+from neuron_common.metrics_auth import SecureMetrics
 from neuron_common.supervisor import Supervisor
 from neuron_dra_driver import servers, slices, taints
 from neuron_dra_driver.config import Config
@@ -84,7 +85,10 @@ class DraDriver:
         self.registration = servers.RegistrationServicer(config.dra_socket, self.metrics, on_change=self.publisher.kick)
         self.supervisor = Supervisor(stop)
         host, port = config.listen
-        self.http = HealthServer(host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready)
+        secure = SecureMetrics.for_service(config.metrics_security, self.metrics.registry, api=self.api)
+        self.http = HealthServer(
+            host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready, secure=secure
+        )
 
     def model(self) -> slices.NodeDevices:
         taints = self.taints()
@@ -120,6 +124,7 @@ class DraDriver:
     async def run(self) -> int:
         self.driver.load()
         await self.http.start()
+        self.http.supervise(self.supervisor, self.stop)
         await self.placement.refresh()  # so that the first slices carry the placement already
         c = self.config
         self.supervisor.start(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from neuron_common.config import (
     EnvArgumentParser,
+    MetricsSecurity,
     add_api_flags,
     add_health_source_flags,
     add_host_flags,
@@ -18,6 +19,7 @@ from neuron_common.config import (
     positive_duration,
     resolve_health_periods,
     resolve_kmsg,
+    resolve_metrics_security,
     resolve_node_name,
 )
 from neuron_dra_driver import slices
@@ -48,6 +50,7 @@ class Config:
     taint_effect_replace_instance: str
     resync_interval: float
     api_timeout: float
+    metrics_security: MetricsSecurity | None = None  # --metrics-auth=kubernetes
 
     @property
     def dra_socket(self) -> Path:
@@ -141,6 +144,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         kubeconfig=a.kubeconfig or None,
         listen=a.listen,
         log_level=a.log_level,
+        metrics_security=resolve_metrics_security(p, a.metrics_auth, a.tls_cert_file, a.tls_key_file),
         health_interval=a.health_interval,
         health_quiet_period=a.health_quiet_period,
         kmsg_path=resolve_kmsg(a.kmsg_path, layout.HostLayout(a.host_root).kmsg),

@@ -15,6 +15,7 @@ from prometheus_client.samples import Sample
 
 from kubelet_api.podresources_client import PodResourcesClient
 from neuron_common.health_server import HealthServer
+from neuron_common.metrics_auth import SecureMetrics
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
 from neuron_common.supervisor import Supervisor
 from neuron_driver.inventory import NodeInventory, topology_from
@@ -67,8 +68,15 @@ class Exporter:
         self.registry.register(_SelfCollector(self))
         self.supervisor = Supervisor(stop)
         host, port = config.listen
+        secure = SecureMetrics.for_service(config.metrics_security, self.self_registry, kubeconfig=config.kubeconfig)
         self.http = HealthServer(
-            host, port, self.registry, live=self.supervisor.healthy, ready=self.ready, metrics_handler=self.metrics
+            host,
+            port,
+            self.registry,
+            live=self.supervisor.healthy,
+            ready=self.ready,
+            metrics_handler=self.metrics,
+            secure=secure,
         )
 
     def _capacity(self, inv: NodeInventory) -> dict[str, int]:
@@ -119,6 +127,7 @@ class Exporter:
 
     async def run(self) -> int:
         await self.http.start()
+        self.http.supervise(self.supervisor, self.stop)
         self.supervisor.start("attribution", lambda: self.poller.run(self.stop))
         code = await self.supervisor.run()
         await self.http.stop()

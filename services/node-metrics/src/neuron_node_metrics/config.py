@@ -8,11 +8,14 @@ from pathlib import Path
 
 from neuron_common.config import (
     EnvArgumentParser,
+    MetricsSecurity,
+    add_api_flags,
     add_host_flags,
     add_serving_flags,
     positive_duration,
     positive_int,
     require_resource_prefix,
+    resolve_metrics_security,
 )
 from neuron_driver import layout
 from neuron_model import resources
@@ -34,6 +37,8 @@ class Config:
     naming: str  # "native" or "neuron-monitor"
     max_attributed_containers: int
     max_label_length: int
+    metrics_security: MetricsSecurity | None = None  # --metrics-auth=kubernetes
+    kubeconfig: str = ""  # for the reviews; '' is the in-cluster service account
 
     @property
     def resources(self) -> list[resources.Resource]:
@@ -56,6 +61,7 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         help="the kubelet's PodResources socket (mount its directory: the socket is recreated on restart)",
     )
     add_serving_flags(p, DEFAULT_LISTEN, what="/metrics, /healthz, /readyz")
+    add_api_flags(p, purpose=" for reviewing /metrics callers' tokens (--metrics-auth=kubernetes)")
     p.add_flag(
         "--attribution-interval",
         default="10s",
@@ -108,6 +114,8 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         listen=a.listen,
         attribution_interval=a.attribution_interval,
         log_level=a.log_level,
+        metrics_security=resolve_metrics_security(p, a.metrics_auth, a.tls_cert_file, a.tls_key_file),
+        kubeconfig=a.kubeconfig,
         resource_prefix=a.resource_prefix,
         metrics=metrics,
         naming=a.naming,

@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from neuron_common.health_server import HealthServer
 from neuron_common.lifecycle import sleep_or_stop
+from neuron_common.metrics_auth import SecureMetrics
 from neuron_common.supervisor import Supervisor
 from neuron_driver.counters import CounterKind, CounterReader, device_totals, devices_reset
 from neuron_driver.inventory import InventoryTracker, NodeInventory
@@ -92,7 +93,12 @@ class Detector:
         self._publish()
         self.supervisor = Supervisor(stop)
         host, port = config.listen
-        self.http = HealthServer(host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready)
+        secure = SecureMetrics.for_service(
+            config.metrics_security, self.metrics.registry, kubeconfig=config.kubeconfig or ""
+        )
+        self.http = HealthServer(
+            host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready, secure=secure
+        )
         self._kmsg_ok = False
         self._counters_previous: dict[tuple[int, str], int] | None = None
         self._tracker: InventoryTracker | None = None
@@ -236,6 +242,7 @@ class Detector:
 
     async def run(self) -> int:
         await self.http.start()
+        self.http.supervise(self.supervisor, self.stop)
         log.info(
             "watching %s and the driver's counters for node %s", self.config.kmsg_path, self.config.node_name,
             extra={"rules": str(self.config.rules or "built-in"),

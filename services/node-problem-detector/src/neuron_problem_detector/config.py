@@ -10,6 +10,7 @@ from pathlib import Path
 
 from neuron_common.config import (
     EnvArgumentParser,
+    MetricsSecurity,
     add_api_flags,
     add_host_flags,
     add_node_flag,
@@ -18,6 +19,7 @@ from neuron_common.config import (
     optional_path,
     positive_duration,
     positive_int,
+    resolve_metrics_security,
     resolve_node_name,
 )
 from neuron_driver import layout
@@ -43,6 +45,7 @@ class Config:
     max_pending_events: int
     taint: bool
     cordon: bool
+    metrics_security: MetricsSecurity | None = None  # --metrics-auth=kubernetes
 
 
 def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
@@ -119,6 +122,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         rules=optional_path(a.rules),
         listen=a.listen,
         log_level=a.log_level,
+        metrics_security=resolve_metrics_security(p, a.metrics_auth, a.tls_cert_file, a.tls_key_file),
         lookback=a.lookback,
         counter_interval=a.counter_interval,
         heartbeat=a.heartbeat,

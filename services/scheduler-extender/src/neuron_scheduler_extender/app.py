@@ -11,6 +11,7 @@ from typing import Any
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
 from neuron_common.lifecycle import sleep_or_stop
+from neuron_common.metrics_auth import MetricsAuthorizer
 from neuron_common.supervisor import Supervisor
 from neuron_model import report
 from neuron_scheduler_extender import tls
@@ -82,6 +83,7 @@ class Extender:
             ready=self.ready,
             client_max_size=max(MAX_BODY.values()),
             ssl_context=self.tls_contexts[0] if self.tls_contexts else None,
+            metrics_guard=MetricsAuthorizer(self.api, self.metrics.registry).guard if config.metrics_auth else None,
         )
         self.endpoints = Endpoints(
             self.view,

@@ -38,6 +38,7 @@ class Config:
     retry_period: float
     scheduler_names: frozenset[str] = frozenset({"neuron-scheduler"})
     tls: TlsFiles | None = None
+    metrics_auth: bool = False  # --metrics-auth=kubernetes, over the TLS above
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         env_prefix="NEURON_EXTENDER_",
         env=env,
     )
-    add_serving_flags(p, DEFAULT_LISTEN, what="the extender's HTTP server")
+    add_serving_flags(p, DEFAULT_LISTEN, what="the extender's HTTP server", tls=False)
     add_api_flags(p)
     p.add_flag(
         "--resource-prefix",
@@ -164,6 +165,8 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
             if not os.path.isfile(path):
                 p.error(f"{flag} {path}: no such file")
         tls = TlsFiles(a.tls_cert_file, a.tls_key_file, a.client_ca_file, a.tls_server_name)
+    if a.metrics_auth == "kubernetes" and tls is None:
+        p.error("--metrics-auth=kubernetes needs the extender's TLS flags: callers send bearer tokens")
     scheme = "https" if tls else "http"
     host = environ.get("POD_IP") or (a.listen[0] if a.listen[0] not in ("0.0.0.0", "::", "") else socket.gethostname())
     identity = a.identity or f"{environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
@@ -184,6 +187,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         retry_period=a.retry_period,
         scheduler_names=frozenset(n.strip() for n in a.scheduler_name.split(",") if n.strip()),
         tls=tls,
+        metrics_auth=a.metrics_auth == "kubernetes",
     )
 
 

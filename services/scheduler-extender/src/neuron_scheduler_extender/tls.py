@@ -7,16 +7,12 @@ with, and reloading both when the Secret's files change (a rotated certificate w
 from __future__ import annotations
 
 import asyncio
-import logging
-import os
 import ssl
 
-from neuron_common.lifecycle import sleep_or_stop
+from neuron_common import tls as common_tls
 from neuron_scheduler_extender.config import TlsFiles
 
-log = logging.getLogger(__name__)
-
-RELOAD_INTERVAL = 30.0
+RELOAD_INTERVAL = common_tls.RELOAD_INTERVAL
 
 
 def server_context(files: TlsFiles) -> ssl.SSLContext:
@@ -45,34 +41,10 @@ def _load(context: ssl.SSLContext, files: TlsFiles) -> None:
     context.load_verify_locations(cafile=files.client_ca)
 
 
-def _stamp(files: TlsFiles) -> tuple[tuple[int, int], ...]:
-    """Each file's inode and modification time: a Secret volume swaps a symlink to new files."""
-    stamps = []
-    for path in (files.cert, files.key, files.client_ca):
-        try:
-            st = os.stat(path)
-            stamps.append((st.st_ino, st.st_mtime_ns))
-        except OSError:
-            stamps.append((-1, -1))
-    return tuple(stamps)
-
-
 async def reload_on_change(
     files: TlsFiles, contexts: list[ssl.SSLContext], stop: asyncio.Event, interval: float = RELOAD_INTERVAL
 ) -> None:
-    """Load the files again into the live contexts when they change (a kubelet-updated Secret
-    volume swaps them atomically); new connections use the new certificate. A failed load keeps
-    the previous one and is logged: a half-written rotation must not stop the service."""
-    seen = _stamp(files)
-    while not await sleep_or_stop(stop, interval):
-        current = _stamp(files)
-        if current == seen:
-            continue
-        try:
-            for context in contexts:
-                _load(context, files)
-        except (OSError, ssl.SSLError) as exc:
-            log.error("TLS files changed but cannot be loaded (%s); keeping the previous certificate", exc)
-            continue
-        seen = current
-        log.info("TLS certificate reloaded", extra={"cert": files.cert})
+    """Load the certificate, key and CA again into the live contexts when any of them changes."""
+    await common_tls.reload_on_change(
+        (files.cert, files.key, files.client_ca), contexts, lambda c: _load(c, files), stop, interval
+    )

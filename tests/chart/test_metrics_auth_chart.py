@@ -1,0 +1,152 @@
+"""The chart's protected /metrics (issue 24 item 3): one value per component turns on TLS with the
+chart's certificate and token review; the monitors scrape with the scraper's token against the
+chart's CA; nothing is granted while every value is off. The same objects on a real API server
+with a real Prometheus: tests/integration/test_metrics_auth.py."""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+from typing import Any
+
+import pytest
+from chart.test_chart import container, daemonset, of_kind, refusal, render
+from chart_tools import sets
+
+pytestmark = pytest.mark.integration  # starts external processes (helm): make integration
+
+AGENTS = {
+    "devicePlugin": "device-plugin",
+    "draDriver": "dra-driver",
+    "nodeMetrics": "node-metrics",
+    "npd": "problem-detector",
+}
+FULL = "neuron-helm-chart"
+SERVER_NAME = f"{FULL}-metrics.kube-system.svc"
+TLS_DIR = "/etc/neuron/metrics-tls"
+
+
+def all_secure() -> list[dict[str, Any]]:
+    values: dict[str, Any] = {f"{key}__secureMetrics": True for key in AGENTS}
+    return render(
+        *sets(
+            **values,
+            draDriver__enabled=True,
+            devicePlugin__nodeSelector={"allocator": "device-plugin"},
+            draDriver__nodeSelector={"allocator": "dra"},
+            scheduler__enabled=True,
+            scheduler__extender__secureMetrics=True,
+            nodeMetrics__monitoring__force=True,
+            metricsAuth__readers=[{"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}],
+        )
+    )
+
+
+def named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (doc,) = [d for d in of_kind(docs, kind) if d["metadata"]["name"] == name]
+    return doc
+
+
+def test_each_agent_serves_tls_with_token_review_and_probes_over_https() -> None:
+    docs = all_secure()
+    for component in AGENTS.values():
+        ds = daemonset(docs, component)
+        pod, c = ds["spec"]["template"]["spec"], container(ds)
+        assert [a for a in c["args"] if a.startswith(("--metrics-auth", "--tls-"))] == [
+            "--metrics-auth=kubernetes",
+            f"--tls-cert-file={TLS_DIR}/tls.crt",
+            f"--tls-key-file={TLS_DIR}/tls.key",
+        ], component
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+            assert c[probe]["httpGet"]["scheme"] == "HTTPS", (component, probe)
+        (mount,) = [m for m in c["volumeMounts"] if m["name"] == "metrics-tls"]
+        assert (mount["mountPath"], mount["readOnly"]) == (TLS_DIR, True)
+        (volume,) = [v for v in pod["volumes"] if v["name"] == "metrics-tls"]
+        assert volume["secret"]["secretName"] == f"{FULL}-metrics-tls"
+        # it has a token to review its callers' with: automounted, or mounted for this container
+        token_mounted = any(
+            m["mountPath"] == "/var/run/secrets/kubernetes.io/serviceaccount" for m in c["volumeMounts"]
+        )
+        assert token_mounted or pod.get("automountServiceAccountToken", True), component
+
+
+def test_off_by_default_with_nothing_granted() -> None:
+    docs = render()
+    for component in ("device-plugin", "node-metrics", "problem-detector"):
+        c = container(daemonset(docs, component))
+        assert not [a for a in c["args"] if a.startswith(("--metrics-auth", "--tls-"))]
+        assert "scheme" not in c["livenessProbe"]["httpGet"]
+    names = {d["metadata"]["name"] for d in docs}
+    assert not {
+        n for n in names if "metrics-auth" in n or "metrics-reader" in n or "metrics-tls" in n or "scraper" in n
+    }
+    # the exporter still has no token at all
+    assert daemonset(docs, "node-metrics")["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+def test_only_the_protected_components_may_review_tokens_and_only_the_readers_may_scrape() -> None:
+    docs = all_secure()
+    delegation = named(docs, "ClusterRoleBinding", f"{FULL}-metrics-auth")
+    assert delegation["roleRef"]["name"] == "system:auth-delegator"
+    assert {s["name"] for s in delegation["subjects"]} == {
+        f"{FULL}-{c}" for c in [*AGENTS.values(), "scheduler-extender"]
+    }
+    assert named(docs, "ClusterRole", f"{FULL}-metrics-reader")["rules"] == [
+        {"nonResourceURLs": ["/metrics"], "verbs": ["get"]}
+    ]
+    readers = named(docs, "ClusterRoleBinding", f"{FULL}-metrics-reader")["subjects"]
+    assert readers == [
+        {"kind": "ServiceAccount", "name": f"{FULL}-metrics-scraper", "namespace": "kube-system"},
+        {"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"},
+    ]
+    # one component on grants only that one
+    one = render(*sets(npd__secureMetrics=True))
+    assert [s["name"] for s in named(one, "ClusterRoleBinding", f"{FULL}-metrics-auth")["subjects"]] == [
+        f"{FULL}-problem-detector"
+    ]
+    assert container(daemonset(one, "node-metrics"))["livenessProbe"]["httpGet"].get("scheme") is None
+
+
+def test_the_monitors_scrape_with_the_scrapers_token_against_the_charts_ca_and_name() -> None:
+    docs = all_secure()
+    scraper_token = named(docs, "Secret", f"{FULL}-metrics-scraper")
+    assert scraper_token["type"] == "kubernetes.io/service-account-token"
+    assert scraper_token["metadata"]["annotations"] == {"kubernetes.io/service-account.name": f"{FULL}-metrics-scraper"}
+    for component in ("node-metrics", "dra-driver"):
+        (endpoint,) = named(docs, "ServiceMonitor", f"{FULL}-{component}")["spec"]["endpoints"]
+        assert endpoint["scheme"] == "https"
+        assert endpoint["tlsConfig"] == {
+            "serverName": SERVER_NAME,
+            "ca": {"secret": {"name": f"{FULL}-metrics-tls", "key": "ca.crt"}},
+        }
+        assert endpoint["authorization"] == {
+            "type": "Bearer",
+            "credentials": {"name": f"{FULL}-metrics-scraper", "key": "token"},
+        }
+    (extender,) = named(docs, "ServiceMonitor", f"{FULL}-scheduler-extender")["spec"]["endpoints"]
+    assert extender["authorization"]["credentials"]["name"] == f"{FULL}-metrics-scraper"
+    assert "--metrics-auth=kubernetes" in container(named(docs, "Deployment", f"{FULL}-scheduler-extender"))["args"]
+
+
+def test_the_generated_certificate_is_for_the_monitors_server_name_and_signed_by_the_ca(tmp_path: Any) -> None:
+    secret = named(all_secure(), "Secret", f"{FULL}-metrics-tls")
+    for key in ("ca.crt", "tls.crt", "tls.key"):
+        (tmp_path / key).write_bytes(base64.b64decode(secret["data"][key]))
+    san = subprocess.run(
+        ["openssl", "x509", "-in", tmp_path / "tls.crt", "-noout", "-ext", "subjectAltName"],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert f"DNS:{SERVER_NAME}" in san
+    ca, cert = tmp_path / "ca.crt", tmp_path / "tls.crt"
+    verified = subprocess.run(["openssl", "verify", "-CAfile", ca, cert], capture_output=True, text=True, check=False)
+    assert verified.returncode == 0, verified.stderr
+
+
+def test_contradictory_and_malformed_values_are_refused() -> None:
+    assert "scheduler.extender.secureMetrics needs scheduler.extender.tls.enabled" in refusal(
+        *sets(scheduler__enabled=True, scheduler__extender__secureMetrics=True, scheduler__extender__tls__enabled=False)
+    )
+    assert "secureMetrics" in refusal(*sets(nodeMetrics__secureMetrics="yes"))
+    assert "readers" in refusal(
+        *sets(nodeMetrics__secureMetrics=True, metricsAuth__readers=[{"kind": "ServiceAccount"}])
+    )
