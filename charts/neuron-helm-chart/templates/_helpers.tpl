@@ -57,6 +57,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- include "neuron.selectorLabels" . | replace ": " "=" | replace "\n" "," -}}
 {{- end -}}
 
+{{/* The node agents (DaemonSets on the Neuron nodes), as a JSON object: values key -> component name. */}}
+{{- define "neuron.nodeAgents" -}}
+{{- dict "devicePlugin" "device-plugin" "draDriver" "dra-driver" "nodeMetrics" "node-metrics" "npd" "problem-detector" | toJson -}}
+{{- end -}}
+
 {{/* ServiceAccount name of a component: (dict "root" $ "component" "device-plugin" "values" .Values.devicePlugin). */}}
 {{- define "neuron.serviceAccountName" -}}
 {{- if .values.serviceAccount.create -}}

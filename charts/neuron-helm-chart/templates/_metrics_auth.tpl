@@ -2,15 +2,10 @@
      answers /metrics only to a token the API server authenticates whose user may `get` the non-resource path
      /metrics (TokenReview and SubjectAccessReview, inside the service). */}}
 
-{{/* The components that can protect /metrics: values key -> component name. */}}
-{{- define "neuron.metricsComponents" -}}
-{{- dict "devicePlugin" "device-plugin" "draDriver" "dra-driver" "nodeMetrics" "node-metrics" "npd" "problem-detector" | toJson -}}
-{{- end -}}
-
 {{/* Installed node agents with secureMetrics on, as a JSON object: values key -> component name. */}}
 {{- define "neuron.secureMetricsAgents" -}}
 {{- $on := dict -}}
-{{- range $key, $component := include "neuron.metricsComponents" . | fromJson -}}
+{{- range $key, $component := include "neuron.nodeAgents" . | fromJson -}}
 {{- $v := index $.Values $key -}}
 {{- if and $v.enabled $v.secureMetrics -}}{{- $_ := set $on $key $component -}}{{- end -}}
 {{- end -}}
