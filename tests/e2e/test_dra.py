@@ -462,15 +462,77 @@ def test_three_cores_on_inf2_land_on_two_connected_devices() -> None:
     eventually(lambda: counts() == (16, 32), "back to trn1.32xlarge", timeout=180)
 
 
-def test_awss_neuron_config_sets_the_claims_logical_cores_on_trn2() -> None:
-    """AWS's opaque NeuronConfig (its DRA guide's `all-neurons-lnc-1` idea, one device here): on a
-    trn2 node at its default LNC 2, the claim's container runs with LNC 1 and all 8 physical cores
-    of its device; an invalid value is refused at prepare, naming the field."""
-    sim("create", "--instance-type", "trn2.48xlarge", "--root", TRN2_ROOT, "--char-devices", "--force")
+AWS_SPECS = Path(__file__).parent / "aws-dra-specs"  # AWS's published examples, byte for byte (see UPSTREAM)
+AWS_DRIVER_VERSION = "2.25.4.0"  # what AWS's specific-driver-version example selects
+
+
+def aws_spec(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """AWS's ResourceClaimTemplate as published, and its workload with each container's image (which
+    the test cluster cannot pull) swapped for the project's, printing what it was given."""
+    docs = [d for d in yaml.safe_load_all((AWS_SPECS / f"{name}.yaml").read_text()) if d]
+    (template,) = [d for d in docs if d["kind"] == "ResourceClaimTemplate"]
+    (workload,) = [d for d in docs if d["kind"] != "ResourceClaimTemplate"]
+    pod_spec = workload["spec"] if workload["kind"] == "Pod" else workload["spec"]["template"]["spec"]
+    for c in pod_spec["containers"]:
+        c.pop("args", None)
+        c.update(image=WORKLOAD_IMAGE, imagePullPolicy="Never", command=[WORKLOAD_PYTHON, "-c", SHOW_DEVICES])
+    pod_spec["terminationGracePeriodSeconds"] = 1
+    return template, workload
+
+
+def apply_in_workloads(*docs: dict[str, Any]) -> None:
+    kubectl("apply", "-n", WORKLOADS, "-f", "-", stdin=yaml.safe_dump_all(docs))
+
+
+def run_awss_published_claims() -> None:
+    """AWS's DRA guide's ResourceClaimTemplates, applied unchanged on a simulated trn2.48xlarge."""
+    groups = {name: d["attributes"]["resource.aws.com/devicegroup4_id"]["string"] for name, d in published().items()
+              if name.startswith("neurondevice")}  # fmt: skip
+    # 1x4-connected-devices: four devices of one devicegroup4 (a torus row), and the container sees them
+    apply_in_workloads(*aws_spec("1x4-connected-devices"))
+    eventually(lambda: pod_phase("pod0", WORKLOADS) == "Running", "AWS's 1x4-connected pod running", timeout=180)
+    devices = allocated("pod0")
+    assert len(devices) == 4
+    assert len({groups[d] for d in devices}) == 1, devices
+    assert seen_devices("pod0") == sorted(index(d) for d in devices)
+    kubectl("delete", "-f", str(AWS_SPECS / "1x4-connected-devices.yaml"), "-n", WORKLOADS, "--wait=true")
+    # all-devices: all 16 devices of the node
+    apply_in_workloads(*aws_spec("all-devices"))
+    eventually(lambda: pod_phase("pod0", WORKLOADS) == "Running", "AWS's all-devices pod running", timeout=180)
+    assert seen_devices("pod0") == list(range(16))
+    kubectl("delete", "-f", str(AWS_SPECS / "all-devices.yaml"), "-n", WORKLOADS, "--wait=true")
+    # lnc-setting-trn2: all 16 at LNC 1 (the node's default is 2): every physical core visible
+    apply_in_workloads(*aws_spec("lnc-setting-trn2"))
+    eventually(lambda: pod_phase("pod0", WORKLOADS) == "Running", "AWS's LNC 1 pod running", timeout=180)
+    seen = shown("pod0")
+    assert (seen["lnc"], len(seen["device"])) == (["1"], 16)
+    assert sorted(int(c) for c in seen["cores"][0].split(",")) == list(range(128))
+    kubectl("delete", "-f", str(AWS_SPECS / "lnc-setting-trn2.yaml"), "-n", WORKLOADS, "--wait=true")
+    # specific-driver-version: each of the Deployment's two replicas claims every device of a node whose
+    # driver is 2.25.4.0; one node here, so one replica runs and the other waits for the devices
+    template, deployment = aws_spec("specific-driver-version")
+    apply_in_workloads(template, deployment)
+
+    def one_running_one_waiting() -> bool:
+        items = json.loads(kubectl("get", "pods", "-n", WORKLOADS, "-l", "app=my-app", "-o", "json"))["items"]
+        phases = sorted(p["status"].get("phase", "") for p in items if not p["metadata"].get("deletionTimestamp"))
+        return phases == ["Pending", "Running"]
+
+    eventually(one_running_one_waiting, "one replica of AWS's driver-version Deployment running", timeout=180)
+    kubectl("delete", "-f", str(AWS_SPECS / "specific-driver-version.yaml"), "-n", WORKLOADS, "--wait=true")
+
+
+def test_awss_published_claims_and_neuron_config_on_trn2() -> None:
+    """On a simulated trn2.48xlarge: AWS's published ResourceClaimTemplates run unchanged; AWS's opaque
+    NeuronConfig on one device (at the node's default LNC 2) gives the container LNC 1 and all 8
+    physical cores of its device; an invalid value is refused at prepare, naming the field."""
+    sim("create", "--instance-type", "trn2.48xlarge", "--root", TRN2_ROOT, "--char-devices", "--force",
+        "--driver-version", AWS_DRIVER_VERSION)  # fmt: skip
     kubectl("label", "node", NODE, "node.kubernetes.io/instance-type=trn2.48xlarge", "--overwrite")
     try:
         install("--set", f"simulation.hostRoot={TRN2_ROOT}")
         eventually(lambda: counts() == (16, 64), "trn2.48xlarge: 16 devices and 64 cores published", timeout=180)
+        run_awss_published_claims()
         aws = {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 1}
         create_template("one-lnc1", "neuron.aws.com", 1, None, aws)
         create_pod("lnc1", "one-lnc1")

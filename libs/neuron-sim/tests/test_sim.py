@@ -107,3 +107,10 @@ def test_cli_inject_and_errors(tmp_path: Path) -> None:
     bad = run_sim("create", "--instance-type", "p5.48xlarge", "--root", root)
     assert bad.returncode == 2
     assert "invalid choice" in bad.stderr
+
+
+def test_the_driver_version_is_told_only_when_given(tmp_path: Path) -> None:
+    sim.create(tmp_path / "plain", "trn1.2xlarge")
+    assert not layout.HostLayout(tmp_path / "plain").driver_version.exists()
+    sim.create(tmp_path / "versioned", "trn1.2xlarge", driver_version="2.25.4.0")
+    assert layout.HostLayout(tmp_path / "versioned").driver_version.read_text() == "2.25.4.0\n"

@@ -54,7 +54,7 @@ async def test_slices_accepted_by_the_api_server(start_driver) -> None:  # type:
     counters = [s for s in objs if s["spec"].get("sharedCounters")]
     assert len(counters) == 1  # one counter set, 16 counters
     device = next(d for s in objs for d in s["spec"].get("devices") or [] if d["name"] == "neurondevice5")
-    assert device["attributes"]["resource.aws.com/devicegroup4_id"] == {"int": 4}
+    assert device["attributes"]["resource.aws.com/devicegroup4_id"] == {"string": "4"}
     assert device["consumesCounters"][0]["counters"] == {"neurondevice5": {"value": "4"}}
     # unchanged content is not written again
     before = h.driver.metrics.slice_updates._value.get()

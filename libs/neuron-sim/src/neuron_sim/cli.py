@@ -42,6 +42,11 @@ def _parser() -> argparse.ArgumentParser:
         help=f"make dev/neuronN real character devices (major {sim.SIM_CHAR_MAJOR}, minor N; needs root)",
     )
     c.add_argument("--force", action="store_true", help="replace a simulated node already under --root")
+    c.add_argument(
+        "--driver-version",
+        help="write sys/module/neuron/version (the loaded driver's MODULE_VERSION, e.g. 2.25.4.0); without it "
+        "the node tells no driver version",
+    )
 
     n = sub.add_parser(
         "create-non-neuron",
@@ -143,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     if args.command == "create":
-        it = sim.create(args.root, args.instance_type, args.lnc, args.char_devices, args.force)
+        it = sim.create(
+            args.root, args.instance_type, args.lnc, args.char_devices, args.force, driver_version=args.driver_version
+        )
         print(f"created a simulated {it.name} ({it.devices} devices) under {args.root}")
         return 0
     if args.command == "create-non-neuron":

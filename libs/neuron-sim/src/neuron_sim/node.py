@@ -57,7 +57,13 @@ def _legacy(name: str) -> str:
 
 
 def create(
-    root: Path, instance_type: str, lnc: int | None = None, char_devices: bool = False, force: bool = False
+    root: Path,
+    instance_type: str,
+    lnc: int | None = None,
+    char_devices: bool = False,
+    force: bool = False,
+    *,
+    driver_version: str | None = None,
 ) -> InstanceType:
     it = get_instance_type(instance_type)
     if lnc is not None and lnc not in it.family.supported_lnc:
@@ -69,6 +75,8 @@ def create(
     write_attr(layout.HostLayout(root).boot_id, str(uuid.uuid4()) + "\n")
     if lnc is not None:
         write_attr(layout.HostLayout(root).lnc_config, f"{lnc}\n")
+    if driver_version:
+        write_attr(layout.HostLayout(root).driver_version, driver_version + "\n")
     layout.HostLayout(root).class_dir.mkdir(parents=True, exist_ok=True)
     layout.HostLayout(root).dev_dir.mkdir(parents=True, exist_ok=True)
     adjacency = it.adjacency()

@@ -153,7 +153,9 @@ def _common(model: NodeDevices, kind: str, device: int, groups: Mapping[int, Map
         attributes["neuronDriverVersion"] = _string(model.driver_version[:64])
     for size, ids in sorted(groups.items()):
         if device in ids:
-            attributes[group_attribute(size)] = _int(ids[device])
+            # a string, as AWS's driver publishes it (its values are opaque hashes): a claim's CEL that
+            # compares it to a string works on either driver
+            attributes[group_attribute(size)] = _string(str(ids[device]))
     attributes.update(torus_position(inv, device))
     attributes.update((name, _string(value)) for name, value in sorted(model.placement.items()))
     return attributes
