@@ -19,8 +19,14 @@ venv=/opt/neuron
 # --- the venv ------------------------------------------------------------------------------------
 python3 -m venv "$venv"
 pip=("$venv/bin/python3" -m pip -q --disable-pip-version-check --no-cache-dir)
-offline=()
-if ls /wheels/*.whl >/dev/null 2>&1; then offline=(--no-index --find-links /wheels); fi
+# Nothing third-party is installed but what the lock lists, by digest: the wheels images.sh put in
+# the context, or, built without them, the lock's files downloaded here with their hashes checked.
+if ! ls /wheels/*.whl >/dev/null 2>&1; then
+  mkdir -p /wheels
+  "${pip[@]}" download -d /wheels --only-binary=:all: --no-deps --require-hashes -r "$src/image-wheels.lock"
+fi
+python3 "$src/verify_wheels.py" "$src/image-wheels.lock" /wheels
+offline=(--no-index --find-links /wheels)
 # The libraries become wheels first, so that pip installs only those the service depends on.
 "${pip[@]}" wheel "${offline[@]}" --no-deps -w /tmp/libs "$src"/libs/*/
 "${pip[@]}" install --no-compile "${offline[@]}" --find-links /tmp/libs -c "$src/constraints.txt" \

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import re
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -80,3 +83,52 @@ def test_setup_installs_every_package_libs_first() -> None:
     libs = listed.group(1).split()
     assert sorted(libs) == sorted(str(p.parent.relative_to(REPO)) for p in REPO.glob("libs/*/pyproject.toml"))
     assert "for svc in services/*/" in setup
+
+
+# --- the images' third-party wheels, pinned by hash (issue 24 item 5) ---------------------------
+
+
+def _tool(name: str, path: Path) -> Any:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_image_lock_covers_every_distribution_the_images_need_at_its_pinned_version(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tool = _tool("image_wheels", REPO / "tools" / "image_wheels.py")
+    assert tool.check() == []
+    # the check fails on a stale lock: a needed distribution missing, another at a version not pinned
+    stale = [line for line in tool.LOCK.read_text().splitlines() if not line.startswith("orjson==")]
+    stale = [re.sub(r"^aiohttp==[^ ]+", "aiohttp==0.1", line) for line in stale]
+    (tmp_path / "lock").write_text("\n".join(stale))
+    monkeypatch.setattr(tool, "LOCK", tmp_path / "lock")
+    assert tool.check() == [
+        "aiohttp: the lock has 0.1, constraints.txt pins 3.14.5",
+        "orjson is needed by the images but not in the lock",
+    ]
+
+
+def test_a_wheel_outside_the_lock_or_with_another_digest_is_refused(tmp_path: Path) -> None:
+    verify = _tool("verify_wheels", REPO / "services" / "verify_wheels.py")
+    good = tmp_path / "orjson-3.13.0-cp311-cp311-manylinux_2_17_x86_64.whl"
+    good.write_bytes(b"the reviewed bytes")
+    digest = hashlib.sha256(b"the reviewed bytes").hexdigest()
+    lock = f"# header\norjson==3.13.0 --hash=sha256:{digest}\n"
+    assert verify.refusals(lock, [good]) == []
+    tampered = tmp_path / "other" / good.name
+    tampered.parent.mkdir()
+    tampered.write_bytes(b"something else")
+    stranger = tmp_path / "evil-1.0-py3-none-any.whl"
+    stranger.write_bytes(b"x")
+    older = tmp_path / "orjson-3.12.0-cp311-cp311-manylinux_2_17_x86_64.whl"
+    older.write_bytes(b"the reviewed bytes")
+    assert verify.refusals(lock, [tampered, stranger, older]) == [
+        "evil-1.0-py3-none-any.whl: evil 1.0 is not in the lock",
+        f"{older.name}: orjson 3.12.0 is not in the lock",
+        f"{good.name}: its sha256 is not the one the lock lists",
+    ]

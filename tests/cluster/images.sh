@@ -22,7 +22,6 @@ export CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1
 CACHE="${XDG_CACHE_HOME:-$HOME/.cache}/neuron-helm-chart/images"
 SERVICES=()   # every directory under services/ with a pyproject.toml
 for project in services/*/pyproject.toml; do SERVICES+=("$(basename "$(dirname "$project")")"); done
-SETUPTOOLS=setuptools==84.2.1   # the build backend the packages need, as a wheel for offline builds
 # The base's recipe; its cache key, so that a changed recipe never reuses an old base. binutils is
 # for `strip`, in the build stage only: the images copy nothing of the base but what they run.
 BASE_RECIPE=(--variant=minbase --include=python3,python3-venv,binutils bookworm)
@@ -68,24 +67,19 @@ if ! "${PODMAN[@]}" image exists "$BASE_IMAGE"; then
     "$base_tar" "$BASE_IMAGE" >/dev/null
 fi
 
-# --- wheels, with the machine's pip settings -----------------------------------------------------
-stamp=$(cat constraints.txt libs/*/pyproject.toml services/*/pyproject.toml | sha256sum | cut -c1-16)
-if [ "$(cat build/wheels/.stamp 2>/dev/null)" != "$stamp-$SETUPTOOLS" ]; then
-  log "downloading wheels for the images"
+# --- wheels, with the machine's pip settings, exactly the lock's ---------------------------------
+# services/image-wheels.lock names every third-party wheel the images install, by sha256
+# (tools/image_wheels.py writes it); pip refuses a download whose digest differs, and the build
+# stage refuses a wheel the lock does not list (services/verify_wheels.py).
+.venv/bin/python tools/image_wheels.py check \
+  || { echo "services/image-wheels.lock is stale: re-lock with python tools/image_wheels.py lock, review, commit" >&2; exit 1; }
+stamp=$(sha256sum services/image-wheels.lock | cut -c1-16)
+if [ "$(cat build/wheels/.stamp 2>/dev/null)" != "$stamp" ]; then
+  log "downloading the locked wheels for the images (hashes checked)"
   rm -f build/wheels/*.whl
-  # what the packages under libs/ and services/ depend on, their tests aside, and not on each other
-  mapfile -t needed < <(.venv/bin/python -c '
-import glob, re, tomllib
-paths = sorted(glob.glob("libs/*/pyproject.toml") + glob.glob("services/*/pyproject.toml"))
-projects = [tomllib.load(open(path, "rb"))["project"] for path in paths]
-requirements = [r for p in projects for r in p.get("dependencies", [])]
-extras = [rs for p in projects for extra, rs in p.get("optional-dependencies", {}).items() if extra != "test"]
-requirements += [r for rs in extras for r in rs]
-names = {re.match(r"[A-Za-z0-9_.-]+", r).group(0) for r in requirements} - {p["name"] for p in projects}
-print("\n".join(sorted(names)))
-')
-  .venv/bin/pip download -q -d build/wheels --only-binary=:all: -c constraints.txt "${needed[@]}" "$SETUPTOOLS"
-  echo "$stamp-$SETUPTOOLS" > build/wheels/.stamp
+  .venv/bin/pip download -q -d build/wheels --only-binary=:all: --no-deps --require-hashes \
+    -r services/image-wheels.lock
+  echo "$stamp" > build/wheels/.stamp
 fi
 
 # --- smoke: an image, as its own user on a read-only root, serves what it should over a simulated node
