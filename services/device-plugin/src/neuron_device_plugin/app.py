@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 from typing import Any
@@ -12,7 +11,8 @@ from kubelet_api.podresources_client import PodResourcesClient
 from neuron_common.health_server import HealthServer
 from neuron_common.metrics_auth import SecureMetrics
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
-from neuron_common.supervisor import Supervisor
+from neuron_common.runner import run_service
+from neuron_common.supervisor import Loop, Supervisor
 from neuron_device_plugin import cdi, registration
 from neuron_device_plugin.config import Config
 from neuron_device_plugin.metrics import PluginMetrics
@@ -116,23 +116,23 @@ class Plugin:
                 self.config.cdi_spec_dir, self.config.resource_prefix, self.state.known, self.config.host_dev_root
             )
             log.info("wrote CDI spec %s", path)
-        await self.http.start()
-        self.http.supervise(self.supervisor, self.stop)
+        return await run_service(self.http, self.supervisor, self.stop, self._loops)
+
+    def _loops(self) -> dict[str, Loop]:
         # Stopping `registration` unregisters and closes the plugin sockets; its servers get a grace
         # period, so RPCs in flight complete.
-        self.supervisor.start("registration", lambda: registration.watch(self.registrars, self.stop))
-        self.supervisor.start("health", lambda: self.monitor.run(self.stop))
-        self.supervisor.start("holdings", self._poll_holdings)
+        loops: dict[str, Loop] = {
+            "registration": lambda: registration.watch(self.registrars, self.stop),
+            "health": lambda: self.monitor.run(self.stop),
+            "holdings": self._poll_holdings,
+        }
         if self.config.kmsg_path is not None:
             kmsg = KmsgWatcher(self.state, self.config.kmsg_path)
-            self.supervisor.start("kmsg", lambda: kmsg.run(self.stop))
+            loops["kmsg"] = lambda: kmsg.run(self.stop)
         if self.report is not None:
             report = self.report
-            self.supervisor.start("node-report", lambda: report.run(self.stop, lambda: self.state.changed))
-        code = await self.supervisor.run()
-        with contextlib.suppress(Exception):
-            await self.http.stop()
-        return code
+            loops["node-report"] = lambda: report.run(self.stop, lambda: self.state.changed)
+        return loops
 
     async def _poll_holdings(self) -> None:
         await self.poller.run(self.stop)

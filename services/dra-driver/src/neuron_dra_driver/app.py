@@ -4,7 +4,6 @@ the slice publisher and the HTTP endpoint, every loop under one supervisor."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from importlib.metadata import PackageNotFoundError, version
@@ -13,7 +12,8 @@ from pathlib import Path
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
 from neuron_common.metrics_auth import SecureMetrics
-from neuron_common.supervisor import Supervisor
+from neuron_common.runner import run_service
+from neuron_common.supervisor import Loop, Supervisor
 from neuron_dra_driver import servers, slices, taints
 from neuron_dra_driver.config import Config
 from neuron_dra_driver.driver import Driver
@@ -123,31 +123,21 @@ class DraDriver:
 
     async def run(self) -> int:
         self.driver.load()
-        await self.http.start()
-        self.http.supervise(self.supervisor, self.stop)
         await self.placement.refresh()  # so that the first slices carry the placement already
+        return await run_service(self.http, self.supervisor, self.stop, self._loops, release=self.api.close)
+
+    def _loops(self) -> dict[str, Loop]:
         c = self.config
-        self.supervisor.start(
-            "grpc",
-            lambda: servers.serve(
-                self.driver,
-                self.health,
-                self.registration,
-                c.dra_socket,
-                c.registration_socket,
-                c.node_name,
-                self.stop,
+        loops: dict[str, Loop] = {
+            "grpc": lambda: servers.serve(
+                self.driver, self.health, self.registration, c.dra_socket, c.registration_socket, c.node_name, self.stop
             ),
-        )
-        self.supervisor.start("health", lambda: self.monitor.run(self.stop))
+            "health": lambda: self.monitor.run(self.stop),
+        }
         if c.kmsg_path is not None:
             kmsg = KmsgWatcher(self.health, c.kmsg_path)
-            self.supervisor.start("kmsg", lambda: kmsg.run(self.stop))
-        self.supervisor.start("placement", lambda: self.placement.run(self.stop))
-        self.supervisor.start("slices", lambda: self.publisher.run(self.stop, lambda: self.health.changed))
-        self.supervisor.start("slice-deletions", lambda: self.publisher.watch_deletions(self.stop))
-        code = await self.supervisor.run()
-        with contextlib.suppress(Exception):
-            await self.http.stop()
-        await self.api.close()
-        return code
+            loops["kmsg"] = lambda: kmsg.run(self.stop)
+        loops["placement"] = lambda: self.placement.run(self.stop)
+        loops["slices"] = lambda: self.publisher.run(self.stop, lambda: self.health.changed)
+        loops["slice-deletions"] = lambda: self.publisher.watch_deletions(self.stop)
+        return loops

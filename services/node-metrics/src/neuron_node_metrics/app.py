@@ -17,6 +17,7 @@ from kubelet_api.podresources_client import PodResourcesClient
 from neuron_common.health_server import HealthServer
 from neuron_common.metrics_auth import SecureMetrics
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
+from neuron_common.runner import run_service
 from neuron_common.supervisor import Supervisor
 from neuron_driver.inventory import NodeInventory, topology_from
 from neuron_model.instance_types import TopologyKind
@@ -126,12 +127,9 @@ class Exporter:
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     async def run(self) -> int:
-        await self.http.start()
-        self.http.supervise(self.supervisor, self.stop)
-        self.supervisor.start("attribution", lambda: self.poller.run(self.stop))
-        code = await self.supervisor.run()
-        await self.http.stop()
-        return code
+        return await run_service(
+            self.http, self.supervisor, self.stop, lambda: {"attribution": lambda: self.poller.run(self.stop)}
+        )
 
 
 class _SelfCollector(Collector):

@@ -12,7 +12,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from neuron_common.health_server import HealthServer
 from neuron_common.lifecycle import sleep_or_stop
 from neuron_common.metrics_auth import SecureMetrics
-from neuron_common.supervisor import Supervisor
+from neuron_common.runner import run_service
+from neuron_common.supervisor import Loop, Supervisor
 from neuron_driver.counters import CounterKind, CounterReader, device_totals, devices_reset
 from neuron_driver.inventory import InventoryTracker, NodeInventory
 from neuron_health import verdicts
@@ -241,19 +242,19 @@ class Detector:
             await sleep_or_stop(self.stop, 5)
 
     async def run(self) -> int:
-        await self.http.start()
-        self.http.supervise(self.supervisor, self.stop)
         log.info(
             "watching %s and the driver's counters for node %s", self.config.kmsg_path, self.config.node_name,
             extra={"rules": str(self.config.rules or "built-in"),
                    "conditions": ",".join(c.type for c in self.rules.conditions)},
         )  # fmt: skip
-        self.supervisor.start("kmsg", self.follow_kmsg)
-        self.supervisor.start("counters", self.watch_counters)
-        self.supervisor.start("reporter", lambda: self.reporter.run(self.stop))
-        self.supervisor.start("metrics", self.report_metrics)
-        code = await self.supervisor.run()
+        loops: dict[str, Loop] = {
+            "kmsg": self.follow_kmsg,
+            "counters": self.watch_counters,
+            "reporter": lambda: self.reporter.run(self.stop),
+            "metrics": self.report_metrics,
+        }
+        return await run_service(self.http, self.supervisor, self.stop, lambda: loops, release=self._save_state)
+
+    async def _save_state(self) -> None:
         log.info("saving state")
         save_state(self.config.state_file, self.state)
-        await self.http.stop()
-        return code

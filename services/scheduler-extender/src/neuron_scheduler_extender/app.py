@@ -12,7 +12,8 @@ from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
 from neuron_common.lifecycle import sleep_or_stop
 from neuron_common.metrics_auth import MetricsAuthorizer
-from neuron_common.supervisor import Supervisor
+from neuron_common.runner import run_service
+from neuron_common.supervisor import Loop, Supervisor
 from neuron_model import report
 from neuron_scheduler_extender import tls
 from neuron_scheduler_extender.config import Config
@@ -148,7 +149,10 @@ class Extender:
                 log.warning("pod %s was bound by this extender but never seen bound; no longer counted", key)
 
     async def run(self) -> int:
-        await self.http.start()
+        return await run_service(self.http, self.supervisor, self.stop, self._started, release=self._release)
+
+    def _started(self) -> dict[str, Loop]:
+        """Once serving: the leader advertises the port bound, and the loops start."""
         if isinstance(self.leader, LeaderElector):
             self.leader.url = self.config.advertise_url.replace("{port}", str(self.http.bound_port))
         log.info(
@@ -162,15 +166,17 @@ class Extender:
                 "url": getattr(self.leader, "url", ""),
             },
         )
-        self.supervisor.start("neuronnodes", lambda: self.reports.run(self.stop))
-        self.supervisor.start("pods", lambda: self.pods.run(self.stop))
-        self.supervisor.start("leader-election", lambda: self.leader.run(self.stop))
-        self.supervisor.start("maintenance", self.maintain)
+        loops: dict[str, Loop] = {
+            "neuronnodes": lambda: self.reports.run(self.stop),
+            "pods": lambda: self.pods.run(self.stop),
+            "leader-election": lambda: self.leader.run(self.stop),
+            "maintenance": self.maintain,
+        }
         if self.config.tls is not None:
             files = self.config.tls
-            self.supervisor.start("tls-reload", lambda: tls.reload_on_change(files, self.tls_contexts, self.stop))
-        code = await self.supervisor.run()
-        await self.http.stop()
+            loops["tls-reload"] = lambda: tls.reload_on_change(files, self.tls_contexts, self.stop)
+        return loops
+
+    async def _release(self) -> None:
         await self.endpoints.forwarder.close()
         await self.api.close()
-        return code
