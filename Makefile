@@ -43,8 +43,8 @@ unit: ## pure, in-process tests only: a test that starts an external process her
 integration: ## tests that start real processes: kube-apiserver, kube-scheduler, Prometheus, NFD, helm, a registry, podman, the services
 	$(BIN)/pytest -q -m 'integration and not cluster and not e2e and not cluster_down'
 
-release: ## publish the images and the chart to an OCI registry: make release REGISTRY=host[:port][/path] VERSION=x.y.z
-	$(PYTHON) tools/release.py --registry "$(REGISTRY)" --version "$(VERSION)"
+release: ## publish, sign and attest the images and the chart: make release REGISTRY=host[:port][/path] VERSION=x.y.z SIGN_KEY=cosign.key
+	$(PYTHON) tools/release.py --registry "$(REGISTRY)" --version "$(VERSION)" --sign-key "$(SIGN_KEY)"
 
 cluster-up: ## start the real single-node cluster (etcd, API server, kubelet, containerd) on this machine
 	tests/cluster/up.sh

@@ -101,6 +101,9 @@ group: files
 hosts: files dns
 EOF
 
+# --- what of Debian the image holds, for its SBOM (tools/sbom.py) ----------------------------------
+python3 "$src/debian_inventory.py" "$out" "$out$venv/share/neuron-helm-chart/debian-packages.tsv"
+
 # --- bytecode -------------------------------------------------------------------------------------
 # Compiled here, because the root is read-only in a pod: without bytecode every start compiles
 # whatever it imports, which for the Kubernetes client alone takes 3 s and peaks at 140 MB, near

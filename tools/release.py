@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -238,6 +239,49 @@ def helm() -> str:
     return str(venv_helm) if venv_helm.exists() else "helm"
 
 
+def cosign() -> str:
+    venv_cosign = REPO / ".venv" / "bin" / "cosign"  # tools/build-cosign.sh, run by make setup
+    return str(venv_cosign) if venv_cosign.exists() else "cosign"
+
+
+def check_sign_key(sign_key: str) -> Path:
+    if not sign_key:
+        raise ReleaseError(
+            "a release is signed: pass --sign-key (make release SIGN_KEY=...), a cosign private key "
+            "(`cosign generate-key-pair` makes one; its password comes from $COSIGN_PASSWORD)"
+        )
+    key = Path(sign_key)
+    if not key.is_file():
+        raise ReleaseError(f"--sign-key {sign_key}: no such file")
+    if "COSIGN_PASSWORD" not in os.environ and not sys.stdin.isatty():
+        raise ReleaseError("set COSIGN_PASSWORD to the password of --sign-key (empty for a key without one)")
+    return key
+
+
+class Signer:
+    """Signs what the release pushed with cosign and the release key, and attests each image's SBOM
+    (SPDX, tools/sbom.py) as a signed in-toto statement beside it in the registry. No transparency
+    log: the signatures verify with the release's public key alone (`cosign verify --key ...
+    --insecure-ignore-tlog`), which works the same in an air-gapped registry."""
+
+    def __init__(self, key: Path, loopback: bool, workdir: Path) -> None:
+        self.key, self.workdir = key, workdir
+        self.flags = ["--yes", "--key", str(key), "--tlog-upload=false"]
+        if loopback:
+            self.flags += ["--allow-insecure-registry", "--allow-http-registry"]
+
+    def sign(self, ref: str) -> None:
+        log(f"signing {ref}")
+        run(cosign(), "sign", *self.flags, ref)
+
+    def attest_sbom(self, service: str, local_image: str, ref: str, version: str) -> Path:
+        sbom = self.workdir / f"sbom-{service}-{version}.spdx.json"
+        run(sys.executable, REPO / "tools" / "sbom.py", local_image, service, version, sbom)
+        log(f"attesting the SBOM of {ref}")
+        run(cosign(), "attest", *self.flags, "--type", "spdxjson", "--predicate", sbom, ref)
+        return sbom
+
+
 def refuse_dirty_tree() -> None:
     status = run("git", "status", "--porcelain").stdout
     if status.strip():
@@ -316,7 +360,7 @@ def package_chart(registry: str, version: str, pushed: Mapping[str, PushedImage]
     return out / f"{CHART.name}-{version}.tgz"
 
 
-def release(registry: str, version: str, allow_dirty: bool = False) -> dict[str, PushedImage]:
+def release(registry: str, version: str, sign_key: str = "", allow_dirty: bool = False) -> dict[str, PushedImage]:
     registry, version = check_registry(registry), check_version(version)
     loopback = is_loopback(registry)
     plain_http = ["--plain-http"] if loopback else []
@@ -324,7 +368,16 @@ def release(registry: str, version: str, allow_dirty: bool = False) -> dict[str,
     if not allow_dirty:
         refuse_dirty_tree()
     refuse_existing_version(registry, version, plain_http)
-    pushed = push_images(registry, version, build_images(), tls)
+    key = check_sign_key(sign_key)
+    built = build_images()
+    pushed = push_images(registry, version, built, tls)
+    signer = Signer(key, loopback, RECORD.parent)
+    RECORD.parent.mkdir(exist_ok=True)
+    sboms = {}
+    for service, p in sorted(pushed.items()):
+        ref = f"{registry}/{p.repository}@{p.digest}"
+        signer.sign(ref)
+        sboms[service] = str(signer.attest_sbom(service, built[service][1], ref, version).relative_to(REPO))
     with tempfile.TemporaryDirectory() as tmp:
         package = package_chart(registry, version, pushed, Path(tmp))
         ref = f"oci://{registry}/{NAMESPACE}"
@@ -335,8 +388,9 @@ def release(registry: str, version: str, allow_dirty: bool = False) -> dict[str,
     if not chart_digest:
         raise ReleaseError(f"helm push printed no chart digest:\n{result.stdout}{result.stderr}")
     chart_ref = f"{ref}/{CHART.name}:{image_tag(version)}@{chart_digest[1]}"
+    signer.sign(f"{registry}/{NAMESPACE}/{CHART.name}@{chart_digest[1]}")
     image_refs = {s: f"{registry}/{p.repository}:{p.tag}@{p.digest}" for s, p in sorted(pushed.items())}
-    record = {"version": version, "chart": chart_ref, "images": image_refs}
+    record = {"version": version, "chart": chart_ref, "images": image_refs, "sboms": sboms, "signed": True}
     record_path = Path(str(RECORD).format(version=version))
     record_path.parent.mkdir(exist_ok=True)
     record_path.write_text(json.dumps(record, indent=2) + "\n")
@@ -351,10 +405,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--registry", default="", help="host[:port][/path] (no scheme)")
     parser.add_argument("--version", default="", help="the chart's and the images' semantic version")
+    parser.add_argument(
+        "--sign-key",
+        default=os.environ.get("SIGN_KEY", ""),
+        help="cosign private key signing the images, their SBOM attestations and the chart ($SIGN_KEY; its "
+        "password from $COSIGN_PASSWORD)",
+    )
     parser.add_argument("--allow-dirty", action="store_true", help="for the test harness: release uncommitted work")
     args = parser.parse_args(argv)
     try:
-        release(args.registry, args.version, args.allow_dirty)
+        release(args.registry, args.version, args.sign_key, args.allow_dirty)
     except ReleaseError as e:
         print(f"[release] error: {e}", file=sys.stderr)
         return 1

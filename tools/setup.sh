@@ -82,6 +82,9 @@ tests/cluster/build-containerd.sh >/dev/null
 # --- node-feature-discovery's nfd-master and nfd-worker, from the pinned Go module (cached) ------
 tests/nfd/build-nfd.sh >/dev/null
 
+# --- cosign, which signs releases and verifies them in the release tests, from its pinned Go module (cached)
+tools/build-cosign.sh >/dev/null
+
 # --- chart-testing, kubectl-validate, OpenAPI documents and CRDs for the chart checks (cached) --
 tests/chart/build-tools.sh >/dev/null
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import signing
 import yaml
 from cluster_access import CTR, REGISTRY, REPO, SIM_ROOT, eventually, helm, kubectl, run
 
@@ -51,14 +52,19 @@ def forget_pulled_images() -> None:
 
 
 @pytest.fixture(scope="module")
-def released() -> Iterator[dict[str, str]]:
+def release_key(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return signing.key_pair(tmp_path_factory.mktemp("release-key"))
+
+
+@pytest.fixture(scope="module")
+def released(release_key: tuple[Path, Path]) -> Iterator[dict[str, str]]:
     """`make release` to the cluster's registry (the work tree as it is: --allow-dirty); the released
     values' image references, by component."""
     helm("uninstall", RELEASE, "-n", NAMESPACE, "--ignore-not-found", "--wait", check=False)
     forget_pulled_images()
     # --allow-dirty: the release of the work tree under test, as the other e2e suites install it
     run(sys.executable, REPO / "tools" / "release.py", "--registry", REGISTRY, "--version", VERSION, "--allow-dirty",
-        timeout=1800)  # fmt: skip
+        "--sign-key", release_key[0], timeout=1800)  # fmt: skip
     values = yaml.safe_load(helm("show", "values", OCI_CHART, "--version", VERSION, "--plain-http").stdout)
     refs = {
         key: f"{image['registry']}/{image['repository']}:{image['tag']}@{image['digest']}"
@@ -68,6 +74,20 @@ def released() -> Iterator[dict[str, str]]:
     yield refs
     helm("uninstall", RELEASE, "-n", NAMESPACE, "--ignore-not-found", "--wait", check=False)
     kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
+
+
+def test_the_release_verifies_before_it_is_installed(released: dict[str, str], release_key: tuple[Path, Path]) -> None:
+    """What a careful user checks first: every image and the chart carry the release key's signature,
+    and every image a signed SBOM about that very image."""
+    for ref in released.values():
+        signing.verify(ref, release_key[1])
+        subject, sbom = signing.attested_sbom(ref, release_key[1])
+        assert "sha256:" + subject["digest"]["sha256"] == ref.rsplit("@", 1)[1]
+        assert sbom["spdxVersion"] == "SPDX-2.3"
+    chart = yaml.safe_load(helm("show", "chart", OCI_CHART, "--version", VERSION, "--plain-http").stdout)
+    assert chart["version"] == VERSION
+    record = json.loads((REPO / "build" / f"release-{VERSION}.json").read_text())
+    signing.verify(record["chart"].removeprefix("oci://").replace(f":{VERSION}@", "@"), release_key[1])
 
 
 def test_installs_from_the_registry_with_every_image_pulled_by_the_kubelet(released: dict[str, str]) -> None:
@@ -118,6 +138,6 @@ def test_a_wrong_digest_fails_the_install_and_helm_test_shows_the_kubelets_pull_
 
 def test_the_release_refuses_the_same_version_again(released: dict[str, str]) -> None:
     result = run(sys.executable, Path(REPO / "tools" / "release.py"), "--registry", REGISTRY, "--version", VERSION,
-                 "--allow-dirty", check=False)  # fmt: skip
+                 "--allow-dirty", "--sign-key", "/nonexistent", check=False)  # fmt: skip
     assert result.returncode == 1
     assert "is already in the registry" in result.stderr

@@ -22,6 +22,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+import signing
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
@@ -247,11 +248,18 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def released(registry: str) -> subprocess.CompletedProcess[str]:
+def release_key(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return signing.key_pair(tmp_path_factory.mktemp("release-key"))
+
+
+@pytest.fixture(scope="module")
+def released(registry: str, release_key: tuple[Path, Path]) -> subprocess.CompletedProcess[str]:
     if os.geteuid() != 0:
         pytest.skip("building the images needs root (rootful podman)")
     # --allow-dirty: the release of the work tree under test, uncommitted changes included
-    result = release_cli("--registry", registry, "--version", VERSION, "--allow-dirty")
+    result = release_cli(
+        "--registry", registry, "--version", VERSION, "--allow-dirty", "--sign-key", str(release_key[0])
+    )
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     return result
 
@@ -316,9 +324,43 @@ def test_the_pulled_chart_refers_to_the_pushed_images_by_tag_and_the_registrys_d
     assert record["chart"] == f"oci://{registry}/neuron/{CHART_NAME}:{TAG}@{chart_digest}"
 
 
-@pytest.mark.usefixtures("released")
 @pytest.mark.slow
 @pytest.mark.root
+def test_every_image_and_the_chart_verify_with_the_release_key_and_no_other(
+    registry: str, released: subprocess.CompletedProcess[str], release_key: tuple[Path, Path], tmp_path: Path
+) -> None:
+    record = json.loads((REPO / "build" / f"release-{VERSION}.json").read_text())
+    chart = record["chart"].removeprefix("oci://").replace(f":{TAG}@", "@")
+    refs = [*record["images"].values(), chart]
+    for ref in refs:
+        signing.verify(ref, release_key[1])
+    _, stranger = signing.key_pair(tmp_path / "stranger")
+    for ref in refs:
+        refused = signing.verify(ref, stranger, check=False)
+        assert refused.returncode != 0, ref
+        assert "no matching signatures" in refused.stderr, refused.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.root
+def test_each_image_carries_a_signed_sbom_of_what_it_holds(
+    registry: str, released: subprocess.CompletedProcess[str], release_key: tuple[Path, Path]
+) -> None:
+    record = json.loads((REPO / "build" / f"release-{VERSION}.json").read_text())
+    lock = (REPO / "services" / "image-wheels.lock").read_text()
+    for svc, ref in record["images"].items():
+        subject, sbom = signing.attested_sbom(ref, release_key[1])
+        assert "sha256:" + subject["digest"]["sha256"] == ref.rsplit("@", 1)[1]  # about this very image
+        packages = {p["name"].lower(): p for p in sbom["packages"]}
+        # the service's own package, built from the commit, and its third-party ones by the lock's digest
+        assert f"neuron-{svc}".replace("neuron-node-problem-detector", "neuron-problem-detector") in packages, svc
+        aiohttp = packages["aiohttp"]
+        assert f"aiohttp=={aiohttp['versionInfo']} --hash=sha256:{aiohttp['checksums'][0]['checksumValue']}" in lock
+        # what of Debian the image took: the interpreter and the C library at least
+        debian = {p["name"] for p in sbom["packages"] if "pkg:deb/" in p["externalRefs"][0]["referenceLocator"]}
+        assert {"libc6", "libpython3.11-minimal"} <= debian, (svc, sorted(debian))
+
+
 def image_config(registry: str, repository: str, reference: str) -> dict[str, Any]:
     accept = "application/vnd.oci.image.manifest.v1+json, application/vnd.docker.distribution.manifest.v2+json"
     get = urllib.request.Request(f"http://{registry}/v2/{repository}/manifests/{reference}", headers={"Accept": accept})
@@ -354,6 +396,16 @@ def test_helm_show_values_and_readme_from_the_oci_reference_are_the_documentatio
     readme = run(HELM, "show", "readme", ref, "--version", VERSION, "--plain-http")
     assert readme.returncode == 0, readme.stderr
     assert f"helm upgrade --install {CHART_NAME} oci://" in readme.stdout
+
+
+@pytest.mark.usefixtures("released")
+@pytest.mark.slow
+@pytest.mark.root
+def test_a_release_without_a_key_is_refused_before_building(registry: str) -> None:
+    result = release_cli("--registry", registry, "--version", "9.9.9-unsigned", "--allow-dirty")
+    assert result.returncode == 1
+    assert "a release is signed: pass --sign-key" in result.stderr
+    assert "building" not in result.stdout
 
 
 @pytest.mark.usefixtures("released")
