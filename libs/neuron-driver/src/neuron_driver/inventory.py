@@ -20,9 +20,11 @@ from neuron_driver.attrs import ISSUE_LOG, log, read_text
 from neuron_driver.errors import IssueKind, ScanIssue, SysfsError
 from neuron_driver.lnc import LncSetting, resolve_lnc
 from neuron_driver.parse import parse_connected_devices, parse_core_count, parse_int, parse_serial_number
+from neuron_driver.ultraserver import read_ultraserver
 from neuron_model import pci
 from neuron_model.allocator import Topology
 from neuron_model.instance_types import INSTANCE_TYPES, InstanceType, TopologyKind, guess_instance_type
+from neuron_model.ultraserver import State, UltraServerReading
 
 T = TypeVar("T")
 
@@ -76,6 +78,7 @@ class NodeInventory:
     adjacency: Mapping[int, tuple[int, ...]]
     topology_source: TopologySource
     issues: tuple[ScanIssue, ...] = field(default=())
+    ultraserver: UltraServerReading = field(default=UltraServerReading(State.NONE))
 
     @property
     def logical_cores_per_device(self) -> int:
@@ -123,6 +126,17 @@ class NodeInventory:
                 for d in self.devices
             ],
             "issues": [{"kind": str(i.kind), "path": i.path, "message": i.message} for i in self.issues],
+            "ultraserver": {
+                "state": str(self.ultraserver.state),
+                "reason": self.ultraserver.reason,
+                "modes": [int(m) for m in self.ultraserver.identity.modes] if self.ultraserver.identity else [],
+                "groups": {
+                    str(size): {"server_id": server, "node_id": self.ultraserver.identity.node_ids[size]}
+                    for size, server in sorted(self.ultraserver.identity.server_ids.items())
+                }
+                if self.ultraserver.identity
+                else {},
+            },
         }
 
 
@@ -235,6 +249,7 @@ def scan(root: str | Path = "/", env: Mapping[str, str] | None = None) -> NodeIn
         adjacency=MappingProxyType(adjacency),
         topology_source=topo_source,
         issues=tuple(issues),
+        ultraserver=read_ultraserver(root),
     )
 
 

@@ -25,6 +25,18 @@ def _ranges(values: tuple[int, ...] | list[int]) -> str:
     return ",".join(parts)
 
 
+def _ultraserver(inv: NodeInventory) -> str:
+    reading = inv.ultraserver
+    if reading.identity is None:
+        return f"{reading.state}" + (f" ({reading.reason})" if reading.reason and reading.state != "none" else "")
+    modes = ",".join(m.name for m in reading.identity.modes)
+    groups = ", ".join(
+        f"{size}-node {server} as node {reading.identity.node_ids[size]}"
+        for size, server in sorted(reading.identity.server_ids.items(), reverse=True)
+    )
+    return f"modes {modes}; {groups or 'in no group'}"
+
+
 def render_text(inv: NodeInventory) -> str:
     lines = [
         f"instance type:     {inv.instance_type_name or 'unknown'} ({inv.instance_type_source})",
@@ -33,6 +45,7 @@ def render_text(inv: NodeInventory) -> str:
         f"logical cores:     {len(inv.cores)} ({inv.logical_cores_per_device} per device)",
         f"topology:          {inv.instance_type.topology if inv.instance_type else 'unknown'} "
         f"(from {inv.topology_source})",
+        f"UltraServer:       {_ultraserver(inv)}",
         "",
         f"{'DEVICE':<10}{'CORES':<12}{'NUMA':<6}{'SERIAL':<18}CONNECTED",
     ]

@@ -91,3 +91,42 @@ def parse_power_utilization(text: str) -> PowerReading:
         raise ValueError(f"expected '<status>,<timestamp>,<min>,<max>,<avg>', found {_shown(text)}")
     status, timestamp, lo, hi, avg = (int(p) for p in parts)
     return PowerReading(status, timestamp, lo, hi, avg)
+
+
+# --- UltraServer class attributes (neuron_model.ultraserver; aws-neuron-driver v3/neuron_pelect.c) ---
+BUSY = "busy"  # the driver's election is still running
+_SERVER_ID_RE = re.compile(r"^[0-9a-f]{16}$")
+
+
+def parse_ultraserver_modes(text: str) -> tuple[int, ...] | str:
+    """`ultraserver_mode`: the supported modes joined by commas (`1,2,3,4`), `busy`, or empty (none)."""
+    stripped = text.strip()
+    if stripped == BUSY:
+        return BUSY
+    if not stripped:
+        return ()
+    modes = []
+    for part in stripped.split(","):
+        if not part.isdigit() or not 1 <= int(part) <= 4:
+            raise ValueError(f"expected UltraServer modes like '1,2,3,4', found {_shown(text)}")
+        modes.append(int(part))
+    return tuple(modes)
+
+
+def parse_ultraserver_node_id(text: str) -> int | str:
+    """`node_id_N` / `node_id`: `%d`, -1 for no group of that size, or `busy`; `invalid` is an error."""
+    stripped = text.strip()
+    if stripped == BUSY:
+        return BUSY
+    value = parse_int(stripped)
+    if value < -1:
+        raise ValueError(f"expected a node id of -1 or more, found {_shown(text)}")
+    return value
+
+
+def parse_ultraserver_server_id(text: str) -> str | None:
+    """`server_id_N` / `reservation_id`: 16 lowercase hex digits; all zeros (none, or none yet) is None."""
+    stripped = text.strip()
+    if not _SERVER_ID_RE.match(stripped):
+        raise ValueError(f"expected 16 lowercase hex digits, found {_shown(text)}")
+    return None if stripped == "0" * 16 else stripped

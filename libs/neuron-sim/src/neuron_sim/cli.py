@@ -48,6 +48,17 @@ def _parser() -> argparse.ArgumentParser:
         "the node tells no driver version",
     )
 
+    u = sub.add_parser(
+        "create-ultraserver",
+        help="write every node of one UltraServer under <root>/node-0 .. node-<N-1>, with the driver's "
+        "UltraServer identity (server ids, node ids, supported modes) as after its election",
+    )
+    u.add_argument("--instance-type", default="trn2u.48xlarge", help="an UltraServer instance type")
+    u.add_argument("--root", required=True, type=Path, help="directory to write the nodes under")
+    u.add_argument("--nodes", type=int, default=4, choices=(2, 4), help="nodes in the UltraServer")
+    u.add_argument("--server-id", help="the UltraServer's id, 16 lowercase hex digits (default: random)")
+    u.add_argument("--force", action="store_true", help="replace simulated nodes already there")
+
     n = sub.add_parser(
         "create-non-neuron",
         help="write a node without Neuron devices (an EC2 instance's PCI functions only), to check nothing "
@@ -152,6 +163,10 @@ def _run(args: argparse.Namespace) -> int:
             args.root, args.instance_type, args.lnc, args.char_devices, args.force, driver_version=args.driver_version
         )
         print(f"created a simulated {it.name} ({it.devices} devices) under {args.root}")
+        return 0
+    if args.command == "create-ultraserver":
+        roots = sim.create_ultraserver(args.root, args.instance_type, args.nodes, args.server_id, force=args.force)
+        print(f"created an UltraServer of {len(roots)} {args.instance_type} nodes under {args.root}")
         return 0
     if args.command == "create-non-neuron":
         sim.create_non_neuron(args.root, args.instance_type, args.force)

@@ -19,13 +19,16 @@ import shutil
 import stat
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from neuron_driver import layout
 from neuron_driver.kmsg import KERN_ERR, KERN_INFO, format_hw_error, format_record
 from neuron_health import faults
 from neuron_model import pci
 from neuron_model.instance_types import InstanceType, UnknownInstanceTypeError, get_instance_type
+from neuron_model.ultraserver import NO_SERVER, Mode, modal_node_id, pair_of, two_node_mode
 
 SIM_CHAR_MAJOR = 241
 STATE_DIR = ".neuron-sim"
@@ -54,6 +57,67 @@ def _legacy(name: str) -> str:
         if new == name:
             return old
     return name
+
+
+@dataclass(frozen=True)
+class UltraServerSpec:
+    """A node of a simulated UltraServer, as the driver shows it once its election is over."""
+
+    node_id: int  # among node_count
+    server_id: str  # the whole UltraServer's 16 hex digits
+    node_count: int = 4
+    modes: tuple[Mode, ...] = (Mode.X4, Mode.X2H, Mode.X2V, Mode.X1)
+
+
+def pair_server_id(server_id: str, mode: Mode, pair: int) -> str:
+    """A 2-node group's server id on a 4-node UltraServer: distinct per pair, the same for both nodes."""
+    return hashlib.sha256(f"{server_id}/{mode.name}/{pair}".encode()).hexdigest()[:16]
+
+
+def write_ultraserver(root: Path, spec: UltraServerSpec | None, *, busy: bool = False) -> None:
+    """The driver's UltraServer class attributes: `busy` while its election runs; with no spec,
+    what a node outside any UltraServer reads (no modes, node id -1, a zero server id)."""
+    directory = layout.HostLayout(Path(root)).class_dir
+    if busy or spec is None:
+        write_attr(directory / "ultraserver_mode", "busy\n" if busy else "\n")
+        for size in (4, 2):
+            write_attr(directory / f"node_id_{size}", "busy\n" if busy else "-1\n")
+            write_attr(directory / f"server_id_{size}", NO_SERVER + "\n")
+        return
+    write_attr(directory / "ultraserver_mode", ",".join(str(int(m)) for m in spec.modes) + "\n")
+    ids: dict[int, tuple[int, str]] = {4: (-1, NO_SERVER), 2: (-1, NO_SERVER)}
+    if Mode.X4 in spec.modes and spec.node_count == 4:
+        ids[4] = (modal_node_id(spec.node_id, 4, Mode.X4), spec.server_id)
+    pair_mode = two_node_mode(spec.modes)
+    if pair_mode is not None and spec.node_count in (2, 4):
+        server = spec.server_id
+        if spec.node_count == 4:
+            server = pair_server_id(spec.server_id, pair_mode, pair_of(spec.node_id, pair_mode))
+        ids[2] = (modal_node_id(spec.node_id, spec.node_count, pair_mode), server)
+    for size, (node, server) in ids.items():
+        write_attr(directory / f"node_id_{size}", f"{node}\n")
+        write_attr(directory / f"server_id_{size}", server + "\n")
+
+
+def create_ultraserver(
+    base: Path, instance_type: str, nodes: int = 4, server_id: str | None = None, **create_args: Any
+) -> list[Path]:
+    """Every node of one simulated UltraServer, under base/node-0 .. node-<nodes-1>, sharing its id."""
+    it = get_instance_type(instance_type)
+    if not it.ultraserver:
+        raise SimError(f"{it.name} is not an UltraServer instance type")
+    if nodes not in (2, 4):
+        raise SimError(f"an UltraServer has 2 or 4 nodes, not {nodes}")
+    server_id = server_id or uuid.uuid4().hex[:16]
+    if len(server_id) != 16 or server_id.strip("0123456789abcdef") or server_id == NO_SERVER:
+        raise SimError(f"--server-id must be 16 lowercase hex digits, not all zero, got {server_id!r}")
+    roots = []
+    for node_id in range(nodes):
+        root = Path(base) / f"node-{node_id}"
+        create(root, instance_type, **create_args)
+        write_ultraserver(root, UltraServerSpec(node_id, server_id, nodes))
+        roots.append(root)
+    return roots
 
 
 def create(

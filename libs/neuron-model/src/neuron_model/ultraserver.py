@@ -1,0 +1,86 @@
+"""An UltraServer as the Neuron driver describes it: the modes a node's UltraServer supports, and the
+node's identity (the group's server id, the node's id in it) for each group size. Pure: the driver's
+attributes are read by neuron_driver.ultraserver, written by neuron_sim.
+
+Facts (aws-neuron-driver fca19f7, `share/neuron_driver_shared.h`, `v3/neuron_pelect.c`): mode 1 (X4)
+groups 4 nodes, 2 (X2H) and 3 (X2V) group 2 over horizontal or vertical links, 4 (X1) is a node
+alone. The 2-node attributes follow X2H where it is supported, else X2V; on a 4-node UltraServer the
+2-node node id is remapped (X2H: 0,0,1,1; X2V: 0,1,0,1 by 4-node id).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+class Mode(enum.IntEnum):
+    X4 = 1
+    X2H = 2
+    X2V = 3
+    X1 = 4
+
+
+NODES: Mapping[Mode, int] = MappingProxyType({Mode.X4: 4, Mode.X2H: 2, Mode.X2V: 2, Mode.X1: 1})
+X4H_MAP = (0, 0, 1, 1)  # the 2-node id of each 4-node id over horizontal links
+X4V_MAP = (0, 1, 0, 1)  # ... over vertical links
+GROUP_SIZES = (4, 2)  # the sizes the driver names attributes for (node_id_4, server_id_2, ...)
+NO_SERVER = "0" * 16  # what server_id reads when there is none, or none yet
+
+
+def two_node_mode(modes: tuple[Mode, ...]) -> Mode | None:
+    """The mode the driver's 2-node attributes describe."""
+    if Mode.X2H in modes:
+        return Mode.X2H
+    if Mode.X2V in modes:
+        return Mode.X2V
+    return None
+
+
+def modal_node_id(node_id: int, node_count: int, mode: Mode) -> int:
+    """The node's id in a group of `mode`, from its id among `node_count` nodes (the driver's
+    npe_get_modal_node_id); -1 where the node belongs to no such group."""
+    if mode is Mode.X4:
+        return node_id if node_count == 4 else -1
+    if mode is Mode.X1:
+        return -1
+    if node_count == 4:
+        return (X4H_MAP if mode is Mode.X2H else X4V_MAP)[node_id]
+    return node_id
+
+
+def pair_of(node_id: int, mode: Mode) -> int:
+    """Which of a 4-node UltraServer's two pairs the node is in, in a 2-node mode: the nodes that
+    share a 2-node server id (X2H pairs 0 with 2 and 1 with 3; X2V pairs 0 with 1 and 2 with 3)."""
+    return node_id % 2 if mode is Mode.X2H else node_id // 2
+
+
+@dataclass(frozen=True)
+class UltraServerIdentity:
+    """What a node of an UltraServer knows of it once the driver's election is over."""
+
+    modes: tuple[Mode, ...]  # supported, as `ultraserver_mode` lists them
+    server_ids: Mapping[int, str] = field(default_factory=dict)  # group size -> 16 hex digits
+    node_ids: Mapping[int, int] = field(default_factory=dict)  # group size -> the node's id in that group
+
+    def group(self, size: int) -> tuple[str, int] | None:
+        """(server id, node id) of the node's group of `size` nodes, if it is in one."""
+        if size in self.server_ids and size in self.node_ids:
+            return self.server_ids[size], self.node_ids[size]
+        return None
+
+
+class State(enum.StrEnum):
+    NONE = "none"  # not an UltraServer node (or a driver without UltraServer support)
+    PENDING = "pending"  # the driver's election has not finished: no identity yet, ask again
+    IDENTIFIED = "identified"
+    INVALID = "invalid"  # the driver said `invalid`, or its attributes contradict each other
+
+
+@dataclass(frozen=True)
+class UltraServerReading:
+    state: State
+    identity: UltraServerIdentity | None = None
+    reason: str = ""  # why PENDING or INVALID, naming the attribute
