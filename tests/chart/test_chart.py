@@ -452,6 +452,7 @@ def _reports() -> list[dict[str, Any]]:
 
     from neuron_model.instance_types import INSTANCE_TYPES
     from neuron_model.report import NodeReport
+    from neuron_model.ultraserver import Mode, State, UltraServerIdentity, UltraServerReading
 
     now = dt.datetime(2026, 11, 24, 8, 0, tzinfo=dt.UTC)
     objects = []
@@ -461,9 +462,14 @@ def _reports() -> list[dict[str, Any]]:
             total = it.devices * cores_per_device
             idle = NodeReport(name, it.name, it.topology, it.devices, it.torus_shape, it.adjacency(), cores_per_device,
                               1, frozenset(range(total)), frozenset(), frozenset(), now)  # fmt: skip
+            ultraserver = None
+            if it.ultraserver:  # a node of a 4-node UltraServer, every optional field of the report present
+                identity = UltraServerIdentity((Mode.X4, Mode.X2H, Mode.X2V, Mode.X1),
+                                               {4: "00c0ffee12345678", 2: "0123456789abcdef"}, {4: 3, 2: 1})  # fmt: skip
+                ultraserver = UltraServerReading(State.IDENTIFIED, identity, "")
             busy = NodeReport(f"{name}-busy", None, it.topology, it.devices, it.torus_shape, it.adjacency(),
                               cores_per_device, 2, frozenset(range(1, total, 3)), frozenset({it.devices - 1}),
-                              frozenset({"ml/train-0", "default/infer"}), now)  # fmt: skip
+                              frozenset({"ml/train-0", "default/infer"}), now, ultraserver)  # fmt: skip
             objects += [idle.to_object(), busy.to_object()]
     return objects
 
@@ -530,18 +536,25 @@ def test_the_crd_types_every_field_of_the_report_and_its_columns_read_it() -> No
     assert (version["name"], version["served"], version["storage"]) == (VERSION, True, True)
     assert "subresources" not in version, "the plugin applies the whole object"
     status_schema = version["schema"]["openAPIV3Schema"]["properties"]["status"]
-    (busy,) = [r for r in _reports() if r["metadata"]["name"] == "trn1-32xlarge-2-busy"]
+    (busy,) = [r for r in _reports() if r["metadata"]["name"] == "trn2u-48xlarge-2-busy"]
     status = busy["status"]  # every optional field present
-    assert set(status_schema["properties"]) == set(status) == set(status_schema["required"])
+    assert set(status_schema["properties"]) == set(status) == {*status_schema["required"], "ultraServer"}
+    ultra = status_schema["properties"]["ultraServer"]
+    assert set(ultra["properties"]) == {*status["ultraServer"], "reason"}  # reason: pending and invalid only
+    assert set(ultra["properties"]["groups"]["items"]["properties"]) == set(status["ultraServer"]["groups"][0])
     assert set(status_schema["properties"]["topology"]["properties"]) == set(status["topology"])
     assert set(status_schema["properties"]["topology"]["properties"]["kind"]["enum"]) == {str(k) for k in TopologyKind}
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
-    assert list(columns) == ["Instance", "Devices", "Cores", "Health", "Heartbeat"]
+    assert list(columns) == ["Instance", "Devices", "Cores", "Health", "UltraServer", "Heartbeat"]
     assert columns["Heartbeat"]["type"] == "date"
     for column in columns.values():
-        field = column["jsonPath"].removeprefix(".status.")
-        assert field in status, column
-        assert status_schema["properties"][field]["type"] == "string"
+        path = column["jsonPath"].removeprefix(".status.").split(".")
+        value, schema = status, status_schema
+        for key in path:
+            value, schema = value[key], schema["properties"][key]
+        assert isinstance(value, str), column  # present in the report, and a string as the schema says
+        assert schema["type"] == "string"
+    assert status["ultraServer"]["summary"] == "00c0ffee12345678/3 of 4"
     assert (status["devices"], status["health"]) == (f"{len(status['freeDevices'])}/16", "15/16 healthy")
 
 

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime as dt
+import re
 from typing import Any
 
 import pytest
@@ -10,6 +12,7 @@ from hypothesis import strategies as st
 
 from neuron_model.instance_types import INSTANCE_TYPES, TopologyKind
 from neuron_model.report import NodeReport, ReportError
+from neuron_model.ultraserver import Mode, State, UltraServerIdentity, UltraServerReading
 
 NOW = dt.datetime(2026, 11, 23, 12, 0, 0, tzinfo=dt.UTC)
 
@@ -86,3 +89,50 @@ def test_every_topology_kind_round_trips() -> None:
                             it.adjacency(), 2, 1, frozenset(), frozenset(), frozenset(), NOW)  # fmt: skip
         assert NodeReport.from_object(report.to_object()) == report
     assert {it.topology for it in INSTANCE_TYPES.values()} <= set(TopologyKind)
+
+
+# --- the UltraServer identity (issue 26 item 2) -----------------------------------------------------------------
+
+US4 = UltraServerIdentity(
+    (Mode.X4, Mode.X2H, Mode.X2V, Mode.X1), {4: "00c0ffee12345678", 2: "0123456789abcdef"}, {4: 2, 2: 1}
+)
+
+
+@pytest.mark.parametrize(
+    "reading",
+    [
+        UltraServerReading(State.IDENTIFIED, US4),
+        UltraServerReading(State.PENDING, reason="ultraserver_mode: busy"),
+        UltraServerReading(State.INVALID, reason="node_id_4: expected an integer"),
+    ],
+    ids=["identified", "pending", "invalid"],
+)
+def test_the_ultraserver_identity_round_trips(reading: UltraServerReading) -> None:
+    report = dataclasses.replace(trn1({0, 1}), ultraserver=reading)
+    obj = report.to_object()
+    assert NodeReport.from_object(obj) == report
+    summary = obj["status"]["ultraServer"]["summary"]
+    assert summary == ("00c0ffee12345678/2 of 4" if reading.identity else str(reading.state))
+
+
+def test_a_node_outside_any_ultraserver_reports_none_of_it() -> None:
+    for reading in (None, UltraServerReading(State.NONE, reason="ultraserver_mode: empty")):
+        obj = dataclasses.replace(trn1({0}), ultraserver=reading).to_object()
+        assert "ultraServer" not in obj["status"]
+        assert NodeReport.from_object(obj).ultraserver is None
+
+
+@pytest.mark.parametrize(
+    ("raw", "says"),
+    [
+        ("X4", "expected an object"),
+        ({"state": "elected"}, "'elected' is not a valid State"),
+        ({"state": "identified", "modes": [9], "groups": []}, "9 is not a valid Mode"),
+        ({"state": "identified", "modes": [1], "groups": [{"size": 4}]}, "serverId"),
+    ],
+)
+def test_a_malformed_ultraserver_says_so(raw: Any, says: str) -> None:
+    obj = trn1({0}).to_object()
+    obj["status"]["ultraServer"] = raw
+    with pytest.raises(ReportError, match=f"status.ultraServer: .*{re.escape(says)}"):
+        NodeReport.from_object(obj)

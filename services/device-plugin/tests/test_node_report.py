@@ -36,6 +36,7 @@ from neuron_driver.inventory import NodeInventory, scan
 from neuron_model import resources
 from neuron_model.instance_types import INSTANCE_TYPES
 from neuron_model.report import NodeReport
+from neuron_model.ultraserver import Mode
 from neuron_sim import node as sim
 
 NEURON = resources.neuron()
@@ -468,3 +469,31 @@ async def test_the_plugin_applies_its_report_and_follows_allocations_and_outages
     await api.up()
     await eventually(lambda: status().get("devices") == "16/16", timeout=40)  # within the back-off's 30 s ceiling
     assert status()["pods"] == []
+
+
+async def test_the_report_carries_the_nodes_ultraserver_as_the_driver_tells_it_now(
+    start_plugin: Any, api: FakeApiServer, tmp_path: Path
+) -> None:
+    """Issue 26 item 2: no UltraServer attributes, no ultraServer in the report; the election running,
+    pending; once it is over, the groups and the node's ids (read again for each report)."""
+    kubeconfig = api.kubeconfig(tmp_path / "kubeconfig")
+    args = ["--node-report", "--node-name", "node-u", "--kubeconfig", str(kubeconfig), "--node-report-interval", "0.2"]
+    h = await start_plugin("trn2u.48xlarge", *args)
+    nodes = api.custom.setdefault("neuronnodes.neuron.aws.com", {})
+
+    def ultraserver() -> Any:
+        return nodes.get("node-u", {}).get("status", {}).get("ultraServer")
+
+    await eventually(lambda: nodes.get("node-u", {}).get("status", {}).get("devices") == "16/16")
+    assert ultraserver() is None
+    sim.write_ultraserver(h.root, None, busy=True)
+    await eventually(lambda: (ultraserver() or {}).get("state") == "pending")
+    assert "busy" in ultraserver()["reason"]
+    sim.write_ultraserver(h.root, sim.UltraServerSpec(2, "00c0ffee12345678"))
+    await eventually(lambda: (ultraserver() or {}).get("state") == "identified")
+    assert ultraserver()["summary"] == "00c0ffee12345678/2 of 4"
+    assert ultraserver()["modes"] == [1, 2, 3, 4]
+    report = NodeReport.from_object(nodes["node-u"])
+    assert report.ultraserver is not None
+    assert report.ultraserver.identity is not None
+    assert report.ultraserver.identity.group(2) == (sim.pair_server_id("00c0ffee12345678", Mode.X2H, 0), 1)

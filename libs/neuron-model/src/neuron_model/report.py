@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_model.instance_types import TopologyKind
+from neuron_model.ultraserver import Mode, State, UltraServerIdentity, UltraServerReading
 
 GROUP = "neuron.aws.com"
 VERSION = "v1alpha1"
@@ -46,6 +47,7 @@ class NodeReport:
     unhealthy_devices: frozenset[int]
     pods: frozenset[str]  # "namespace/name" of every pod holding a Neuron ID on this node
     heartbeat: dt.datetime  # when the plugin last wrote it (aware, UTC)
+    ultraserver: UltraServerReading | None = None  # None or State.NONE: not an UltraServer node
 
     @property
     def free_devices(self) -> frozenset[int]:
@@ -85,6 +87,7 @@ class NodeReport:
                 "devices": f"{len(self.free_devices)}/{self.device_count}",
                 "cores": f"{len(self.free_cores)}/{total_cores}",
                 "health": "Healthy" if healthy == self.device_count else f"{healthy}/{self.device_count} healthy",
+                **({"ultraServer": _ultraserver_status(self.ultraserver)} if _is_ultraserver(self.ultraserver) else {}),
             },
         }
 
@@ -134,7 +137,57 @@ class NodeReport:
             unhealthy_devices=unhealthy,
             pods=frozenset(pods),
             heartbeat=heartbeat,
+            ultraserver=_ultraserver_from(status.get("ultraServer"), name),
         )
+
+
+def _is_ultraserver(reading: UltraServerReading | None) -> bool:
+    return reading is not None and reading.state is not State.NONE
+
+
+def ultraserver_summary(reading: UltraServerReading) -> str:
+    """The printer column: the largest group's server id and the node's id in it, or the state."""
+    identity = reading.identity
+    if identity is None or not identity.server_ids:
+        return str(reading.state)
+    size = max(identity.server_ids)
+    return f"{identity.server_ids[size]}/{identity.node_ids[size]} of {size}"
+
+
+def _ultraserver_status(reading: UltraServerReading | None) -> dict[str, Any]:
+    assert reading is not None
+    identity = reading.identity
+    status: dict[str, Any] = {"state": str(reading.state), "summary": ultraserver_summary(reading)}
+    if reading.reason:
+        status["reason"] = reading.reason[:1024]
+    if identity is not None:
+        status["modes"] = [int(m) for m in identity.modes]
+        status["groups"] = [
+            {"size": size, "serverId": identity.server_ids[size], "nodeId": identity.node_ids[size]}
+            for size in sorted(identity.server_ids, reverse=True)
+        ]
+    return status
+
+
+def _ultraserver_from(raw: Any, name: str) -> UltraServerReading | None:
+    if raw is None:
+        return None
+    where = f"NeuronNode {name}: status.ultraServer"
+    if not isinstance(raw, Mapping):
+        raise ReportError(f"{where}: expected an object")
+    try:
+        state = State(str(raw.get("state")))
+        identity = None
+        if state is State.IDENTIFIED:
+            groups = raw.get("groups") or []
+            identity = UltraServerIdentity(
+                tuple(Mode(m) for m in raw.get("modes") or []),
+                {int(g["size"]): str(g["serverId"]) for g in groups},
+                {int(g["size"]): int(g["nodeId"]) for g in groups},
+            )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ReportError(f"{where}: {exc}") from None
+    return UltraServerReading(state, identity, str(raw.get("reason", "")))
 
 
 def _ints(values: Iterable[Any]) -> bool:

@@ -21,6 +21,7 @@ from neuron_device_plugin.registration import Registrar, ResourceServer
 from neuron_device_plugin.server import DevicePluginServicer
 from neuron_device_plugin.state import PluginState
 from neuron_driver.inventory import scan
+from neuron_driver.ultraserver import read_ultraserver
 from neuron_health.monitor import HealthMonitor, KmsgWatcher
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,8 @@ class Plugin:
         self.state.set_kubelet_holdings(snapshot.holdings, snapshot.started_at)
 
     def _report_object(self) -> dict[str, Any]:
-        return build_report(self.state, self.config.node_name, dt.datetime.now(dt.UTC)).to_object()
+        now = dt.datetime.now(dt.UTC)
+        return build_report(self.state, self.config.node_name, now, read_ultraserver(self.config.host_root)).to_object()
 
     def ready(self) -> tuple[bool, str]:
         missing = [r.resource.full_name for r in self.registrars if not r.registered]

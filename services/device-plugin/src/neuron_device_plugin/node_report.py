@@ -32,6 +32,7 @@ from neuron_device_plugin.holdings import unheld_cores
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_device_plugin.state import PluginState
 from neuron_model.report import GROUP, PLURAL, VERSION, NodeReport
+from neuron_model.ultraserver import UltraServerReading
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +52,11 @@ class ReportWriteError(Exception):
     """One write failed in a way that a later attempt may not (the API server down, refusing, timing out)."""
 
 
-def build_report(state: PluginState, node: str, now: dt.datetime) -> NodeReport:
-    """What `node` has free now, as the plugin would allocate it."""
+def build_report(
+    state: PluginState, node: str, now: dt.datetime, ultraserver: UltraServerReading | None = None
+) -> NodeReport:
+    """What `node` has free now, as the plugin would allocate it, and its UltraServer identity as
+    the driver tells it now (read again for each report: it is pending until the election ends)."""
     topology = state.topology
     count = topology.device_count
     healthy = {d: known.cores for d, known in state.known.items() if d < count and state.verdict(d).healthy}
@@ -70,6 +74,7 @@ def build_report(state: PluginState, node: str, now: dt.datetime) -> NodeReport:
         unhealthy_devices=frozenset(range(count)) - healthy.keys(),
         pods=state.holding_pods(),
         heartbeat=now,
+        ultraserver=ultraserver,
     )
 
 
