@@ -12,6 +12,7 @@ from neuron_dra_driver.checkpoint import Checkpoint, CheckpointError, annotate, 
 
 from neuron_driver import cdi
 from neuron_driver.inventory import NodeInventory, scan
+from neuron_model.ultraserver import Mode, State, UltraServerReading
 from neuron_sim import node as sim
 
 UID = "0d9f3c1e-1111-2222-3333-444455556666"
@@ -42,7 +43,7 @@ def claim(*results: tuple[str, str], uid: str = UID, pool: str = "node-a", alloc
 
 
 def prepare(obj: dict[str, Any], inv: NodeInventory, unhealthy: dict[int, str] | None = None) -> claims.PreparedClaim:
-    return claims.prepare(obj, UID, "node-a", inv, unhealthy or {}, Path("/"))
+    return claims.prepare(obj, UID, "node-a", inv, unhealthy or {}, Path("/"), None, inv.ultraserver)
 
 
 def test_four_devices_get_their_nodes_and_every_core() -> None:
@@ -170,6 +171,10 @@ def lnc(value: object, api_version: str = "neuron.aws.com/v1", **more: object) -
     return {"apiVersion": api_version, "kind": "NeuronConfig", "logicalNeuronCore": value, **more}
 
 
+def ultra(nodes: object, **more: object) -> dict[str, Any]:
+    return {"apiVersion": "neuron.aws.com/v1", "kind": "UltraServerConfig", "ultraserverMode": nodes, **more}
+
+
 def env_of(prepared: claims.PreparedClaim, index: int = 0) -> dict[str, str]:
     pairs = prepared.spec["devices"][index]["containerEdits"]["env"]
     return dict(p.split("=", 1) for p in pairs)
@@ -227,10 +232,12 @@ def test_the_claims_config_wins_over_its_class_and_applies_only_to_the_requests_
         ("trn2.48xlarge", None, [("c", "neurondevice0")], lnc(1, lnc2=True), r"unknown field\(s\) lnc2"),
         ("trn2.48xlarge", None, [("c", "neurondevice0")], "lnc=1", r"parameters must be an object"),
         (
-            "trn2.48xlarge", None, [("c", "neurondevice0")],
-            {"apiVersion": "neuron.aws.com/v1", "kind": "UltraServerConfig", "ultraserverMode": 4},
-            r"UltraServerConfig.*does not know the UltraServer",
+            "trn2.48xlarge", None, [("c", "neurondevice0")], ultra(4),
+            r"ultraserverMode 4: this node's UltraServer identity is none: it is not an UltraServer node",
         ),
+        ("trn2u.48xlarge", None, [("c", "neurondevice0")], ultra(3), r"ultraserverMode must be 2 or 4, not 3"),
+        ("trn2u.48xlarge", None, [("c", "neurondevice0")], ultra(4, size=4), r"unknown field\(s\) size for Ultra"),
+        ("trn2u.48xlarge", None, [("c", "neurondevice0")], {**ultra(4), "kind": ["x"]}, r"kind \['x'\] is not"),
         ("trn1.32xlarge", None, [("c", "neurondevice0")], lnc(2), r"logicalNeuronCore 2 is not supported on trn1"),
         ("trn2.48xlarge", 1, [("c", "neuroncore1")], lnc(2), r"split a logical core \(physical cores \[0, 1\]"),
     ],
@@ -260,3 +267,50 @@ def test_a_tainted_device_is_prepared_only_for_a_claim_that_tolerates_its_taint(
     # an unhealthy device with no taint (taints off) is refused whatever the claim tolerates
     with pytest.raises(claims.ClaimRefused, match="unhealthy"):
         claims.prepare(tolerant, UID, "node-a", inv, unhealthy, Path("/"))
+
+
+# --- UltraServerConfig (issue 26 item 3) ----------------------------------------------------------------------
+
+US = "00c0ffee12345678"
+
+
+def ultraserver_node(tmp_path: Path, node_id: int, nodes: int = 4) -> NodeInventory:
+    roots = sim.create_ultraserver(tmp_path, "trn2u.48xlarge", nodes=nodes, server_id=US)
+    return scan(roots[node_id], env={})
+
+
+def test_ultraserver_config_gives_the_runtime_the_nodes_group_of_that_size(tmp_path: Path) -> None:
+    """AWS's us-and-lnc-config idea: UltraServerConfig and NeuronConfig on one request, each setting its own."""
+    inv = ultraserver_node(tmp_path, 3)
+    both = configured(claim(("c", "neurondevice0")), (ultra(4), None, "FromClaim"), (lnc(1), None, "FromClaim"))
+    env = env_of(prepare(both, inv))
+    assert env["NEURON_LOGICAL_NC_CONFIG"] == "1"
+    assert {k: v for k, v in env.items() if "ULTRASERVER" in k} == {
+        "NEURON_RT_ULTRASERVER_MODE": "1",  # X4
+        "NEURON_RT_ULTRASERVER_SERVER_ID": US,
+        "NEURON_RT_ULTRASERVER_NODE_ID": "3",
+    }
+    pair = env_of(prepare(configured(claim(("c", "neurondevice0")), (ultra(2), None, "FromClaim")), inv))
+    # the driver's 2-node ids follow X2H where supported: 4-node id 3 is node 1 of the pair {1, 3}
+    assert pair["NEURON_RT_ULTRASERVER_MODE"] == "2"
+    assert pair["NEURON_RT_ULTRASERVER_NODE_ID"] == "1"
+    assert pair["NEURON_RT_ULTRASERVER_SERVER_ID"] == sim.pair_server_id(US, Mode.X2H, 1)
+    plain = env_of(prepare(claim(("c", "neurondevice0")), inv))
+    assert not [k for k in plain if "ULTRASERVER" in k]  # no config, no UltraServer variables
+
+
+def test_ultraserver_config_is_refused_while_the_identity_is_pending_or_the_group_missing(tmp_path: Path) -> None:
+    inv = ultraserver_node(tmp_path, 0, nodes=2)
+    four = configured(claim(("c", "neurondevice0")), (ultra(4), None, "FromClaim"))
+    with pytest.raises(claims.ClaimRefused, match=r"this node is in no group of 4 nodes"):
+        prepare(four, inv)
+    pending = UltraServerReading(State.PENDING, reason="ultraserver_mode: busy")
+    two = configured(claim(("c", "neurondevice0")), (ultra(2), None, "FromClaim"))
+    with pytest.raises(claims.ClaimRefused, match=r"is not known yet .*ultraserver_mode: busy"):
+        claims.prepare(two, UID, "node-a", inv, {}, Path("/"), None, pending)
+    assert (
+        env_of(claims.prepare(two, UID, "node-a", inv, {}, Path("/"), None, inv.ultraserver))[
+            "NEURON_RT_ULTRASERVER_SERVER_ID"
+        ]
+        == US
+    )  # a 2-node UltraServer's pair is the whole UltraServer

@@ -22,6 +22,7 @@ from neuron_dra_driver.placement import NodePlacement
 from neuron_dra_driver.publisher import SlicePublisher
 from neuron_driver import layout
 from neuron_driver.inventory import scan
+from neuron_driver.ultraserver import read_ultraserver
 from neuron_health.device_health import DeviceHealth
 from neuron_health.monitor import HealthMonitor, KmsgWatcher
 
@@ -66,6 +67,7 @@ class DraDriver:
             inventory=lambda: self.health.inventory,
             unhealthy=self.health.unhealthy,
             taints=self.taints,
+            ultraserver=lambda: read_ultraserver(config.host_root),
             checkpoint_file=config.checkpoint_file,
             cdi_dir=config.cdi_spec_dir,
             host_dev_root=config.host_dev_root,

@@ -24,6 +24,7 @@ from neuron_driver.inventory import NodeInventory, topology_from
 from neuron_model import resources
 from neuron_model.allocator import id_list
 from neuron_model.instance_types import TopologyKind
+from neuron_model.ultraserver import NODES, Mode, State, UltraServerReading, two_node_mode
 
 CLAIM_KIND = f"{slices.DRIVER}/claim"
 
@@ -106,10 +107,12 @@ def prepare(
     unhealthy: Mapping[int, str],
     host_dev_root: Path,
     taints: Mapping[int, Taint] | None = None,
+    ultraserver: UltraServerReading | None = None,
 ) -> PreparedClaim:
     """The prepared form of `claim` (as the API server returns it), or `ClaimRefused`: allocated,
     the same UID the kubelet asked for, its devices in this node's pool, known and healthy, or
-    tainted (`taints`) with every result on them tolerating the taint (an admin's diagnostic pod)."""
+    tainted (`taints`) with every result on them tolerating the taint (an admin's diagnostic pod).
+    `ultraserver`: the node's UltraServer identity as the driver tells it now, for UltraServerConfig."""
     taints = taints or {}
     meta = claim.get("metadata") or {}
     if meta.get("uid") != uid:
@@ -164,9 +167,11 @@ def prepare(
         raise ClaimRefused(f"invalid device config: {exc}") from exc
     edits = {}
     for request, (devices, cores) in sorted(per_request.items()):
-        lnc = configs[request].logical_neuron_core
+        config = configs[request]
         try:
-            request_env = env(inventory, cores, lnc)
+            request_env = env(inventory, cores, config.logical_neuron_core)
+            if config.ultraserver_mode is not None:
+                request_env.update(ultraserver_env(ultraserver, config.ultraserver_mode))
         except ValueError as exc:
             raise ClaimRefused(f"request {request!r}: {exc}") from exc
         edits[cdi_device_name(uid, request)] = cdi.container_edits(devices, host_dev_root, request_env)
@@ -192,6 +197,34 @@ def _arc_members(inventory: NodeInventory, name: str, size: int, first: int) -> 
     if frozenset(members) not in topo.groups(size) or any(inventory.device(d) is None for d in members):
         raise ClaimRefused(f"{name}: no such arc of connected Neuron devices on this node")
     return members
+
+
+def ultraserver_env(reading: UltraServerReading | None, nodes: int) -> dict[str, str]:
+    """The runtime's UltraServer variables for a job spanning `nodes` nodes of this node's UltraServer
+    (what AWS's UltraServer init script writes on the device-plugin path): the mode, the group's server
+    id and the node's id in it, from the driver's attributes for that group size. The 2-node mode is
+    the one the driver's 2-node ids describe (X2H where supported, else X2V). ValueError, said so the
+    pod's events explain it, when the node is in no such group or its identity is not known yet (the
+    kubelet asks again)."""
+    state = reading.state if reading is not None else State.NONE
+    if reading is None or reading.identity is None:
+        why = {State.PENDING: "is not known yet (the Neuron driver's election is running; the kubelet will ask again)",
+               State.INVALID: "cannot be read",
+               State.NONE: "is none: it is not an UltraServer node"}.get(state, str(state))  # fmt: skip
+        detail = f" ({reading.reason})" if reading is not None and reading.reason else ""
+        raise ValueError(f"UltraServerConfig ultraserverMode {nodes}: this node's UltraServer identity {why}{detail}")
+    group = reading.identity.group(nodes)
+    mode = Mode.X4 if nodes == 4 else two_node_mode(reading.identity.modes)
+    if group is None or mode is None or mode not in reading.identity.modes:
+        supported = ", ".join(f"{NODES[m]} ({m.name})" for m in reading.identity.modes)
+        raise ValueError(f"UltraServerConfig ultraserverMode {nodes}: this node is in no group of {nodes} nodes "
+                         f"(its UltraServer supports: {supported or 'none'})")  # fmt: skip
+    server_id, node_id = group
+    return {
+        "NEURON_RT_ULTRASERVER_MODE": str(int(mode)),
+        "NEURON_RT_ULTRASERVER_SERVER_ID": server_id,
+        "NEURON_RT_ULTRASERVER_NODE_ID": str(node_id),
+    }
 
 
 def env(inventory: NodeInventory, cores: set[int], lnc: int | None = None) -> dict[str, str]:

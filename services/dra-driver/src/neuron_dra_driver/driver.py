@@ -24,6 +24,7 @@ from neuron_dra_driver.metrics import DriverMetrics
 from neuron_dra_driver.slices import Taint
 from neuron_driver import cdi
 from neuron_driver.inventory import NodeInventory
+from neuron_model.ultraserver import UltraServerReading
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class Driver:
         unhealthy: Callable[[], Mapping[int, str]],
         checkpoint_file: Path,
         taints: Callable[[], Mapping[int, Taint]] = dict,
+        ultraserver: Callable[[], UltraServerReading] | None = None,
         cdi_dir: Path,
         host_dev_root: Path,
         metrics: DriverMetrics,
@@ -62,6 +64,8 @@ class Driver:
         self.inventory = inventory
         self.unhealthy = unhealthy
         self.taints = taints
+        # read at each prepare: the identity is pending until the driver's election ends
+        self.ultraserver = ultraserver or (lambda: self.inventory().ultraserver)
         self.checkpoint = Checkpoint(checkpoint_file)
         self.cdi_dir = cdi_dir
         self.host_dev_root = host_dev_root
@@ -137,7 +141,14 @@ class Driver:
         try:
             claim = await self.api.get(claim_path(ref.namespace, ref.name))
             prepared = prepare(
-                claim, ref.uid, self.node_name, self.inventory(), self.unhealthy(), self.host_dev_root, self.taints()
+                claim,
+                ref.uid,
+                self.node_name,
+                self.inventory(),
+                self.unhealthy(),
+                self.host_dev_root,
+                self.taints(),
+                self.ultraserver(),
             )
         except ClaimRefused as exc:
             self.metrics.refusals.labels("refused").inc()

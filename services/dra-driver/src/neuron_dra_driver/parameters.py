@@ -9,8 +9,9 @@ Later entries win, so a claim's own setting overrides its class's, as the DRA AP
 Kinds (AWS's DRA guide, `deploy/eks/dra.rst` of aws-neuron/aws-neuron-sdk):
 - `NeuronConfig` with `logicalNeuronCore` (1 or 2): the logical NeuronCore setting the claim's
   containers run with (`NEURON_LOGICAL_NC_CONFIG`, and `NEURON_RT_VISIBLE_CORES` counted in it).
-- `UltraServerConfig` with `ultraserverMode`: needs the UltraServer's identity, which this driver
-  does not have yet (issue 26): refused with that said, never silently ignored.
+- `UltraServerConfig` with `ultraserverMode` (4 or 2: the nodes the job spans): the claim's containers
+  get the runtime's UltraServer variables for the node's group of that size (`claims.ultraserver_env`).
+Both kinds may configure one request; each sets its own field.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ API_VERSIONS = ("neuron.aws.com/v1", "neuron.aws.com/v1alphav1", "resource.neuro
 NEURON_CONFIG = "NeuronConfig"
 ULTRASERVER_CONFIG = "UltraServerConfig"
 LOGICAL_NEURON_CORE_VALUES = (1, 2)
+ULTRASERVER_MODE_VALUES = (2, 4)
 
 
 class ConfigError(ValueError):
@@ -35,6 +37,24 @@ class ConfigError(ValueError):
 @dataclass(frozen=True)
 class RequestConfig:
     logical_neuron_core: int | None = None  # None: the node's setting
+    ultraserver_mode: int | None = None  # nodes of the UltraServer group the job spans; None: no UltraServer variables
+
+    def merged(self, later: RequestConfig) -> RequestConfig:
+        """`later`'s fields where it sets them, this one's elsewhere (a NeuronConfig and an
+        UltraServerConfig for one request each set their own)."""
+        return RequestConfig(
+            later.logical_neuron_core if later.logical_neuron_core is not None else self.logical_neuron_core,
+            later.ultraserver_mode if later.ultraserver_mode is not None else self.ultraserver_mode,
+        )
+
+
+def _choice(parameters: Mapping[str, Any], field: str, values: tuple[int, ...], where: str) -> int | None:
+    value = parameters.get(field)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value not in values:
+        raise ConfigError(f"{where}.parameters.{field} must be {' or '.join(map(str, values))}, not {value!r}")
+    return value
 
 
 def parse(parameters: object, where: str) -> RequestConfig:
@@ -44,23 +64,17 @@ def parse(parameters: object, where: str) -> RequestConfig:
     api_version, kind = parameters.get("apiVersion"), parameters.get("kind")
     if api_version not in API_VERSIONS:
         raise ConfigError(f"{where}.parameters.apiVersion {api_version!r} is not one of {', '.join(API_VERSIONS)}")
-    if kind == ULTRASERVER_CONFIG:
-        raise ConfigError(
-            f"{where}.parameters.kind {ULTRASERVER_CONFIG}: this driver does not know the UltraServer this node"
-            " belongs to yet, so it cannot honour ultraserverMode; use a claim without it"
-        )
-    if kind != NEURON_CONFIG:
+    fields = {NEURON_CONFIG: "logicalNeuronCore", ULTRASERVER_CONFIG: "ultraserverMode"}
+    if not isinstance(kind, str) or kind not in fields:
         raise ConfigError(f"{where}.parameters.kind {kind!r} is not {NEURON_CONFIG} or {ULTRASERVER_CONFIG}")
-    unknown = sorted(set(parameters) - {"apiVersion", "kind", "logicalNeuronCore"})
+    unknown = sorted(set(parameters) - {"apiVersion", "kind", fields[kind]})
     if unknown:
-        raise ConfigError(f"{where}.parameters has unknown field(s) {', '.join(unknown)} for {NEURON_CONFIG}")
-    lnc = parameters.get("logicalNeuronCore")
-    if lnc is None:
-        return RequestConfig()
-    if isinstance(lnc, bool) or not isinstance(lnc, int) or lnc not in LOGICAL_NEURON_CORE_VALUES:
-        values = " or ".join(map(str, LOGICAL_NEURON_CORE_VALUES))
-        raise ConfigError(f"{where}.parameters.logicalNeuronCore must be {values}, not {lnc!r}")
-    return RequestConfig(logical_neuron_core=lnc)
+        raise ConfigError(f"{where}.parameters has unknown field(s) {', '.join(unknown)} for {kind}")
+    if kind == ULTRASERVER_CONFIG:
+        return RequestConfig(ultraserver_mode=_choice(parameters, "ultraserverMode", ULTRASERVER_MODE_VALUES, where))
+    return RequestConfig(
+        logical_neuron_core=_choice(parameters, "logicalNeuronCore", LOGICAL_NEURON_CORE_VALUES, where)
+    )
 
 
 def per_request(allocation: Mapping[str, Any], requests: Iterable[str]) -> dict[str, RequestConfig]:
@@ -80,5 +94,5 @@ def per_request(allocation: Mapping[str, Any], requests: Iterable[str]) -> dict[
             # a subrequest ("req/sub") is configured by its request's name too
             for name in wanted:
                 if name == request or name.split("/", 1)[0] == request:
-                    configs[name] = config
+                    configs[name] = configs[name].merged(config)
     return configs
