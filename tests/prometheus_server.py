@@ -25,6 +25,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import aiohttp
+import processes
 import yaml
 from simcluster.controlplane import free_port
 
@@ -92,12 +93,7 @@ def prometheus(work: Path, scrape_configs: Sequence[dict[str, Any]], rule_files:
     try:
         yield f"http://127.0.0.1:{port}"
     finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        processes.stop(proc)
 
 
 async def query(base: str, expr: str, at: float | None = None) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import aiohttp
+import processes
 import pytest
 import pytest_asyncio
 from chart.test_chart import render
@@ -147,11 +148,7 @@ async def stack(apiserver: ControlPlane, tmp_path_factory: pytest.TempPathFactor
         ) as base:
             yield {"base": base, "port": port, "tls": tls, "tokens": tokens, "server_name": tls_config["server_name"]}
     finally:
-        exporter.terminate()
-        try:
-            exporter.wait(10)
-        except subprocess.TimeoutExpired:
-            exporter.kill()
+        processes.stop(exporter)
         await admin.close()
 
 

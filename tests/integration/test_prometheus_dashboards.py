@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
+import processes
 import pytest
 import pytest_asyncio
 from prometheus_server import (
@@ -101,11 +102,7 @@ async def stack() -> AsyncIterator[str]:
             await asyncio.sleep(3)
             yield base
     finally:
-        exporter.terminate()
-        try:
-            exporter.wait(10)
-        except subprocess.TimeoutExpired:
-            exporter.kill()
+        processes.stop(exporter)
         await kubelet.stop()
         shutil.rmtree(work, ignore_errors=True)
 
