@@ -137,6 +137,23 @@ async def test_concurrent_scrapes_with_one_token_wait_for_one_review() -> None:
     assert [c[0] for c in api.calls] == [TOKEN_REVIEWS, ACCESS_REVIEWS]
 
 
+async def test_a_scrape_that_goes_away_cancels_neither_the_review_nor_the_others_waiting() -> None:
+    api = ScriptedApi()
+    api.gate = asyncio.Event()
+    a = authorizer(api)
+    first = asyncio.create_task(a.verdict("Bearer good"))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(a.verdict("Bearer good"))
+    await asyncio.sleep(0)
+    first.cancel()  # its client disconnected
+    api.gate.set()
+    assert await second is Verdict.ALLOWED
+    assert first.cancelled()
+    assert [c[0] for c in api.calls] == [TOKEN_REVIEWS, ACCESS_REVIEWS]
+    assert await a.verdict("Bearer good") is Verdict.ALLOWED  # and the answer was cached
+    assert len(api.calls) == 2
+
+
 async def test_the_cache_holds_a_bounded_number_of_tokens() -> None:
     api = ScriptedApi()
     a = authorizer(api, max_cached=8)

@@ -68,7 +68,7 @@ class MetricsAuthorizer:
         self._ttl = {Verdict.ALLOWED: allowed_ttl, Verdict.UNAUTHENTICATED: denied_ttl, Verdict.FORBIDDEN: denied_ttl}
         self._max_cached = max_cached
         self._cache: OrderedDict[str, tuple[Verdict, float]] = OrderedDict()
-        self._in_flight: dict[str, asyncio.Future[Verdict]] = {}
+        self._in_flight: dict[str, asyncio.Task[Verdict]] = {}
         self.decisions = Counter(
             "neuron_metrics_auth_decisions",
             "Scrapes of /metrics by verdict: allowed, unauthenticated, forbidden, unavailable (API server)",
@@ -113,20 +113,17 @@ class MetricsAuthorizer:
             if self._clock() < expires:
                 return verdict
             del self._cache[key]
-        pending = self._in_flight.get(key)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
-        self._in_flight[key] = future
-        try:
-            verdict = await self._review(token)
-            future.set_result(verdict)
-        except BaseException as exc:
-            future.set_exception(exc)
-            future.exception()  # retrieved here, so a future nobody else awaited logs nothing
-            raise
-        finally:
-            del self._in_flight[key]
+        review = self._in_flight.get(key)
+        if review is None:
+            # its own task, so a scrape that goes away (its client disconnected) cancels neither the
+            # review nor the other scrapes waiting for it
+            review = asyncio.create_task(self._review_and_remember(key, token))
+            self._in_flight[key] = review
+            review.add_done_callback(lambda _: self._in_flight.pop(key, None))
+        return await asyncio.shield(review)
+
+    async def _review_and_remember(self, key: str, token: str) -> Verdict:
+        verdict = await self._review(token)
         if verdict is not Verdict.UNAVAILABLE:
             self._remember(key, verdict)
         return verdict
