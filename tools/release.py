@@ -234,14 +234,18 @@ def run(
     return result
 
 
+def _venv_tool(name: str) -> str:
+    """The pinned build make setup links into .venv/bin, else whatever is on PATH."""
+    pinned = REPO / ".venv" / "bin" / name
+    return str(pinned) if pinned.exists() else name
+
+
 def helm() -> str:
-    venv_helm = REPO / ".venv" / "bin" / "helm"
-    return str(venv_helm) if venv_helm.exists() else "helm"
+    return _venv_tool("helm")
 
 
 def cosign() -> str:
-    venv_cosign = REPO / ".venv" / "bin" / "cosign"  # tools/build-cosign.sh, run by make setup
-    return str(venv_cosign) if venv_cosign.exists() else "cosign"
+    return _venv_tool("cosign")  # tools/build-cosign.sh
 
 
 def check_sign_key(sign_key: str) -> Path:
