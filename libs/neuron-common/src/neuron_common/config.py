@@ -190,10 +190,15 @@ def resolve_metrics_security(
         return None
     if not cert:
         p.error("--metrics-auth=kubernetes needs --tls-cert-file and --tls-key-file: callers send bearer tokens")
-    for flag, path in (("--tls-cert-file", cert), ("--tls-key-file", key)):
+    require_files(p, ("--tls-cert-file", cert), ("--tls-key-file", key))
+    return MetricsSecurity(cert, key)
+
+
+def require_files(p: argparse.ArgumentParser, *flags: tuple[str, str]) -> None:
+    """Stop at start, naming the flag, when a (flag, path) names no file."""
+    for flag, path in flags:
         if not Path(path).is_file():
             p.error(f"{flag} {path}: no such file")
-    return MetricsSecurity(cert, key)
 
 
 def add_host_flags(p: EnvArgumentParser, *, found: str = "sys/, dev/ and opt/aws/", dev_root: bool = False) -> None:

@@ -13,6 +13,7 @@ from neuron_common.config import (
     add_api_flags,
     add_serving_flags,
     positive_duration,
+    require_files,
     require_resource_prefix,
 )
 from neuron_model import resources
@@ -161,9 +162,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         p.error("--tls-cert-file, --tls-key-file and --client-ca-file go together: pass all three or none")
     tls = None
     if all(tls_flags):
-        for flag, path in zip(("--tls-cert-file", "--tls-key-file", "--client-ca-file"), tls_flags, strict=True):
-            if not os.path.isfile(path):
-                p.error(f"{flag} {path}: no such file")
+        require_files(p, *zip(("--tls-cert-file", "--tls-key-file", "--client-ca-file"), tls_flags, strict=True))
         tls = TlsFiles(a.tls_cert_file, a.tls_key_file, a.client_ca_file, a.tls_server_name)
     if a.metrics_auth == "kubernetes" and tls is None:
         p.error("--metrics-auth=kubernetes needs the extender's TLS flags: callers send bearer tokens")
