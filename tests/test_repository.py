@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import re
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import pytest
+from loading import load
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -88,19 +87,10 @@ def test_setup_installs_every_package_libs_first() -> None:
 # --- the images' third-party wheels, pinned by hash (issue 24 item 5) ---------------------------
 
 
-def _tool(name: str, path: Path) -> Any:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_image_lock_covers_every_distribution_the_images_need_at_its_pinned_version(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    tool = _tool("image_wheels", REPO / "tools" / "image_wheels.py")
+    tool = load("image_wheels", REPO / "tools" / "image_wheels.py")
     assert tool.check() == []
     # the check fails on a stale lock: a needed distribution missing, another at a version not pinned
     stale = [line for line in tool.LOCK.read_text().splitlines() if not line.startswith("orjson==")]
@@ -114,7 +104,7 @@ def test_the_image_lock_covers_every_distribution_the_images_need_at_its_pinned_
 
 
 def test_a_wheel_outside_the_lock_or_with_another_digest_is_refused(tmp_path: Path) -> None:
-    verify = _tool("verify_wheels", REPO / "services" / "verify_wheels.py")
+    verify = load("verify_wheels", REPO / "services" / "verify_wheels.py")
     good = tmp_path / "orjson-3.13.0-cp311-cp311-manylinux_2_17_x86_64.whl"
     good.write_bytes(b"the reviewed bytes")
     digest = hashlib.sha256(b"the reviewed bytes").hexdigest()

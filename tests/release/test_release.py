@@ -7,7 +7,6 @@ REGISTRY, a dirty tree, a version already released) are checked without building
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -18,12 +17,12 @@ import tarfile
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import signing
 import yaml
+from loading import load
 
 REPO = Path(__file__).resolve().parents[2]
 HELM = str(REPO / ".venv" / "bin" / "helm")
@@ -38,17 +37,7 @@ TAG = "0.1.0-test.1_release.2"
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.integration]
 
 
-def load_release() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("release", RELEASE_PY)
-    assert spec
-    assert spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["release"] = module  # dataclasses resolve their module by name
-    spec.loader.exec_module(module)
-    return module
-
-
-release = load_release()
+release = load("release", RELEASE_PY)
 
 
 def services() -> list[str]:

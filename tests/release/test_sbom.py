@@ -5,27 +5,15 @@ cosign, is tests/release/test_release.py's."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
+from loading import load
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _sbom() -> Any:
-    spec = importlib.util.spec_from_file_location("sbom", REPO / "tools" / "sbom.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["sbom"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-sbom = _sbom()
+sbom = load("sbom", REPO / "tools" / "sbom.py")
 LOCK = "# header\naiohttp==3.14.5 --hash=sha256:" + "a" * 64 + "\n"
 
 
