@@ -262,9 +262,14 @@ def test_plugin_kmsg_privilege_can_be_turned_off() -> None:
 
 @pytest.mark.parametrize("args", [[], PLUGIN_ONLY], ids=["with-detector", "plugin-only"])
 def test_the_plugin_gets_no_environment_it_does_not_read(args: list[str]) -> None:
-    assert "env" not in container(daemonset(render(*args), "device-plugin"))
+    # its node's name only for the UltraServer labels (and the node report, with the scheduler)
+    node = {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
+    assert container(daemonset(render(*args), "device-plugin"))["env"] == [node]
+    no_labels = sets(ultraServer__nodeLabels=False)
+    assert "env" not in container(daemonset(render(*args, *no_labels), "device-plugin"))
     extra = [{"name": "NEURON_DP_LOG_LEVEL", "value": "debug"}]
-    assert container(daemonset(render(*args, *sets(devicePlugin__extraEnv=extra)), "device-plugin"))["env"] == extra
+    with_extra = render(*args, *no_labels, *sets(devicePlugin__extraEnv=extra))
+    assert container(daemonset(with_extra, "device-plugin"))["env"] == extra
 
 
 def test_test_pods_run_unprivileged_as_nobody() -> None:
@@ -323,12 +328,16 @@ def test_problem_detector_rbac_is_exactly_as_documented(remediation: dict[str, b
     assert ("--cordon" in args) is bool(remediation.get("cordon"))
 
 
-def test_only_the_detector_and_the_tests_are_bound_to_roles() -> None:
+def test_only_the_detector_the_label_writer_and_the_tests_are_bound_to_roles() -> None:
     docs = render()
     subjects = {
         s["name"] for b in of_kind(docs, "ClusterRoleBinding") + of_kind(docs, "RoleBinding") for s in b["subjects"]
     }
-    assert subjects == {"neuron-helm-chart-problem-detector", "neuron-helm-chart-tests"}
+    plugin = "neuron-helm-chart-device-plugin"
+    assert subjects == {"neuron-helm-chart-problem-detector", plugin, "neuron-helm-chart-tests"}
+    # the plugin's one grant is a patch of Nodes, for its node's UltraServer labels (the policy holds it there)
+    (binding,) = [b for b in of_kind(docs, "ClusterRoleBinding") if plugin in {s["name"] for s in b["subjects"]}]
+    assert _rules(docs, binding["roleRef"]["name"]) == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["patch"]}]
     assert _rules(docs, "neuron-helm-chart-tests") == [
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}
     ]
@@ -355,8 +364,9 @@ def _plugin_pod(docs: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, A
 
 
 def test_without_the_scheduler_nothing_of_the_report_is_rendered() -> None:
-    docs = render()
-    assert not [d for d in docs if "neuronnode" in json.dumps(d).lower()]
+    assert not [d for d in render() if "neuronnode" in json.dumps(d).lower()]
+    # and without the UltraServer labels either, the plugin has no token at all
+    docs = render(*sets(ultraServer__nodeLabels=False))
     pod, c = _plugin_pod(docs)
     assert not [a for a in c["args"] if a.startswith("--node-report")]
     assert "env" not in c
@@ -368,7 +378,7 @@ def test_with_the_scheduler_the_plugin_reports_its_node_with_a_token_of_its_own_
     extra = [{"name": "NEURON_DP_LOG_LEVEL", "value": "debug"}]
     docs = render(*SCHEDULER, *sets(scheduler__nodeReportInterval=45, devicePlugin__extraEnv=extra))
     pod, c = _plugin_pod(docs)
-    assert c["args"][-2:] == ["--node-report", "--node-report-interval=45"]
+    assert c["args"][-3:] == ["--node-report", "--node-report-interval=45", "--ultraserver-labels"]
     assert c["env"] == [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}, *extra]
     # this container alone gets a token, bound to its pod (so it names the node)
     assert pod["automountServiceAccountToken"] is False

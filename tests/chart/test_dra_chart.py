@@ -52,7 +52,11 @@ def test_the_one_set_pair_switches_the_release_to_dra() -> None:
         "--taint-effect-replace-instance=NoSchedule",
     ]
     # with the problem detector, its verdicts rather than the kernel log
-    assert c["args"][13:] == ["--kmsg-path=none", "--verdict-dir=/var/lib/neuron-problem-detector/verdicts"]
+    assert c["args"][13:] == [
+        "--kmsg-path=none",
+        "--verdict-dir=/var/lib/neuron-problem-detector/verdicts",
+        "--ultraserver-labels",  # AWS's UltraServer labels on its node
+    ]
     assert c["env"][0] == {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}
     pod = ds["spec"]["template"]["spec"]
     assert "automountServiceAccountToken" not in pod  # it needs its pod-bound token

@@ -290,6 +290,20 @@ spec:
 {{- if and .Values.scheduler.enabled .Values.devicePlugin.enabled -}}true{{- end -}}
 {{- end -}}
 
+{{/* The ServiceAccounts that keep AWS's UltraServer labels on their node (ultraServer.nodeLabels): the
+     device plugin's and the DRA driver's, those enabled; a JSON list. */}}
+{{- define "neuron.ultraserverLabelWriters" -}}
+{{- $writers := list -}}
+{{- if .Values.ultraServer.nodeLabels -}}
+{{- range $component, $values := dict "device-plugin" .Values.devicePlugin "dra-driver" .Values.draDriver -}}
+{{- if $values.enabled -}}
+{{- $writers = append $writers (include "neuron.serviceAccountName" (dict "root" $ "component" $component "values" $values)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- toJson $writers -}}
+{{- end -}}
+
 {{/* Whether the Prometheus-operator objects are rendered. */}}
 {{- define "neuron.monitoringApi" -}}
 {{- if or .Values.nodeMetrics.monitoring.force (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") -}}true{{- end -}}

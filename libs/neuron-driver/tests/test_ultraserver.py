@@ -20,7 +20,7 @@ from neuron_driver.parse import (
     parse_ultraserver_server_id,
 )
 from neuron_driver.ultraserver import read_ultraserver
-from neuron_model.ultraserver import NO_SERVER, X4H_MAP, X4V_MAP, Mode, State, modal_node_id, pair_of
+from neuron_model.ultraserver import NO_SERVER, X4H_MAP, X4V_MAP, Mode, State, modal_node_id, node_labels, pair_of
 from neuron_sim import node as sim
 
 SERVER = "00c0ffee12345678"
@@ -160,3 +160,41 @@ def test_the_simulator_refuses_shapes_that_are_not_ultraservers(tmp_path: Path) 
         sim.create_ultraserver(tmp_path, "trn2u.48xlarge", nodes=3)
     with pytest.raises(sim.SimError, match="16 lowercase hex digits"):
         sim.create_ultraserver(tmp_path, "trn2u.48xlarge", server_id=NO_SERVER)
+
+
+def test_aws_labels_of_each_node_of_a_simulated_ultraserver(tmp_path: Path) -> None:
+    """The labels AWS's LeaderWorkerSet examples key on: one 4-node server id for all four nodes, one
+    2-node server id per pair, each node's id in both groups, and the group sizes it can run in."""
+    roots = sim.create_ultraserver(tmp_path, "trn2u.48xlarge", server_id=SERVER)
+    labels = [node_labels(read_ultraserver(root)) for root in roots]
+    prefix = "neuron.amazonaws.com/ultraserver-"
+    assert {k for one in labels for k in one} == {
+        prefix + k for k in ("mode", "server-id-4", "node-id-4", "server-id-2", "node-id-2")
+    }
+    assert {one[prefix + "mode"] for one in labels} == {"1_2_4"}
+    assert [one[prefix + "server-id-4"] for one in labels] == [SERVER] * 4
+    assert [one[prefix + "node-id-4"] for one in labels] == ["0", "1", "2", "3"]
+    pairs = [(one[prefix + "server-id-2"], one[prefix + "node-id-2"]) for one in labels]
+    assert pairs[0][0] == pairs[2][0] != pairs[1][0] == pairs[3][0]  # X2H: 0 with 2, 1 with 3
+    assert [node for _, node in pairs] == ["0", "0", "1", "1"]
+    assert all(len(server) == 16 for server, _ in pairs)
+    # a 2-node UltraServer: its pair only, and no 4-node labels
+    two = [
+        node_labels(read_ultraserver(root))
+        for root in sim.create_ultraserver(tmp_path / "two", "trn2u.48xlarge", nodes=2)
+    ]
+    assert all(prefix + "server-id-4" not in one and prefix + "server-id-2" in one for one in two)
+
+
+def test_no_labels_without_an_identity(tmp_path: Path) -> None:
+    """Pending, invalid and none carry no labels: one from an earlier identity would be a guess."""
+    (root,) = sim.create_ultraserver(tmp_path, "trn2u.48xlarge", nodes=2, server_id=SERVER)[:1]
+    assert node_labels(read_ultraserver(root))
+    sim.write_ultraserver(root, None, busy=True)
+    assert node_labels(read_ultraserver(root)) == {}
+    (layout.HostLayout(root).class_dir / "ultraserver_mode").write_text("garbage\n")
+    reading = read_ultraserver(root)
+    assert reading.state is State.INVALID
+    assert node_labels(reading) == {}
+    sim.create(tmp_path / "trn1", "trn1.32xlarge")
+    assert node_labels(read_ultraserver(tmp_path / "trn1")) == {}

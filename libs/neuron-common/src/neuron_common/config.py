@@ -225,6 +225,17 @@ def add_api_flags(p: EnvArgumentParser, *, purpose: str = "", timeout: str | Non
         p.add_flag("--api-timeout", default=timeout, type=positive_duration, help="timeout of one API server request")
 
 
+def add_ultraserver_labels_flag(p: EnvArgumentParser) -> None:
+    """--ultraserver-labels, for the node agents that know the node's UltraServer identity."""
+    p.add_bool_flag(
+        "--ultraserver-labels",
+        default=False,
+        help="keep AWS's UltraServer labels (neuron.amazonaws.com/ultraserver-*) on this node's Node, from the "
+        "driver's identity; needs patch on nodes (the chart's admission policy holds it to its own node and "
+        "to those labels)",
+    )
+
+
 def add_health_source_flags(p: EnvArgumentParser) -> None:
     """The device-health sources of the plugin and the DRA driver: counters, the kernel log, verdicts."""
     p.add_flag(

@@ -84,3 +84,38 @@ class UltraServerReading:
     state: State
     identity: UltraServerIdentity | None = None
     reason: str = ""  # why PENDING or INVALID, naming the attribute
+
+
+# -- AWS's node labels --------------------------------------------------------------------------------
+# The keys are AWS's (its LeaderWorkerSet examples use the server ids as exclusive-topology keys). How
+# the driver's values become label values is not published: AWS shows one row (`1_2_4`,
+# 16-character ids, node ids as digits). Our mapping, kept here alone: the mode label lists the group
+# sizes the node can run in, ascending, joined by `_` (for trn2u's X4, X2H and X1 that is `1_2_4`,
+# which also reads as the driver's mode numbers 1, 2 and 4: the one published row cannot tell the
+# two apart); each group size the node is in gets its server id and the node's id in it.
+LABEL_PREFIX = "neuron.amazonaws.com/ultraserver-"
+MODE_LABEL = LABEL_PREFIX + "mode"
+LABELS_FIELD_MANAGER = "neuron-ultraserver-labels"  # the one writer of these labels, whichever agent runs
+
+
+def server_id_label(size: int) -> str:
+    return f"{LABEL_PREFIX}server-id-{size}"
+
+
+def node_id_label(size: int) -> str:
+    return f"{LABEL_PREFIX}node-id-{size}"
+
+
+def node_labels(reading: UltraServerReading) -> dict[str, str]:
+    """The labels a node carries for its UltraServer: all of them once identified, none otherwise
+    (pending and invalid included: a label from an earlier identity would be a guess)."""
+    identity = reading.identity
+    if reading.state is not State.IDENTIFIED or identity is None:
+        return {}
+    labels = {MODE_LABEL: "_".join(str(n) for n in sorted({NODES[m] for m in identity.modes}))}
+    for size in GROUP_SIZES:
+        group = identity.group(size)
+        if group is not None:
+            labels[server_id_label(size)], node = group[0], group[1]
+            labels[node_id_label(size)] = str(node)
+    return labels

@@ -9,7 +9,9 @@ from typing import Any
 
 from kubelet_api.podresources_client import PodResourcesClient
 from neuron_common.health_server import HealthServer
+from neuron_common.kube import Api
 from neuron_common.metrics_auth import SecureMetrics
+from neuron_common.node_labels import NodeLabeler
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
 from neuron_common.runner import run_service
 from neuron_common.supervisor import Loop, Supervisor
@@ -23,8 +25,10 @@ from neuron_device_plugin.state import PluginState
 from neuron_driver.inventory import scan
 from neuron_driver.ultraserver import read_ultraserver
 from neuron_health.monitor import HealthMonitor, KmsgWatcher
+from neuron_model.ultraserver import LABELS_FIELD_MANAGER, node_labels
 
 log = logging.getLogger(__name__)
+API_TIMEOUT = 5.0  # seconds: the /metrics reviews must answer within a scrape's timeout
 
 
 class Plugin:
@@ -89,11 +93,23 @@ class Plugin:
                 self.metrics,
                 interval=config.node_report_interval,
             )
+        # The aiohttp client, for the labels and the /metrics reviews (the node report still uses
+        # the kubernetes client).
+        self.kube: Api | None = None
+        if config.ultraserver_labels or config.metrics_security:
+            self.kube = Api.from_kubeconfig(config.kubeconfig, API_TIMEOUT)
+        self.labeler: NodeLabeler | None = None
+        if config.ultraserver_labels and self.kube is not None:
+            self.labeler = NodeLabeler(
+                self.kube,
+                config.node_name,
+                lambda: node_labels(read_ultraserver(config.host_root)),
+                field_manager=LABELS_FIELD_MANAGER,
+                on_write=lambda result: self.metrics.node_label_writes.labels(result).inc(),
+            )
         self.supervisor = Supervisor(stop)
         host, port = config.listen
-        secure = SecureMetrics.for_service(
-            config.metrics_security, self.metrics.registry, kubeconfig=config.kubeconfig or ""
-        )
+        secure = SecureMetrics.for_service(config.metrics_security, self.metrics.registry, api=self.kube)
         self.http = HealthServer(
             host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready, secure=secure
         )
@@ -118,7 +134,11 @@ class Plugin:
                 self.config.cdi_spec_dir, self.config.resource_prefix, self.state.known, self.config.host_dev_root
             )
             log.info("wrote CDI spec %s", path)
-        return await run_service(self.http, self.supervisor, self.stop, self._loops)
+        return await run_service(self.http, self.supervisor, self.stop, self._loops, release=self._release)
+
+    async def _release(self) -> None:
+        if self.kube is not None:
+            await self.kube.close()
 
     def _loops(self) -> dict[str, Loop]:
         # Stopping `registration` unregisters and closes the plugin sockets; its servers get a grace
@@ -131,6 +151,9 @@ class Plugin:
         if self.config.kmsg_path is not None:
             kmsg = KmsgWatcher(self.state, self.config.kmsg_path)
             loops["kmsg"] = lambda: kmsg.run(self.stop)
+        if self.labeler is not None:
+            labeler = self.labeler
+            loops["ultraserver-labels"] = lambda: labeler.run(self.stop)
         if self.report is not None:
             report = self.report
             loops["node-report"] = lambda: report.run(self.stop, lambda: self.state.changed)

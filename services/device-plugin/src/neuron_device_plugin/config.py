@@ -15,6 +15,7 @@ from neuron_common.config import (
     add_host_flags,
     add_node_flag,
     add_serving_flags,
+    add_ultraserver_labels_flag,
     optional_path,
     positive_duration,
     require_resource_prefix,
@@ -49,6 +50,7 @@ class Config:
     verdict_dir: Path | None
     register_timeout: float
     node_report: bool
+    ultraserver_labels: bool
     node_name: str
     kubeconfig: str | None  # None: the in-cluster service account
     node_report_interval: float
@@ -125,8 +127,9 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         help="publish this node's NeuronNode (free devices and cores, health, topology) to the API server "
         "for the Neuron-aware scheduler",
     )
-    add_node_flag(p, " for --node-report")
-    add_api_flags(p, purpose=" for --node-report")
+    add_ultraserver_labels_flag(p)
+    add_node_flag(p, " for --node-report and --ultraserver-labels")
+    add_api_flags(p, purpose=" for --node-report and --ultraserver-labels")
     p.add_flag(
         "--node-report-interval",
         default="30s",
@@ -142,7 +145,9 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
     a = p.parse_args(argv)
     require_resource_prefix(p, a.resource_prefix)
     resolve_health_periods(p, a.health_interval, a.health_quiet_period)
-    node = resolve_node_name(p, a.node_name, environ, needed_by="--node-report") if a.node_report else ""
+    wanted = (("--node-report", a.node_report), ("--ultraserver-labels", a.ultraserver_labels))
+    needed_by = " and ".join(flag for flag, on in wanted if on)
+    node = resolve_node_name(p, a.node_name, environ, needed_by=needed_by) if needed_by else ""
     return Config(
         host_root=a.host_root,
         host_dev_root=optional_path(a.host_dev_root) or a.host_root,
@@ -163,6 +168,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         verdict_dir=optional_path(a.verdict_dir),
         register_timeout=a.register_timeout,
         node_report=a.node_report,
+        ultraserver_labels=a.ultraserver_labels,
         node_name=node,
         kubeconfig=a.kubeconfig or None,
         node_report_interval=a.node_report_interval,

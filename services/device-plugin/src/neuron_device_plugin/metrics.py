@@ -52,6 +52,12 @@ class PluginMetrics:
             ["result"],
             registry=r,
         )
+        self.node_label_writes = Counter(
+            "neuron_device_plugin_node_label_writes",
+            "Applies of this node's UltraServer labels (--ultraserver-labels), by result (success or error)",
+            ["result"],
+            registry=r,
+        )
         self.node_report_up = Gauge(
             "neuron_device_plugin_node_report_up",
             "1 when the last NeuronNode write succeeded (--node-report)",

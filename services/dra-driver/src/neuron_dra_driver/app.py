@@ -12,6 +12,7 @@ from pathlib import Path
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
 from neuron_common.metrics_auth import SecureMetrics
+from neuron_common.node_labels import NodeLabeler
 from neuron_common.runner import run_service
 from neuron_common.supervisor import Loop, Supervisor
 from neuron_dra_driver import servers, slices, taints
@@ -25,6 +26,7 @@ from neuron_driver.inventory import scan
 from neuron_driver.ultraserver import read_ultraserver
 from neuron_health.device_health import DeviceHealth
 from neuron_health.monitor import HealthMonitor, KmsgWatcher
+from neuron_model.ultraserver import LABELS_FIELD_MANAGER, node_labels
 
 log = logging.getLogger(__name__)
 
@@ -85,6 +87,15 @@ class DraDriver:
             api, config.node_name, config.resync_interval, self.metrics, on_change=self.publisher.kick
         )
         self.registration = servers.RegistrationServicer(config.dra_socket, self.metrics, on_change=self.publisher.kick)
+        self.labeler: NodeLabeler | None = None
+        if config.ultraserver_labels:
+            self.labeler = NodeLabeler(
+                api,
+                config.node_name,
+                lambda: node_labels(read_ultraserver(config.host_root)),
+                field_manager=LABELS_FIELD_MANAGER,
+                on_write=lambda result: self.metrics.node_label_writes.labels(result).inc(),
+            )
         self.supervisor = Supervisor(stop)
         host, port = config.listen
         secure = SecureMetrics.for_service(config.metrics_security, self.metrics.registry, api=self.api)
@@ -139,6 +150,9 @@ class DraDriver:
         if c.kmsg_path is not None:
             kmsg = KmsgWatcher(self.health, c.kmsg_path)
             loops["kmsg"] = lambda: kmsg.run(self.stop)
+        if self.labeler is not None:
+            labeler = self.labeler
+            loops["ultraserver-labels"] = lambda: labeler.run(self.stop)
         loops["placement"] = lambda: self.placement.run(self.stop)
         loops["slices"] = lambda: self.publisher.run(self.stop, lambda: self.health.changed)
         loops["slice-deletions"] = lambda: self.publisher.watch_deletions(self.stop)

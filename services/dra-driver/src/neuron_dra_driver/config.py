@@ -15,6 +15,7 @@ from neuron_common.config import (
     add_host_flags,
     add_node_flag,
     add_serving_flags,
+    add_ultraserver_labels_flag,
     optional_path,
     positive_duration,
     resolve_health_periods,
@@ -51,6 +52,7 @@ class Config:
     resync_interval: float
     api_timeout: float
     metrics_security: MetricsSecurity | None = None  # --metrics-auth=kubernetes
+    ultraserver_labels: bool = False
 
     @property
     def dra_socket(self) -> Path:
@@ -89,6 +91,7 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
     )
     p.add_flag("--cdi-spec-dir", default=layout.CDI_SPEC_DIR, type=Path, help="where claims' CDI specs are written")
     add_api_flags(p, timeout="10s")
+    add_ultraserver_labels_flag(p)
     add_serving_flags(p, DEFAULT_LISTEN)
     add_health_source_flags(p)
     p.add_bool_flag(
@@ -156,4 +159,5 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         taint_effect_replace_instance=a.taint_effect_replace_instance,
         resync_interval=a.resync_interval,
         api_timeout=a.api_timeout,
+        ultraserver_labels=a.ultraserver_labels,
     )

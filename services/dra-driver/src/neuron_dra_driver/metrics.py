@@ -61,5 +61,11 @@ class DriverMetrics:
             "and was written again from the checkpoint",
             registry=r,
         )
+        self.node_label_writes = Counter(
+            "neuron_dra_node_label_writes",
+            "Applies of this node's UltraServer labels (--ultraserver-labels), by result (success or error)",
+            ["result"],
+            registry=r,
+        )
         self.errors = Counter("neuron_dra_errors", "Internal errors by kind", ["kind"], registry=r)
         self.registered = Gauge("neuron_dra_registered", "1 while the kubelet has registered the driver", registry=r)
