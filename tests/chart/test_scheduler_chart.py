@@ -42,7 +42,12 @@ def test_off_by_default() -> None:
 
 
 def test_the_extender_alone_for_a_scheduler_of_ones_own() -> None:
-    docs = render(*ON, *sets(scheduler__kubeScheduler__enabled=False))
+    # the extender's NetworkPolicy must then be told who that scheduler is (test_network_policy.py)
+    own = sets(
+        scheduler__kubeScheduler__enabled=False,
+        scheduler__extender__networkPolicy__schedulerFrom=[{"ipBlock": {"cidr": "10.0.0.0/24"}}],
+    )
+    docs = render(*ON, *own)
     components = {d["metadata"]["labels"].get("app.kubernetes.io/component") for d in docs}
     assert "scheduler-extender" in components
     assert "kube-scheduler" not in components

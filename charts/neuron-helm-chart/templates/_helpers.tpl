@@ -376,6 +376,9 @@ spec:
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- if and (include "neuron.extenderNetworkPolicy" .) (not .Values.scheduler.kubeScheduler.enabled) (not .Values.scheduler.extender.networkPolicy.schedulerFrom) -}}
+{{- fail "scheduler.extender.networkPolicy.enabled admits the extender's verbs only from neuron-scheduler, but scheduler.kubeScheduler.enabled=false: name the pods of your own kube-scheduler in scheduler.extender.networkPolicy.schedulerFrom (a podSelector with a namespaceSelector, or an ipBlock of your control-plane nodes), or set scheduler.extender.networkPolicy.enabled=false" -}}
+{{- end -}}
 {{- if and .Values.simulation.enabled (not (hasPrefix "/" .Values.simulation.hostRoot)) -}}
 {{- fail (printf "simulation.hostRoot must be an absolute host path, got %q" .Values.simulation.hostRoot) -}}
 {{- end -}}

@@ -28,6 +28,9 @@
 {{- .Values.scheduler.extender.tls.secretName | default (printf "%s-tls" (include "neuron.componentName" (dict "root" . "component" "scheduler-extender"))) -}}
 {{- end -}}
 
+{{/* The port neuron-scheduler serves /healthz and /metrics on (kube-scheduler's --secure-port default). */}}
+{{- define "neuron.kubeSchedulerPort" -}}10259{{- end -}}
+
 {{/* Where both scheduling Deployments mount that Secret. */}}
 {{- define "neuron.extenderTlsDir" -}}/etc/neuron-scheduling/tls{{- end -}}
 
