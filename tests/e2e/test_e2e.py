@@ -589,7 +589,7 @@ def test_uninstall_leaves_no_object_behind() -> None:
     helm("uninstall", RELEASE, "-n", NAMESPACE, "--wait", "--timeout", "300s")
     kinds = ",".join([
         "all", "configmaps", "secrets", "serviceaccounts", "roles", "rolebindings", "clusterroles",
-        "clusterrolebindings", "servicemonitors", "podmonitors", "prometheusrules", "nodefeaturerules",
+        "clusterrolebindings", "servicemonitors", "podmonitors", "prometheusrules", "nodefeaturerules", "networkpolicies",
     ])  # fmt: skip
     # the DaemonSets' pods go by garbage collection, after helm's wait on the objects it deleted
     eventually(
