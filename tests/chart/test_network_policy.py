@@ -6,11 +6,12 @@ chart can render is created (server-side dry run) on a real kube-apiserver, so o
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from chart.test_chart import of_kind, refusal, render, sets
+from chart.test_chart import CHART, of_kind, refusal, render, sets
 from simcluster.controlplane import ControlPlane, private_control_plane
 
 from neuron_common.kube import Api, ApiError
@@ -286,3 +287,39 @@ def test_the_dry_run_can_fail(apiserver: ControlPlane) -> None:
     refusals = asyncio.run(dry_run(apiserver, rendered))
     assert len(refusals) == len(rendered), refusals
     assert all("cidr" in r for r in refusals), refusals
+
+
+# --- the README's table is what the chart renders ------------------------------------------------
+
+README_COMPONENTS = {
+    "device plugin": "device-plugin",
+    "node metrics": "node-metrics",
+    "problem detector": "problem-detector",
+    "DRA driver": "dra-driver",
+    "scheduler extender": "scheduler-extender",
+    "neuron-scheduler": "kube-scheduler",
+}
+
+
+def documented_policies() -> dict[str, tuple[str, str, int]]:
+    """The 'Network policies' table: component -> (value, default, port)."""
+    text = (CHART / "README.md").read_text()
+    section = text[text.index("## Network policies") :]
+    table = section[section.index("| Component |") : section.index("\n\n", section.index("| Component |"))]
+    rows = re.findall(r"^\| ([^|]+?) \| `([\w.]+)` \(\**(\w+)[^|]*\| [^|]*?\(?(\d+)\)? \|", table, re.MULTILINE)
+    return {README_COMPONENTS[name]: (key, default, int(port)) for name, key, default, port in rows}
+
+
+def test_the_readmes_table_names_each_policys_value_default_and_port() -> None:
+    documented = documented_policies()
+    assert set(documented) == set(README_COMPONENTS.values())
+    base = sets(
+        scheduler__enabled=True, draDriver__enabled=True,
+        devicePlugin__nodeSelector={"allocator": "device-plugin"}, draDriver__nodeSelector={"allocator": "dra"},
+    )  # fmt: skip
+    on_by_default = set(policies(render(*base)))
+    for component, (key, default, port) in documented.items():
+        assert (component in on_by_default) == (default == "on"), component
+        alone = policies(render(*base, "--set", f"{key}=true"))
+        assert component in alone, f"{key}=true renders no policy for {component}"
+        assert {p["port"] for rule in alone[component]["spec"]["ingress"] for p in rule["ports"]} == {port}
