@@ -14,6 +14,7 @@ the CRD (and so every NeuronNode), the policy, the RBAC, the namespace and the p
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import subprocess
@@ -233,13 +234,20 @@ def report_of(name: str) -> dict[str, Any]:
 
 def write_as(kubeconfig: Path, name: str) -> str:
     """The plugin's own writer (a forced server-side apply) with these credentials: "" or the refusal."""
-    from neuron_device_plugin.node_report import ReportWriteError, ServerSideApply, api_client
+    from neuron_common.kube import Api
+    from neuron_device_plugin.node_report import ReportWriteError, ServerSideApply
 
-    try:
-        ServerSideApply(api_client(str(kubeconfig)))(report_of(name))
-    except ReportWriteError as exc:
-        return str(exc)
-    return ""
+    async def write() -> str:
+        api = Api.from_kubeconfig(str(kubeconfig), 10.0)
+        try:
+            await ServerSideApply(api)(report_of(name))
+        except ReportWriteError as exc:
+            return str(exc)
+        finally:
+            await api.close()
+        return ""
+
+    return asyncio.run(write())
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """`--node-report`: the NeuronNode built from the plugin's state, and the publisher's timing and
 failure handling against a fake `apply` and a scripted clock (no real time passes).
 
-The plugin writing through the real kubernetes client to the API server stand-in is at the end;
+The plugin writing through its API client to the API server stand-in is at the end;
 the real API server is in tests/cluster/test_node_report.py."""
 
 from __future__ import annotations
@@ -219,7 +219,7 @@ class Writes:
         self.objects: list[dict[str, Any]] = []
         self.failures = list(failures)  # True: that attempt fails
 
-    def __call__(self, obj: dict[str, Any]) -> None:
+    async def __call__(self, obj: dict[str, Any]) -> None:
         if self.failures and self.failures.pop(0):
             raise ReportWriteError("HTTP 503 Service Unavailable")
         self.objects.append(obj)
@@ -297,8 +297,8 @@ async def test_a_change_during_a_write_is_written_next() -> None:
     script = Script(stop)
 
     class ChangingWrites(Writes):
-        def __call__(self, obj: dict[str, Any]) -> None:
-            super().__call__(obj)
+        async def __call__(self, obj: dict[str, Any]) -> None:
+            await super().__call__(obj)
             if len(self.objects) == 1:
                 changes.change()  # the state moved while the first write was on its way
 
@@ -354,7 +354,7 @@ async def test_an_unexpected_error_is_not_swallowed() -> None:
     supervisor the process (see neuron_common.supervisor)."""
     stop, changes = asyncio.Event(), Changes()
 
-    def broken(obj: dict[str, Any]) -> None:
+    async def broken(obj: dict[str, Any]) -> None:
         raise KeyError("status")
 
     p = publisher(Script(stop), Writes(), changes, PluginMetrics())
@@ -417,7 +417,7 @@ def test_no_credentials_is_a_clear_error_at_start(tmp_path: Path, kubeconfig: bo
     assert ("outside a pod, pass --kubeconfig" in result.stderr) is not kubeconfig
 
 
-# --- the plugin, through the real kubernetes client, to the API server stand-in ------------------
+# --- the plugin, through its API client, to the API server stand-in ------------------
 
 
 @pytest.fixture

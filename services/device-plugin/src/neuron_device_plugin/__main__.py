@@ -8,19 +8,34 @@ from collections.abc import Sequence
 
 from neuron_common import lifecycle, logs
 from neuron_device_plugin import config as config_mod
+from neuron_device_plugin.config import API_TIMEOUT
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = config_mod.parse(argv)
     logs.configure("neuron-device-plugin", config.log_level)
     api = None
-    if config.node_report:
-        from neuron_device_plugin.node_report import ReportSetupError, api_client
+    needed_by = " and ".join(
+        flag
+        for flag, on in (
+            ("--node-report", config.node_report),
+            ("--ultraserver-labels", config.ultraserver_labels),
+            ("--metrics-auth", config.metrics_security is not None),
+        )
+        if on
+    )
+    if needed_by:
+        from neuron_common.kube import Api, ApiError
 
-        try:
-            api = api_client(config.kubeconfig)  # no credentials is a clear error at start, not a crash later
-        except ReportSetupError as exc:
-            print(f"neuron-device-plugin: error: {exc}", file=sys.stderr)
+        try:  # no credentials is a clear error at start, not a crash later
+            api = Api.from_kubeconfig(config.kubeconfig, API_TIMEOUT)
+        except (ApiError, OSError, ValueError) as exc:
+            where = f"--kubeconfig {config.kubeconfig}" if config.kubeconfig else "the in-cluster service account"
+            hint = "" if config.kubeconfig else " (outside a pod, pass --kubeconfig)"
+            print(
+                f"neuron-device-plugin: error: {needed_by} cannot reach the API server through {where}: {exc}{hint}",
+                file=sys.stderr,
+            )
             return 2
 
     async def run(stop: asyncio.Event) -> int:

@@ -16,9 +16,9 @@ from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
 from neuron_common.runner import run_service
 from neuron_common.supervisor import Loop, Supervisor
 from neuron_device_plugin import cdi, registration
-from neuron_device_plugin.config import Config
+from neuron_device_plugin.config import API_TIMEOUT, Config
 from neuron_device_plugin.metrics import PluginMetrics
-from neuron_device_plugin.node_report import NodeReportPublisher, ServerSideApply, api_client, build_report
+from neuron_device_plugin.node_report import NodeReportPublisher, ServerSideApply, build_report
 from neuron_device_plugin.registration import Registrar, ResourceServer
 from neuron_device_plugin.server import DevicePluginServicer
 from neuron_device_plugin.state import PluginState
@@ -28,12 +28,12 @@ from neuron_health.monitor import HealthMonitor, KmsgWatcher
 from neuron_model.ultraserver import LABELS_FIELD_MANAGER, node_labels
 
 log = logging.getLogger(__name__)
-API_TIMEOUT = 5.0  # seconds: the /metrics reviews must answer within a scrape's timeout
 
 
 class Plugin:
-    def __init__(self, config: Config, stop: asyncio.Event, *, api: Any = None) -> None:
-        """`api`: a kubernetes ApiClient for --node-report; by default made from --kubeconfig or the pod's."""
+    def __init__(self, config: Config, stop: asyncio.Event, *, api: Api | None = None) -> None:
+        """`api`: the API-server client for --node-report, --ultraserver-labels and --metrics-auth; by
+        default made from --kubeconfig or the pod's service account when one of them is on."""
         self.config = config
         self.stop = stop
         self.metrics = PluginMetrics()
@@ -85,19 +85,14 @@ class Plugin:
             on_error=lambda kind: self.metrics.errors.labels(kind).inc(),
             after_tick=self.state.expire_pending,
         )
-        self.report: NodeReportPublisher | None = None
-        if config.node_report:
-            self.report = NodeReportPublisher(
-                self._report_object,
-                ServerSideApply(api if api is not None else api_client(config.kubeconfig)),
-                self.metrics,
-                interval=config.node_report_interval,
-            )
-        # The aiohttp client, for the labels and the /metrics reviews (the node report still uses
-        # the kubernetes client).
-        self.kube: Api | None = None
-        if config.ultraserver_labels or config.metrics_security:
+        self.kube = api
+        if self.kube is None and (config.node_report or config.ultraserver_labels or config.metrics_security):
             self.kube = Api.from_kubeconfig(config.kubeconfig, API_TIMEOUT)
+        self.report: NodeReportPublisher | None = None
+        if config.node_report and self.kube is not None:
+            self.report = NodeReportPublisher(
+                self._report_object, ServerSideApply(self.kube), self.metrics, interval=config.node_report_interval
+            )
         self.labeler: NodeLabeler | None = None
         if config.ultraserver_labels and self.kube is not None:
             self.labeler = NodeLabeler(

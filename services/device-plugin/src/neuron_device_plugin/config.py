@@ -27,6 +27,7 @@ from neuron_common.config import (
 from neuron_driver import layout
 from neuron_model import resources
 
+API_TIMEOUT = 5.0  # seconds, per API-server request: a /metrics review must answer within a scrape's timeout
 DEFAULT_LISTEN = "0.0.0.0:9841"
 
 

@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from neuron_common.backoff import Backoff
+from neuron_common.kube import Api, ApiError
 from neuron_common.lifecycle import wait_any
 from neuron_device_plugin.holdings import unheld_cores
 from neuron_device_plugin.metrics import PluginMetrics
@@ -37,15 +38,10 @@ from neuron_model.ultraserver import UltraServerReading
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "neuron-device-plugin"
-APPLY_PATCH = "application/apply-patch+yaml"  # JSON is YAML: the client sends the object as JSON
 MIN_GAP = 0.5
 
-Apply = Callable[[dict[str, Any]], None]
+Apply = Callable[[dict[str, Any]], Awaitable[None]]
 Wait = Callable[..., Awaitable[None]]  # wait_any(*events, timeout=...)
-
-
-class ReportSetupError(Exception):
-    """The API server cannot be reached as configured (no kubeconfig, not in a pod); a start-up error."""
 
 
 class ReportWriteError(Exception):
@@ -92,7 +88,7 @@ class NodeReportPublisher:
         backoff: Backoff | None = None,
     ) -> None:
         self.build = build  # the object to write, from the state as it is when called
-        self.apply = apply  # blocking; run in a thread; raises ReportWriteError
+        self.apply = apply  # raises ReportWriteError
         self.metrics = metrics
         self.interval = interval
         self.min_gap = min_gap
@@ -106,7 +102,7 @@ class NodeReportPublisher:
         obj = self.build()
         name = obj["metadata"]["name"]
         try:
-            await asyncio.to_thread(self.apply, obj)
+            await self.apply(obj)
         except ReportWriteError as exc:
             self.metrics.node_report_writes.labels("error").inc()
             self.metrics.node_report_up.set(0)
@@ -148,56 +144,24 @@ class NodeReportPublisher:
 
 
 # -- the API server --------------------------------------------------------------------------------
-# The kubernetes client is imported only with --node-report: it adds about 20 MB to a plugin of about 56.
-
-
-def api_client(kubeconfig: str | None) -> Any:
-    """A kubernetes ApiClient from `kubeconfig`, or from the pod's service account when None."""
-    from kubernetes import client
-    from kubernetes import config as kube_config
-    from kubernetes.config.config_exception import ConfigException
-
-    try:
-        if kubeconfig:
-            return kube_config.new_client_from_config(config_file=kubeconfig, persist_config=False)  # type: ignore[no-untyped-call]
-        configuration = client.Configuration()
-        kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-        return client.ApiClient(configuration)
-    except (ConfigException, OSError) as exc:
-        where = f"--kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
-        hint = "" if kubeconfig else " (outside a pod, pass --kubeconfig)"
-        raise ReportSetupError(f"--node-report cannot reach the API server through {where}: {exc}{hint}") from None
+# Through neuron_common.kube, the plugin's one API client (also its labels' and /metrics reviews'):
+# the kubernetes client added about 20 MB to a plugin of about 56.
 
 
 class ServerSideApply:
-    """Writes a NeuronNode with a forced server-side apply. Blocking: call it in a thread."""
+    """Writes a NeuronNode with a forced server-side apply."""
 
-    def __init__(self, api: Any, request_timeout: float = 10.0) -> None:
-        from kubernetes import client
+    def __init__(self, api: Api) -> None:
+        self.api = api
 
-        self.api = client.CustomObjectsApi(api)
-        self.timeout = request_timeout
-
-    def __call__(self, obj: dict[str, Any]) -> None:
-        from kubernetes.client.exceptions import ApiException
-        from urllib3.exceptions import HTTPError
-
+    async def __call__(self, obj: dict[str, Any]) -> None:
+        path = f"/apis/{GROUP}/{VERSION}/{PLURAL}/{obj['metadata']['name']}"
         try:
-            self.api.patch_cluster_custom_object(
-                GROUP,
-                VERSION,
-                PLURAL,
-                obj["metadata"]["name"],
-                obj,
-                field_manager=FIELD_MANAGER,
-                force=True,
-                _content_type=APPLY_PATCH,
-                _request_timeout=self.timeout,
-            )
-        except ApiException as exc:
-            raise ReportWriteError(describe_api_error(exc.status, exc.reason, exc.body)) from None
-        except (HTTPError, OSError) as exc:  # unreachable, reset, timed out, TLS
-            raise ReportWriteError(f"{type(exc).__name__}: {str(exc)[:300]}") from None
+            await self.api.apply(path, obj, FIELD_MANAGER)
+        except ApiError as exc:
+            if not exc.status:  # no answer: unreachable, reset, timed out, TLS
+                raise ReportWriteError(exc.message[:300]) from None
+            raise ReportWriteError(describe_api_error(exc.status, None, exc.message)) from None
 
 
 def describe_api_error(status: int | None, reason: str | None, body: Any) -> str:
