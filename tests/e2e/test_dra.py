@@ -37,6 +37,9 @@ from cluster_access import (
     sim,
 )
 
+from neuron_driver.ultraserver import read_ultraserver
+from neuron_model.ultraserver import LABEL_PREFIX, MODE_LABEL, node_id_label, node_labels, server_id_label
+
 CHART = REPO / "charts" / "neuron-helm-chart"
 RELEASE = "neuron-helm-chart"
 NAMESPACE = "neuron-e2e-dra"
@@ -46,6 +49,8 @@ WORKLOAD_IMAGE = f"localhost/neuron-helm-chart/dra-driver:{VERSION}"  # any proj
 DRIVER = f"{RELEASE}-dra-driver"
 INF2_ROOT = SIM_ROOT.parent / "e2e-dra-inf2"
 TRN2_ROOT = SIM_ROOT.parent / "e2e-dra-trn2"
+TRN2U_ROOT = SIM_ROOT.parent / "e2e-dra-trn2u"
+ULTRASERVER = "00c0ffee12345678"
 CDI_DIR = Path("/var/run/cdi")
 GROUP4 = "resource.aws.com/devicegroup4_id"
 
@@ -520,6 +525,31 @@ def run_awss_published_claims() -> None:
 
     eventually(one_running_one_waiting, "one replica of AWS's driver-version Deployment running", timeout=180)
     kubectl("delete", "-f", str(AWS_SPECS / "specific-driver-version.yaml"), "-n", WORKLOADS, "--wait=true")
+
+
+def ultraserver_labels() -> dict[str, str]:
+    labels = json.loads(kubectl("get", "node", NODE, "-o", "json"))["metadata"].get("labels", {})
+    return {k: v for k, v in labels.items() if k.startswith(LABEL_PREFIX)}
+
+
+def test_awss_ultraserver_labels_on_a_simulated_trn2u_node() -> None:
+    """The node as node 1 of a simulated 4-node trn2u UltraServer: the DRA driver labels its Node
+    with AWS's UltraServer labels (the keys AWS's LeaderWorkerSet examples use) through the chart's
+    admission policy; back on the trn1, which is in no UltraServer, they are removed."""
+    sim("create-ultraserver", "--root", TRN2U_ROOT, "--server-id", ULTRASERVER, "--force")
+    root = TRN2U_ROOT / "node-1"
+    expected = node_labels(read_ultraserver(root))
+    kubectl("label", "node", NODE, "node.kubernetes.io/instance-type=trn2u.48xlarge", "--overwrite")
+    try:
+        install("--set", f"simulation.hostRoot={root}")
+        eventually(lambda: ultraserver_labels() == expected, "AWS's UltraServer labels on the node", timeout=120)
+        assert expected[server_id_label(4)] == ULTRASERVER
+        assert expected[node_id_label(4)] == "1"
+        assert expected[MODE_LABEL] == "1_2_4"
+    finally:
+        kubectl("label", "node", NODE, "node.kubernetes.io/instance-type=trn1.32xlarge", "--overwrite")
+        install()
+    eventually(lambda: ultraserver_labels() == {}, "no UltraServer label on the trn1 node", timeout=120)
 
 
 def test_awss_published_claims_and_neuron_config_on_trn2() -> None:
