@@ -150,3 +150,28 @@ def test_contradictory_and_malformed_values_are_refused() -> None:
     assert "readers" in refusal(
         *sets(nodeMetrics__secureMetrics=True, metricsAuth__readers=[{"kind": "ServiceAccount"}])
     )
+
+
+def test_helm_tests_metrics_check_reads_a_protected_exporter_as_the_scraper() -> None:
+    """With nodeMetrics.secureMetrics the metrics check gets the scraper's token and the chart's CA,
+    and only those two keys: never the serving key that sits beside the CA in the TLS Secret."""
+    docs = render(*sets(nodeMetrics__secureMetrics=True, tests__enabled=True))
+    (pod,) = [d for d in docs if d["kind"] == "Pod" and d["metadata"]["name"] == f"{FULL}-tests-metrics"]
+    (c,) = pod["spec"]["containers"]
+    assert {"name": "NODE_METRICS_CREDENTIALS", "value": "/var/run/neuron-metrics"} in c["env"]
+    (mount,) = [m for m in c["volumeMounts"] if m["name"] == "metrics-credentials"]
+    assert mount == {"name": "metrics-credentials", "mountPath": "/var/run/neuron-metrics", "readOnly": True}
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "metrics-credentials"]
+    sources = [s["secret"] for s in volume["projected"]["sources"]]
+    assert sources == [
+        {"name": f"{FULL}-metrics-scraper", "items": [{"key": "token", "path": "token"}]},
+        {"name": f"{FULL}-metrics-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]},
+    ]
+    # without it, plain HTTP and nothing mounted
+    (plain,) = [
+        d
+        for d in render(*sets(tests__enabled=True))
+        if d["kind"] == "Pod" and d["metadata"]["name"] == f"{FULL}-tests-metrics"
+    ]
+    assert "NODE_METRICS_CREDENTIALS" not in {e["name"] for e in plain["spec"]["containers"][0]["env"]}
+    assert [v["name"] for v in plain["spec"]["volumes"]] == ["tests"]

@@ -462,6 +462,11 @@ def test_protected_metrics_serve_readers_only(kube_cluster: Cluster) -> None:
                 assert status == 200, (component, who)
                 assert 'neuron_metrics_auth_decisions_total{verdict="forbidden"}' in body
             assert https_get(address, port, "/healthz", ca_pem=ca, server_name=server_name)[0] == 200
+        # and `helm test`'s metrics check reads the protected exporter as the chart's scraper, over TLS
+        result = helm(
+            "test", RELEASE, "-n", NAMESPACE, "--filter", f"name={RELEASE}-tests-metrics", "--logs", "--timeout", "300s"
+        )
+        assert "serves neuron_ metrics" in result.stdout
     finally:
         install(kube_cluster, values=CHART / "ci" / "all-on-values.yaml")
         kubectl("delete", "namespace", "monitoring", "--wait=false", check=False)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 import stat
 import sys
 import time
@@ -173,15 +174,26 @@ def test_metrics() -> None:
             return f"no node-metrics pod ({selector}) in {NAMESPACE}"
         return None if len(ips) == len(pods) else "some node-metrics pods have no IP yet"
 
+    scheme, headers, context = "http", {}, None
+    credentials = os.environ.get("NODE_METRICS_CREDENTIALS")
+    if credentials:  # secureMetrics: TLS from the chart's CA, and the scraper's token
+        scheme = "https"
+        headers["Authorization"] = "Bearer " + Path(credentials, "token").read_text().strip()
+        context = ssl.create_default_context(cafile=str(Path(credentials, "ca.crt")))
+        # dialled by pod IP, which the certificate (made for the Service's name) does not list: the
+        # chart's own CA is what proves the server is the exporter
+        context.check_hostname = False
     eventually(ready_pods, "node-metrics pods have addresses")
     for pod, ip in ips:
 
         def serves(ip: str = ip) -> str | None:
+            url = f"{scheme}://{ip}:{port}/metrics"
             try:
-                with urllib.request.urlopen(f"http://{ip}:{port}/metrics", timeout=10) as response:
+                request = urllib.request.Request(url, headers=headers)
+                with urllib.request.urlopen(request, timeout=10, context=context) as response:
                     body = response.read().decode()
             except OSError as e:
-                return with_stuck(f"GET http://{ip}:{port}/metrics failed: {e}", api, selector)
+                return with_stuck(f"GET {url} failed: {e}", api, selector)
             samples = [line for line in body.splitlines() if line.startswith("neuron_")]
             return None if samples else "the response holds no neuron_ sample"
 
