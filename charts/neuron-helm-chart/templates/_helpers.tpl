@@ -309,81 +309,6 @@ spec:
 {{- if or .Values.nodeMetrics.monitoring.force (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") -}}true{{- end -}}
 {{- end -}}
 
-{{/* Contradictory values: fail with a message that says what to change. */}}
-{{- define "neuron.validate" -}}
-{{- if and .Values.scheduler.enabled .Values.scheduler.extender.secureMetrics (not .Values.scheduler.extender.tls.enabled) -}}
-{{- fail "scheduler.extender.secureMetrics needs scheduler.extender.tls.enabled: callers send bearer tokens, which must not cross the network in clear" -}}
-{{- end -}}
-{{- if not (or .Values.devicePlugin.enabled .Values.draDriver.enabled .Values.nodeMetrics.enabled .Values.npd.enabled) -}}
-{{- fail "devicePlugin.enabled, draDriver.enabled, nodeMetrics.enabled and npd.enabled are all false: the release would install nothing; enable at least one component" -}}
-{{- end -}}
-{{- if and .Values.devicePlugin.enabled .Values.draDriver.enabled -}}
-{{- /* Both would hand out the same devices, each unaware of the other: only disjoint node selectors are allowed. */ -}}
-{{- $apart := false -}}
-{{- range $key, $value := .Values.draDriver.nodeSelector -}}
-{{- if and (hasKey $.Values.devicePlugin.nodeSelector $key) (ne (toString (index $.Values.devicePlugin.nodeSelector $key)) (toString $value)) -}}
-{{- $apart = true -}}
-{{- end -}}
-{{- end -}}
-{{- if not $apart -}}
-{{- fail "devicePlugin.enabled and draDriver.enabled would both run on the same Neuron nodes, and each would hand out devices the other has already given away. Switch the release to DRA with --set devicePlugin.enabled=false,draDriver.enabled=true, or run each on its own nodes: give devicePlugin.nodeSelector and draDriver.nodeSelector the same label with different values (e.g. neuron.aws.com/allocator: device-plugin and dra)" -}}
-{{- end -}}
-{{- end -}}
-{{- if and (eq .Values.placement.mode "instanceType") (empty (include "neuron.instanceTypes" . | fromJsonArray)) -}}
-{{- fail "placement.mode=instanceType needs at least one entry in placement.instanceTypes (or use placement.mode=nfd or none)" -}}
-{{- end -}}
-{{- if and .Values.placement.nodeFeatureRule.enabled (ne .Values.placement.mode "nfd") -}}
-{{- fail (printf "placement.nodeFeatureRule.enabled labels nodes %s, but placement.mode=%s ignores that label: set placement.mode=nfd or disable the rule" .Values.placement.nfdLabel .Values.placement.mode) -}}
-{{- end -}}
-{{- if and .Values.nodeMetrics.enabled (eq .Values.nodeMetrics.monitoring.kind "ServiceMonitor") (not .Values.nodeMetrics.service.enabled) -}}
-{{- fail "nodeMetrics.monitoring.kind=ServiceMonitor selects the exporter's Service, but nodeMetrics.service.enabled=false: enable the Service or use kind PodMonitor" -}}
-{{- end -}}
-{{- if and .Values.npd.enabled (or .Values.npd.remediation.taint .Values.npd.remediation.cordon) (not .Values.npd.serviceAccount.create) -}}
-{{- if not .Values.npd.serviceAccount.name -}}
-{{- fail "npd.remediation needs the detector's ServiceAccount to hold 'patch nodes': set npd.serviceAccount.create=true or name an existing ServiceAccount that has it" -}}
-{{- end -}}
-{{- end -}}
-{{- if and .Values.scheduler.enabled (not .Values.devicePlugin.enabled) -}}
-{{- fail "scheduler.enabled needs devicePlugin.enabled: the Neuron-aware scheduler places pods from the NeuronNode reports the device plugin publishes, and refuses every node without one" -}}
-{{- end -}}
-{{- $d := .Values.driver -}}
-{{- if and $d.enabled (not (and $d.image.repository $d.image.tag)) -}}
-{{- fail "driver.enabled needs driver.image.repository and driver.image.tag: KMM pulls <registry>/<repository>:<tag>-<kernel version>" -}}
-{{- end -}}
-{{- if and $d.enabled (not $d.nodeSelector) (ne .Values.placement.mode "nfd") -}}
-{{- fail (printf "driver.enabled loads the module on nodes labelled %s=true, which placement.mode=%s does not use: set placement.mode=nfd, or driver.nodeSelector to the labels of your Neuron nodes" .Values.placement.nfdLabel .Values.placement.mode) -}}
-{{- end -}}
-{{- if and $d.devicePluginWaitsForModule (not $d.enabled) -}}
-{{- fail "driver.devicePluginWaitsForModule waits for a kernel module the chart does not load: set driver.enabled=true, or turn it off" -}}
-{{- end -}}
-{{- if include "neuron.driverModuleRendered" . -}}
-{{- $name := include "neuron.driverName" . -}}
-{{- $combined := len (printf "%s%s" $name .Release.Namespace) -}}
-{{- if gt $combined 40 -}}
-{{- fail (printf "driver.enabled: KMM's admission webhook refuses a Module whose name and namespace together are longer than 40 characters; the Module %q in namespace %q has %d: shorten driver.moduleName or the namespace" $name .Release.Namespace $combined) -}}
-{{- end -}}
-{{- end -}}
-{{- if and $d.enabled $d.devicePluginWaitsForModule -}}
-{{- $labelName := include "neuron.driverReadyLabel" . | splitList "/" | last -}}
-{{- if gt (len $labelName) 63 -}}
-{{- fail (printf "driver.devicePluginWaitsForModule: KMM's ready label name %q is longer than 63 characters; shorten the release namespace or driver.moduleName" $labelName) -}}
-{{- end -}}
-{{- end -}}
-{{- if .Values.scheduler.enabled -}}
-{{- range $key, $v := dict "extender" .Values.scheduler.extender "kubeScheduler" .Values.scheduler.kubeScheduler -}}
-{{- if and (dig "enabled" true $v) (gt (int $v.replicas) 1) (not $v.leaderElection.enabled) -}}
-{{- fail (printf "scheduler.%s.replicas=%d needs scheduler.%s.leaderElection.enabled: replicas that do not elect a leader would each place pods on their own" $key (int $v.replicas) $key) -}}
-{{- end -}}
-{{- end -}}
-{{- end -}}
-{{- if and (include "neuron.extenderNetworkPolicy" .) (not .Values.scheduler.kubeScheduler.enabled) (not .Values.scheduler.extender.networkPolicy.schedulerFrom) -}}
-{{- fail "scheduler.extender.networkPolicy.enabled admits the extender's verbs only from neuron-scheduler, but scheduler.kubeScheduler.enabled=false: name the pods of your own kube-scheduler in scheduler.extender.networkPolicy.schedulerFrom (a podSelector with a namespaceSelector, or an ipBlock of your control-plane nodes), or set scheduler.extender.networkPolicy.enabled=false" -}}
-{{- end -}}
-{{- if and .Values.simulation.enabled (not (hasPrefix "/" .Values.simulation.hostRoot)) -}}
-{{- fail (printf "simulation.hostRoot must be an absolute host path, got %q" .Values.simulation.hostRoot) -}}
-{{- end -}}
-{{- end -}}
-
 {{/* "true" when the KMM Module renders: the driver is enabled and KMM's API is served, or forced. */}}
 {{- define "neuron.driverModuleRendered" -}}
 {{- $d := .Values.driver -}}
@@ -420,3 +345,8 @@ release names alone are 28. */}}
 {{- define "neuron.openshift" -}}
 {{- if or .Values.openshift.force (.Capabilities.APIVersions.Has "security.openshift.io/v1") -}}true{{- end -}}
 {{- end -}}
+
+{{/* The problem detector's per-device verdicts: where its state directory is mounted in every
+     container that writes or reads them, and that directory on the host. */}}
+{{- define "neuron.verdictDir" -}}/var/lib/neuron-problem-detector/verdicts{{- end -}}
+{{- define "neuron.verdictHostDir" -}}{{ .Values.npd.stateHostPath }}/verdicts{{- end -}}
