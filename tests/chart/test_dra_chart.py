@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from chart import admission
 from chart.test_chart import MONITORING_API, by_component, container, daemonset, of_kind, refusal, render, sets
 from prometheus_server import generator
 from simcluster.controlplane import ControlPlane, private_control_plane
@@ -313,12 +314,7 @@ async def _admission(cp: ControlPlane) -> dict[str, str]:
                 {"metadata": {"name": "x"}, "spec": {}},
             ),
         }
-        for name, call in attempts.items():
-            try:
-                await call
-                outcomes[name] = "allowed"
-            except ApiError as exc:
-                outcomes[name] = f"{exc.status} {exc.message}"
+        outcomes.update(await admission.outcomes(attempts))
         await driver.close()
         await stranger.close()
         return outcomes

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from chart import admission
 from chart.test_chart import render, sets
 from simcluster.controlplane import ControlPlane, private_control_plane
 
@@ -151,13 +152,7 @@ async def _attempts(cp: ControlPlane) -> dict[str, str]:
                 "/api/v1/namespaces/default/events", event("node-b", "ev-b")
             ),
         }
-        outcomes: dict[str, str] = {}
-        for name, call in attempts.items():
-            try:
-                await call
-                outcomes[name] = "allowed"
-            except ApiError as exc:
-                outcomes[name] = f"{exc.status} {exc.message}"
+        outcomes = await admission.outcomes(attempts)
         await detector.close()
         await stranger.close()
         return outcomes

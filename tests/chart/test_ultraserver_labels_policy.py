@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from chart import admission
 from chart.test_chart import render, sets
 from simcluster.controlplane import ControlPlane, private_control_plane
 
@@ -139,13 +140,7 @@ async def _scenario(cp: ControlPlane) -> dict[str, Any]:
             "the DRA driver on another node": patch(dra_c, "node-a", {"metadata": {"labels": {node_id_label(4): "0"}}}),
             "deleting its node": plugin_a.delete("/api/v1/nodes/node-a"),
         }
-        outcomes: dict[str, str] = {}
-        for name, call in attempts.items():
-            try:
-                await call
-                outcomes[name] = "allowed"
-            except ApiError as exc:
-                outcomes[name] = f"{exc.status} {exc.message}"
+        outcomes = await admission.outcomes(attempts)
         return {"steps": steps, "outcomes": outcomes}
     finally:
         for api in apis:
