@@ -8,6 +8,14 @@ from typing import Any
 
 from neuron_common.kube import ApiError
 
+# where the admin creates the chart's RBAC and admission policies, by kind
+PATHS = {
+    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    "ValidatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
+}
+
 
 async def outcomes(attempts: Mapping[str, Awaitable[Any]]) -> dict[str, str]:
     answers: dict[str, str] = {}

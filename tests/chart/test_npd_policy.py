@@ -22,12 +22,6 @@ pytestmark = pytest.mark.integration  # starts external processes: make integrat
 DETECTOR = "neuron-helm-chart-problem-detector"
 STRATEGIC = "application/strategic-merge-patch+json"
 MERGE = "application/merge-patch+json"
-PATHS = {
-    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-    "ValidatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
-    "ValidatingAdmissionPolicyBinding": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
-}
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +51,8 @@ async def _attempts(cp: ControlPlane) -> dict[str, str]:
     docs = render(*sets(npd__remediation__taint=True, npd__remediation__cordon=True))
     try:
         for doc in docs:
-            if doc["kind"] in PATHS and doc["metadata"]["name"].startswith(DETECTOR):
-                await admin.create(PATHS[doc["kind"]], doc)
+            if doc["kind"] in admission.PATHS and doc["metadata"]["name"].startswith(DETECTOR):
+                await admin.create(admission.PATHS[doc["kind"]], doc)
         await admin.create(
             "/api/v1/namespaces/kube-system/serviceaccounts",
             {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": DETECTOR}},

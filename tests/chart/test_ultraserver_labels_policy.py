@@ -26,12 +26,6 @@ PLUGIN = "neuron-helm-chart-device-plugin"
 DRA = "neuron-helm-chart-dra-driver"
 POLICY = "neuron-helm-chart-ultraserver-labels"
 MERGE = "application/merge-patch+json"
-PATHS = {
-    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-    "ValidatingAdmissionPolicy": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
-    "ValidatingAdmissionPolicyBinding": "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings",
-}
 SERVER = "00c0ffee12345678"
 PAIR = "0badcafe00000001"
 
@@ -79,8 +73,8 @@ async def _scenario(cp: ControlPlane) -> dict[str, Any]:
 
     try:
         for doc in docs:
-            if doc["kind"] in PATHS and doc["metadata"]["name"] == POLICY:
-                await admin.create(PATHS[doc["kind"]], doc)
+            if doc["kind"] in admission.PATHS and doc["metadata"]["name"] == POLICY:
+                await admin.create(admission.PATHS[doc["kind"]], doc)
         for account in (PLUGIN, DRA):
             await admin.create(
                 "/api/v1/namespaces/kube-system/serviceaccounts",
