@@ -314,3 +314,21 @@ def test_ultraserver_config_is_refused_while_the_identity_is_pending_or_the_grou
         ]
         == US
     )  # a 2-node UltraServer's pair is the whole UltraServer
+
+
+def test_the_whole_node_device_gets_every_device_and_the_ultraserver_variables(tmp_path: Path) -> None:
+    """AWS's trn2u template: one `neuron_node` device with UltraServerConfig mode 4 gives the
+    container every device of the node, every core, and the node's identity in its group of 4."""
+    inv = ultraserver_node(tmp_path, 2)
+    obj = configured(claim(("neurons", "neuronnode")), (ultra(4), ["neurons"], "FromClaim"))
+    prepared = prepare(obj, inv)
+    (device,) = prepared.spec["devices"]
+    assert [n["path"] for n in device["containerEdits"]["deviceNodes"]] == [f"/dev/neuron{d}" for d in range(16)]
+    env = env_of(prepared)
+    assert env["NEURON_RT_VISIBLE_CORES"] == ",".join(str(c.index) for c in inv.cores)
+    assert (env["NEURON_RT_ULTRASERVER_MODE"], env["NEURON_RT_ULTRASERVER_NODE_ID"]) == ("1", "2")
+    assert env["NEURON_RT_ULTRASERVER_SERVER_ID"] == US
+    with pytest.raises(claims.ClaimRefused, match="unhealthy: neuron5: HBM_UNCORRECTABLE_ERROR"):
+        prepare(obj, inv, {5: "HBM_UNCORRECTABLE_ERROR"})
+    with pytest.raises(claims.ClaimRefused, match="not an UltraServer node"):
+        prepare(claim(("c", "neuronnode")), inventory("trn2.48xlarge"))

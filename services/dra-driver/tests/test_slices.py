@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import tempfile
+from dataclasses import replace
 from functools import cache
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from neuron_driver.inventory import NodeInventory, scan, topology_from
 from neuron_model import resources
 from neuron_model.instance_types import INSTANCE_TYPES, TopologyKind
 from neuron_model.placement_labels import ATTRIBUTE_OF_LABEL, placement_attributes
+from neuron_model.ultraserver import State, UltraServerReading
 from neuron_sim import node as sim
 
 SETTINGS = [(name, lnc) for name, it in INSTANCE_TYPES.items() for lnc in it.family.supported_lnc]
@@ -37,12 +39,12 @@ def model(name: str, lnc: int, unhealthy: frozenset[int] = frozenset(), **kw: ob
 
 
 def all_devices(objs: list[dict], groups: bool = False) -> list[dict]:  # type: ignore[type-arg]
-    """The devices and cores published (and the ring arcs, with `groups`)."""
+    """The devices and cores published (and the ring arcs and the whole node, with `groups`)."""
     return [
         d
         for s in objs
         for d in s["spec"].get("devices") or []
-        if groups or d["attributes"]["resourceType"]["string"] != slices.GROUP_KIND
+        if groups or d["attributes"]["resourceType"]["string"] not in (slices.GROUP_KIND, slices.NODE_KIND)
     ]
 
 
@@ -167,7 +169,10 @@ def test_an_unhealthy_device_leaves_with_its_cores_and_counter(data: st.DataObje
     assert slices.published_counts(objs) == {
         "device": len(left),
         "core": sum(len(d.logical_cores) for d in inv.devices if d.index in left),
-        "group": len([d for d in all_devices(objs, groups=True) if d["name"].startswith("neurongroup")]),
+        # ring arcs and the whole UltraServer node: devices made of several
+        "group": len(
+            [d for d in all_devices(objs, groups=True) if d["name"].startswith(("neurongroup", "neuronnode"))]
+        ),
         "tainted": 0,
     }
     # group ids do not move when a device leaves: a claim never gets a set with a hole
@@ -390,3 +395,46 @@ def test_a_slice_the_api_server_stored_with_null_devices_reads_as_none() -> None
     stored = [{"metadata": {"name": "s"}, "spec": {"devices": None}}]
     assert not slices.counted(stored)
     assert not slices.tainted(stored)
+
+
+def ultraserver_model(tmp: Path, **kw: object) -> slices.NodeDevices:
+    roots = sim.create_ultraserver(tmp, "trn2u.48xlarge", server_id="00c0ffee12345678")
+    inv = scan(roots[1], env={})
+    return slices.NodeDevices("node-a", inv, ultraserver=inv.ultraserver, **kw)  # type: ignore[arg-type]
+
+
+def whole_nodes(objs: list[dict]) -> list[dict]:  # type: ignore[type-arg]
+    return [d for s in objs for d in s["spec"].get("devices") or [] if d["name"] == "neuronnode"]
+
+
+def test_an_ultraserver_node_is_also_one_device_consuming_every_counter(tmp_path: Path) -> None:
+    """What AWS's trn2u ResourceClaimTemplates select: one device of resourceType neuron_node, which
+    takes every device's whole counter (no device or core can be allocated beside it), carrying the
+    node's UltraServer identity once the driver's election is over."""
+    model = ultraserver_model(tmp_path)
+    (node,) = whole_nodes(slices.build(model, 1))
+    inv = model.inventory
+    a = node["attributes"]
+    assert a["resourceType"] == {"string": "neuron_node"}
+    assert (a["deviceCount"], a["coreCount"]) == ({"int": 16}, {"int": len(inv.cores)})
+    assert a["ultraserverMode"] == {"string": "1_2_4"}
+    assert (a["ultraserverServerId4"], a["ultraserverNodeId4"]) == ({"string": "00c0ffee12345678"}, {"int": 1})
+    assert a["ultraserverNodeId2"] == {"int": 0}
+    consumed = {c: int(v["value"]) for cc in node["consumesCounters"] for c, v in cc["counters"].items()}
+    assert consumed == {f"neurondevice{d.index}": len(d.logical_cores) for d in inv.devices}
+    # a device out of the pool takes the whole node with it; a tainted one taints it
+    assert not whole_nodes(slices.build(replace(model, unhealthy=(3,)), 1))
+    taint = slices.Taint("HBM_UNCORRECTABLE_ERROR")
+    (tainted,) = whole_nodes(slices.build(replace(model, taints={3: taint}), 1))
+    assert tainted["taints"] == [taint.to_api()]
+    # no identity yet: the device, without the identity's attributes (never a guess)
+    pending = replace(model, ultraserver=UltraServerReading(State.PENDING, reason="busy"))
+    (anonymous,) = whole_nodes(slices.build(pending, 1))
+    assert not [k for k in anonymous["attributes"] if k.startswith("ultraserver")]
+    # not on a node outside an UltraServer instance type, nor without the shared counters
+    assert not whole_nodes(slices.build(model_of("trn2.48xlarge"), 1))
+    assert not whole_nodes(slices.build(replace(model, publish_cores=False), 1))
+
+
+def model_of(name: str) -> slices.NodeDevices:
+    return model(name, INSTANCE_TYPES[name].family.supported_lnc[0])

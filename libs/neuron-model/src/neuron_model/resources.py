@@ -82,6 +82,11 @@ def dra_core_name(global_index: int) -> str:
     return f"neuroncore{global_index}"
 
 
+# The whole node as one device, on UltraServer nodes: what AWS's trn2u claims ask for (one device whose
+# resourceType is `neuron_node`). AWS does not publish its device's name; ours is this one.
+DRA_NODE_NAME = "neuronnode"
+
+
 _DRA_GROUP_RE = re.compile(r"^neurongroup([1-9][0-9]*)-(0|[1-9][0-9]*)$")
 
 

@@ -115,6 +115,7 @@ class DraDriver:
             taints=taints,
             publish_groups=self.config.publish_groups,
             placement=self.placement.attributes,
+            ultraserver=self.driver.ultraserver(),
         )
 
     def taints(self) -> dict[int, slices.Taint]:

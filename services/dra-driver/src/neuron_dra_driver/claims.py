@@ -126,8 +126,8 @@ def prepare(
             raise ClaimRefused(f"device {name} is allocated from pool {pool!r}, this node is {node_name!r}")
         devices, cores = per_request.setdefault(request, (set(), set()))
         arc = resources.parse_dra_group(name)
-        if arc is not None:
-            members = _arc_members(inventory, name, *arc)
+        if arc is not None or name == resources.DRA_NODE_NAME:
+            members = _arc_members(inventory, name, *arc) if arc is not None else _node_members(inventory, name)
             devices.update(members)
             for member in members:
                 cores.update(inventory.device(member).logical_cores)  # type: ignore[union-attr]
@@ -186,6 +186,17 @@ def prepare(
         prepared.append(PreparedDevice(request, str(result["pool"]), str(result["device"]), ids))
     spec = cdi.spec(CLAIM_KIND, edits)
     return PreparedClaim(uid, str(meta.get("namespace", "")), str(meta.get("name", "")), tuple(prepared), spec)
+
+
+def _node_members(inventory: NodeInventory, name: str) -> tuple[int, ...]:
+    """Every device of an UltraServer node, or `ClaimRefused` when it is not one or misses a device."""
+    it = inventory.instance_type
+    if it is None or not it.ultraserver:
+        raise ClaimRefused(f"{name}: this node is not an UltraServer node, so it publishes no whole-node device")
+    members = tuple(range(it.devices))
+    if any(inventory.device(d) is None for d in members):
+        raise ClaimRefused(f"{name}: this node does not have all {it.devices} of its Neuron devices")
+    return members
 
 
 def _arc_members(inventory: NodeInventory, name: str, size: int, first: int) -> tuple[int, ...]:

@@ -25,6 +25,13 @@ Ids are the lowest device index of the group (an int).
   member's whole counter: a claim for one device of class `neurongroup.aws.com` with
   `deviceCount == k` gets any free arc, and never together with a member or one of its cores.
 
+UltraServer nodes (trn2u): the node's whole set of devices is also one device `neuronnode`
+(`resourceType=neuron_node`, as AWS's driver names it; `deviceCount`, `coreCount`, and once the
+driver's election is over the node's UltraServer identity: `ultraserverMode`, `ultraserverServerId4`,
+`ultraserverNodeId4`, `ultraserverServerId2`, `ultraserverNodeId2`) that consumes every device's
+whole counter: AWS's trn2u ResourceClaimTemplates (one `neuron_node` device with `UltraServerConfig`)
+run unchanged. It is published only while every device of the node is in the pool.
+
 An unhealthy device either leaves the pool (with its cores) or, with device taints on (KEP-5055,
 `DRADeviceTaints`, Beta in 1.36), stays in it with a taint `neuron.aws.com/unhealthy=<why>` on the
 device and each of its cores: the scheduler then says why a claim waits, allocates it only to a
@@ -44,6 +51,7 @@ from neuron_driver.inventory import NodeInventory, topology_from
 from neuron_model import resources
 from neuron_model.allocator import Topology
 from neuron_model.instance_types import GIB, TopologyKind
+from neuron_model.ultraserver import GROUP_SIZES, MODE_LABEL, State, UltraServerReading, node_labels
 
 DRIVER = layout.DRA_DRIVER_NAME
 API_VERSION = "resource.k8s.io/v1"
@@ -51,6 +59,7 @@ GROUP_DOMAIN = "resource.aws.com"
 DEVICE_KIND = "neuron_device"
 CORE_KIND = "neuron_core"
 GROUP_KIND = "neuron_device_group"
+NODE_KIND = "neuron_node"
 COUNTER_SET_PREFIX = "neuroncores"
 # API limits (k8s.io/api resource/v1): devices per slice when counters are used, counters per set.
 MAX_DEVICES_PER_SLICE = 64
@@ -117,6 +126,7 @@ class NodeDevices:
     taints: Mapping[int, Taint] = field(default_factory=dict)  # unhealthy devices published tainted
     publish_groups: bool = True  # ring arcs as devices (only with the shared counters of publish_cores)
     placement: Mapping[str, str] = field(default_factory=dict)  # from the Node's labels (placement_labels)
+    ultraserver: UltraServerReading | None = None  # the driver's UltraServer identity, read for each publish
 
     def without_taints(self) -> NodeDevices:
         """The same node with its tainted devices left out instead (an API server that drops taints)."""
@@ -205,7 +215,7 @@ def devices(model: NodeDevices) -> list[dict[str, Any]]:
                 entry = {"name": core_name(core), "attributes": attributes, "consumesCounters": [_consumes(d.index, 1)]}
                 _taint(entry, model.taints.get(d.index))
                 result.append(entry)
-    return result + ring_groups(model)
+    return result + ring_groups(model) + whole_node(model)
 
 
 def arc_start(group: frozenset[int], ring: int) -> int:
@@ -253,6 +263,49 @@ def ring_groups(model: NodeDevices) -> list[dict[str, Any]]:
             _taint(entry, tainted[0] if tainted else None)
             result.append(entry)
     return result
+
+
+def whole_node(model: NodeDevices) -> list[dict[str, Any]]:
+    """The UltraServer node's whole set of devices as one device, while all of them are in the pool."""
+    inv = model.inventory
+    it = inv.instance_type
+    if it is None or not it.ultraserver or not model.publish_cores or not inv.devices:
+        return []
+    present = [d for d in sorted(inv.devices, key=lambda d: d.index) if d.index not in set(model.unhealthy)]
+    if len(present) != it.devices:
+        return []
+    attributes = _common(model, NODE_KIND, present[0].index, {})
+    del attributes["deviceId"]
+    attributes["deviceCount"] = _int(len(present))
+    attributes["coreCount"] = _int(sum(len(d.logical_cores) for d in present))
+    attributes.update(ultraserver_attributes(model.ultraserver))
+    counters: dict[str, dict[str, dict[str, str]]] = {}
+    for d in present:
+        counters.setdefault(counter_set_name(d.index), {})[device_name(d.index)] = {"value": str(len(d.logical_cores))}
+    entry: dict[str, Any] = {
+        "name": resources.DRA_NODE_NAME,
+        "attributes": attributes,
+        "consumesCounters": [{"counterSet": s, "counters": c} for s, c in sorted(counters.items())],
+    }
+    tainted = [model.taints[d.index] for d in present if d.index in model.taints]
+    _taint(entry, tainted[0] if tainted else None)
+    return [entry]
+
+
+def ultraserver_attributes(reading: UltraServerReading | None) -> dict[str, Any]:
+    """The node's UltraServer identity as attributes, once the driver's election is over; none before
+    (a claim's selector on them then finds no device rather than a guessed one)."""
+    if reading is None or reading.state is not State.IDENTIFIED or reading.identity is None:
+        return {}
+    identity = reading.identity
+    labels = node_labels(reading)
+    attributes: dict[str, Any] = {"ultraserverMode": _string(labels[MODE_LABEL])}
+    for size in GROUP_SIZES:
+        group = identity.group(size)
+        if group is not None:
+            attributes[f"ultraserverServerId{size}"] = _string(group[0])
+            attributes[f"ultraserverNodeId{size}"] = _int(group[1])
+    return attributes
 
 
 def _taint(entry: dict[str, Any], taint: Taint | None) -> None:
@@ -323,7 +376,8 @@ def content(slices: list[dict[str, Any]]) -> list[Any]:
 
 
 def published_counts(slices: list[dict[str, Any]]) -> dict[str, int]:
-    """Devices and cores published (tainted ones too), and how many of them carry a taint."""
+    """Devices and cores published (tainted ones too), groups (ring arcs and the whole UltraServer
+    node), and how many of them carry a taint."""
     counts = {"device": 0, "core": 0, "group": 0, "tainted": 0}
     for s in slices:
         for d in s["spec"].get("devices") or []:
