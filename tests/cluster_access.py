@@ -93,6 +93,8 @@ SHOW_DEVICES = (
     "import glob, os, time\n"
     "for d in sorted(glob.glob('/dev/neuron*')): print('device=' + d, flush=True)\n"
     "print('lnc=' + os.environ.get('NEURON_LOGICAL_NC_CONFIG', ''), flush=True)\n"
+    "for k in ('MODE', 'SERVER_ID', 'NODE_ID'):\n"
+    "    print('ultraserver_' + k.lower() + '=' + os.environ.get('NEURON_RT_ULTRASERVER_' + k, ''), flush=True)\n"
     "print('cores=' + os.environ.get('NEURON_RT_VISIBLE_CORES', ''), flush=True)\n"
     "time.sleep(3600)\n"
 )

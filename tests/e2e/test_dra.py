@@ -532,13 +532,18 @@ def ultraserver_labels() -> dict[str, str]:
     return {k: v for k, v in labels.items() if k.startswith(LABEL_PREFIX)}
 
 
-def test_awss_ultraserver_labels_on_a_simulated_trn2u_node() -> None:
+def test_awss_ultraserver_labels_and_claims_on_a_simulated_trn2u_node() -> None:
     """The node as node 1 of a simulated 4-node trn2u UltraServer: the DRA driver labels its Node
     with AWS's UltraServer labels (the keys AWS's LeaderWorkerSet examples use) through the chart's
-    admission policy; back on the trn1, which is in no UltraServer, they are removed."""
-    sim("create-ultraserver", "--root", TRN2U_ROOT, "--server-id", ULTRASERVER, "--force")
+    admission policy, and AWS's published trn2u ResourceClaimTemplates, applied unchanged, give a
+    pod the whole node (one `neuron_node` device) with the runtime's UltraServer variables of the
+    mode each asks for (LeaderWorkerSet is not in the test cluster: a plain pod stands in for its
+    leader). Back on the trn1, which is in no UltraServer, the labels are removed."""
+    sim("create-ultraserver", "--root", TRN2U_ROOT, "--server-id", ULTRASERVER, "--char-devices", "--force")
     root = TRN2U_ROOT / "node-1"
-    expected = node_labels(read_ultraserver(root))
+    reading = read_ultraserver(root)
+    expected = node_labels(reading)
+    identity = reading.identity
     kubectl("label", "node", NODE, "node.kubernetes.io/instance-type=trn2u.48xlarge", "--overwrite")
     try:
         install("--set", f"simulation.hostRoot={root}")
@@ -546,6 +551,27 @@ def test_awss_ultraserver_labels_on_a_simulated_trn2u_node() -> None:
         assert expected[server_id_label(4)] == ULTRASERVER
         assert expected[node_id_label(4)] == "1"
         assert expected[MODE_LABEL] == "1_2_4"
+        eventually(lambda: "neuronnode" in published(), "the whole node published as one device", timeout=120)
+        assert identity is not None
+        for spec, mode, (server, node) in (
+            ("4-node-inference-us", "1", identity.group(4)),
+            ("2-node-inference-us", "2", identity.group(2)),
+            ("us-and-lnc-config", "2", identity.group(2)),
+        ):
+            template, _ = aws_spec(spec)  # the LeaderWorkerSet beside it needs its controller
+            apply_in_workloads(template)
+            create_pod("us", template["metadata"]["name"])
+            eventually(lambda: pod_phase("us", WORKLOADS) == "Running", f"the pod of AWS's {spec} running", timeout=180)
+            assert allocated("us") == ["neuronnode"]
+            seen = shown("us")
+            assert seen_devices("us") == list(range(16))
+            assert (seen["ultraserver_mode"], seen["ultraserver_server_id"], seen["ultraserver_node_id"]) == (
+                [mode],
+                [server],
+                [str(node)],
+            ), spec
+            delete_pods("us")
+            kubectl("delete", "resourceclaimtemplate", "-n", WORKLOADS, template["metadata"]["name"], "--wait=true")
     finally:
         kubectl("label", "node", NODE, "node.kubernetes.io/instance-type=trn1.32xlarge", "--overwrite")
         install()

@@ -58,6 +58,11 @@ def _parser() -> argparse.ArgumentParser:
     u.add_argument("--nodes", type=int, default=4, choices=(2, 4), help="nodes in the UltraServer")
     u.add_argument("--server-id", help="the UltraServer's id, 16 lowercase hex digits (default: random)")
     u.add_argument("--force", action="store_true", help="replace simulated nodes already there")
+    u.add_argument(
+        "--char-devices",
+        action="store_true",
+        help="make each node's dev/neuronN real character devices (needs root), as create does",
+    )
 
     n = sub.add_parser(
         "create-non-neuron",
@@ -165,7 +170,9 @@ def _run(args: argparse.Namespace) -> int:
         print(f"created a simulated {it.name} ({it.devices} devices) under {args.root}")
         return 0
     if args.command == "create-ultraserver":
-        roots = sim.create_ultraserver(args.root, args.instance_type, args.nodes, args.server_id, force=args.force)
+        roots = sim.create_ultraserver(
+            args.root, args.instance_type, args.nodes, args.server_id, force=args.force, char_devices=args.char_devices
+        )
         print(f"created an UltraServer of {len(roots)} {args.instance_type} nodes under {args.root}")
         return 0
     if args.command == "create-non-neuron":
