@@ -75,6 +75,25 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("faults", help="print the hardware fault table (Markdown): the kinds `inject fault` takes")
 
+    mon = sub.add_parser(
+        "monitor",
+        help="a stand-in for neuron-monitor: its JSON documents on stdout, one line per period, for the node "
+        "under --root (or an --instance-type); figures are made up",
+    )
+    where = mon.add_mutually_exclusive_group(required=True)
+    where.add_argument("--root", type=Path, help="a simulated node (its devices, cores and LNC)")
+    where.add_argument("--instance-type", choices=sorted(INSTANCE_TYPES), metavar="TYPE")
+    mon.add_argument("-c", "--config-file", type=Path, help="neuron-monitor's configuration file (its period)")
+    mon.add_argument("--period", type=float, default=5.0, help="seconds between documents (neuron-monitor's 5)")
+    mon.add_argument("--runtimes", type=int, default=2, help="Neuron runtimes reporting")
+    mon.add_argument("--cores-per-runtime", type=int, default=2)
+    mon.add_argument("--churn-every", type=int, default=0, help="every N documents a runtime exits, another starts")
+    mon.add_argument("--runtimes-file", type=Path, help='reread before each document: [{"pid","tag","cores"}]')
+    mon.add_argument("--malformed-every", type=int, default=0, help="every N documents, a malformed line first")
+    mon.add_argument("--count", type=int, default=0, help="lines to write, then exit 0 (0: forever)")
+    mon.add_argument("--exit-after", type=int, default=0, help="lines to write, then exit 1 as if crashed")
+    mon.add_argument("--seed", type=int, default=0)
+
     d = sub.add_parser("destroy", help="remove the simulated node's files under --root")
     d.add_argument("--root", required=True, type=Path)
 
@@ -182,6 +201,18 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "faults":
         print(faults.markdown_table())
         return 0
+    if args.command == "monitor":
+        from neuron_sim import monitor
+
+        try:
+            node = monitor.node_from_root(args.root) if args.root else monitor.node_from_type(args.instance_type)
+            period = monitor.config_period(args.config_file, args.period)
+        except ValueError as exc:
+            raise sim.SimError(str(exc)) from exc
+        scenario = monitor.Scenario(
+            args.runtimes, args.cores_per_runtime, args.churn_every, args.malformed_every, args.runtimes_file, args.seed
+        )
+        return monitor.run(node, scenario, period, count=args.count, exit_after=args.exit_after)
     if args.command == "destroy":
         sim.destroy(args.root)
         return 0
