@@ -25,8 +25,10 @@ from neuron_model.resources import Kind
 from neuron_node_metrics import __version__
 from neuron_node_metrics.attribution import Attribution, attribute
 from neuron_node_metrics.catalogue import ALL_FAMILIES
-from neuron_node_metrics.collector import NeuronCollector
+from neuron_node_metrics.collector import NeuronCollector, Rows
 from neuron_node_metrics.config import Config
+from neuron_node_metrics.monitor_source import STATES, MonitorSource
+from neuron_node_metrics.runtime_metrics import instance_labels, runtime_rows
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +47,7 @@ class Exporter:
             with_allocatable=True,
             on_update=self._on_podresources,
         )
+        self.monitor = MonitorSource(config.neuron_monitor_command)
         self.collector = NeuronCollector(
             config.host_root,
             config.metrics,
@@ -52,6 +55,8 @@ class Exporter:
             naming=config.naming,
             resources_capacity=self._capacity,
             allocatable=lambda: self._allocatable,
+            runtime_rows=self._runtime_rows if config.neuron_monitor_command else None,
+            instance_labels=instance_labels(self.monitor.runtime),
         )
         inv = self.collector.inventory
         log.info(
@@ -105,6 +110,11 @@ class Exporter:
         if snapshot.allocatable is not None:
             self._allocatable = {name: len(ids) for name, ids in snapshot.allocatable.items()}
 
+    def _runtime_rows(self, attribution: Attribution) -> Iterator[Rows]:
+        device_of = {c.index: c.device for c in self.collector.inventory.cores}
+        compat = self.config.naming == "neuron-monitor"
+        return runtime_rows(self.monitor.runtime, self.config.metrics, attribution, device_of, compat=compat)
+
     def _ring(self) -> int | None:
         """The ring's length when this node's devices are a ring (its DRA arcs name their first device)."""
         topo = topology_from(self.collector.inventory)
@@ -117,7 +127,7 @@ class Exporter:
     def ready(self) -> tuple[bool, str]:
         devices = len(self.collector.inventory.devices)
         pr = "up" if self.poller.up else "down (metrics are served without pod labels)"
-        return True, f"exporting {devices} device(s); PodResources {pr}"
+        return True, f"exporting {devices} device(s); PodResources {pr}; neuron-monitor {self.monitor.state}"
 
     async def metrics(self, _: web.Request) -> web.Response:
         started = time.perf_counter()
@@ -128,7 +138,13 @@ class Exporter:
 
     async def run(self) -> int:
         return await run_service(
-            self.http, self.supervisor, self.stop, lambda: {"attribution": lambda: self.poller.run(self.stop)}
+            self.http,
+            self.supervisor,
+            self.stop,
+            lambda: {
+                "attribution": lambda: self.poller.run(self.stop),
+                "neuron-monitor": lambda: self.monitor.run(self.stop),
+            },
         )
 
 
@@ -151,9 +167,16 @@ class _SelfCollector(Collector):
         yield single("neuron_exporter_podresources_up", 1 if e.poller.up else 0)
         yield single("neuron_exporter_attribution_dropped_containers", e._attribution.dropped)
         yield single("neuron_exporter_build_info", 1, {"version": __version__})
+        f = ALL_FAMILIES["neuron_exporter_monitor_state"]
+        state = Metric(f.base_name, f.help, "gauge")
+        state.samples.extend(Sample(f.name, {"state": s}, 1 if s == e.monitor.state else 0) for s in STATES)
+        yield state
+        yield single("neuron_exporter_monitor_restarts_total", e.monitor.restarts)
+        yield single("neuron_exporter_monitor_documents_total", e.monitor.documents)
         for name, tally, label in (
             ("neuron_exporter_read_errors_total", e.collector.read_errors, "kind"),
             ("neuron_exporter_podresources_errors_total", e.poller.errors, "code"),
+            ("neuron_exporter_monitor_problems_total", e.monitor.problems, "kind"),
         ):
             f = ALL_FAMILIES[name]
             m = Metric(f.base_name, f.help, "counter")

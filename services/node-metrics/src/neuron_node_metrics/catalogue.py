@@ -121,6 +121,117 @@ _FAMILIES = (
     ),
 )
 
+# From neuron-monitor's JSON documents (--neuron-monitor-command); see runtime_metrics.py. A runtime's own
+# series carry the pod that holds its cores (when one container holds them all).
+RUNTIME = ("runtime_tag", "pid")
+RUNTIME_FAMILIES = (
+    Family(
+        "neuron_core_utilization_ratio",
+        "gauge",
+        "Busy fraction of a logical NeuronCore over neuron-monitor's last period, 0-1, per runtime using it "
+        "(neuroncore_counters).",
+        ("device", "core", *RUNTIME, *ATTRIBUTION),
+        "neuroncore_utilization_ratio",
+    ),
+    Family(
+        "neuron_runtime_executions_total",
+        "counter",
+        "Executions a Neuron runtime finished, by status (completed, completed_with_err, completed_with_num_err, "
+        "timed_out, incorrect_input, failed_to_queue; execution_stats.execution_summary, summed over documents).",
+        (*RUNTIME, "status", *ATTRIBUTION),
+        "execution_status_total",
+    ),
+    Family(
+        "neuron_runtime_execution_errors_total",
+        "counter",
+        "Execution errors of a Neuron runtime, by type (generic, numerical, transient, model, runtime, hardware; "
+        "execution_stats.error_summary, summed over documents).",
+        (*RUNTIME, "type", *ATTRIBUTION),
+        "execution_errors_total",
+    ),
+    Family(
+        "neuron_runtime_execution_latency_seconds",
+        "gauge",
+        "Execution latency percentiles of a Neuron runtime over neuron-monitor's last period: `latency` total "
+        "(as the runtime measures it) or device (on the device only), `quantile` 0 to 1. Absent while no model ran.",
+        (*RUNTIME, "latency", "quantile", *ATTRIBUTION),
+        "execution_latency_seconds",
+    ),
+    Family(
+        "neuron_runtime_memory_used_bytes",
+        "gauge",
+        "Memory a Neuron runtime uses, by location (host, device; memory_used.neuron_runtime_used_bytes).",
+        (*RUNTIME, "location", *ATTRIBUTION),
+        "neuron_runtime_memory_used_bytes",
+    ),
+    Family(
+        "neuron_runtime_host_memory_used_bytes",
+        "gauge",
+        "Host memory a Neuron runtime uses, by category (application_memory, constants, dma_buffers, tensors).",
+        (*RUNTIME, "category", *ATTRIBUTION),
+    ),
+    Family(
+        "neuron_runtime_core_memory_used_bytes",
+        "gauge",
+        "Device memory a Neuron runtime uses on a logical NeuronCore, by category (constants, model_code, "
+        "model_shared_scratchpad, runtime_memory, tensors).",
+        ("device", "core", *RUNTIME, "category", *ATTRIBUTION),
+        "neuroncore_memory_usage_<category>",
+    ),
+    Family(
+        "neuron_runtime_vcpu_usage_ratio",
+        "gauge",
+        "vCPU time a Neuron runtime used over neuron-monitor's last period, 0-1 of one vCPU, by mode (user, system).",
+        (*RUNTIME, "mode", *ATTRIBUTION),
+        "neuron_runtime_vcpu_usage_ratio",
+    ),
+    Family(
+        "neuron_system_vcpu_count",
+        "gauge",
+        "vCPUs of the node, as neuron-monitor counts them (vcpu_usage.usage_data).",
+        (),
+        "system_vcpu_count",
+    ),
+    Family(
+        "neuron_system_vcpu_usage_ratio",
+        "gauge",
+        "Average vCPU time of the node over neuron-monitor's last period, 0-1, by mode (user, nice, system, idle, "
+        "io_wait, irq, soft_irq).",
+        ("mode",),
+        "system_vcpu_usage_ratio",
+    ),
+    Family(
+        "neuron_system_memory_size_bytes",
+        "gauge",
+        "Host memory of the node, by memory (ram, swap; memory_info).",
+        ("memory",),
+        "system_memory_total_bytes, system_swap_total_bytes",
+    ),
+    Family(
+        "neuron_system_memory_used_bytes",
+        "gauge",
+        "Host memory in use on the node, by memory (ram, swap; memory_info).",
+        ("memory",),
+        "system_memory_used_bytes, system_swap_used_bytes",
+    ),
+    Family(
+        "neuron_instance_info",
+        "gauge",
+        "Always 1: the EC2 instance as neuron-monitor describes it (instance_info).",
+        (
+            "instance_name",
+            "instance_id",
+            "instance_type",
+            "availability_zone",
+            "availability_zone_id",
+            "region",
+            "ami_id",
+            "subnet_id",
+        ),
+        "instance_info",
+    ),
+)
+
 SELF_FAMILIES = (
     Family("neuron_exporter_scrape_duration_seconds", "gauge", "Time the last scrape took to read and render.", ()),
     Family("neuron_exporter_scrapes_total", "counter", "Scrapes served.", ()),
@@ -151,10 +262,28 @@ SELF_FAMILIES = (
         (),
     ),
     Family("neuron_exporter_build_info", "gauge", "Always 1, with the exporter's version.", ("version",)),
+    Family(
+        "neuron_exporter_monitor_state",
+        "gauge",
+        "1 for the state neuron-monitor is in, 0 for the others: disabled (no --neuron-monitor-command), "
+        "not_found (its binary is missing), starting (no document yet), running, exited (restarting after a "
+        "back-off). Only `running` serves runtime metrics.",
+        ("state",),
+    ),
+    Family("neuron_exporter_monitor_restarts_total", "counter", "Times neuron-monitor was started again.", ()),
+    Family("neuron_exporter_monitor_documents_total", "counter", "neuron-monitor documents read.", ()),
+    Family(
+        "neuron_exporter_monitor_problems_total",
+        "counter",
+        "Parts of neuron-monitor's output that were skipped, by kind: malformed (a line that is not a JSON object), "
+        "too_long (a line over 16 MiB), wrong_type (a field), group_error and runtime_error (neuron-monitor "
+        "reported an error there); the rest of the document is kept.",
+        ("kind",),
+    ),
 )
 
-FAMILIES: dict[str, Family] = {f.name: f for f in _FAMILIES}
-ALL_FAMILIES: dict[str, Family] = {f.name: f for f in (*_FAMILIES, *SELF_FAMILIES)}
+FAMILIES: dict[str, Family] = {f.name: f for f in (*_FAMILIES, *RUNTIME_FAMILIES)}
+ALL_FAMILIES: dict[str, Family] = {f.name: f for f in (*_FAMILIES, *RUNTIME_FAMILIES, *SELF_FAMILIES)}
 
 # neuron-monitor's execution status types, for --naming neuron-monitor
 NEURON_MONITOR_STATUS = {
@@ -174,6 +303,6 @@ def markdown_table() -> str:
     ]
     for f in ALL_FAMILIES.values():
         labels = ", ".join(f"`{label}`" for label in f.labels) or "-"
-        compat = f"`{f.neuron_monitor_name}`" if f.neuron_monitor_name else "-"
+        compat = ", ".join(f"`{n}`" for n in (f.neuron_monitor_name or "").split(", ") if n) or "-"
         rows.append(f"| `{f.name}` | {f.type} | {labels} | {f.help} | {compat} |")
     return "\n".join(rows)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -136,6 +136,8 @@ class NeuronCollector(Collector):
         naming: str = "native",
         resources_capacity: Callable[[NodeInventory], dict[str, int]] | None = None,
         allocatable: Callable[[], dict[str, int] | None] | None = None,
+        runtime_rows: Callable[[Attribution], Iterable[Rows]] | None = None,
+        instance_labels: Callable[[], str] | None = None,
     ) -> None:
         self.host_root = host_root
         self.families = families
@@ -143,6 +145,11 @@ class NeuronCollector(Collector):
         self.compat = naming == "neuron-monitor"
         self.resources_capacity = resources_capacity
         self.allocatable = allocatable
+        # neuron-monitor's families (see runtime_metrics.py), served after the driver's. Under --naming
+        # neuron-monitor, the runtime's execution_status_total and neuroncore_memory_usage_* take those names;
+        # the driver's figures of the same names are then left out, so no family has two sources.
+        self.runtime_rows = runtime_rows
+        self.instance_labels = instance_labels  # added to neuron_hardware_info under --naming neuron-monitor
         self.read_errors: Tally[str] = Tally()
         self._kinds = set().union(*(_NEEDS.get(f, set()) for f in families))
         self._owner_cache: tuple[Attribution | None, dict[int, str], dict[int, str]] = (None, {}, {})
@@ -214,7 +221,7 @@ class NeuronCollector(Collector):
                     hw.add((key.device, key.name), value)
             per_core = per_core.complete(lambda k: self._lnc)
             hw = hw.complete(lambda k: self._physical[k[0]])
-            if "neuron_core_execution_status_total" in families:
+            if "neuron_core_execution_status_total" in families and not (compat and self.runtime_rows):
                 f = FAMILIES["neuron_core_execution_status_total"]
                 rows = Rows("execution_status_total" if compat else f.name, "counter", f.help)
                 label, names = ("status_type", NEURON_MONITOR_STATUS) if compat else ("status", {})
@@ -242,7 +249,7 @@ class NeuronCollector(Collector):
                 rows.samples.append((labels, value))
             yield rows
 
-        if "neuron_core_memory_used_bytes" in families:
+        if "neuron_core_memory_used_bytes" in families and not (compat and self.runtime_rows):
             yield from self._memory(by_kind[CounterKind.CORE_DEVICE_MEM], core_owner, nobody)
 
         if "neuron_device_memory_total_bytes" in families:
@@ -276,6 +283,8 @@ class NeuronCollector(Collector):
             yield rows
 
         yield from self._static(attribution)
+        if self.runtime_rows is not None:
+            yield from self.runtime_rows(attribution)
 
     def _memory(self, entries: list[tuple[CounterKey, int]], core_owner: dict[int, str], nobody: str) -> Iterator[Rows]:
         f = FAMILIES["neuron_core_memory_used_bytes"]
@@ -339,6 +348,8 @@ class NeuronCollector(Collector):
                         ("logical_neuroncore_config", str(inv.lnc.value)),
                     )
                 )
+                instance = self.instance_labels() if self.instance_labels else ""
+                labels = f"{labels},{instance}" if instance else labels
                 yield Rows("neuron_hardware_info", "gauge", f.help, [(labels, 1)])
         if "neuron_logical_core_config" in families:
             f = FAMILIES["neuron_logical_core_config"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ class Config:
     max_label_length: int
     metrics_security: MetricsSecurity | None = None  # --metrics-auth=kubernetes
     kubeconfig: str = ""  # for the reviews; '' is the in-cluster service account
+    neuron_monitor_command: tuple[str, ...] = ()  # empty: no runtime metrics
 
     @property
     def resources(self) -> list[resources.Resource]:
@@ -82,6 +84,14 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         help="'neuron-monitor' renames the families neuron-monitor also has, for migrating dashboards",
     )
     p.add_flag(
+        "--neuron-monitor-command",
+        default="",
+        help="run this neuron-monitor command line (shell-style words, e.g. '/opt/aws/neuron/bin/neuron-monitor "
+        "-c /etc/neuron-monitor.json') and serve its per-runtime and per-core metrics; empty: sysfs metrics only. "
+        "A command that is missing or keeps exiting is retried with back-off and shown in "
+        "neuron_exporter_monitor_state",
+    )
+    p.add_flag(
         "--max-attributed-containers",
         default=512,
         type=positive_int,
@@ -108,6 +118,10 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
                 f"known: {', '.join(FAMILIES)}"
             )
     require_resource_prefix(p, a.resource_prefix)
+    try:
+        monitor_command = tuple(shlex.split(a.neuron_monitor_command))
+    except ValueError as exc:
+        p.error(f"--neuron-monitor-command: cannot split {a.neuron_monitor_command!r} into words: {exc}")
     return Config(
         host_root=a.host_root,
         pod_resources_socket=a.pod_resources_socket,
@@ -121,4 +135,5 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         naming=a.naming,
         max_attributed_containers=a.max_attributed_containers,
         max_label_length=a.max_label_length,
+        neuron_monitor_command=monitor_command,
     )
