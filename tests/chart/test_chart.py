@@ -1207,6 +1207,7 @@ def test_custom_rules_replace_the_shipped_ones_and_roll_the_pods() -> None:
         (sets(devicePlugin__enabled="yes"), "/devicePlugin/enabled"),
         (sets(npd__logLevel="verbose"), "value must be one of 'debug', 'info', 'warning', 'error'"),
         (sets(nodeMetrics__port=70000), "/nodeMetrics/port"),
+        (sets(nodeMetrics__neuronMonitorCommand=["neuron-monitor"]), "/nodeMetrics/neuronMonitorCommand"),
         (sets(devicePlugin__image__digest="sha256:short"), "/devicePlugin/image/digest"),
         (sets(simulation__hostRoot="relative/path"), "/simulation/hostRoot"),
         (sets(placement__mode="everywhere"), "/placement/mode"),
@@ -1231,6 +1232,7 @@ def test_custom_rules_replace_the_shipped_ones_and_roll_the_pods() -> None:
         "wrong-type",
         "enum",
         "out-of-range",
+        "monitor-command-not-a-string",
         "bad-digest",
         "relative-path",
         "placement-mode",
@@ -1561,3 +1563,12 @@ def test_host_paths_are_the_node_models() -> None:
     assert f"--verdict-dir={layout.VERDICT_DIR}" in plugin
     assert f"--verdict-dir={layout.VERDICT_DIR}" in detector
     assert f"--state-file={layout.NPD_STATE_FILE}" in detector
+
+
+def test_node_metrics_runs_neuron_monitor_only_when_a_command_is_given() -> None:
+    args = container(daemonset(render(), "node-metrics"))["args"]
+    assert not [a for a in args if a.startswith("--neuron-monitor-command")]  # off by default: sysfs only
+    command = "/opt/aws/neuron/bin/neuron-monitor -c '/etc/neuron monitor.json'"
+    args = container(daemonset(render(*sets(nodeMetrics__neuronMonitorCommand=command)), "node-metrics"))["args"]
+    assert f"--neuron-monitor-command={command}" in args  # one argument, quotes and spaces intact
+    assert args.index(f"--neuron-monitor-command={command}") < args.index("--log-level=info")
