@@ -3,12 +3,18 @@
 
 Targets (issue 4): scrape p50 <= 2x the floor (reading the same files in a tight loop, in
 this run) and p99 <= 100 ms; resident memory <= 60 MB; idle CPU <= 0.5 % of a core.
+
+Then again with neuron-monitor (issue 25; figures marked `+32 runtimes`): the `neuron-sim monitor`
+stand-in as its command, 32 runtimes on 4 cores each (all 128) reporting every second; scrape
+time, memory and the CPU the exporter spends reading the documents are reported (no targets set
+yet). The stand-in's own CPU is not counted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -21,6 +27,7 @@ from common import (
     Figure,
     idle_cpu,
     percentile,
+    quiet_seconds,
     rss_mb,
     scaled,
     stop_process,
@@ -53,7 +60,10 @@ def _floor(root: Path) -> tuple[float, int]:
     return percentile(samples, 50), len(paths)
 
 
-async def _measure(root: Path, work: Path) -> list[Figure]:
+RUNTIMES, CORES_EACH = 32, 4
+
+
+async def _measure(root: Path, work: Path, *, monitor: bool = False) -> list[Figure]:
     kubelet = FakeKubelet(work / "dp", work / "pr")
     for core in range(128):
         kubelet.allocations.append(
@@ -61,13 +71,20 @@ async def _measure(root: Path, work: Path) -> list[Figure]:
                        [f"neuroncore{core}"], dp.ContainerAllocateResponse())
         )  # fmt: skip
     await kubelet.start()
-    port = 19840
+    port = 19841 if monitor else 19840
+    extra: list[str] = []
+    if monitor:
+        command = [sys.executable, "-m", "neuron_sim.cli", "monitor", "--root", str(root), "--period", "1",
+                   "--runtimes", str(RUNTIMES), "--cores-per-runtime", str(CORES_EACH)]  # fmt: skip
+        extra = ["--neuron-monitor-command", shlex.join(command)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "neuron_node_metrics", "--host-root", str(root),
          "--pod-resources-socket", str(kubelet.pod_resources_socket), "--listen", f"127.0.0.1:{port}",
-         "--log-level", "warning"],
+         "--log-level", "warning", *extra],
         stderr=subprocess.DEVNULL,
     )  # fmt: skip
+    ready = f'runtime_tag="rt-{RUNTIMES - 1}"' if monitor else 'pod="worker-127"'
+    prefix = f"+{RUNTIMES} runtimes: " if monitor else ""
     figures: list[Figure] = []
     try:
         url = f"http://127.0.0.1:{port}/metrics"
@@ -83,9 +100,9 @@ async def _measure(root: Path, work: Path) -> list[Figure]:
                         text = await r.text()
                 except aiohttp.ClientError:
                     return False
-                return 'pod="worker-127"' in text
+                return 'pod="worker-127"' in text and ready in text
 
-            await until_async(attributed, "the exporter to serve metrics attributed to pod worker-127", 30, 0.2)
+            await until_async(attributed, f"the exporter to serve metrics with {ready}", 30, 0.2)
             series = sum(1 for line in text.splitlines() if not line.startswith("#"))
             ps = psutil.Process(proc.pid)
             cpu_before = sum(ps.cpu_times()[:2])
@@ -96,8 +113,21 @@ async def _measure(root: Path, work: Path) -> list[Figure]:
                     await r.read()
                 samples.append(time.perf_counter() - t0)
             cpu_per_scrape = (sum(ps.cpu_times()[:2]) - cpu_before) / SCRAPES
-        floor_p50, files = _floor(root)
         p50, p99 = percentile(samples, 50), percentile(samples, 99)
+        if monitor:
+            window = quiet_seconds(10)
+            cpu_before = sum(ps.cpu_times()[:2])
+            await asyncio.sleep(window)
+            reading = (sum(ps.cpu_times()[:2]) - cpu_before) / window * 100
+            return [
+                Figure(f"{prefix}series per scrape", series, "count"),
+                Figure(f"{prefix}scrape p50 (HTTP, end to end)", p50 * 1e3, "ms"),
+                Figure(f"{prefix}scrape p99 (HTTP, end to end)", p99 * 1e3, "ms"),
+                Figure(f"{prefix}CPU seconds per scrape", cpu_per_scrape, "s"),
+                Figure(f"{prefix}resident memory after {SCRAPES} scrapes", rss_mb(proc.pid), "MB"),
+                Figure(f"{prefix}exporter CPU reading documents, no scrapes", reading, "%"),
+            ]
+        floor_p50, files = _floor(root)
         figures += [
             Figure(f"series per scrape ({files} files read)", series, "count"),
             Figure("floor: read the same files, tight loop, p50", floor_p50 * 1e3, "ms"),
@@ -119,4 +149,5 @@ def run() -> list[Figure]:
     with work_dir("bench-nm-") as work:
         root = work / "node"
         sim.create(root, "trn2.48xlarge", lnc=1)
-        return asyncio.run(_measure(root, work))
+        figures = asyncio.run(_measure(root, work))
+        return figures + asyncio.run(_measure(root, work / "with-monitor", monitor=True))
