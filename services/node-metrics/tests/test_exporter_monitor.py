@@ -156,6 +156,27 @@ async def test_a_crashing_monitor_is_restarted_and_the_exporter_lives_on(env) ->
         assert series(text, "neuron_core_utilization_ratio") == []  # a dead monitor's figures are not served
 
 
+async def test_a_fault_while_reading_restarts_the_monitor_not_the_exporter(env, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    work, kubelet = env
+    await kubelet.start()
+
+    def broken(line: object) -> object:
+        raise RuntimeError("parser bug")
+
+    monkeypatch.setattr("neuron_node_metrics.monitor_source.parse_line", broken)
+    command = monitor_command(work, "--period", "0.05")
+    async with running(work, kubelet, "--neuron-monitor-command", command) as exporter:
+        await until_async(lambda: exporter.monitor.restarts >= 1, "a restart", timeout=10)
+        _, text = await scrape(exporter)
+        health, _ = await scrape(exporter, "/healthz")
+    assert health == 200
+    assert series(text, "neuron_exporter_monitor_problems_total") == [
+        ({"kind": "exporter_error"}, exporter.monitor.problems["exporter_error"])
+    ]
+    assert exporter.monitor.problems["exporter_error"] >= 1
+    assert series(text, "neuron_device_info")
+
+
 async def test_a_missing_monitor_is_said_once_and_sysfs_is_served(env, caplog) -> None:  # type: ignore[no-untyped-def]
     work, kubelet = env
     await kubelet.start()

@@ -137,6 +137,9 @@ def test_unknown_fields_are_ignored_and_new_count_keys_pass_through() -> None:
         (("report", "execution_stats", "execution_summary", "completed"), "12", "execution_summary.completed"),
         (("report", "execution_stats", "execution_summary", "timed_out"), True, "execution_summary.timed_out"),
         (("report", "execution_stats", "execution_summary", "completed"), float("nan"), "execution_summary.completed"),
+        (("report", "execution_stats", "execution_summary", "completed"), -3, "execution_summary.completed"),
+        (("report", "execution_stats", "error_summary", "generic"), 10**30, "error_summary.generic"),
+        (("report", "memory_used", "neuron_runtime_used_bytes", "host"), -(2**70), "used_bytes.host"),
         (("report", "neuroncore_counters", "neuroncores_in_use", "x7"), {"neuroncore_utilization": 1}, "in_use.x7"),
         (("report", "neuroncore_counters", "neuroncores_in_use", "0", "neuroncore_utilization"), None, "utilization"),
         (("report", "memory_used", "neuron_runtime_used_bytes", "host"), [1], "used_bytes.host"),
@@ -168,7 +171,12 @@ def test_a_runtime_without_a_pid_is_dropped_and_named() -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.integers(min_value=2**60, max_value=10**400)
+    | st.floats()
+    | st.text(max_size=5),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=20,
 )

@@ -277,7 +277,8 @@ SELF_FAMILIES = (
         "counter",
         "Parts of neuron-monitor's output that were skipped, by kind: malformed (a line that is not a JSON object), "
         "too_long (a line over 16 MiB), wrong_type (a field), group_error and runtime_error (neuron-monitor "
-        "reported an error there); the rest of the document is kept.",
+        "reported an error there), each costing only that part; exporter_error (a fault of the exporter's own "
+        "while reading, logged with its traceback; neuron-monitor is restarted).",
         ("kind",),
     ),
 )

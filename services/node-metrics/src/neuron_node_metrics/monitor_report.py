@@ -37,6 +37,9 @@ HARDWARE_FIELDS = (
 )
 
 
+_LARGEST = 2**63  # beyond any counter or byte count neuron-monitor writes
+
+
 class MalformedDocument(ValueError):
     pass
 
@@ -114,17 +117,28 @@ class _Reader:
             return None
         return g
 
-    def number(self, value: Any, where: str) -> float | None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    def number(self, value: Any, where: str, *, count: bool = False) -> float | None:
+        """A finite number (a count: not negative, or a counter would go back)."""
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self.wrong(where)
+            return None
+        if isinstance(value, int):
+            if abs(value) > _LARGEST:  # JSON integers are unbounded; a float cannot hold this one
+                self.wrong(where)
+                return None
+        elif not math.isfinite(value):
+            self.wrong(where)
+            return None
+        if count and value < 0:
             self.wrong(where)
             return None
         return value
 
-    def numbers(self, value: Any, where: str) -> dict[str, float]:
+    def numbers(self, value: Any, where: str, *, counts: bool = False) -> dict[str, float]:
         """Every numeric field of an object; others named as problems."""
         out: dict[str, float] = {}
         for key, v in (self.obj(value, where) or {}).items():
-            n = self.number(v, f"{where}.{key}")
+            n = self.number(v, f"{where}.{key}", count=counts)
             if n is not None:
                 out[str(key)] = n
         return out
@@ -221,8 +235,8 @@ def _runtime(r: _Reader, entry: Any, where: str) -> Runtime | None:
     stats = r.group(report, "execution_stats", at)
     if stats is not None:
         w = f"{at}.execution_stats"
-        errors = r.numbers(stats.get("error_summary"), f"{w}.error_summary")
-        statuses = r.numbers(stats.get("execution_summary"), f"{w}.execution_summary")
+        errors = r.numbers(stats.get("error_summary"), f"{w}.error_summary", counts=True)
+        statuses = r.numbers(stats.get("execution_summary"), f"{w}.execution_summary", counts=True)
         lat = r.obj(stats.get("latency_stats"), f"{w}.latency_stats") or {}
         for kind in ("total_latency", "device_latency"):
             if lat.get(kind) is not None:  # null while no model ran in the period

@@ -106,6 +106,12 @@ class MonitorSource:
             for task in (pump, stopping):
                 task.cancel()
             await asyncio.gather(pump, stopping, return_exceptions=True)
+            if not pump.cancelled() and pump.exception() is not None:
+                # a fault of ours while reading (none is known: the parser takes any JSON): said loudly, but
+                # treated as neuron-monitor's end, so a document that trips it cannot crash-loop the exporter
+                # and take the driver's metrics down with it
+                self.problems["exporter_error"] += 1
+                log.error("reading neuron-monitor failed; restarting it", exc_info=pump.exception())
             code = await self._end(proc)
             if asyncio.get_running_loop().time() - born >= self.steady:
                 self.backoff.reset()
