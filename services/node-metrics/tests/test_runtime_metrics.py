@@ -4,6 +4,7 @@ run in test_exporter_monitor.py)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 from pathlib import Path
@@ -281,8 +282,6 @@ def test_the_standins_stream_through_the_source() -> None:
 
 
 def _exporter(root: Path, *args: str) -> Exporter:
-    import asyncio
-
     cfg = config_mod.parse(
         ["--host-root", str(root), "--pod-resources-socket", str(root / "none.sock"), "--listen", "127.0.0.1:0", *args],
         env={},
@@ -345,3 +344,17 @@ def test_parse_document_of_the_standin_matches_what_the_source_keeps() -> None:
     source = MonitorSource(["x"])
     source.feed(json.dumps(d).encode())
     assert source.runtime.report == parse_document(d)
+
+
+async def test_a_line_over_the_limit_is_skipped_and_the_next_document_read() -> None:
+    node = standin.node_from_type("inf2.xlarge")
+    good = json.dumps(standin.document(node, standin.spread(node, 1, 1), random.Random(0)))
+    source = MonitorSource(["x"], max_line=len(good) + 10)
+    reader = asyncio.StreamReader(limit=source.max_line)
+    reader.feed_data(b'{"neuron_runtime_data": [' + b" " * (3 * len(good)) + b"]}\n" + good.encode() + b"\n")
+    reader.feed_eof()
+    await source._pump(reader)
+    assert source.problems["too_long"] >= 1
+    assert source.documents == 1
+    assert source.runtime.report is not None
+    assert [r.tag for r in source.runtime.report.runtimes] == ["rt-0"]
