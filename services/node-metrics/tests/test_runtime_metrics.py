@@ -228,6 +228,18 @@ def test_counts_add_up_and_runtimes_that_leave_take_their_series() -> None:
     assert "neuron_core_utilization_ratio" not in {n for n, v in scrape(state, Attribution()).items() if v}
 
 
+def test_two_runtimes_of_one_tag_are_one_series_each_under_neuron_monitor_names() -> None:
+    state = state_of(report(rt(7, "job", (0,), completed=4), rt(8, "job", (1,), completed=6)))
+    native = scrape(state, ATTRIBUTION)
+    assert sorted(v for lb, v in native["neuron_runtime_executions_total"] if lb["status"] == "completed") == [4, 6]
+    text = render(list(runtime_rows(state, ALL, ATTRIBUTION, {}, compat=True)))
+    names = [line.rsplit(" ", 1)[0] for line in text.splitlines() if not line.startswith("#")]
+    assert len(names) == len(set(names))
+    compat = series(text)
+    assert [v for lb, v in compat["execution_status_total"] if lb["status_type"] == "completed"] == [4]
+    assert len(compat["neuroncore_utilization_ratio"]) == 2  # their cores still tell them apart
+
+
 def test_a_runtime_listed_twice_counts_once() -> None:
     state = state_of(report(rt(7, "job", (0,)), rt(7, "job", (0,), completed=99)))
     assert state.duplicates == 1

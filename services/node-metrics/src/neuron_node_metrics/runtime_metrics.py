@@ -99,6 +99,32 @@ def runtime_rows(
     *,
     compat: bool = False,
 ) -> Iterator[Rows]:
+    rows = _rows(state, families, attribution, device_of, compat)
+    if not compat:
+        yield from rows
+        return
+    for r in rows:
+        yield _first_of_each(r)
+
+
+def _first_of_each(rows: Rows) -> Rows:
+    """neuron-monitor-prometheus's labels cannot tell apart two runtimes of one tag in one container (the
+    native names can, by pid): the first one's sample is served, not two samples of one series."""
+    first: dict[str, float] = {}
+    for labels, value in rows.samples:
+        first.setdefault(labels, value)
+    if len(first) != len(rows.samples):
+        rows.samples = list(first.items())
+    return rows
+
+
+def _rows(
+    state: RuntimeState,
+    families: frozenset[str],
+    attribution: Attribution,
+    device_of: Mapping[int, int],
+    compat: bool,
+) -> Iterator[Rows]:
     instance = ",".join(pair(name, state.instance.get(src, "")) for name, src in INSTANCE_LABELS)
     report = state.report
     if report is None:
