@@ -370,3 +370,16 @@ async def test_a_line_over_the_limit_is_skipped_and_the_next_document_read() -> 
     assert source.documents == 1
     assert source.runtime.report is not None
     assert [r.tag for r in source.runtime.report.runtimes] == ["rt-0"]
+
+
+@pytest.mark.parametrize("naming", ["native", "neuron-monitor"])
+def test_every_family_is_served_once_with_neuron_monitor(tmp_path: Path, naming: str) -> None:
+    sim.create(tmp_path, "trn2.48xlarge")
+    exporter = _exporter(tmp_path, "--naming", naming, "--neuron-monitor-command", "neuron-monitor")
+    node = standin.node_from_root(tmp_path)
+    exporter.monitor.feed(json.dumps(standin.document(node, standin.spread(node, 4, 2), random.Random(0))))
+    text = exporter.collector.render() + generate_latest(exporter.self_registry).decode()
+    types = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(types) == len(set(types))
+    samples = [line.rsplit(" ", 1)[0] for line in text.splitlines() if not line.startswith("#")]
+    assert len(samples) == len(set(samples))
