@@ -10,6 +10,8 @@ import random
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -383,3 +385,45 @@ def test_every_family_is_served_once_with_neuron_monitor(tmp_path: Path, naming:
     assert len(types) == len(set(types))
     samples = [line.rsplit(" ", 1)[0] for line in text.splitlines() if not line.startswith("#")]
     assert len(samples) == len(set(samples))
+
+
+keys = st.sampled_from(["completed", "timed_out", "p0", "p50", "p50.0", "p99.9", "constants", "tensors", "user"])
+labels_text = st.text(max_size=4) | keys
+counts = st.dictionaries(labels_text, st.integers(0, 2**40), max_size=3)
+cores = st.integers(0, 40)
+runtimes = st.builds(
+    Runtime,
+    pid=st.integers(0, 3),
+    tag=st.text(max_size=3) | st.just("job"),
+    utilization=st.dictionaries(cores, st.floats(0, 100), max_size=3),
+    errors=counts,
+    statuses=counts,
+    latency=st.dictionaries(st.sampled_from(["total", "device"]), st.dictionaries(labels_text, st.floats(0, 1))),
+    memory=st.dictionaries(st.sampled_from(["host", "neuron_device"]), st.integers(0, 2**40)),
+    host_memory=counts,
+    core_memory=st.dictionaries(cores, counts, max_size=3),
+    vcpu=st.dictionaries(st.sampled_from(["user", "system"]) | labels_text, st.floats(0, 100), max_size=2),
+)
+holders = st.dictionaries(cores, st.sampled_from([TRAINER, SERVER]), max_size=6)
+
+
+@given(st.lists(runtimes, max_size=5), st.booleans(), holders)
+@settings(max_examples=300, deadline=None)
+def test_any_report_is_valid_exposition_with_one_sample_a_series(
+    listed: list[Runtime], compat: bool, held: dict[int, Owner]
+) -> None:
+    state = state_of(report(*listed))
+    text = render(list(runtime_rows(state, ALL, Attribution(held), {c: c // 2 for c in range(32)}, compat=compat)))
+    parsed = [
+        (s.name, tuple(sorted(s.labels.items()))) for f in text_string_to_metric_families(text) for s in f.samples
+    ]
+    assert len(parsed) == len(set(parsed))
+    util = series(text).get("neuroncore_utilization_ratio" if compat else "neuron_core_utilization_ratio", [])
+    for rt_ in state.report.runtimes if state.report else ():
+        for core in rt_.utilization:
+            pods = {
+                lb["pod"]
+                for lb, _ in util
+                if lb["runtime_tag"] == rt_.tag and lb.get("core", lb.get("neuroncore")) == str(core)
+            }
+            assert pods == {held[core].pod if core in held else ""}  # the core's holder, whoever runs on it

@@ -99,17 +99,14 @@ def runtime_rows(
     *,
     compat: bool = False,
 ) -> Iterator[Rows]:
-    rows = _rows(state, families, attribution, device_of, compat)
-    if not compat:
-        yield from rows
-        return
-    for r in rows:
-        yield _first_of_each(r)
+    for rows in _rows(state, families, attribution, device_of, compat):
+        yield _first_of_each(rows)
 
 
 def _first_of_each(rows: Rows) -> Rows:
-    """neuron-monitor-prometheus's labels cannot tell apart two runtimes of one tag in one container (the
-    native names can, by pid): the first one's sample is served, not two samples of one series."""
+    """One sample a series: neuron-monitor-prometheus's labels cannot tell apart two runtimes of one tag in
+    one container (the native names can, by pid), and two percentile keys can name one quantile (`p50`,
+    `p50.0`). The first one's sample is served, not two samples of one series."""
     first: dict[str, float] = {}
     for labels, value in rows.samples:
         first.setdefault(labels, value)
