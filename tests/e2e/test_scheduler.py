@@ -155,13 +155,14 @@ def extender_tls(client_cert: bool) -> ssl.SSLContext:
     import tempfile
 
     secret = json.loads(kubectl("get", "secret", "-n", NAMESPACE, f"{EXTENDER}-tls", "-o", "json"))["data"]
-    directory = Path(tempfile.mkdtemp(prefix="extender-tls-"))
-    for key in ("ca.crt", "tls.crt", "tls.key"):
-        (directory / key).write_bytes(base64.b64decode(secret[key]))
-    context = ssl.create_default_context(cafile=str(directory / "ca.crt"))
-    context.check_hostname = False  # dialled by pod IP; the CA is what is checked
-    if client_cert:
-        context.load_cert_chain(str(directory / "tls.crt"), str(directory / "tls.key"))
+    with tempfile.TemporaryDirectory(prefix="extender-tls-") as scratch:  # a key on disk only while it loads
+        directory = Path(scratch)
+        for key in ("ca.crt", "tls.crt", "tls.key"):
+            (directory / key).write_bytes(base64.b64decode(secret[key]))
+        context = ssl.create_default_context(cafile=str(directory / "ca.crt"))
+        context.check_hostname = False  # dialled by pod IP; the CA is what is checked
+        if client_cert:
+            context.load_cert_chain(str(directory / "tls.crt"), str(directory / "tls.key"))
     return context
 
 

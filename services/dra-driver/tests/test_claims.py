@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
+import shutil
+import tempfile
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -20,9 +23,9 @@ UID = "0d9f3c1e-1111-2222-3333-444455556666"
 
 @cache
 def inventory(name: str, lnc: int | None = None) -> NodeInventory:
-    import tempfile
-
-    root = Path(tempfile.mkdtemp(prefix="dra-claims-")) / "node"
+    work = Path(tempfile.mkdtemp(prefix="dra-claims-"))
+    atexit.register(shutil.rmtree, work, ignore_errors=True)  # a simulated node a call, kept for the run
+    root = work / "node"
     sim.create(root, name, lnc=lnc)
     return scan(root, env={})
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import re
+import shutil
 import tempfile
 from dataclasses import replace
 from functools import cache
@@ -25,6 +27,7 @@ IDS = [f"{name}-lnc{lnc}" for name, lnc in SETTINGS]
 QUALIFIED = re.compile(r"^(?:[a-z0-9.-]{1,63}/)?[A-Za-z_][A-Za-z0-9_]{0,31}$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _ROOT = Path(tempfile.mkdtemp(prefix="dra-slices-"))
+atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)  # 400 MB of simulated nodes a run otherwise
 
 
 @cache
