@@ -29,6 +29,13 @@ DATASOURCE = DataSourceRef(type_val="prometheus", uid="${datasource}")
 N = 'node=~"$node"'
 NS = 'namespace=~"$namespace"'
 EXTENDER = "neuron_scheduler_extender"
+# neuron-monitor's series (utilization, executions, latency) exist only where the exporter reads it
+# (--neuron-monitor-command). There a missing one is a zero (no runtime on a core: idle); elsewhere
+# it is unknown, so a panel shows no data rather than a zero: `or 0 * MONITORED`, not `or vector(0)`.
+MONITORED = f'max by (node) (neuron_exporter_monitor_state{{{N},state="running"}} == 1)'
+UTIL = "neuron_core_utilization_ratio"
+LOGICAL_CORES = f'sum by (node) (neuron_resource_capacity{{{N},resource=~".*/neuroncore"}})'
+LATENCY = "neuron_runtime_execution_latency_seconds"
 
 PanelBuilder = timeseries.Panel | stat.Panel | gauge.Panel | bargauge.Panel | table.Panel
 
@@ -186,6 +193,91 @@ def node_overview() -> Dashboard:
                 8,
                 8,
             ),
+            # From neuron-monitor (no data on nodes where the exporter does not read it).
+            panel(
+                gauge.Panel(),
+                "NeuronCore utilization (neuron-monitor)",
+                [
+                    query(
+                        f"(sum({UTIL}{{{N}}}) or 0 * sum({MONITORED})) / sum({LOGICAL_CORES} and on (node) {MONITORED})"
+                    )
+                ],
+                6,
+                4,
+                "percentunit",
+            ),
+            panel(
+                stat.Panel(),
+                "Runtime executions / s",
+                [query(f"sum(rate(neuron_runtime_executions_total{{{N}}}[$__rate_interval])) or 0 * sum({MONITORED})")],
+                6,
+                4,
+                "ops",
+            ),
+            panel(
+                stat.Panel(),
+                "Runtime execution errors (1 h)",
+                [query(f"sum(increase(neuron_runtime_execution_errors_total{{{N}}}[1h])) or 0 * sum({MONITORED})")],
+                6,
+                4,
+            ),
+            panel(
+                stat.Panel(),
+                "Execution latency p99 (slowest runtime)",
+                [query(f'max({LATENCY}{{{N},latency="total",quantile="0.99"}})')],
+                6,
+                4,
+                "s",
+            ),
+            panel(
+                timeseries.Panel(),
+                "NeuronCore utilization by node",
+                [query(f"(sum by (node) ({UTIL}{{{N}}}) or 0 * {MONITORED}) / on (node) {LOGICAL_CORES}", "{{node}}")],
+                12,
+                8,
+                "percentunit",
+            ),
+            panel(
+                timeseries.Panel(),
+                "Execution latency by node (slowest runtime)",
+                [
+                    query(
+                        f'max by (node) ({LATENCY}{{{N},latency="total",quantile="{q}"}})',
+                        f"{{{{node}}}} p{round(float(q) * 100)}",
+                        ref,
+                    )
+                    for q, ref in (("0.5", "A"), ("0.99", "B"))
+                ],
+                12,
+                8,
+                "s",
+            ),
+            panel(
+                timeseries.Panel(),
+                "Runtime executions / s by status",
+                [
+                    query(
+                        f"sum by (status) (rate(neuron_runtime_executions_total{{{N}}}[$__rate_interval]))",
+                        "{{status}}",
+                    )
+                ],
+                12,
+                8,
+                "ops",
+            ),
+            panel(
+                timeseries.Panel(),
+                "Runtime execution errors / s by node and type",
+                [
+                    query(
+                        f"sum by (node, type) (rate(neuron_runtime_execution_errors_total{{{N}}}[$__rate_interval]))",
+                        "{{node}} {{type}}",
+                    )
+                ],
+                12,
+                8,
+                "ops",
+            ),
         ],
     )
 
@@ -252,6 +344,30 @@ def devices_and_cores() -> Dashboard:
                 12,
                 8,
                 "bytes",
+            ),
+            # From neuron-monitor: a core no runtime reports on counts as idle where it runs.
+            panel(
+                timeseries.Panel(),
+                "NeuronCore utilization by device",
+                [
+                    query(
+                        f"(sum by (node, device) ({UTIL}{{{N}}})"
+                        f" or 0 * (max by (node, device) (neuron_device_info{{{N}}}) and on (node) {MONITORED}))"
+                        f" / on (node) group_left () ({LOGICAL_CORES} / count by (node) (neuron_device_info{{{N}}}))",
+                        "{{node}} neuron{{device}}",
+                    )
+                ],
+                12,
+                8,
+                "percentunit",
+            ),
+            panel(
+                timeseries.Panel(),
+                "NeuronCore utilization by core (cores a runtime uses)",
+                [query(f"max by (node, device, core) ({UTIL}{{{N}}})", "{{node}} neuron{{device}} core {{core}}")],
+                12,
+                8,
+                "percentunit",
             ),
         ],
     )
@@ -330,6 +446,65 @@ def pods_and_namespaces() -> Dashboard:
                 ],
                 12,
                 8,
+            ),
+            # From neuron-monitor: the pod's share of busy time over the cores it holds (a held core
+            # no runtime reports on is idle where neuron-monitor runs).
+            panel(
+                timeseries.Panel(),
+                "NeuronCore utilization by pod",
+                [
+                    query(
+                        f'(sum by (node, namespace, pod) ({UTIL}{{{N},{NS},pod!=""}})'
+                        f' or 0 * count by (node, namespace, pod) (neuron_core_allocation_info{{{N},{NS},pod!=""}}'
+                        f" and on (node) {MONITORED}))"
+                        f' / count by (node, namespace, pod) (neuron_core_allocation_info{{{N},{NS},pod!=""}})',
+                        "{{namespace}}/{{pod}}",
+                    )
+                ],
+                12,
+                8,
+                "percentunit",
+            ),
+            panel(
+                timeseries.Panel(),
+                "Execution latency by pod (slowest runtime)",
+                [
+                    query(
+                        f'max by (namespace, pod) ({LATENCY}{{{N},{NS},pod!="",latency="total",quantile="{q}"}})',
+                        f"{{{{namespace}}}}/{{{{pod}}}} p{round(float(q) * 100)}",
+                        ref,
+                    )
+                    for q, ref in (("0.5", "A"), ("0.99", "B"))
+                ],
+                12,
+                8,
+                "s",
+            ),
+            panel(
+                timeseries.Panel(),
+                "Runtime executions / s by pod and status",
+                [
+                    query(
+                        f'sum by (namespace, pod, status) (rate(neuron_runtime_executions_total{{{N},{NS},pod!=""}}[$__rate_interval]))',
+                        "{{namespace}}/{{pod}} {{status}}",
+                    )
+                ],
+                12,
+                8,
+                "ops",
+            ),
+            panel(
+                timeseries.Panel(),
+                "Runtime execution errors / s by pod and type",
+                [
+                    query(
+                        f'sum by (namespace, pod, type) (rate(neuron_runtime_execution_errors_total{{{N},{NS},pod!=""}}[$__rate_interval]))',
+                        "{{namespace}}/{{pod}} {{type}}",
+                    )
+                ],
+                12,
+                8,
+                "ops",
             ),
         ],
         with_namespace=True,

@@ -3,7 +3,9 @@ of every dashboard panel must return data, and the alert rules must load and fir
 
 STAND-IN: the PodResources source is the protocol-faithful kubelet stand-in
 (tests/standins/kubelet.py, real podresources/v1 gRPC); the real kubelet is exercised by the
-cluster tests.
+cluster tests. neuron-monitor, which needs Neuron hardware, is `neuron-sim monitor`
+(libs/neuron-sim/src/neuron_sim/monitor.py), run by the exporter as its --neuron-monitor-command,
+so the runtime panels and alerts read the exporter's real runtime series.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -23,11 +26,13 @@ import aiohttp
 import processes
 import pytest
 import pytest_asyncio
+import yaml
 from prometheus_server import (
     DASHBOARDS,
     PROMETHEUS,
     TESTED_SOURCES,
     check_panel_query,
+    concrete,
     generator,
     metrics_read,
     panel_queries,
@@ -39,6 +44,7 @@ from simcluster.controlplane import free_port
 from standins.kubelet import Allocation, FakeKubelet
 
 from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
+from neuron_sim import monitor as monitor_standin
 from neuron_sim import node as sim
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,11 +75,26 @@ async def stack() -> AsyncIterator[str]:
         kubelet.allocations.append(
             Allocation("ml", pod, "main", f"aws.amazon.com/{resource}", ids, dp.ContainerAllocateResponse())
         )
+    # Runtimes on trainer-0's cores, on infer-0's device (logical cores 12-15 of 4 a device) and on
+    # a core no pod holds; infer-1 holds core 40 and runs none (idle while held).
+    runtimes = work / "runtimes.json"
+    monitor_standin.write_runtimes(
+        runtimes,
+        [
+            monitor_standin.Runtime(100, "train", (8, 9)),
+            monitor_standin.Runtime(200, "infer", (12, 13, 14, 15)),
+            monitor_standin.Runtime(300, "batch", (0,)),
+        ],
+    )
+    monitor = shlex.join(
+        [sys.executable, "-m", "neuron_sim.cli", "monitor", "--root", str(root), "--period", "0.5",
+         "--runtimes-file", str(runtimes)]
+    )  # fmt: skip
     metrics_port = free_port()
     exporter = subprocess.Popen(
         [sys.executable, "-m", "neuron_node_metrics", "--host-root", str(root),
          "--pod-resources-socket", str(kubelet.pod_resources_socket), "--listen", f"127.0.0.1:{metrics_port}",
-         "--attribution-interval", "1", "--log-level", "warning"],
+         "--attribution-interval", "1", "--log-level", "warning", "--neuron-monitor-command", monitor],
     )  # fmt: skip
     scrape = {
         "job_name": SOURCE,
@@ -84,6 +105,7 @@ async def stack() -> AsyncIterator[str]:
         with prometheus(work / "prometheus", [scrape], [RULES]) as base:
             # counters must be seen before they move, or increase() sees nothing
             await wait_for(base, f'neuron_exporter_podresources_up{{job="{SOURCE}"}} == 1', "attribution up")
+            await wait_for(base, 'neuron_core_utilization_ratio{pod="trainer-0"}', "neuron-monitor's runtimes")
             # Activity over time, so rates and increases have something to show.
             for step in range(8):
                 for device in range(16):
@@ -188,8 +210,60 @@ async def test_rules_load_and_the_ecc_alert_fires(stack: str) -> None:
     assert ecc["labels"]["pod"] == "infer-0"  # the device's holder
     async with aiohttp.ClientSession() as s, s.get(f"{stack}/api/v1/rules") as r:
         groups = (await r.json())["data"]["groups"]
-    assert {g["name"] for g in groups} == {"neuron-hardware", "neuron-exporter"}
+    assert {g["name"] for g in groups} == {"neuron-hardware", "neuron-exporter", "neuron-runtime"}
     assert all(rule["health"] == "ok" for g in groups for rule in g["rules"])
+
+
+@one_prometheus
+async def test_runtime_alerts_wait_on_the_idle_pod_and_the_errors(stack: str) -> None:
+    """From the exporter's real runtime series: infer-1 holds a core no runtime uses, so it alone is
+    idle while held (pending: the rule waits 30 minutes); the stand-in's runtimes report errors."""
+    deadline = time.monotonic() + 30
+    while True:
+        async with aiohttp.ClientSession() as s, s.get(f"{stack}/api/v1/alerts") as r:
+            alerts = (await r.json())["data"]["alerts"]
+        idle = [a for a in alerts if a["labels"]["alertname"] == "NeuronCoresIdleWhileHeld"]
+        errors = {a["labels"].get("pod", "") for a in alerts if a["labels"]["alertname"] == "NeuronExecutionErrors"}
+        if (idle and {"trainer-0", "infer-0", ""} <= errors) or time.monotonic() > deadline:
+            break
+        await asyncio.sleep(1)
+    assert [(a["labels"]["namespace"], a["labels"]["pod"], a["state"]) for a in idle] == [("ml", "infer-1", "pending")]
+    assert {"trainer-0", "infer-0", ""} <= errors
+    # neuron-monitor's pods are not idle: the alert's expression, with its 30 minutes, names only infer-1
+    expr = next(
+        rule["expr"]
+        for group in yaml.safe_load(RULES.read_text())["groups"]
+        for rule in group["rules"]
+        if rule.get("alert") == "NeuronCoresIdleWhileHeld"
+    )
+    assert [r["metric"]["pod"] for r in (await query(stack, expr))["result"]] == ["infer-1"]
+
+
+@one_prometheus
+async def test_utilization_panels_are_shares_of_the_cores(stack: str) -> None:
+    """The utilization panels' arithmetic, at one instant: a core no runtime uses counts as idle (0)
+    where neuron-monitor runs, the node's and a device's share is over all their logical cores."""
+    at = time.time() - 1
+    panels = {title: expr for _, title, expr in QUERIES}
+
+    async def values(expr: str, *by: str) -> dict[tuple[str, ...], float]:
+        data = await query(stack, concrete(expr), at)
+        return {tuple(r["metric"].get(b, "") for b in by): float(r["value"][1]) for r in data["result"]}
+
+    cores = await values("neuron_core_utilization_ratio", "core")
+    assert set(cores) == {("0",), ("8",), ("9",), ("12",), ("13",), ("14",), ("15",)}
+    pods = await values(panels["NeuronCore utilization by pod"], "pod")
+    assert pods == {
+        ("trainer-0",): pytest.approx((cores["8",] + cores["9",]) / 2),
+        ("infer-0",): pytest.approx(sum(cores[c,] for c in ("12", "13", "14", "15")) / 4),
+        ("infer-1",): 0,
+    }
+    devices = await values(panels["NeuronCore utilization by device"], "device")
+    assert len(devices) == 16
+    assert devices["2",] == pytest.approx((cores["8",] + cores["9",]) / 4)
+    assert devices["10",] == 0  # infer-1's device: held, no runtime
+    nodes = await values(panels["NeuronCore utilization by node"], "node")
+    assert nodes == {(NODE,): pytest.approx(sum(cores.values()) / 64)}
 
 
 @one_prometheus
