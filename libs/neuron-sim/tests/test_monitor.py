@@ -76,6 +76,27 @@ def test_churn_malformed_lines_and_a_runtimes_file(tmp_path: Path) -> None:
     assert json.loads(next(fed))["neuron_runtime_data"] == []
 
 
+def test_an_idle_runtime_is_loaded_and_runs_nothing(tmp_path: Path) -> None:
+    """A stuck job's runtime: its cores 0 % busy, no executions or errors, latency null (no model ran),
+    memory still held; the runtimes file keeps `idle`, and the other runtimes' figures do not change."""
+    node = monitor.node_from_type("trn2.48xlarge")
+    path = tmp_path / "runtimes.json"
+    monitor.write_runtimes(path, [monitor.Runtime(1, "stuck", (4, 5), idle=True), monitor.Runtime(2, "busy", (6,))])
+    runtimes = monitor.read_runtimes(path)
+    assert [r.idle for r in runtimes] == [True, False]
+    doc = monitor.document(node, runtimes, random.Random(3))
+    stuck, busy = (r["report"] for r in doc["neuron_runtime_data"])
+    cores = stuck["neuroncore_counters"]["neuroncores_in_use"]
+    assert {c["neuroncore_utilization"] for c in cores.values()} == {0}
+    assert {v["neuroncore_utilization"] for c in cores.values() for v in c["v3d"].values()} == {0}
+    stats = stuck["execution_stats"]
+    assert set(stats["error_summary"].values()) == set(stats["execution_summary"].values()) == {0}
+    assert stats["latency_stats"] == {"total_latency": None, "device_latency": None}
+    assert stuck["memory_used"]["neuron_runtime_used_bytes"]["neuron_device"] > 0
+    as_busy = monitor.document(node, [monitor.Runtime(1, "stuck", (4, 5)), runtimes[1]], random.Random(3))
+    assert as_busy["neuron_runtime_data"][1]["report"] == busy
+
+
 def test_config_file_period(tmp_path: Path) -> None:
     conf = tmp_path / "monitor.conf"
     conf.write_text('{"period": "250ms", "neuron_runtimes": []}')

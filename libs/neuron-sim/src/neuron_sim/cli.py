@@ -88,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     mon.add_argument("--runtimes", type=int, default=2, help="Neuron runtimes reporting")
     mon.add_argument("--cores-per-runtime", type=int, default=2)
     mon.add_argument("--churn-every", type=int, default=0, help="every N documents a runtime exits, another starts")
-    mon.add_argument("--runtimes-file", type=Path, help='reread before each document: [{"pid","tag","cores"}]')
+    mon.add_argument("--runtimes-file", type=Path, help='reread before each document: [{"pid","tag","cores","idle"?}]')
     mon.add_argument("--malformed-every", type=int, default=0, help="every N documents, a malformed line first")
     mon.add_argument("--count", type=int, default=0, help="lines to write, then exit 0 (0: forever)")
     mon.add_argument("--exit-after", type=int, default=0, help="lines to write, then exit 1 as if crashed")

@@ -10,7 +10,8 @@ the four runtime metric groups), `system_data` (neuron_hw_counters, vcpu_usage, 
 The figures are made up (seeded, so reproducible); the node's shape is the simulated node's
 (devices, logical cores, LNC), read from `--root` like the exporter reads it. For tests it can
 also make runtimes appear and go away (`--churn-every`, or a `--runtimes-file` it rereads before
-every document), write malformed lines (`--malformed-every`) and exit (`--exit-after`).
+every document, where a runtime can be idle: loaded, running nothing, as a stuck job's), write
+malformed lines (`--malformed-every`) and exit (`--exit-after`).
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ class Runtime:
     pid: int
     tag: str
     cores: tuple[int, ...]  # global logical NeuronCore indices
+    idle: bool = False  # loaded, running nothing (a stuck job): 0 % busy, no executions, no latency
 
 
 def node_from_root(root: Path) -> Node:
@@ -103,21 +105,24 @@ def group(period: float, **data: Any) -> dict[str, Any]:
 
 
 def runtime_entry(node: Node, rt: Runtime, rng: random.Random, period: float) -> dict[str, Any]:
+    busy = 0.0 if rt.idle else 1.0  # an idle runtime draws the same figures (the others' stay put), zeroed
     in_use: dict[str, Any] = {}
     for core in rt.cores:
         entry: dict[str, Any] = {
-            "neuroncore_utilization": round(rng.uniform(0, 100), 2),
-            "flops": rng.randrange(10**12),
+            "neuroncore_utilization": round(rng.uniform(0, 100), 2) * busy,
+            "flops": int(rng.randrange(10**12) * busy),
         }
         if node.family == "trn2":  # the physical cores behind the logical one
             entry["v3d"] = {
-                f"nc_v3.{core * node.lnc + i}": {"neuroncore_utilization": round(rng.uniform(0, 100), 2)}
+                f"nc_v3.{core * node.lnc + i}": {"neuroncore_utilization": round(rng.uniform(0, 100), 2) * busy}
                 for i in range(node.lnc)
             }
         in_use[str(core)] = entry
     latency = sorted(round(rng.uniform(0.001, 0.05), 8) for _ in PERCENTILES)
     core_memory = {str(c): {k: rng.randrange(0, 1 << 30, 4096) for k in CORE_MEMORY} for c in rt.cores}
     host_memory = {k: rng.randrange(0, 1 << 32, 4096) for k in HOST_MEMORY}
+    errors = {k: int(rng.randrange(3) * busy) for k in ERROR_TYPES}
+    statuses = {k: int((rng.randrange(100) if k == "completed" else rng.randrange(3)) * busy) for k in STATUS_TYPES}
     return {
         "pid": rt.pid,
         "address": "",
@@ -127,13 +132,13 @@ def runtime_entry(node: Node, rt: Runtime, rng: random.Random, period: float) ->
             "neuroncore_counters": group(period, neuroncores_in_use=in_use),
             "execution_stats": group(
                 period,
-                error_summary={k: rng.randrange(3) for k in ERROR_TYPES},
-                execution_summary={
-                    k: rng.randrange(100) if k == "completed" else rng.randrange(3) for k in STATUS_TYPES
-                },
-                latency_stats={
-                    "total_latency": dict(zip(PERCENTILES, latency, strict=True)),
-                    "device_latency": {p: round(v * 0.9, 8) for p, v in zip(PERCENTILES, latency, strict=True)},
+                error_summary=errors,
+                execution_summary=statuses,
+                latency_stats={  # null while no model ran in the period
+                    "total_latency": None if rt.idle else dict(zip(PERCENTILES, latency, strict=True)),
+                    "device_latency": None
+                    if rt.idle
+                    else {p: round(v * 0.9, 8) for p, v in zip(PERCENTILES, latency, strict=True)},
                 },
             ),
             "memory_used": group(
@@ -230,17 +235,28 @@ def spread(node: Node, count: int, cores_each: int, first_pid: int = 1000) -> li
 
 
 def read_runtimes(path: Path) -> list[Runtime]:
-    """`[{"pid": 1, "tag": "a", "cores": [0, 1]}, ...]`; a missing or unreadable file is no runtimes."""
+    """`[{"pid": 1, "tag": "a", "cores": [0, 1], "idle": false}, ...]` (`idle` optional); a missing or
+    unreadable file is no runtimes."""
     try:
         entries = json.loads(path.read_text())
-        return [Runtime(int(e["pid"]), str(e["tag"]), tuple(int(c) for c in e["cores"])) for e in entries]
+        return [
+            Runtime(int(e["pid"]), str(e["tag"]), tuple(int(c) for c in e["cores"]), bool(e.get("idle", False)))
+            for e in entries
+        ]
     except (OSError, ValueError, KeyError, TypeError):
         return []
 
 
 def write_runtimes(path: Path, runtimes: Sequence[Runtime]) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps([{"pid": r.pid, "tag": r.tag, "cores": list(r.cores)} for r in runtimes]))
+    tmp.write_text(
+        json.dumps(
+            [
+                {"pid": r.pid, "tag": r.tag, "cores": list(r.cores)} | ({"idle": True} if r.idle else {})
+                for r in runtimes
+            ]
+        )
+    )
     tmp.replace(path)  # the stand-in never reads half a file
 
 
