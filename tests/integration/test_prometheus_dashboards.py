@@ -71,12 +71,14 @@ async def stack() -> AsyncIterator[str]:
         ("trainer-0", "neuroncore", ["neuroncore8", "neuroncore9"]),
         ("infer-0", "neuron", ["neuron3"]),
         ("infer-1", "neuroncore", ["neuroncore40"]),
+        ("stuck-0", "neuroncore", ["neuroncore20", "neuroncore21"]),
     ):
         kubelet.allocations.append(
             Allocation("ml", pod, "main", f"aws.amazon.com/{resource}", ids, dp.ContainerAllocateResponse())
         )
-    # Runtimes on trainer-0's cores, on infer-0's device (logical cores 12-15 of 4 a device) and on
-    # a core no pod holds; infer-1 holds core 40 and runs none (idle while held).
+    # Runtimes on trainer-0's cores, on infer-0's device (logical cores 12-15 of 4 a device), on a
+    # core no pod holds, and stuck-0's, loaded and running nothing; infer-1 holds core 40 and runs
+    # none. stuck-0 and infer-1 are idle while held.
     runtimes = work / "runtimes.json"
     monitor_standin.write_runtimes(
         runtimes,
@@ -84,6 +86,7 @@ async def stack() -> AsyncIterator[str]:
             monitor_standin.Runtime(100, "train", (8, 9)),
             monitor_standin.Runtime(200, "infer", (12, 13, 14, 15)),
             monitor_standin.Runtime(300, "batch", (0,)),
+            monitor_standin.Runtime(400, "stuck", (20, 21), idle=True),
         ],
     )
     monitor = shlex.join(
@@ -216,27 +219,32 @@ async def test_rules_load_and_the_ecc_alert_fires(stack: str) -> None:
 
 @one_prometheus
 async def test_runtime_alerts_wait_on_the_idle_pod_and_the_errors(stack: str) -> None:
-    """From the exporter's real runtime series: infer-1 holds a core no runtime uses, so it alone is
-    idle while held (pending: the rule waits 30 minutes); the stand-in's runtimes report errors."""
+    """From the exporter's real runtime series: stuck-0's runtime runs nothing and infer-1 holds a core
+    no runtime uses, so they alone are idle while held (pending: the rule waits 30 minutes); the
+    stand-in's working runtimes report errors, the idle one none."""
     deadline = time.monotonic() + 30
     while True:
         async with aiohttp.ClientSession() as s, s.get(f"{stack}/api/v1/alerts") as r:
             alerts = (await r.json())["data"]["alerts"]
         idle = [a for a in alerts if a["labels"]["alertname"] == "NeuronCoresIdleWhileHeld"]
         errors = {a["labels"].get("pod", "") for a in alerts if a["labels"]["alertname"] == "NeuronExecutionErrors"}
-        if (idle and {"trainer-0", "infer-0", ""} <= errors) or time.monotonic() > deadline:
+        if (len(idle) >= 2 and {"trainer-0", "infer-0", ""} <= errors) or time.monotonic() > deadline:
             break
         await asyncio.sleep(1)
-    assert [(a["labels"]["namespace"], a["labels"]["pod"], a["state"]) for a in idle] == [("ml", "infer-1", "pending")]
+    assert sorted((a["labels"]["namespace"], a["labels"]["pod"], a["state"]) for a in idle) == [
+        ("ml", "infer-1", "pending"),
+        ("ml", "stuck-0", "pending"),
+    ]
     assert {"trainer-0", "infer-0", ""} <= errors
-    # neuron-monitor's pods are not idle: the alert's expression, with its 30 minutes, names only infer-1
+    assert "stuck-0" not in errors
+    # the working pods are not idle: the alert's expression, without its 30 minutes, names only these
     expr = next(
         rule["expr"]
         for group in yaml.safe_load(RULES.read_text())["groups"]
         for rule in group["rules"]
         if rule.get("alert") == "NeuronCoresIdleWhileHeld"
     )
-    assert [r["metric"]["pod"] for r in (await query(stack, expr))["result"]] == ["infer-1"]
+    assert sorted(r["metric"]["pod"] for r in (await query(stack, expr))["result"]) == ["infer-1", "stuck-0"]
 
 
 @one_prometheus
@@ -251,12 +259,14 @@ async def test_utilization_panels_are_shares_of_the_cores(stack: str) -> None:
         return {tuple(r["metric"].get(b, "") for b in by): float(r["value"][1]) for r in data["result"]}
 
     cores = await values("neuron_core_utilization_ratio", "core")
-    assert set(cores) == {("0",), ("8",), ("9",), ("12",), ("13",), ("14",), ("15",)}
+    assert set(cores) == {(c,) for c in ("0", "8", "9", "12", "13", "14", "15", "20", "21")}
+    assert cores["20",] == cores["21",] == 0  # stuck-0's runtime
     pods = await values(panels["NeuronCore utilization by pod"], "pod")
     assert pods == {
         ("trainer-0",): pytest.approx((cores["8",] + cores["9",]) / 2),
         ("infer-0",): pytest.approx(sum(cores[c,] for c in ("12", "13", "14", "15")) / 4),
         ("infer-1",): 0,
+        ("stuck-0",): 0,
     }
     devices = await values(panels["NeuronCore utilization by device"], "device")
     assert len(devices) == 16
