@@ -31,7 +31,8 @@ NO_SERVER = "0" * 16  # what server_id reads when there is none, or none yet
 
 
 def two_node_mode(modes: tuple[Mode, ...]) -> Mode | None:
-    """The mode the driver's 2-node attributes describe."""
+    """The mode the driver's 2-node attributes describe (`npe_class_node_id_show_data` and
+    `npe_class_server_id_show_data` in v3/neuron_pelect.c pick X2H, else X2V)."""
     if Mode.X2H in modes:
         return Mode.X2H
     if Mode.X2V in modes:
@@ -119,3 +120,53 @@ def node_labels(reading: UltraServerReading) -> dict[str, str]:
             labels[server_id_label(size)], node = group[0], group[1]
             labels[node_id_label(size)] = str(node)
     return labels
+
+
+# -- The runtime's UltraServer variables --------------------------------------------------------------
+# AWS's names and values (aws-neuron-sdk deploy/eks/ultraserver.rst and src/k8/k8s-ultraserver-init-script.sh,
+# which writes them into each MPI worker pod's /etc/environment): the mode number, the group's server id
+# and the node's id in it, as the driver's attributes for the job's group size read. Kept here alone: the
+# DRA driver sets them for a claim's UltraServerConfig, the device plugin for a container holding all of a
+# node's devices (--ultraserver-env).
+#
+# AWS's script also writes NEURON_GLOBAL_TOPOID (the pod's rank among the job's pods sorted by server id,
+# node id and host name) and NEURON_GLOBAL_TOPOID0_HOST (the host name of the rank-0 pod): facts of the job,
+# which no node agent knows (a job may span several UltraServers), so neither is set here.
+MODE_ENV = "NEURON_RT_ULTRASERVER_MODE"
+SERVER_ID_ENV = "NEURON_RT_ULTRASERVER_SERVER_ID"
+NODE_ID_ENV = "NEURON_RT_ULTRASERVER_NODE_ID"
+ENV_GROUP_SIZES = (2, 4)  # the job sizes the variables can be set for: a group the driver names ids for
+
+
+def env_mode(modes: tuple[Mode, ...], nodes: int) -> Mode | None:
+    """The mode the runtime is told for a job spanning `nodes` nodes, if the node supports one: X4 for
+    4; for 2 the mode the driver's 2-node ids describe (`two_node_mode`: X2H where supported).
+
+    Unconfirmed, and the one place to correct it: AWS's init script tells X2V (3) where a node supports
+    both X2H and X2V, while the ids it sends with it (`server_id_2`, `node_id_2`) are the driver's X2H
+    ones; we tell the mode those ids belong to. Published trn2u nodes (mode label `1_2_4`) support
+    X2H only, where the two agree."""
+    mode = Mode.X4 if nodes == 4 else two_node_mode(modes) if nodes == 2 else None
+    return mode if mode is not None and mode in modes else None
+
+
+def ultraserver_env(reading: UltraServerReading | None, nodes: int) -> dict[str, str]:
+    """The runtime's UltraServer variables for a job spanning `nodes` nodes of this node's UltraServer,
+    or ValueError, said so a pod's events explain it, when the identity is none, not known yet (the
+    driver's election is running), unreadable, or has no group of `nodes` (AWS's script refuses these
+    too): a job told another identity than the driver's would be a guess."""
+    state = reading.state if reading is not None else State.NONE
+    if reading is None or state is not State.IDENTIFIED or reading.identity is None:
+        why = {State.PENDING: "is not known yet (the Neuron driver's election is running)",
+               State.INVALID: "cannot be read",
+               State.NONE: "is none: it is not an UltraServer node"}.get(state, "is missing")  # fmt: skip
+        detail = f" ({reading.reason})" if reading is not None and reading.reason else ""
+        raise ValueError(f"this node's UltraServer identity {why}{detail}")
+    identity = reading.identity
+    group = identity.group(nodes)
+    mode = env_mode(identity.modes, nodes)
+    if group is None or mode is None:
+        supported = ", ".join(f"{NODES[m]} ({m.name})" for m in identity.modes)
+        raise ValueError(f"this node is in no group of {nodes} nodes (its UltraServer supports: {supported or 'none'})")
+    server_id, node_id = group
+    return {MODE_ENV: str(int(mode)), SERVER_ID_ENV: server_id, NODE_ID_ENV: str(node_id)}

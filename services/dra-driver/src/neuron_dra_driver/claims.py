@@ -24,7 +24,8 @@ from neuron_driver.inventory import NodeInventory, topology_from
 from neuron_model import resources
 from neuron_model.allocator import id_list
 from neuron_model.instance_types import TopologyKind
-from neuron_model.ultraserver import NODES, Mode, State, UltraServerReading, two_node_mode
+from neuron_model.ultraserver import State, UltraServerReading
+from neuron_model.ultraserver import ultraserver_env as runtime_env
 
 CLAIM_KIND = f"{slices.DRIVER}/claim"
 
@@ -211,31 +212,15 @@ def _arc_members(inventory: NodeInventory, name: str, size: int, first: int) -> 
 
 
 def ultraserver_env(reading: UltraServerReading | None, nodes: int) -> dict[str, str]:
-    """The runtime's UltraServer variables for a job spanning `nodes` nodes of this node's UltraServer
-    (what AWS's UltraServer init script writes on the device-plugin path): the mode, the group's server
-    id and the node's id in it, from the driver's attributes for that group size. The 2-node mode is
-    the one the driver's 2-node ids describe (X2H where supported, else X2V). ValueError, said so the
-    pod's events explain it, when the node is in no such group or its identity is not known yet (the
-    kubelet asks again)."""
-    state = reading.state if reading is not None else State.NONE
-    if reading is None or reading.identity is None:
-        why = {State.PENDING: "is not known yet (the Neuron driver's election is running; the kubelet will ask again)",
-               State.INVALID: "cannot be read",
-               State.NONE: "is none: it is not an UltraServer node"}.get(state, str(state))  # fmt: skip
-        detail = f" ({reading.reason})" if reading is not None and reading.reason else ""
-        raise ValueError(f"UltraServerConfig ultraserverMode {nodes}: this node's UltraServer identity {why}{detail}")
-    group = reading.identity.group(nodes)
-    mode = Mode.X4 if nodes == 4 else two_node_mode(reading.identity.modes)
-    if group is None or mode is None or mode not in reading.identity.modes:
-        supported = ", ".join(f"{NODES[m]} ({m.name})" for m in reading.identity.modes)
-        raise ValueError(f"UltraServerConfig ultraserverMode {nodes}: this node is in no group of {nodes} nodes "
-                         f"(its UltraServer supports: {supported or 'none'})")  # fmt: skip
-    server_id, node_id = group
-    return {
-        "NEURON_RT_ULTRASERVER_MODE": str(int(mode)),
-        "NEURON_RT_ULTRASERVER_SERVER_ID": server_id,
-        "NEURON_RT_ULTRASERVER_NODE_ID": str(node_id),
-    }
+    """The runtime's UltraServer variables for a request's `UltraServerConfig` spanning `nodes` nodes
+    (`neuron_model.ultraserver.ultraserver_env`), or ValueError naming the config: refused, not
+    guessed, when the node's identity is none, pending or invalid, or it is in no group of `nodes`;
+    while pending the kubelet asks again."""
+    try:
+        return runtime_env(reading, nodes)
+    except ValueError as exc:
+        again = "; the kubelet will ask again" if reading is not None and reading.state is State.PENDING else ""
+        raise ValueError(f"UltraServerConfig ultraserverMode {nodes}: {exc}{again}") from None
 
 
 def env(inventory: NodeInventory, cores: set[int], lnc: int | None = None) -> dict[str, str]:
