@@ -71,6 +71,8 @@ class Plugin:
                     self.stop,
                     host_dev_root=config.host_dev_root,
                     cdi=config.cdi,
+                    ultraserver_nodes=config.ultraserver_env,
+                    ultraserver=lambda: read_ultraserver(config.host_root),
                 )
 
             server = ResourceServer(resource, config.device_plugin_path, factory)

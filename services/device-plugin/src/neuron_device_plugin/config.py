@@ -26,9 +26,12 @@ from neuron_common.config import (
 )
 from neuron_driver import layout
 from neuron_model import resources
+from neuron_model.ultraserver import ENV_GROUP_SIZES
 
 API_TIMEOUT = 5.0  # seconds, per API-server request: a /metrics review must answer within a scrape's timeout
 DEFAULT_LISTEN = "0.0.0.0:9841"
+ULTRASERVER_ENV_OFF = "off"
+ULTRASERVER_ENV_CHOICES = (ULTRASERVER_ENV_OFF, *map(str, ENV_GROUP_SIZES))
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,7 @@ class Config:
     node_name: str
     kubeconfig: str | None  # None: the in-cluster service account
     node_report_interval: float
+    ultraserver_env: int | None = None  # --ultraserver-env: the job's nodes; None: off
     metrics_security: MetricsSecurity | None = None  # --metrics-auth=kubernetes
 
     @property
@@ -129,6 +133,15 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         "for the Neuron-aware scheduler",
     )
     add_ultraserver_labels_flag(p)
+    p.add_flag(
+        "--ultraserver-env",
+        default=ULTRASERVER_ENV_OFF,
+        choices=ULTRASERVER_ENV_CHOICES,
+        help="give a container that holds all of this node's Neuron devices the runtime's UltraServer variables "
+        "(NEURON_RT_ULTRASERVER_MODE, _SERVER_ID, _NODE_ID) for a job spanning this many nodes of its "
+        "UltraServer, from the driver's identity; such a container is refused while the identity is not known "
+        "yet or has no group of that size, and gets none on a node outside any UltraServer. 'off': none",
+    )
     add_node_flag(p, " for --node-report and --ultraserver-labels")
     add_api_flags(p, purpose=" for --node-report and --ultraserver-labels")
     p.add_flag(
@@ -173,4 +186,5 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         node_name=node,
         kubeconfig=a.kubeconfig or None,
         node_report_interval=a.node_report_interval,
+        ultraserver_env=None if a.ultraserver_env == ULTRASERVER_ENV_OFF else int(a.ultraserver_env),
     )

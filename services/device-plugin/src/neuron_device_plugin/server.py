@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import grpc
@@ -14,11 +14,12 @@ from kubelet_api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from neuron_common.lifecycle import wait_any
 from neuron_device_plugin.cdi import cdi_name
 from neuron_device_plugin.metrics import PluginMetrics
-from neuron_device_plugin.state import AdvertisedId, AllocationRefused, PluginState
+from neuron_device_plugin.state import AdvertisedId, AllocationRefused, PluginState, whole_node_ultraserver_env
 from neuron_driver import layout
 from neuron_model import resources
 from neuron_model.allocator import choose_cores, choose_devices
 from neuron_model.resources import Kind, Resource
+from neuron_model.ultraserver import UltraServerReading
 
 log = logging.getLogger(__name__)
 
@@ -41,13 +42,20 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         *,
         host_dev_root: Path,
         cdi: bool = False,
+        ultraserver_nodes: int | None = None,
+        ultraserver: Callable[[], UltraServerReading] | None = None,
     ) -> None:
+        """`ultraserver_nodes` (--ultraserver-env): give a container holding all of the node's devices
+        the runtime's UltraServer variables for a job of that many nodes; `ultraserver`: the node's
+        identity as the driver tells it now (default: the inventory's, as last scanned)."""
         self.resource = resource
         self.state = state
         self.metrics = metrics
         self.stop = stop
         self.host_dev_root = host_dev_root
         self.cdi = cdi
+        self.ultraserver_nodes = ultraserver_nodes
+        self.ultraserver = ultraserver or (lambda: state.inventory.ultraserver)
         self.streams = 0
 
     async def GetDevicePluginOptions(  # the gRPC method name
@@ -122,6 +130,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         for req in request.container_requests:
             try:
                 indices = self.state.check_allocation(self.resource, req.devices_ids)
+                extra = self._ultraserver_env(indices)
             except AllocationRefused as exc:
                 self.metrics.allocation_errors.labels(self.resource.full_name, exc.reason).inc()
                 log.warning(
@@ -135,7 +144,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     else grpc.StatusCode.FAILED_PRECONDITION
                 )
                 await context.abort(code, str(exc))
-            responses.append(self._response(indices))
+            responses.append(self._response(indices, extra))
             allocated.append(indices)
         # Recorded only once every container's request passed: a refused call holds nothing.
         for indices in allocated:
@@ -143,13 +152,28 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             self.metrics.allocations.labels(self.resource.full_name).inc()
         return api_pb2.AllocateResponse(container_responses=responses)
 
-    def _response(self, indices: list[int]) -> api_pb2.ContainerAllocateResponse:
+    def _ultraserver_env(self, indices: list[int]) -> dict[str, str]:
+        """The runtime's UltraServer variables, for a container holding all of the node's devices
+        when --ultraserver-env is on; AllocationRefused when the node's identity cannot give them."""
+        if self.ultraserver_nodes is None or not self.state.holds_every_device(self.resource, indices):
+            return {}
+        try:
+            return whole_node_ultraserver_env(self.ultraserver_nodes, self.ultraserver())
+        except ValueError as exc:
+            raise AllocationRefused(
+                "ultraserver",
+                f"--ultraserver-env {self.ultraserver_nodes}: a container holding all of this node's Neuron devices "
+                f"gets the runtime's UltraServer variables, but {exc}",
+            ) from None
+
+    def _response(self, indices: list[int], extra: dict[str, str]) -> api_pb2.ContainerAllocateResponse:
         devices = self.state.devices_of(self.resource, indices)
         cores = self.state.visible_cores(self.resource, indices)
         envs = {"NEURON_RT_VISIBLE_CORES": ",".join(map(str, cores))}
         lnc = self.state.lnc_env
         if lnc is not None:
             envs["NEURON_LOGICAL_NC_CONFIG"] = lnc
+        envs.update(extra)
         response = api_pb2.ContainerAllocateResponse(envs=envs)
         if self.cdi:
             response.cdi_devices.extend(api_pb2.CDIDevice(name=cdi_name(self.resource.prefix, d)) for d in devices)
@@ -165,7 +189,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         log.info(
             "allocated %s",
             ",".join(f"neuron{d}" for d in devices),
-            extra={"resource": self.resource.full_name, "visible_cores": envs["NEURON_RT_VISIBLE_CORES"]},
+            extra={"resource": self.resource.full_name, "visible_cores": envs["NEURON_RT_VISIBLE_CORES"], **extra},
         )
         return response
 

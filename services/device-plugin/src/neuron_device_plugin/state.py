@@ -22,6 +22,7 @@ from neuron_health.device_health import DeviceHealth, Finding, Verdict
 from neuron_model import resources
 from neuron_model.allocator import Topology
 from neuron_model.resources import Kind, Resource
+from neuron_model.ultraserver import State, UltraServerReading, ultraserver_env
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ class KnownDevice:
 class AllocationRefused(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(message)
-        self.reason = reason  # unknown_id / conflict / unhealthy (a metric label)
+        self.reason = reason  # unknown_id / conflict / unhealthy / ultraserver (a metric label)
 
 
 class PluginState:
@@ -253,10 +254,29 @@ class PluginState:
             return sorted(set(indices))
         return sorted({self.topology.device_of(c) for c in indices})
 
+    def holds_every_device(self, resource: Resource, indices: Iterable[int]) -> bool:
+        """Whether `indices` of `resource` are all of the node's silicon: every device the plugin
+        knows, whole (as devices, or as every one of their cores)."""
+        every = {c for d in self.known.values() for c in d.cores}
+        return bool(self.known) and set(self.visible_cores(resource, indices)) == every
+
     @property
     def lnc_env(self) -> str | None:
         lnc = self.inventory.lnc
         return None if lnc.source is LncSource.DEFAULT else str(lnc.value)
+
+
+def whole_node_ultraserver_env(nodes: int, reading: UltraServerReading) -> dict[str, str]:
+    """The runtime's UltraServer variables for a container holding all of the node's devices, with
+    --ultraserver-env `nodes`: none on a node outside any UltraServer (a trn1 beside the trn2u nodes
+    the flag is meant for: nothing to tell); the driver's identity for a group of `nodes`; ValueError
+    while the identity is pending, unreadable, or has no such group. Refused, not started without
+    them: AWS's init script refuses too, the DRA driver refuses an UltraServerConfig it cannot
+    honour, and a job that spans nodes started without its identity (or with a guessed one) would
+    fail later and less clearly."""
+    if reading.state is State.NONE:
+        return {}
+    return ultraserver_env(reading, nodes)
 
 
 def topology_cores(topology: Topology, device: int) -> tuple[int, ...]:
