@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from chart import admission
-from chart.test_chart import render, sets
+from chart.test_chart import refusal, render, sets
 from simcluster.controlplane import ControlPlane, private_control_plane
 
 from neuron_common.kube import Api, ApiError
@@ -177,3 +177,16 @@ def test_no_label_writers_without_the_value_and_only_the_enabled_agents() -> Non
     (policy,) = [d for d in render() if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"] == POLICY]
     (prefix,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "prefix"]
     assert prefix == f"'{LABEL_PREFIX}'"
+
+
+def test_the_runtime_variables_are_the_device_plugins_flag_off_by_default() -> None:
+    """ultraServer.runtimeEnvNodes (issue 26 item 3): --ultraserver-env, only when set, only 0, 2 or 4."""
+
+    def args(*values: str) -> list[str]:
+        (plugin,) = [d for d in render(*values) if d["kind"] == "DaemonSet" and d["metadata"]["name"] == PLUGIN]
+        return [a for a in plugin["spec"]["template"]["spec"]["containers"][0]["args"] if "ultraserver-env" in a]
+
+    assert args() == []
+    assert args(*sets(ultraServer__runtimeEnvNodes=4)) == ["--ultraserver-env=4"]
+    assert args(*sets(ultraServer__runtimeEnvNodes=2)) == ["--ultraserver-env=2"]
+    assert "value must be one of 0, 2, 4" in refusal(*sets(ultraServer__runtimeEnvNodes=3))
