@@ -5,6 +5,7 @@ import contextlib
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,19 @@ def short_tmp() -> Path:
     shutil.rmtree(path, ignore_errors=True)
 
 
+class SteppedClock:
+    """The monotonic clock plus whatever a test skipped: a quiet period passes without waiting for it."""
+
+    def __init__(self) -> None:
+        self.skipped = 0.0
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.skipped
+
+    def advance(self, seconds: float) -> None:
+        self.skipped += seconds
+
+
 @dataclass
 class Harness:
     root: Path
@@ -33,6 +47,7 @@ class Harness:
     plugin: Plugin
     stop: asyncio.Event
     task: asyncio.Task[int]
+    clock: SteppedClock
 
     async def shutdown(self) -> int:
         self.stop.set()
@@ -77,9 +92,10 @@ async def start_plugin(short_tmp: Path) -> AsyncIterator[Callable[..., object]]:
             env={},
         )
         stop = asyncio.Event()
-        plugin = Plugin(cfg, stop)
+        clock = SteppedClock()
+        plugin = Plugin(cfg, stop, clock=clock)
         task = asyncio.create_task(plugin.run())
-        h = Harness(root, plugin_dir, fake, plugin, stop, task)
+        h = Harness(root, plugin_dir, fake, plugin, stop, task, clock)
         harnesses.append(h)
         if kubelet and wait:
             await fake.wait_registered([r.full_name for r in cfg.resources])

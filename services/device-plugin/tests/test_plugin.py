@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 
 import aiohttp
 import grpc
@@ -43,6 +44,31 @@ async def eventually(predicate, timeout: float = 5.0) -> None:  # type: ignore[n
         await asyncio.sleep(0.02)
 
 
+async def next_health_check(h) -> None:  # type: ignore[no-untyped-def]
+    """Until a health check that began after this call has finished (its findings are in the
+    plugin's state). The check is synchronous, so one that finishes after the hook is set began
+    after it; a check that raises never finishes and times this out."""
+    monitor = h.plugin.monitor
+    done = asyncio.Event()
+    after = monitor.after_tick
+
+    def hook() -> None:
+        after()
+        done.set()
+
+    monitor.after_tick = hook
+    try:
+        await asyncio.wait_for(done.wait(), 5)
+    finally:
+        monitor.after_tick = after
+
+
+async def next_list(h) -> None:  # type: ignore[no-untyped-def]
+    """Until the plugin has taken in a PodResources List the kubelet answered after this call."""
+    asked = time.monotonic()
+    await eventually(lambda: h.plugin.poller.latest is not None and h.plugin.poller.latest.started_at > asked)
+
+
 @pytest.mark.parametrize("instance_type", sorted(EXPECTED))
 async def test_registers_both_resources_with_counts_and_numa(start_plugin, instance_type: str) -> None:  # type: ignore[no-untyped-def]
     h = await start_plugin(instance_type)
@@ -63,7 +89,8 @@ async def test_trn2_lnc1_has_128_cores(start_plugin) -> None:  # type: ignore[no
 
 
 async def test_allocate_devices_every_size_topology_valid(start_plugin) -> None:  # type: ignore[no-untyped-def]
-    h = await start_plugin("trn1.32xlarge")
+    # Lists every 20 ms: each round waits for the next one
+    h = await start_plugin("trn1.32xlarge", "--holdings-interval", "0.02")
     it = INSTANCE_TYPES["trn1.32xlarge"]
     topo = Topology(it.topology, 16, it.adjacency(), 2, it.torus_shape)
     for size in (1, 4, 8, 16):
@@ -77,7 +104,7 @@ async def test_allocate_devices_every_size_topology_valid(start_plugin) -> None:
         assert cores == [c for d in got for c in (2 * d, 2 * d + 1)]
         assert "NEURON_LOGICAL_NC_CONFIG" not in response.envs  # not set on this node
         h.kubelet.release(f"p{size}")
-        await asyncio.sleep(0.3)  # the plugin's next List sees the release
+        await next_list(h)  # the plugin's next List sees the release
 
 
 async def test_allocate_cores_two_on_one_device(start_plugin) -> None:  # type: ignore[no-untyped-def]
@@ -90,14 +117,15 @@ async def test_allocate_cores_two_on_one_device(start_plugin) -> None:  # type: 
 
 
 async def test_every_core_size_on_inf1(start_plugin) -> None:  # type: ignore[no-untyped-def]
-    h = await start_plugin("inf1.6xlarge")  # 4 devices x 4 cores
+    # 4 devices x 4 cores; Lists every 20 ms: each round waits for the next one
+    h = await start_plugin("inf1.6xlarge", "--holdings-interval", "0.02")
     for size in range(1, 17):
         response = await h.kubelet.allocate(NEURONCORE, size, pod=f"p{size}")
         cores = [int(c) for c in response.envs["NEURON_RT_VISIBLE_CORES"].split(",")]
         assert len(cores) == size
         assert len(response.devices) == -(-size // 4)  # fewest devices
         h.kubelet.release(f"p{size}")
-        await asyncio.sleep(0.25)
+        await next_list(h)
 
 
 async def test_multi_container_and_sidecar_pods(start_plugin) -> None:  # type: ignore[no-untyped-def]
@@ -174,7 +202,9 @@ class TestHealth:
         await eventually(lambda: "neuron5" not in h.kubelet.healthy(NEURON))
         assert {"neuroncore10", "neuroncore11"}.isdisjoint(h.kubelet.healthy(NEURONCORE))  # cores follow
         assert h.kubelet.capacity(NEURON) == 16
-        await asyncio.sleep(2.0)  # longer than the 1 s quiet period: time alone does not mend it
+        h.clock.advance(2.0)  # longer than the 1 s quiet period: time alone does not mend it
+        await next_health_check(h)
+        assert not h.plugin.state.verdict(5).healthy
         assert "neuron5" not in h.kubelet.healthy(NEURON)
         sim.reload_driver(h.root)
         await eventually(lambda: "neuron5" in h.kubelet.healthy(NEURON), timeout=5)
@@ -191,7 +221,9 @@ class TestHealth:
         h = await start_plugin("trn1.32xlarge")
         sim.bump_counter(h.root, 3, "sram_ecc_uncorrected")
         await eventually(lambda: "neuron3" not in h.kubelet.healthy(NEURON))
-        await asyncio.sleep(2.0)
+        h.clock.advance(2.0)  # longer than the 1 s quiet period
+        await next_health_check(h)
+        assert not h.plugin.state.verdict(3).healthy
         assert "neuron3" not in h.kubelet.healthy(NEURON)
 
     async def test_kernel_line_marks_the_named_device(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
@@ -224,7 +256,8 @@ class TestHealth:
         write_verdict(verdicts, 6, "NeuronHasError_DMA_ERROR", "from the detector", boot_id(h.root))
         await eventually(lambda: "neuron6" not in h.kubelet.healthy(NEURON))
         write_verdict(verdicts, 7, "NeuronHasError_DMA_ERROR", "from an earlier boot", "another-boot")
-        await asyncio.sleep(0.3)
+        await next_health_check(h)  # it has read the new verdict
+        assert h.plugin.state.verdict(7).healthy
         assert "neuron7" in h.kubelet.healthy(NEURON)
         clear_verdict(verdicts, 6)
         await eventually(lambda: "neuron6" in h.kubelet.healthy(NEURON))
@@ -235,7 +268,8 @@ async def test_malformed_sysfs_still_serves(start_plugin, short_tmp) -> None:  #
     await h.kubelet.wait_registered([NEURON, NEURONCORE])
     (h.root / "sys/devices/virtual/neuron_device/neuron2/stats/hardware/mem_ecc_uncorrected").write_text("garbage\n")
     (h.root / "sys/devices/virtual/neuron_device/neuron2/connected_devices").write_text("?\n")
-    await asyncio.sleep(0.3)
+    await next_health_check(h)  # one reads the garbage,
+    await next_health_check(h)  # the next compares with it
     assert len(h.kubelet.healthy(NEURON)) == 16
     assert h.plugin.metrics.errors.labels("health_tick")._value.get() == 0
 
@@ -260,7 +294,8 @@ async def test_socket_removed_by_a_late_cleanup(start_plugin) -> None:  # type: 
 
 async def test_waits_for_a_missing_device_plugin_directory(start_plugin) -> None:  # type: ignore[no-untyped-def]
     h = await start_plugin("trn1.2xlarge", kubelet=False)
-    await asyncio.sleep(0.5)
+    # each registrar has found no directory, and kept looking rather than given up
+    await eventually(lambda: all(r._failures_logged >= 2 for r in h.plugin.registrars))
     assert not h.task.done()
     assert not h.plugin.ready()[0]
     await h.kubelet.start()  # creates the directory and kubelet.sock
@@ -276,7 +311,8 @@ async def test_kubelet_that_never_answers(start_plugin) -> None:  # type: ignore
     dead = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     dead.bind(str(h.plugin_dir / "kubelet.sock"))  # bound, never listening: connects are refused
     try:
-        await asyncio.sleep(1.5)
+        # a second failed attempt: the first did not end the plugin
+        await eventually(lambda: h.plugin.metrics.registration_failures.labels(NEURON)._value.get() >= 2)
         assert not h.task.done()
         assert h.plugin.metrics.registration_failures.labels(NEURON)._value.get() >= 1
         assert not h.plugin.ready()[0]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
+from collections.abc import Callable
 from typing import Any
 
 from kubelet_api.podresources_client import PodResourcesClient
@@ -31,9 +33,17 @@ log = logging.getLogger(__name__)
 
 
 class Plugin:
-    def __init__(self, config: Config, stop: asyncio.Event, *, api: Api | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        stop: asyncio.Event,
+        *,
+        api: Api | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         """`api`: the API-server client for --node-report, --ultraserver-labels and --metrics-auth; by
-        default made from --kubeconfig or the pod's service account when one of them is on."""
+        default made from --kubeconfig or the pod's service account when one of them is on.
+        `clock`: the health quiet periods' and pending hand-outs' clock, for tests to move past them."""
         self.config = config
         self.stop = stop
         self.metrics = PluginMetrics()
@@ -54,6 +64,7 @@ class Plugin:
             self.metrics,
             quiet_period=config.health_quiet_period,
             pending_ttl=config.pending_ttl,
+            clock=clock,
         )
         self.poller = PodResourcesPoller(
             PodResourcesClient(config.pod_resources_socket, keep_open=False),
