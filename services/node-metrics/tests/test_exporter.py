@@ -14,12 +14,14 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 from broken_loop import break_loop_and_probe
+from polling import until_async
 from prometheus_client.parser import text_string_to_metric_families
 from standins.kubelet import Allocation, FakeKubelet
 
@@ -57,12 +59,23 @@ def start(work: Path, kubelet: FakeKubelet, *args: str) -> tuple[Exporter, async
 @contextlib.asynccontextmanager
 async def running(work: Path, kubelet: FakeKubelet, *args: str) -> AsyncIterator[Exporter]:
     exporter, stop, task = start(work, kubelet, *args)
-    await asyncio.sleep(0.1)
+    await until_async(lambda: exporter.http.bound_port, "the exporter's HTTP port", interval=0.01)
     try:
         yield exporter
     finally:
         stop.set()
         await asyncio.wait_for(task, 15)
+
+
+async def next_list(exporter: Exporter, timeout: float) -> None:
+    """Until the exporter has taken in a PodResources List the kubelet answered after this call."""
+    asked = time.monotonic()
+
+    def taken() -> bool:
+        latest = exporter.poller.latest
+        return latest is not None and latest.started_at > asked
+
+    await until_async(taken, "a PodResources List begun after the change", timeout=timeout, interval=0.01)
 
 
 async def scrape(exporter: Exporter, path: str = "/metrics") -> tuple[int, str]:
@@ -91,7 +104,7 @@ async def test_pod_labels_within_one_attribution_period(env) -> None:  # type: i
     async with running(work, kubelet) as exporter:
         hold(kubelet, "trainer-0", "neuroncore", ["neuroncore8", "neuroncore9"])
         hold(kubelet, "infer-0", "neuron", ["neuron5"])
-        await asyncio.sleep(0.5)
+        await next_list(exporter, timeout=0.5)
         status, text = await scrape(exporter)
     assert status == 200
     assert values(text, "neuron_core_execution_status_total", core="8", status="success", pod="trainer-0") == [0]
@@ -105,7 +118,7 @@ async def test_pod_labels_within_one_attribution_period(env) -> None:  # type: i
 async def test_podresources_down_still_serves_device_metrics(env) -> None:  # type: ignore[no-untyped-def]
     work, kubelet = env  # never started: no socket
     async with running(work, kubelet) as exporter:
-        await asyncio.sleep(0.5)
+        await until_async(lambda: exporter.poller.errors["UNAVAILABLE"], "a failed List", interval=0.01)
         status, text = await scrape(exporter)
         ready_status, ready = await scrape(exporter, "/readyz")
     assert status == 200
@@ -125,15 +138,15 @@ async def test_reconnects_after_a_kubelet_restart(env) -> None:  # type: ignore[
     work, kubelet = env
     await kubelet.start()
     async with running(work, kubelet) as exporter:
-        await asyncio.sleep(0.4)
+        await until_async(lambda: exporter.poller.up, "the first List", interval=0.01)
         hold(kubelet, "p", "neuroncore", ["neuroncore3"])
         allocations = list(kubelet.allocations)
         await kubelet.stop()  # the socket goes away; a new one (new inode) comes back
-        await asyncio.sleep(0.5)
+        await until_async(lambda: not exporter.poller.up, "a List failing", timeout=0.5, interval=0.01)
         assert not exporter.poller.up
         await kubelet.start()
         kubelet.allocations = allocations  # the kubelet restores allocations from its checkpoint
-        await asyncio.sleep(1.5)
+        await next_list(exporter, timeout=1.5)
         _, text = await scrape(exporter)
     assert values(text, "neuron_exporter_podresources_up") == [1]
     assert values(text, "neuron_core_allocation_info", core="3", pod="p") == [1]
