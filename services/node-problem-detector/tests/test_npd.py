@@ -25,6 +25,7 @@ from standins.apiserver import FakeApiServer, serving
 
 from neuron_driver.kmsg import KERN_ERR, format_record
 from neuron_health import verdicts
+from neuron_health.kernel_log import KmsgFollower
 from neuron_problem_detector import config as config_mod
 from neuron_problem_detector import rules as rules_mod
 from neuron_problem_detector.app import Detector
@@ -130,12 +131,14 @@ async def test_counters_growing(tmp_path: Path, node: Path, api: FakeApiServer) 
 async def test_a_reload_does_not_clear_what_needs_a_new_instance(
     tmp_path: Path, node: Path, api: FakeApiServer
 ) -> None:
-    async with running(tmp_path, node, api):
+    async with running(tmp_path, node, api) as det:
         sim.bump_counter(node, 9, "mem_ecc_uncorrected")
         sim.inject_fault(node, "NC_UNCORRECTABLE_ERROR", 2, via="core-counter", core=1)
         await eventually(lambda: len(verdicts.read_verdicts(tmp_path / "verdicts", node)) == 2)
         sim.reload_driver(node)
-        await asyncio.sleep(0.5)  # five counter reads
+        for _ in range(5):  # five counter reads, without waiting out their interval
+            det.check_counters()
+        await eventually(lambda: det.reporter.up_to_date)
         assert status(api)[0] == "True"
         assert set(verdicts.read_verdicts(tmp_path / "verdicts", node)) == {2, 9}
 
@@ -154,12 +157,13 @@ async def test_flood_of_unrelated_lines_and_garbage(tmp_path: Path, node: Path, 
 
 
 async def test_temporary_rule_is_an_event_only(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
-    async with running(tmp_path, node, api):
+    async with running(tmp_path, node, api) as det:
         await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
         for _ in range(3):
             sim.append_kmsg(node, "neuron:ndma: DMA completion timeout on nd04 queue 1", KERN_ERR)
         await eventually(lambda: api.event_list() and api.event_list()[0].get("count", 1) >= 2)
-        await asyncio.sleep(0.3)
+        # all three lines are in, and whatever they made has reached the API server
+        await eventually(lambda: sum(e.get("count", 1) for e in api.event_list()) >= 3 and det.reporter.up_to_date)
     events = api.event_list()
     assert [e["reason"] for e in events] == ["NeuronDMACompletionTimeout"]  # de-duplicated into one
     assert status(api) == ("False", "NeuronHasNoError")
@@ -172,7 +176,9 @@ async def test_api_server_down_for_a_while(tmp_path: Path, node: Path, api: Fake
         sim.inject_hw_error(node, "SRAM_UNCORRECTABLE_ERROR", 0, 0)
         sim.append_kmsg(node, "neuron: nd01: reset request 3 failed", KERN_ERR)
         await eventually(lambda: not det.reporter.api_up)
-        await asyncio.sleep(1.0)
+        await eventually(lambda: len(det.reporter.pending) == 2)
+        failures = sum(det.reporter.api_errors.values())
+        await eventually(lambda: sum(det.reporter.api_errors.values()) > failures)  # another try failed
         assert len(det.reporter.pending) == 2  # kept, bounded, waiting
         await api.up()
         await eventually(lambda: status(api) == ("True", "NeuronHasError_SRAM_UNCORRECTABLE_ERROR"), timeout=40)
@@ -180,14 +186,32 @@ async def test_api_server_down_for_a_while(tmp_path: Path, node: Path, api: Fake
     assert {e["reason"] for e in api.event_list()} == {"NeuronHasError_SRAM_UNCORRECTABLE_ERROR", "NeuronResetFailed"}
 
 
-async def test_restart_on_the_same_boot_and_after_a_reboot(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
+def count_kmsg_waits(monkeypatch: pytest.MonkeyPatch) -> Callable[[], int]:
+    """How many times a kernel-log follower found nothing new and waited: once it has, every record
+    it was going to replay has been read and handed on."""
+    waits = 0
+    wait = KmsgFollower._sleep
+
+    async def counted(self: KmsgFollower, stop: asyncio.Event) -> None:
+        nonlocal waits
+        waits += 1
+        await wait(self, stop)
+
+    monkeypatch.setattr(KmsgFollower, "_sleep", counted)
+    return lambda: waits
+
+
+async def test_restart_on_the_same_boot_and_after_a_reboot(
+    tmp_path: Path, node: Path, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
     async with running(tmp_path, node, api):
         sim.inject_hw_error(node, "HBM_UNCORRECTABLE_ERROR", 3, 0)
         await eventually(lambda: status(api) == ("True", "NeuronHasError_HBM_UNCORRECTABLE_ERROR"))
     transition = api.condition(NODE, "NeuronHealth")["lastTransitionTime"]  # type: ignore[index]
     # restart on the same boot, with no look-back: the True is kept from the state file
-    async with running(tmp_path, node, api, "--lookback", "0"):
-        await asyncio.sleep(0.5)
+    kmsg_waits = count_kmsg_waits(monkeypatch)
+    async with running(tmp_path, node, api, "--lookback", "0") as det:
+        await eventually(lambda: kmsg_waits() >= 1 and det.reporter.up_to_date)
         assert status(api) == ("True", "NeuronHasError_HBM_UNCORRECTABLE_ERROR")
         assert api.condition(NODE, "NeuronHealth")["lastTransitionTime"] == transition  # type: ignore[index]
     assert len(api.event_list()) == 1  # the replayed line was not reported twice
@@ -200,10 +224,10 @@ async def test_restart_on_the_same_boot_and_after_a_reboot(tmp_path: Path, node:
 
 @pytest.mark.parametrize("remediation", [["--taint", "--cordon"], []])
 async def test_remediation_on_and_off(tmp_path: Path, node: Path, api: FakeApiServer, remediation: list[str]) -> None:
-    async with running(tmp_path, node, api, *remediation):
+    async with running(tmp_path, node, api, *remediation) as det:
         sim.bump_counter(node, 1, "mem_ecc_repairable_uncorrected")
         await eventually(lambda: status(api) == ("True", "NeuronHasError_HBM_REPAIRABLE_UNCORRECTABLE_ERROR"))
-        await asyncio.sleep(0.5)
+        await eventually(lambda: det.reporter.up_to_date)
         spec = api.nodes[NODE]["spec"]
         if remediation:
             assert spec["taints"] == [
@@ -215,7 +239,7 @@ async def test_remediation_on_and_off(tmp_path: Path, node: Path, api: FakeApiSe
             assert "unschedulable" not in spec
         sim.reload_driver(node)
         await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
-        await asyncio.sleep(0.5)
+        await eventually(lambda: det.reporter.up_to_date)
     spec = api.nodes[NODE]["spec"]
     assert spec.get("taints", []) == []
     assert not spec.get("unschedulable", False)
@@ -223,12 +247,12 @@ async def test_remediation_on_and_off(tmp_path: Path, node: Path, api: FakeApiSe
 
 async def test_an_admins_cordon_is_left_alone(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
     api.nodes[NODE]["spec"]["unschedulable"] = True  # cordoned by someone else
-    async with running(tmp_path, node, api, "--cordon"):
+    async with running(tmp_path, node, api, "--cordon") as det:
         sim.bump_counter(node, 1, "mem_ecc_repairable_uncorrected")
         await eventually(lambda: status(api) == ("True", "NeuronHasError_HBM_REPAIRABLE_UNCORRECTABLE_ERROR"))
         sim.reload_driver(node)
         await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
-        await asyncio.sleep(0.5)
+        await eventually(lambda: det.reporter.up_to_date)
     assert api.nodes[NODE]["spec"]["unschedulable"] is True
 
 

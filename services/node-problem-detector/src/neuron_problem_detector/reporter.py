@@ -140,6 +140,16 @@ class Reporter:
         self.pending.append(PendingEvent(reason, message, "Warning" if warning else "Normal", now, now))
         self.wake.set()
 
+    @property
+    def up_to_date(self) -> bool:
+        """The API server holds everything decided so far: the conditions, the taint or cordon, every
+        Event. Tests wait on this where they would otherwise sleep and hope the reporter had run."""
+        if not self.api_up or self.pending or self.synced_conditions != self.desired:
+            return False
+        if self.taint or self.cordon:
+            return self._remediated == any(c.status == "True" for c in self.desired.values())
+        return True
+
     # -- API calls (blocking; run in a thread) -----------------------------------------------------
     def _read_node(self) -> Any:
         return self.api.read_node(self.node, _request_timeout=self.timeout)
