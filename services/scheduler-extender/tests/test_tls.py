@@ -17,6 +17,7 @@ import aiohttp
 import pytest
 from extender_objects import NOW, extender_args, pod_object, report_object
 from fake_api import NEURON_NODES, PODS, FakeApi
+from polling import until_async
 
 from neuron_scheduler_extender import config as config_mod
 from neuron_scheduler_extender import tls
@@ -167,14 +168,24 @@ async def test_a_rotated_certificate_is_served_without_a_restart(pki: dict[str, 
     context = tls.server_context(files)
     stop = asyncio.Event()
     task = asyncio.create_task(tls.reload_on_change(files, [context], stop, interval=0.05))
-    await asyncio.sleep(0.1)  # it has seen the files as they were
+    await asyncio.sleep(0)  # its first step stamps the files as they were, then it waits
+    assert await served_name(context, pki) == "extender"
     renewed = issue(pki["dir"], pki["ca"], "extender-renewed")
     os.replace(renewed[0], crt)
     os.replace(renewed[1], key)
-    await asyncio.sleep(0.3)
+
+    async def renewed_is_served() -> bool:
+        return await served_name(context, pki) == "extender-renewed"
+
+    await until_async(renewed_is_served, "the renewed certificate", interval=0.02)
     stop.set()
     await task
     # the context now holds the renewed certificate: a fresh handshake shows it
+    assert await served_name(context, pki) == "extender-renewed"
+
+
+async def served_name(context: ssl.SSLContext, pki: dict[str, Any]) -> str:
+    """The common name of the certificate a fresh handshake with `context` shows."""
     server = await asyncio.start_server(lambda r, w: w.close(), "127.0.0.1", 0, ssl=context)
     port = server.sockets[0].getsockname()[1]
     try:
@@ -183,7 +194,8 @@ async def test_a_rotated_certificate_is_served_without_a_restart(pki: dict[str, 
         writer.close()
     finally:
         server.close()
-    assert subject["commonName"] == "extender-renewed"
+    name: str = subject["commonName"]
+    return name
 
 
 def test_the_tls_flags_go_together(pki: dict[str, Any]) -> None:
