@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from standins.kubelet import Allocation, FakeKubelet
 
 from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
+from neuron_common.lifecycle import wait_any
 from neuron_node_metrics import config as config_mod
 from neuron_node_metrics.app import Exporter
 from neuron_node_metrics.catalogue import markdown_table
@@ -156,10 +157,29 @@ async def test_backs_off_when_rate_limited(env) -> None:  # type: ignore[no-unty
     work, kubelet = env
     kubelet.bucket.qps, kubelet.bucket.burst, kubelet.bucket.tokens = 0.0, 0, 0.0
     await kubelet.start()
-    async with running(work, kubelet) as exporter:
-        await asyncio.sleep(1.5)
+    exporter, stop, task = start(work, kubelet)
+    # The poller's delays pass at once on a virtual clock; its attempts in the first 1.5 s of that
+    # clock are counted, then it waits for real.
+    virtual, attempts, window_over = 0.0, 0, asyncio.Event()
+
+    async def skip(*events: asyncio.Event, timeout: float) -> None:
+        nonlocal virtual, attempts
+        if window_over.is_set():
+            await wait_any(*events, timeout=timeout)
+            return
+        virtual += timeout
+        if virtual >= 1.5:
+            attempts = exporter.poller.errors["RESOURCE_EXHAUSTED"]
+            window_over.set()
+
+    exporter.poller.wait = skip  # before the poller's first step
+    try:
+        await asyncio.wait_for(window_over.wait(), 15)
+        await until_async(lambda: exporter.http.bound_port, "the exporter's HTTP port", interval=0.01)
         _, text = await scrape(exporter)
-        attempts = exporter.poller.errors["RESOURCE_EXHAUSTED"]
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 15)
     assert values(text, "neuron_exporter_podresources_errors_total", code="RESOURCE_EXHAUSTED")[0] >= 1
     assert attempts <= 6  # backed off from the 0.2 s interval, not hammering the kubelet
 

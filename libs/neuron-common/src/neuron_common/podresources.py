@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import grpc
@@ -22,6 +22,8 @@ from neuron_common.backoff import Backoff
 from neuron_common.lifecycle import wait_any
 
 log = logging.getLogger(__name__)
+
+Wait = Callable[..., Awaitable[None]]  # wait_any(*events, timeout=...)
 
 
 @dataclass(frozen=True)
@@ -41,11 +43,14 @@ class PodResourcesPoller:
         with_allocatable: bool = False,
         on_update: Callable[[PodResourcesSnapshot], None] | None = None,
         max_backoff: float = 60.0,
+        wait: Wait = wait_any,
     ) -> None:
+        """`wait`: how the loop waits out a delay (stop, timeout=...); tests pass one that skips time."""
         self.client = client
         self.interval = interval
         self.with_allocatable = with_allocatable
         self.on_update = on_update
+        self.wait = wait
         self.latest: PodResourcesSnapshot | None = None
         self.up = False
         self.errors: Counter[str] = Counter()
@@ -94,5 +99,5 @@ class PodResourcesPoller:
                 delay = self._exhausted.next_delay()
             else:
                 delay = self._retry.next_delay()
-            await wait_any(stop, timeout=delay)
+            await self.wait(stop, timeout=delay)
         await self.client.close()
