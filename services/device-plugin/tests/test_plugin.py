@@ -246,6 +246,8 @@ class TestHealth:
         await eventually(lambda: "neuron4" not in h.kubelet.healthy(NEURON))
         assert h.kubelet.capacity(NEURON) == 12
         sim.restore(h.root, 4)
+        await next_health_check(h)  # it has seen the device back: the 1 s quiet period starts
+        h.clock.advance(1.0)
         await eventually(lambda: "neuron4" in h.kubelet.healthy(NEURON), timeout=5)
 
     async def test_problem_detector_verdict(self, start_plugin, short_tmp) -> None:  # type: ignore[no-untyped-def]
