@@ -93,7 +93,8 @@ async def start_plugin(short_tmp: Path) -> AsyncIterator[Callable[..., object]]:
         )
         stop = asyncio.Event()
         clock = SteppedClock()
-        plugin = Plugin(cfg, stop, clock=clock)
+        # the simulated kernel log is read every 20 ms rather than every second: a line is seen promptly
+        plugin = Plugin(cfg, stop, clock=clock, kmsg_file_poll=0.02)
         task = asyncio.create_task(plugin.run())
         h = Harness(root, plugin_dir, fake, plugin, stop, task, clock)
         harnesses.append(h)

@@ -123,10 +123,13 @@ class KmsgWatcher:
     """NEURON_HW_ERR lines naming a device make that device Unhealthy. The whole log of this
     boot is read at start, so a restart of the plugin does not forget an error."""
 
-    def __init__(self, state: HealthSink, path: Path, retry: float = 30.0) -> None:
+    def __init__(self, state: HealthSink, path: Path, retry: float = 30.0, file_poll: float = 1.0) -> None:
+        """`file_poll`: how often a kernel-log *file* (a simulated node) is read again; /dev/kmsg
+        itself wakes the follower, so this does not apply to it."""
         self.state = state
         self.path = path
         self.retry = retry
+        self.file_poll = file_poll
 
     def handle(self, message: str) -> None:
         for found in faults.match_kernel_line(message):
@@ -145,7 +148,7 @@ class KmsgWatcher:
         while not stop.is_set():
             # The problem detector is the prompt reader of the kernel log; here it is a second
             # source, polled gently.
-            follower = KmsgFollower(str(self.path), lookback=None, poll_interval=1.0)
+            follower = KmsgFollower(str(self.path), lookback=None, poll_interval=self.file_poll)
             try:
                 async for item in follower.follow(stop):
                     if isinstance(item, Malformed):

@@ -40,11 +40,14 @@ class Plugin:
         *,
         api: Api | None = None,
         clock: Callable[[], float] = time.monotonic,
+        kmsg_file_poll: float = 1.0,
     ) -> None:
         """`api`: the API-server client for --node-report, --ultraserver-labels and --metrics-auth; by
         default made from --kubeconfig or the pod's service account when one of them is on.
-        `clock`: the health quiet periods' and pending hand-outs' clock, for tests to move past them."""
+        `clock`: the health quiet periods' and pending hand-outs' clock, for tests to move past them.
+        `kmsg_file_poll`: how often a kernel-log file (a simulated node's) is read; not /dev/kmsg's."""
         self.config = config
+        self.kmsg_file_poll = kmsg_file_poll
         self.stop = stop
         self.metrics = PluginMetrics()
         inventory = scan(config.host_root)
@@ -157,7 +160,7 @@ class Plugin:
             "holdings": self._poll_holdings,
         }
         if self.config.kmsg_path is not None:
-            kmsg = KmsgWatcher(self.state, self.config.kmsg_path)
+            kmsg = KmsgWatcher(self.state, self.config.kmsg_path, file_poll=self.kmsg_file_poll)
             loops["kmsg"] = lambda: kmsg.run(self.stop)
         if self.labeler is not None:
             labeler = self.labeler
