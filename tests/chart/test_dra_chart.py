@@ -93,8 +93,10 @@ def test_device_classes() -> None:
     assert group.endswith('.resourceType == "neuron_device_group"')
     device = " ".join(classes["neuron.aws.com"]["selectors"][0]["cel"]["expression"].split())
     core = " ".join(classes["neuroncore.aws.com"]["selectors"][0]["cel"]["expression"].split())
+    # whole devices, and on UltraServer nodes the whole node (AWS's trn2u claims select it in this class)
     assert device == (
-        'device.driver == "neuron.aws.com" && device.attributes["neuron.aws.com"].resourceType == "neuron_device"'
+        'device.driver == "neuron.aws.com" && device.attributes["neuron.aws.com"].resourceType '
+        'in ["neuron_device", "neuron_node"]'
     )
     assert core == (
         'device.driver == "neuron.aws.com" && device.attributes["neuron.aws.com"].resourceType == "neuron_core"'

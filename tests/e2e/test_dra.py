@@ -558,7 +558,9 @@ def test_awss_ultraserver_labels_and_claims_on_a_simulated_trn2u_node() -> None:
             ("2-node-inference-us", "2", identity.group(2)),
             ("us-and-lnc-config", "2", identity.group(2)),
         ):
-            template, _ = aws_spec(spec)  # the LeaderWorkerSet beside it needs its controller
+            # the ResourceClaimTemplate as published; the LeaderWorkerSet beside it needs its controller
+            docs = yaml.safe_load_all((AWS_SPECS / f"{spec}.yaml").read_text())
+            (template,) = [d for d in docs if d and d["kind"] == "ResourceClaimTemplate"]
             apply_in_workloads(template)
             create_pod("us", template["metadata"]["name"])
             eventually(lambda: pod_phase("us", WORKLOADS) == "Running", f"the pod of AWS's {spec} running", timeout=180)
