@@ -116,3 +116,26 @@ async def test_the_dedupe_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> 
     assert await r.sync_once()
     assert len(api.created) == 500
     assert len(r.sent) == 50
+
+
+async def test_a_condition_decided_while_the_patch_is_on_its_way_is_sent_next() -> None:
+    """The loop keeps deciding while a status patch runs in its thread: a change it makes then was
+    marked sent without being sent, until the next heartbeat (a minute by default)."""
+    api = FakeCoreApi()
+    r = make(api)
+    sent: list[list[str]] = []
+    healthy = ConditionStatus("NeuronHealth", "False", "NeuronHasNoError", "ok", 0.0)
+    broken = ConditionStatus("NeuronHealth", "True", "NeuronHasError_X", "x", 1.0)
+
+    def patch_node_status(_name: str, body: dict[str, Any], **_: Any) -> None:
+        sent.append([c["reason"] for c in body["status"]["conditions"]])
+        if len(sent) == 1:
+            r.set_conditions([broken])  # decided while this patch is on its way
+
+    api.patch_node_status = patch_node_status  # type: ignore[method-assign]
+    r.set_conditions([healthy])
+    await r.sync_once()
+    assert not r.up_to_date
+    await r.sync_once()
+    assert sent == [["NeuronHasNoError"], ["NeuronHasError_X"]]
+    assert r.up_to_date

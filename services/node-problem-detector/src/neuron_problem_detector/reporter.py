@@ -159,7 +159,7 @@ class Reporter:
         self._node_uid = node.metadata.uid
         return {c.type: c for c in (node.status.conditions or [])}
 
-    def _patch_conditions(self) -> None:
+    def _patch_conditions(self, conditions: dict[str, ConditionStatus]) -> None:
         now = rfc3339(time.time())
         body = {
             "status": {
@@ -172,7 +172,7 @@ class Reporter:
                         "lastTransitionTime": rfc3339(c.last_transition),
                         "lastHeartbeatTime": now,
                     }
-                    for c in self.desired.values()
+                    for c in conditions.values()
                 ]
             }
         }
@@ -261,8 +261,11 @@ class Reporter:
                 await asyncio.to_thread(self.current_conditions)
             due = time.monotonic() - self._last_heartbeat >= self.heartbeat
             if self.desired and (self.desired != self.synced_conditions or due):
-                await asyncio.to_thread(self._patch_conditions)
-                self.synced_conditions = dict(self.desired)
+                # what is sent is what counts as synced: a change made while the patch is on its way
+                # (the loop keeps deciding) is sent by the next attempt, not marked sent unsent
+                sending = dict(self.desired)
+                await asyncio.to_thread(self._patch_conditions, sending)
+                self.synced_conditions = sending
                 self._last_heartbeat = time.monotonic()
             if self.taint or self.cordon:  # before the Events: remediation never waits on them
                 unhealthy = any(c.status == "True" for c in self.desired.values())
