@@ -22,12 +22,14 @@ from hypothesis import strategies as st
 from standins.apiserver import FakeApiServer
 
 from kubelet_api.podresources_client import Holding
+from neuron_common.kube import ApiError
 from neuron_device_plugin import config as config_mod
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_device_plugin.node_report import (
     FIELD_MANAGER,
     NodeReportPublisher,
     ReportWriteError,
+    ServerSideApply,
     build_report,
     describe_api_error,
 )
@@ -370,6 +372,21 @@ def test_api_errors_carry_the_servers_message_and_what_a_404_means() -> None:
     )
     assert "is the neuronnodes.neuron.aws.com CRD installed?" in describe_api_error(404, "Not Found", "")
     assert describe_api_error(500, None, "plain text") == "HTTP 500: plain text"
+
+
+async def test_the_writer_keeps_an_admission_policys_whole_refusal() -> None:
+    """A policy's refusal names the policy first and says why at the end, past 300 characters."""
+    why = "the Neuron device plugin on node a may write only NeuronNode a, not b"
+    long = f"neuronnodes.neuron.aws.com \"b\" is forbidden: ValidatingAdmissionPolicy '{'p' * 120}' with binding '{'p' * 120}' denied request: {why}"
+
+    class Refusing:
+        async def apply(self, path: str, body: Any, field_manager: str) -> dict[str, Any]:
+            raise ApiError(403, long)
+
+    with pytest.raises(ReportWriteError) as refused:
+        await ServerSideApply(Refusing())({"metadata": {"name": "b"}})  # type: ignore[arg-type]
+    assert str(refused.value) == f"HTTP 403: {long}"
+    assert str(refused.value).endswith(why)
 
 
 # --- flags -----------------------------------------------------------------------------------

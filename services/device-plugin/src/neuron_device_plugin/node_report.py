@@ -161,7 +161,8 @@ class ServerSideApply:
         except ApiError as exc:
             if not exc.status:  # no answer: unreachable, reset, timed out, TLS
                 raise ReportWriteError(exc.message[:300]) from None
-            raise ReportWriteError(describe_api_error(exc.status, None, exc.message)) from None
+            # neuron_common.kube has taken the message out of the Status already: whole, not cut as raw text is
+            raise ReportWriteError(describe_refusal(exc.status, None, exc.message)) from None
 
 
 def describe_api_error(status: int | None, reason: str | None, body: Any) -> str:
@@ -175,6 +176,11 @@ def describe_api_error(status: int | None, reason: str | None, body: Any) -> str
         message = parsed["message"]
     elif isinstance(body, str):
         message = body[:300]
+    return describe_refusal(status, reason, message)
+
+
+def describe_refusal(status: int | None, reason: str | None, message: str) -> str:
+    """The API server's message whole (an admission policy's refusal ends with why), and what a 404 means."""
     text = f"HTTP {status} {reason or ''}".rstrip() + (f": {message}" if message else "")
     if status == 404:
         text += f" (is the {PLURAL}.{GROUP} CRD installed? the chart installs it with scheduler.enabled=true)"
