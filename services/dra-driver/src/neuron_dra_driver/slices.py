@@ -233,7 +233,8 @@ def ring_groups(model: NodeDevices) -> list[dict[str, Any]]:
     topo = topology_from(inv)
     if not (model.publish_groups and model.publish_cores) or topo.kind is not TopologyKind.RING:
         return []
-    present = {d.index: d for d in inv.devices if d.index not in set(model.unhealthy)}
+    unhealthy = set(model.unhealthy)
+    present = {d.index: d for d in inv.devices if d.index not in unhealthy}
     ring = topo.device_count
     result = []
     for size in sorted(topo.group_sizes):
@@ -271,7 +272,8 @@ def whole_node(model: NodeDevices) -> list[dict[str, Any]]:
     it = inv.instance_type
     if it is None or not it.ultraserver or not model.publish_cores or not inv.devices:
         return []
-    present = [d for d in sorted(inv.devices, key=lambda d: d.index) if d.index not in set(model.unhealthy)]
+    unhealthy = set(model.unhealthy)
+    present = [d for d in sorted(inv.devices, key=lambda d: d.index) if d.index not in unhealthy]
     if len(present) != it.devices:
         return []
     attributes = _common(model, NODE_KIND, present[0].index, {})
