@@ -138,6 +138,28 @@ def failed_scheduling_events(name: str) -> list[str]:
     return [e["message"] for e in json.loads(events)["items"] if e["reason"] == "FailedScheduling"]
 
 
+def runs(name: str, devices: int, what: str) -> None:
+    """Wait for the pod to run, creating it again (once per failure) when the kubelet failed its
+    admission: `simulated_reboot` restarts the device plugin under pending pods, and when its
+    ListAndWatch ends the kubelet closes the plugin's connection, failing an Allocate still on the
+    wire (UnexpectedAdmissionError), which a real reboot, with no pod bound before the plugin is
+    back, cannot meet. Any other failure fails the test."""
+
+    def running() -> bool:
+        status = pod(name)["status"]
+        if status.get("phase") == "Failed" and status.get("reason") == "UnexpectedAdmissionError":
+            print(
+                f"{name}: admission failed during the plugin's restart ({status.get('message', '')}); creating it again"
+            )
+            delete_pods(name)
+            create_pod(name, devices)
+            return False
+        assert status.get("phase") != "Failed", status
+        return status.get("phase") == "Running"
+
+    eventually(running, what, timeout=400)
+
+
 def delete_pods(*names: str) -> None:
     kubectl("delete", "pod", "-n", WORKLOADS, *names, "--ignore-not-found", "--wait=true", "--timeout=60s")
 
@@ -326,12 +348,12 @@ def test_after_the_devices_recover_the_8_device_pod_runs_on_an_aligned_group() -
     eventually(lambda: allocatable()[0] == "16", "every device healthy again", timeout=180)
     eventually(lambda: report()["status"]["unhealthyDevices"] == [], "the report shows no unhealthy device")
     # kube-scheduler retries the pending pods on the node's change (at the latest after 5 minutes)
-    eventually(lambda: pod_phase("eight", WORKLOADS) == "Running", "the 8-device pod running", timeout=400)
+    runs("eight", 8, "the 8-device pod running")
     devices = devices_of("eight")
     assert devices in (list(range(8)), list(range(8, 16))), devices
     cores = [int(c) for c in shown("eight")["cores"][0].split(",")]
     assert cores == [c for d in devices for c in (2 * d, 2 * d + 1)]
-    eventually(lambda: pod_phase("four", WORKLOADS) == "Running", "the 4-device pod running", timeout=400)
+    runs("four", 4, "the 4-device pod running")
     four = devices_of("four")
     assert four in ([0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]), four
     held = {*devices, *four, *devices_of("one-a"), *devices_of("one-b")}
