@@ -34,7 +34,7 @@ offline=(--no-index --find-links /wheels)
 "${pip[@]}" uninstall -y pip setuptools
 site=$("$venv/bin/python3" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
 # kubernetes' asyncio client (42 MB of the 76 MB package) duplicates the synchronous one the
-# detector calls, and nothing outside it imports it.
+# `helm test` pods call in the detector's image, and nothing imports it.
 rm -rf "$site/kubernetes/aio"
 find "$venv" -name __pycache__ -prune -exec rm -rf {} +
 # Wheels' extension modules carry symbols nothing here uses (aiohttp's alone are 4 MB of them).
@@ -106,8 +106,8 @@ python3 "$src/debian_inventory.py" "$out" "$out$venv/share/neuron-helm-chart/deb
 
 # --- bytecode -------------------------------------------------------------------------------------
 # Compiled here, because the root is read-only in a pod: without bytecode every start compiles
-# whatever it imports, which for the Kubernetes client alone takes 3 s and peaks at 140 MB, near
-# the detector's memory limit. Unchecked-hash bytecode: Python never compares it with the source's
+# whatever it imports, which for the Kubernetes client alone (the `helm test` pods', and the
+# services' loaders for exec-plugin kubeconfigs) takes 3 s and peaks at 140 MB. Unchecked-hash bytecode: Python never compares it with the source's
 # time, and its bytes do not depend on file times. The Kubernetes client keeps its bytecode
 # (25 MB) without its 34 MB of generated source, mostly docstrings: a traceback through it shows
 # file and line, not the line's text.

@@ -21,8 +21,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from kubernetes import client
-from kubernetes import config as kubeconfig
 from standins.apiserver import FakeApiServer, serving
 
 from neuron_device_plugin.metrics import PluginMetrics
@@ -109,8 +107,7 @@ async def test_same_behaviour_with_and_without_the_detector(
          "--listen", "127.0.0.1:0", "--state-file", str(tmp_path / "state.json"), "--verdict-dir", str(verdict_dir)],
         env={},
     )  # fmt: skip
-    kubeconfig.load_kube_config(config_file=cfg.kubeconfig)  # type: ignore[no-untyped-call]
-    detector = Detector(cfg, asyncio.Event(), client.CoreV1Api())
+    detector = Detector(cfg, asyncio.Event())  # its client from --kubeconfig, as the process makes it
     alone, with_detector = Plugin(root, None), Plugin(root, verdict_dir)
     detector.check_counters()
     alone.tick()

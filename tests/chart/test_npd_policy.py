@@ -1,13 +1,15 @@
 """The problem detector's admission policy on a real kube-apiserver (issue 24): with the chart's
 RBAC and ValidatingAdmissionPolicy installed, a detector's pod-bound token on node-a changes its
 own node's NeuronHealth condition, its own taint and cordon, and Events about node-a; it cannot
-touch node-b, other conditions, labels, or anything with a token bound to no pod."""
+touch node-b, other conditions, labels, or anything with a token bound to no pod. The detector's
+own reporter, with that token, gets everything it sends admitted."""
 
 from __future__ import annotations
 
 import asyncio
 import ssl
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -16,6 +18,8 @@ from chart.test_chart import render, sets
 from simcluster.controlplane import ControlPlane, private_control_plane
 
 from neuron_common.kube import Api, ApiError
+from neuron_problem_detector.detector import ConditionStatus
+from neuron_problem_detector.reporter import CORDON_ANNOTATION, TAINT_KEY, Reporter
 
 pytestmark = pytest.mark.integration  # starts external processes: make integration
 
@@ -46,7 +50,19 @@ def event(node: str, name: str) -> dict[str, Any]:
     }
 
 
-async def _attempts(cp: ControlPlane) -> dict[str, str]:
+@dataclass(frozen=True)
+class Tokens:
+    bound: str  # to the pod detector-a on node-a
+    unbound: str
+
+
+@pytest.fixture(scope="module")
+def tokens(apiserver: ControlPlane) -> Tokens:
+    return asyncio.run(_install(apiserver))
+
+
+async def _install(cp: ControlPlane) -> Tokens:
+    """The chart's RBAC and admission policy, node-a and node-b, a detector pod on node-a and tokens."""
     admin = Api(cp.server, ssl_context=cp.credentials.ssl_context())
     docs = render(*sets(npd__remediation__taint=True, npd__remediation__cordon=True))
     try:
@@ -99,19 +115,7 @@ async def _attempts(cp: ControlPlane) -> dict[str, str]:
             tokens,
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 600}},
         )
-        context = ssl.create_default_context(cafile=str(cp.credentials.ca))
-        detector = Api(cp.server, ssl_context=context, authorization=lambda: f"Bearer {bound['status']['token']}")
-        stranger = Api(cp.server, ssl_context=context, authorization=lambda: f"Bearer {unbound['status']['token']}")
-
-        def status(api: Api, node: str, body: dict[str, Any]) -> Any:
-            return api.request("PATCH", f"/api/v1/nodes/{node}/status", body=body, content_type=STRATEGIC)
-
-        def node_patch(api: Api, node: str, body: dict[str, Any]) -> Any:
-            return api.request("PATCH", f"/api/v1/nodes/{node}", body=body, content_type=MERGE)
-
-        taint = {
-            "spec": {"taints": [{"key": "aws.amazon.com/neuron-unhealthy", "value": "true", "effect": "NoSchedule"}]}
-        }
+        detector = as_detector(cp, bound["status"]["token"])
         # the policy takes a moment to be enforced after it is created
         for _ in range(200):
             try:
@@ -125,6 +129,31 @@ async def _attempts(cp: ControlPlane) -> dict[str, str]:
             await asyncio.sleep(0.05)
         else:
             raise AssertionError(f"the admission policy was never enforced; last answer: {last}")
+        await detector.close()
+        return Tokens(bound["status"]["token"], unbound["status"]["token"])
+    finally:
+        await admin.close()
+
+
+def as_detector(cp: ControlPlane, token: str) -> Api:
+    context = ssl.create_default_context(cafile=str(cp.credentials.ca))
+    return Api(cp.server, ssl_context=context, authorization=lambda: f"Bearer {token}")
+
+
+def status(api: Api, node: str, body: dict[str, Any]) -> Any:
+    return api.patch(f"/api/v1/nodes/{node}/status", body, STRATEGIC)
+
+
+async def _attempts(cp: ControlPlane, tokens: Tokens) -> dict[str, str]:
+    detector, stranger = as_detector(cp, tokens.bound), as_detector(cp, tokens.unbound)
+    try:
+
+        def node_patch(api: Api, node: str, body: dict[str, Any]) -> Any:
+            return api.request("PATCH", f"/api/v1/nodes/{node}", body=body, content_type=MERGE)
+
+        taint = {
+            "spec": {"taints": [{"key": "aws.amazon.com/neuron-unhealthy", "value": "true", "effect": "NoSchedule"}]}
+        }
         attempts = {
             "own condition": status(detector, "node-a", condition("NeuronHealth", "True")),
             "another condition type": status(detector, "node-a", condition("Ready", "False")),
@@ -146,16 +175,14 @@ async def _attempts(cp: ControlPlane) -> dict[str, str]:
                 "/api/v1/namespaces/default/events", event("node-b", "ev-b")
             ),
         }
-        outcomes = await admission.outcomes(attempts)
+        return await admission.outcomes(attempts)
+    finally:
         await detector.close()
         await stranger.close()
-        return outcomes
-    finally:
-        await admin.close()
 
 
-def test_a_detector_changes_only_its_own_node(apiserver: ControlPlane) -> None:
-    outcomes = asyncio.run(_attempts(apiserver))
+def test_a_detector_changes_only_its_own_node(apiserver: ControlPlane, tokens: Tokens) -> None:
+    outcomes = asyncio.run(_attempts(apiserver, tokens))
     allowed = {"own condition", "own taint and cordon", "an Event about its node"}
     for name, outcome in outcomes.items():
         if name in allowed:
@@ -167,6 +194,51 @@ def test_a_detector_changes_only_its_own_node(apiserver: ControlPlane) -> None:
     assert "names none" in outcomes["a token bound to no pod"]
     assert "only its own taint" in outcomes["a label"]
     assert "Events about its node only" in outcomes["an Event about another node"]
+
+
+async def _report(cp: ControlPlane, tokens: Tokens) -> list[str]:
+    """The detector's reporter on node-a, with remediation, through healthy, unhealthy and healthy
+    again, two Events (the second a repeat: a patch of the first); what the API server then holds,
+    read back as an administrator, each step."""
+    admin = Api(cp.server, ssl_context=cp.credentials.ssl_context())
+    detector = as_detector(cp, tokens.bound)
+    reporter = Reporter(detector, "node-a", "neuron-problem-detector", taint=True, cordon=True)
+    seen: list[str] = []
+
+    async def step(health: str, *events: str) -> None:
+        reporter.set_conditions([ConditionStatus("NeuronHealth", health, f"Reason{health}", "m", 0.0)])
+        for message in events:
+            reporter.event("NeuronHasError_X", message)
+            assert await reporter.sync_once(), reporter.api_errors  # each Event sent before the next
+        assert await reporter.sync_once(), reporter.api_errors
+        assert reporter.up_to_date
+        node = await admin.get("/api/v1/nodes/node-a")
+        conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
+        taints = [t["key"] for t in node["spec"].get("taints") or []]
+        cordoned = node["spec"].get("unschedulable", False)
+        by = (node["metadata"].get("annotations") or {}).get(CORDON_ANNOTATION)
+        seen.append(f"NeuronHealth={conditions['NeuronHealth']} Ready={conditions['Ready']} {taints} {cordoned} {by}")
+
+    try:
+        await step("False")
+        await step("True", "first", "first")
+        await step("False")
+        answer = await admin.get("/api/v1/namespaces/default/events")
+        mine = [e for e in answer["items"] if e.get("reportingComponent") == "neuron-problem-detector"]
+        seen += [f"{e['reason']} {e['involvedObject']['name']} count={e['count']}" for e in mine]
+        return seen
+    finally:
+        await detector.close()
+        await admin.close()
+
+
+def test_the_detectors_own_reporter_is_admitted(apiserver: ControlPlane, tokens: Tokens) -> None:
+    assert asyncio.run(_report(apiserver, tokens)) == [
+        "NeuronHealth=False Ready=True [] False None",
+        f"NeuronHealth=True Ready=True ['{TAINT_KEY}'] True neuron-problem-detector",
+        "NeuronHealth=False Ready=True [] False None",
+        "NeuronHasError_X node-a count=2",
+    ]
 
 
 def test_without_remediation_the_detector_changes_no_node() -> None:

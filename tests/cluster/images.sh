@@ -146,14 +146,32 @@ for svc in "${SERVICES[@]}"; do
     node-metrics)
       smoke_serves "$image" /metrics '^neuron_device_info{' \
         || { echo "$image did not serve the simulated node's metrics" >&2; exit 1; } ;;
-    node-problem-detector)  # the chart's `helm test` pods run this image's Python, as nobody
+    node-problem-detector)
+      # its reporter, through neuron_common.kube (aiohttp, TLS), tries the API server: with no
+      # network the try must fail as unreachable, counted, not crash
+      "${PODMAN[@]}" run --rm "${LIMITS[@]}" --network none --read-only --entrypoint /opt/neuron/bin/python "$image" \
+        -c 'import asyncio, logging
+from neuron_common.kube import Api
+from neuron_problem_detector.reporter import Reporter
+async def main() -> None:
+    api = Api("https://127.0.0.1:1", timeout=5)
+    reporter = Reporter(api, "smoke", "smoke")
+    assert not await reporter.sync_once()
+    await api.close()
+    assert "ClientConnectorError" in reporter.api_errors, reporter.api_errors
+logging.disable()
+asyncio.run(main())' \
+        || { echo "$image: the detector's reporter did not try the API server" >&2; exit 1; }
+      # the chart's `helm test` pods run this image's Python as nobody, with the kubernetes client
+      # (charts/neuron-helm-chart/files/helm_test.py), which the detector itself no longer imports
       "${PODMAN[@]}" run --rm "${LIMITS[@]}" --network none --read-only --user 65534:65534 \
         --entrypoint /opt/neuron/bin/python "$image" \
         -c 'import kubernetes.client, kubernetes.config, neuron_model.instance_types; kubernetes.client.CoreV1Api' \
         || { echo "$image: the helm test pods' imports failed" >&2; exit 1; } ;;
-    dra-driver)  # without a kubelet and an API server it cannot serve: every module and stub must import
+    dra-driver)  # without a kubelet and an API server it cannot serve: every module and stub must import,
+      # and the YAML parser neuron_common.kube reads a --kubeconfig with (imported only then)
       "${PODMAN[@]}" run --rm "${LIMITS[@]}" --network none --read-only --entrypoint /opt/neuron/bin/python "$image" \
-        -c 'import neuron_dra_driver.app, kubernetes.config, kubelet_api.dra.v1.api_pb2_grpc' \
+        -c 'import neuron_dra_driver.app, neuron_common.kube, yaml, kubelet_api.dra.v1.api_pb2_grpc' \
         || { echo "$image: the driver's imports failed" >&2; exit 1; } ;;
   esac
   sizes[$image]=$("${PODMAN[@]}" image inspect "$image" --format '{{.Size}}')

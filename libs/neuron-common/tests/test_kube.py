@@ -21,6 +21,7 @@ class Server:
         self.app.router.add_get("/api/v1/pods", self.pods)
         self.app.router.add_post("/api/v1/namespaces/ns/pods/p/binding", self.binding)
         self.app.router.add_post("/api/v1/namespaces/ns/pods/{name}/binding", self.held_binding)
+        self.app.router.add_patch("/api/v1/nodes/{name}", self.patch_node)
         self.in_flight = 0
         self.hold_until = 0  # held bindings answer once this many are in flight at once
         self.all_in = asyncio.Event()
@@ -53,6 +54,9 @@ class Server:
                 status=409,
             )
         return web.json_response({"kind": "Status", "status": "Success"}, status=201)
+
+    async def patch_node(self, request: web.Request) -> web.Response:
+        return web.json_response({"contentType": request.content_type, "patch": await request.json()})
 
     async def held_binding(self, request: web.Request) -> web.Response:
         self.in_flight += 1
@@ -123,6 +127,13 @@ async def test_errors_carry_the_servers_message(served: tuple[Server, Api]) -> N
         "kind": "Status",
         "status": "Success",
     }
+
+
+async def test_a_patch_is_sent_as_the_kind_of_patch_asked_for(served: tuple[Server, Api]) -> None:
+    _, api = served
+    for kind in ("application/strategic-merge-patch+json", "application/merge-patch+json"):
+        answer = await api.patch("/api/v1/nodes/n", {"spec": {"unschedulable": True}}, kind)
+        assert answer == {"contentType": kind, "patch": {"spec": {"unschedulable": True}}}
 
 
 async def test_an_unreachable_server_is_status_0() -> None:

@@ -19,8 +19,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 from broken_loop import break_loop_and_probe
-from kubernetes import client
-from kubernetes import config as kubeconfig
 from standins.apiserver import FakeApiServer, serving
 
 from neuron_driver.kmsg import KERN_ERR, format_record
@@ -55,9 +53,8 @@ def start(
          "--state-file", str(tmp_path / "state.json"), "--verdict-dir", str(tmp_path / "verdicts"), *args],
         env={},
     )  # fmt: skip
-    kubeconfig.load_kube_config(config_file=cfg.kubeconfig)
     stop = asyncio.Event()
-    detector = Detector(cfg, stop, client.CoreV1Api())
+    detector = Detector(cfg, stop)  # its client from --kubeconfig, as the process makes it
     return detector, stop, asyncio.create_task(detector.run())
 
 
@@ -302,6 +299,17 @@ def test_cli_errors(tmp_path: Path) -> None:
     out = run_cli("--node-name", "n", "--rules", str(bad))
     assert out.returncode == 2
     assert "conditions: must be a non-empty list" in out.stderr
+
+
+@pytest.mark.integration
+def test_no_credentials_is_a_clear_error_at_start(tmp_path: Path) -> None:
+    out = run_cli("--node-name", NODE, env={"KUBERNETES_SERVICE_HOST": "", "KUBERNETES_SERVICE_PORT": ""})
+    assert out.returncode == 2
+    assert "cannot reach the API server through the in-cluster service account" in out.stderr
+    assert "outside a pod, pass --kubeconfig" in out.stderr
+    out = run_cli("--node-name", NODE, "--kubeconfig", str(tmp_path / "missing"))
+    assert out.returncode == 2
+    assert f"cannot reach the API server through --kubeconfig {tmp_path / 'missing'}" in out.stderr
 
 
 DURATIONS = {"--lookback": "lookback", "--counter-interval": "counter_interval", "--heartbeat": "heartbeat"}

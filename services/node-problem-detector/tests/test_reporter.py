@@ -3,12 +3,12 @@ answered 409, an Event refused for ever, an expired Event, and a long run of dis
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
+from neuron_common.kube import ApiError
 from neuron_problem_detector import reporter as reporter_mod
 from neuron_problem_detector.detector import ConditionStatus
 from neuron_problem_detector.reporter import Reporter
@@ -16,45 +16,60 @@ from neuron_problem_detector.reporter import Reporter
 pytestmark = pytest.mark.asyncio
 
 
+NODE = "/api/v1/nodes/node-a"
+EVENTS = "/api/v1/namespaces/default/events"
+
+
 class FakeCoreApi:
-    """The CoreV1Api calls the reporter makes; `refuse` maps an Event reason to the HTTP status
-    its create answers with (409: it exists already)."""
+    """The neuron_common.kube.Api calls the reporter makes, by path; `refuse` maps an Event reason
+    to the HTTP status its create answers with (409: it exists already)."""
 
     def __init__(self) -> None:
-        self.api_client = client.ApiClient()
         self.created: list[str] = []  # reasons
         self.patched_events: list[str] = []
         self.node_patches: list[dict[str, Any]] = []
         self.refuse: dict[str, int] = {}
         self.expired: set[str] = set()  # Event names whose patch answers 404
 
-    def read_node(self, name: str, **_: Any) -> Any:
-        return client.V1Node(
-            metadata=client.V1ObjectMeta(name=name, uid="u", resource_version="1", annotations={}),
-            spec=client.V1NodeSpec(taints=[]),
-            status=client.V1NodeStatus(conditions=[]),
-        )
+    async def get(self, path: str) -> dict[str, Any]:
+        assert path == NODE, path
+        return {
+            "metadata": {"name": "node-a", "uid": "u", "resourceVersion": "1", "annotations": {}},
+            "spec": {"taints": []},
+            "status": {"conditions": []},
+        }
 
-    def patch_node_status(self, *_: Any, **__: Any) -> None:
+    async def patch_node_status(self, _name: str, body: Mapping[str, Any]) -> None:
         pass
 
-    def patch_node(self, _name: str, body: dict[str, Any], **__: Any) -> None:
-        self.node_patches.append(body)
+    async def patch(self, path: str, body: Mapping[str, Any], content_type: str) -> dict[str, Any]:
+        if path == f"{NODE}/status":
+            assert content_type == reporter_mod.STRATEGIC  # the kubelet's conditions survive
+            await self.patch_node_status("node-a", body)
+        elif path == NODE:
+            assert content_type == reporter_mod.MERGE
+            self.node_patches.append(dict(body))
+        else:
+            name = path.removeprefix(f"{EVENTS}/")
+            assert name != path, path
+            assert content_type == reporter_mod.MERGE
+            if name in self.expired:
+                raise ApiError(404, f'events "{name}" not found')
+            self.patched_events.append(name)
+        return {}
 
-    def create_namespaced_event(self, _ns: str, event: client.CoreV1Event, **_: Any) -> None:
-        status = self.refuse.get(event.reason)
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        assert path == EVENTS, path
+        assert body["involvedObject"] == {"kind": "Node", "name": "node-a", "uid": "u", "apiVersion": "v1"}
+        status = self.refuse.get(body["reason"])
         if status is not None:
-            raise ApiException(status=status, reason="refused")
-        self.created.append(event.reason)
-
-    def patch_namespaced_event(self, name: str, _ns: str, _body: Any, **_: Any) -> None:
-        if name in self.expired:
-            raise ApiException(status=404, reason="NotFound")
-        self.patched_events.append(name)
+            raise ApiError(status, "refused")
+        self.created.append(body["reason"])
+        return dict(body)
 
 
 def make(api: FakeCoreApi, **kw: Any) -> Reporter:
-    return Reporter(api, "node-a", "neuron-problem-detector", event_burst=1000, **kw)  # type: ignore[arg-type]
+    return Reporter(api, "node-a", "neuron-problem-detector", event_burst=1000, **kw)
 
 
 async def test_a_create_answered_409_counts_as_delivered() -> None:
@@ -119,15 +134,15 @@ async def test_the_dedupe_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 async def test_a_condition_decided_while_the_patch_is_on_its_way_is_sent_next() -> None:
-    """The loop keeps deciding while a status patch runs in its thread: a change it makes then was
-    marked sent without being sent, until the next heartbeat (a minute by default)."""
+    """The loop keeps deciding while a status patch is awaited: a change it makes then was marked
+    sent without being sent, until the next heartbeat (a minute by default)."""
     api = FakeCoreApi()
     r = make(api)
     sent: list[list[str]] = []
     healthy = ConditionStatus("NeuronHealth", "False", "NeuronHasNoError", "ok", 0.0)
     broken = ConditionStatus("NeuronHealth", "True", "NeuronHasError_X", "x", 1.0)
 
-    def patch_node_status(_name: str, body: dict[str, Any], **_: Any) -> None:
+    async def patch_node_status(_name: str, body: Mapping[str, Any]) -> None:
         sent.append([c["reason"] for c in body["status"]["conditions"]])
         if len(sent) == 1:
             r.set_conditions([broken])  # decided while this patch is on its way

@@ -1,5 +1,5 @@
 """The API server over its REST interface, with aiohttp, configured by the `kubernetes` client's loaders
-(the scheduler extender and the DRA driver use it; the `kube` extra brings the loaders).
+(every service uses it; the `kube` extra brings the loaders).
 
 Why not the `kubernetes` client itself: its watch parses every object into generated model classes
 in a thread; here each object is read as JSON and the caller reduces it at once to the few fields it
@@ -165,6 +165,11 @@ class Api:
 
     async def update(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]:
         return await self.request("PUT", path, body=body)
+
+    async def patch(self, path: str, body: Mapping[str, Any], content_type: str) -> dict[str, Any]:
+        """A merge patch (`application/merge-patch+json`) or a strategic one, which merges lists such
+        as a Node's conditions by key instead of replacing them."""
+        return await self.request("PATCH", path, body=body, content_type=content_type)
 
     async def apply(self, path: str, body: Mapping[str, Any], field_manager: str) -> dict[str, Any]:
         """Server-side apply (JSON is YAML), taking over the fields from any other manager."""

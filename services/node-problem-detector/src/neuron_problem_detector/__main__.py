@@ -8,11 +8,13 @@ from collections.abc import Sequence
 
 from neuron_common import lifecycle, logs
 from neuron_problem_detector import config as config_mod
+from neuron_problem_detector.config import API_TIMEOUT
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     config = config_mod.parse(argv)
     logs.configure("neuron-problem-detector", config.log_level)
+    from neuron_common.kube import Api, ApiError
     from neuron_problem_detector.rules import RulesError, load
 
     try:
@@ -20,11 +22,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RulesError as exc:
         print(f"neuron-problem-detector: error: {exc}", file=sys.stderr)
         return 2
+    try:  # so is no credentials
+        api = Api.from_kubeconfig(config.kubeconfig, API_TIMEOUT)
+    except (ApiError, OSError, ValueError) as exc:
+        where = f"--kubeconfig {config.kubeconfig}" if config.kubeconfig else "the in-cluster service account"
+        hint = "" if config.kubeconfig else " (outside a pod, pass --kubeconfig)"
+        print(
+            f"neuron-problem-detector: error: cannot reach the API server through {where}: {exc}{hint}",
+            file=sys.stderr,
+        )
+        return 2
 
     async def run(stop: asyncio.Event) -> int:
         from neuron_problem_detector.app import Detector
 
-        return await Detector(config, stop).run()
+        return await Detector(config, stop, api).run()
 
     return lifecycle.run(run)
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from kubernetes import client
-from kubernetes import config as kubeconfig
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from neuron_common.health_server import HealthServer
+from neuron_common.kube import Api
 from neuron_common.lifecycle import sleep_or_stop
 from neuron_common.metrics_auth import SecureMetrics
 from neuron_common.runner import run_service
@@ -19,7 +18,7 @@ from neuron_driver.inventory import InventoryTracker, NodeInventory
 from neuron_health import verdicts
 from neuron_health.kernel_log import KmsgFollower, Malformed
 from neuron_problem_detector import rules as rules_mod
-from neuron_problem_detector.config import Config
+from neuron_problem_detector.config import API_TIMEOUT, Config
 from neuron_problem_detector.detector import Problem, load_state, save_state, wall_now
 from neuron_problem_detector.reporter import Reporter
 from neuron_problem_detector.rules import Match, Rules
@@ -57,7 +56,9 @@ class Metrics:
 
 
 class Detector:
-    def __init__(self, config: Config, stop: asyncio.Event, api: client.CoreV1Api | None = None) -> None:
+    def __init__(self, config: Config, stop: asyncio.Event, api: Api | None = None) -> None:
+        """`api`: the API-server client for the conditions, Events, remediation and /metrics reviews;
+        by default made from --kubeconfig or the pod's service account."""
         self.config = config
         self.stop = stop
         self.rules = rules_mod.load(config.rules)
@@ -75,14 +76,9 @@ class Detector:
                 "restarted on the same boot: keeping %d problem(s)", len(self.state.problems),
                 extra={"problems": ", ".join(sorted(self.state.problems))},
             )  # fmt: skip
-        if api is None:
-            if config.kubeconfig:
-                kubeconfig.load_kube_config(config_file=config.kubeconfig)  # type: ignore[no-untyped-call]
-            else:
-                kubeconfig.load_incluster_config()  # type: ignore[no-untyped-call]
-            api = client.CoreV1Api()
+        self.kube = api if api is not None else Api.from_kubeconfig(config.kubeconfig, API_TIMEOUT)
         self.reporter = Reporter(
-            api,
+            self.kube,
             config.node_name,
             self.rules.source,
             event_namespace=config.event_namespace,
@@ -94,9 +90,7 @@ class Detector:
         self._publish()
         self.supervisor = Supervisor(stop)
         host, port = config.listen
-        secure = SecureMetrics.for_service(
-            config.metrics_security, self.metrics.registry, kubeconfig=config.kubeconfig or ""
-        )
+        secure = SecureMetrics.for_service(config.metrics_security, self.metrics.registry, api=self.kube)
         self.http = HealthServer(
             host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready, secure=secure
         )
@@ -253,8 +247,9 @@ class Detector:
             "reporter": lambda: self.reporter.run(self.stop),
             "metrics": self.report_metrics,
         }
-        return await run_service(self.http, self.supervisor, self.stop, lambda: loops, release=self._save_state)
+        return await run_service(self.http, self.supervisor, self.stop, lambda: loops, release=self._release)
 
-    async def _save_state(self) -> None:
+    async def _release(self) -> None:
         log.info("saving state")
         save_state(self.config.state_file, self.state)
+        await self.kube.close()

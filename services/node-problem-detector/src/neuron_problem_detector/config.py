@@ -25,6 +25,7 @@ from neuron_common.config import (
 from neuron_driver import layout
 
 DEFAULT_LISTEN = "0.0.0.0:9842"
+API_TIMEOUT = 5.0  # seconds, one API-server call; the reporter keeps its state and retries with back-off
 
 
 @dataclass(frozen=True)

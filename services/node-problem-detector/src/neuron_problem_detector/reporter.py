@@ -15,6 +15,9 @@
   The de-duplication memory keeps at most `DEDUPE_ENTRIES` Events, none older than its window.
 - Remediation (off by default): a `NoSchedule` taint and/or cordon while a condition is True,
   removed when it clears; a cordon the detector did not make is never undone; never a drain.
+
+Every call goes through neuron_common.kube, the services' one API client: objects stay plain JSON,
+and no call waits in a thread.
 """
 
 from __future__ import annotations
@@ -24,15 +27,15 @@ import hashlib
 import logging
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+import aiohttp
 
 from neuron_common.backoff import Backoff
+from neuron_common.kube import ApiError
 from neuron_problem_detector.detector import ConditionStatus
 
 log = logging.getLogger(__name__)
@@ -82,10 +85,20 @@ class TokenBucket:
         return False
 
 
+class NodeApi(Protocol):
+    """What the reporter needs of neuron_common.kube.Api; each call raises its ApiError."""
+
+    async def get(self, path: str) -> dict[str, Any]: ...
+
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def patch(self, path: str, body: Mapping[str, Any], content_type: str) -> dict[str, Any]: ...
+
+
 class Reporter:
     def __init__(
         self,
-        api: client.CoreV1Api,
+        api: NodeApi,
         node: str,
         source: str,
         *,
@@ -96,15 +109,16 @@ class Reporter:
         cordon: bool = False,
         event_burst: int = 25,
         event_rate: float = 0.1,
-        request_timeout: float = 5.0,
     ) -> None:
+        """`api`'s own timeout bounds each call (the detector's is config.API_TIMEOUT)."""
         self.api = api
         self.node = node
         self.source = source
         self.event_namespace = event_namespace
         self.heartbeat = heartbeat
         self.taint, self.cordon = taint, cordon
-        self.timeout = request_timeout
+        self._node_path = f"/api/v1/nodes/{node}"
+        self._events_path = f"/api/v1/namespaces/{event_namespace}/events"
         self.desired: dict[str, ConditionStatus] = {}
         self.pending: deque[PendingEvent] = deque(maxlen=max_pending)
         self.dropped_events = 0  # the oldest, while the API server was away
@@ -150,16 +164,16 @@ class Reporter:
             return self._remediated == any(c.status == "True" for c in self.desired.values())
         return True
 
-    # -- API calls (blocking; run in a thread) -----------------------------------------------------
-    def _read_node(self) -> Any:
-        return self.api.read_node(self.node, _request_timeout=self.timeout)
+    # -- API calls -------------------------------------------------------------------------------------
+    async def _read_node(self) -> dict[str, Any]:
+        return await self.api.get(self._node_path)
 
-    def current_conditions(self) -> dict[str, Any]:
-        node = self._read_node()
-        self._node_uid = node.metadata.uid
-        return {c.type: c for c in (node.status.conditions or [])}
+    async def current_conditions(self) -> dict[str, dict[str, Any]]:
+        node = await self._read_node()
+        self._node_uid = (node.get("metadata") or {}).get("uid")
+        return {c["type"]: c for c in (node.get("status") or {}).get("conditions") or [] if "type" in c}
 
-    def _patch_conditions(self, conditions: dict[str, ConditionStatus]) -> None:
+    async def _patch_conditions(self, conditions: dict[str, ConditionStatus]) -> None:
         now = rfc3339(time.time())
         body = {
             "status": {
@@ -176,7 +190,7 @@ class Reporter:
                 ]
             }
         }
-        self.api.patch_node_status(self.node, body, _content_type=STRATEGIC, _request_timeout=self.timeout)
+        await self.api.patch(f"{self._node_path}/status", body, STRATEGIC)
 
     def _remember(self, key: str, name: str, count: int) -> None:
         now = time.time()
@@ -187,57 +201,61 @@ class Reporter:
         ):
             self.sent.popitem(last=False)
 
-    def _send_event(self, e: PendingEvent) -> None:
+    async def _send_event(self, e: PendingEvent) -> None:
         previous = self.sent.get(e.key)
         if previous is not None and time.time() - previous[1] < DEDUPE_WINDOW:
             name, _, count = previous
             body = {"count": count + e.count, "lastTimestamp": rfc3339(e.last), "message": e.message}
             try:
-                self.api.patch_namespaced_event(
-                    name, self.event_namespace, body, _content_type=MERGE, _request_timeout=self.timeout
-                )
+                await self.api.patch(f"{self._events_path}/{name}", body, MERGE)
                 self._remember(e.key, name, count + e.count)
                 return
-            except ApiException as exc:
+            except ApiError as exc:
                 if exc.status != 404:
                     raise
                 # the Event expired (the API server keeps them an hour by default): a new one
                 del self.sent[e.key]
         name = f"{self.node}.{e.key}.{int(e.first * 1000):x}"
-        event = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=name, namespace=self.event_namespace),
-            involved_object=client.V1ObjectReference(kind="Node", name=self.node, uid=self._node_uid, api_version="v1"),
-            reason=e.reason,
-            message=e.message,
-            type=e.type,
-            count=e.count,
-            first_timestamp=datetime.fromtimestamp(e.first, UTC),
-            last_timestamp=datetime.fromtimestamp(e.last, UTC),
-            source=client.V1EventSource(component=self.source, host=self.node),
-            reporting_component=self.source,
-            reporting_instance=self.node,
-        )
+        involved = {"kind": "Node", "name": self.node, "apiVersion": "v1"}
+        if self._node_uid:
+            involved["uid"] = self._node_uid
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": self.event_namespace},
+            "involvedObject": involved,
+            "reason": e.reason,
+            "message": e.message,
+            "type": e.type,
+            "count": e.count,
+            "firstTimestamp": rfc3339(e.first),
+            "lastTimestamp": rfc3339(e.last),
+            "source": {"component": self.source, "host": self.node},
+            "reportingComponent": self.source,
+            "reportingInstance": self.node,
+        }
         try:
-            self.api.create_namespaced_event(self.event_namespace, event, _request_timeout=self.timeout)
-        except ApiException as exc:
+            await self.api.create(self._events_path, event)
+        except ApiError as exc:
             if exc.status != 409:
                 raise
             # AlreadyExists: an earlier create of this very Event landed though its reply was lost
         self._remember(e.key, name, e.count)
 
-    def _remediate(self, unhealthy: bool) -> None:
-        node = self._read_node()
-        taints = list(node.spec.taints or [])
-        has_taint = any(t.key == TAINT_KEY for t in taints)
-        annotations = dict(node.metadata.annotations or {})
-        patch: dict[str, Any] = {"metadata": {"resourceVersion": node.metadata.resource_version}}
+    async def _remediate(self, unhealthy: bool) -> None:
+        node = await self._read_node()
+        metadata, spec = node.get("metadata") or {}, node.get("spec") or {}
+        taints: list[dict[str, Any]] = list(spec.get("taints") or [])
+        has_taint = any(t.get("key") == TAINT_KEY for t in taints)
+        annotations = dict(metadata.get("annotations") or {})
+        patch: dict[str, Any] = {"metadata": {"resourceVersion": metadata.get("resourceVersion")}}
+        # a merge patch replaces the whole list: the other taints go back as they were read
         if self.taint and unhealthy and not has_taint:
-            taints.append(client.V1Taint(key=TAINT_KEY, value="true", effect="NoSchedule"))
-            patch.setdefault("spec", {})["taints"] = [self.api.api_client.sanitize_for_serialization(t) for t in taints]
+            taints.append({"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"})
+            patch.setdefault("spec", {})["taints"] = taints
         if has_taint and not unhealthy:
-            kept = [t for t in taints if t.key != TAINT_KEY]
-            patch.setdefault("spec", {})["taints"] = [self.api.api_client.sanitize_for_serialization(t) for t in kept]
-        if self.cordon and unhealthy and not node.spec.unschedulable:
+            patch.setdefault("spec", {})["taints"] = [t for t in taints if t.get("key") != TAINT_KEY]
+        if self.cordon and unhealthy and not spec.get("unschedulable"):
             patch.setdefault("spec", {})["unschedulable"] = True
             patch["metadata"]["annotations"] = {CORDON_ANNOTATION: SELF}
         if not unhealthy and annotations.get(CORDON_ANNOTATION) == SELF:
@@ -245,7 +263,7 @@ class Reporter:
             patch["metadata"]["annotations"] = {CORDON_ANNOTATION: None}
         if "spec" in patch or "annotations" in patch["metadata"]:
             # resourceVersion makes this a compare-and-swap: a concurrent change fails with 409
-            self.api.patch_node(self.node, patch, _content_type=MERGE, _request_timeout=self.timeout)
+            await self.api.patch(self._node_path, patch, MERGE)
             log.warning(
                 "remediation: node %s %s",
                 self.node,
@@ -258,26 +276,26 @@ class Reporter:
         """One attempt to bring the API server up to date; False when it failed."""
         try:
             if self._node_uid is None:
-                await asyncio.to_thread(self.current_conditions)
+                await self.current_conditions()
             due = time.monotonic() - self._last_heartbeat >= self.heartbeat
             if self.desired and (self.desired != self.synced_conditions or due):
                 # what is sent is what counts as synced: a change made while the patch is on its way
                 # (the loop keeps deciding) is sent by the next attempt, not marked sent unsent
                 sending = dict(self.desired)
-                await asyncio.to_thread(self._patch_conditions, sending)
+                await self._patch_conditions(sending)
                 self.synced_conditions = sending
                 self._last_heartbeat = time.monotonic()
             if self.taint or self.cordon:  # before the Events: remediation never waits on them
                 unhealthy = any(c.status == "True" for c in self.desired.values())
                 if unhealthy != self._remediated:
-                    await asyncio.to_thread(self._remediate, unhealthy)
+                    await self._remediate(unhealthy)
                     self._remediated = unhealthy
             while self.pending and self.bucket.take():
                 event = self.pending[0]
                 try:
-                    await asyncio.to_thread(self._send_event, event)
-                except ApiException as exc:
-                    if exc.status is not None and 400 <= exc.status < 500 and exc.status not in (408, 429):
+                    await self._send_event(event)
+                except ApiError as exc:
+                    if 400 <= exc.status < 500 and exc.status not in (408, 429):
                         event.attempts += 1  # refused, not unreachable: bounded tries
                         if event.attempts >= EVENT_ATTEMPTS:
                             self.pending.popleft()
@@ -287,13 +305,13 @@ class Reporter:
                                 event.reason,
                                 event.attempts,
                                 exc.status,
-                                str(exc.body or exc.reason)[:200],
+                                exc.message[:200],
                             )
                             continue
                     raise
                 self.pending.popleft()
-        except (ApiException, OSError, Exception) as exc:  # urllib3 raises its own; all mean "try again"
-            kind = type(exc).__name__ if not isinstance(exc, ApiException) else f"HTTP {exc.status}"
+        except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:  # all mean "try again"
+            kind = _error_kind(exc)
             self.api_errors[kind] = self.api_errors.get(kind, 0) + 1
             if self.api_up or sum(self.api_errors.values()) == 1:
                 log.warning("API server call failed (%s): %s; keeping state and retrying", kind, str(exc)[:300])
@@ -317,3 +335,13 @@ class Reporter:
             else:
                 delay = self._backoff.next_delay()
             await wait_any(stop, self.wake if ok else stop, timeout=delay)
+
+
+def _error_kind(exc: BaseException) -> str:
+    """What `api_errors` counts: the HTTP status, or what kept the answer away (ApiError's status 0
+    wraps aiohttp's error: ClientConnectorError, ServerDisconnectedError, TimeoutError, ...)."""
+    if isinstance(exc, ApiError):
+        if exc.status:
+            return f"HTTP {exc.status}"
+        exc = exc.__cause__ or exc
+    return type(exc).__name__
