@@ -61,6 +61,55 @@ def panel_queries(scraped: frozenset[str]) -> list[tuple[str, str, str]]:
     return found
 
 
+_LEGEND_LABEL = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
+_NOT_LABELS = {"Time", "Value", "__name__"}
+
+
+def grafana_queries(board: dict[str, Any]) -> list[tuple[str, str, frozenset[str]]]:
+    """(where, expr, shown) of every PromQL expression of a Grafana dashboard's JSON as Grafana
+    exports it: each target of each panel, of panels nested in rows (collapsed rows keep theirs in
+    `panels`), of annotations, and each query variable's query. `where` names the panel, its id and
+    the target; `shown` are the labels the panel puts on screen (the legend's `{{label}}`s, a table's
+    columns as its `organize` transformation orders or renames them), so a drop-in must serve them."""
+    found: list[tuple[str, str, frozenset[str]]] = []
+
+    def columns(panel: dict[str, Any]) -> set[str]:
+        shown: set[str] = set()
+        for t in panel.get("transformations", []):
+            if t.get("id") == "organize":
+                options = t.get("options", {})
+                hidden = {k for k, v in options.get("excludeByName", {}).items() if v}
+                named = set(options.get("indexByName", {})) | set(options.get("renameByName", {}))
+                shown |= named - hidden - _NOT_LABELS
+        return shown
+
+    def targets(where: str, owner: dict[str, Any]) -> None:
+        for target in owner.get("targets", []):
+            if target.get("expr"):
+                shown = set(_LEGEND_LABEL.findall(target.get("legendFormat") or ""))
+                if target.get("format") == "table":
+                    shown |= columns(owner)
+                found.append((f"{where} {target.get('refId', '')}".rstrip(), target["expr"], frozenset(shown)))
+
+    def panels(within: list[dict[str, Any]]) -> None:
+        for panel in within:
+            targets(f"{panel.get('title', '')} (panel {panel.get('id')})", panel)
+            panels(panel.get("panels", []))
+
+    panels(board.get("panels", []))
+    for annotation in board.get("annotations", {}).get("list", []):
+        if annotation.get("expr"):
+            found.append((f"annotation {annotation['name']}", annotation["expr"], frozenset()))
+        targets(f"annotation {annotation.get('name')}", annotation)
+    for variable in board.get("templating", {}).get("list", []):
+        if variable.get("type") == "query":
+            q = variable.get("query")
+            q = q.get("query") if isinstance(q, dict) else q
+            if q:
+                found.append((f"variable {variable['name']}", q, frozenset()))
+    return found
+
+
 def concrete(expr: str, rate_interval: str = "20s") -> str:
     """The query as Grafana sends it with every node and namespace selected, and the profile's default."""
     for variable, value in (("$node", ".*"), ("$namespace", ".*"), ("$profile", "neuron-scheduler")):
@@ -124,13 +173,17 @@ def numbers(data: dict[str, Any]) -> list[float]:
     return [float(r["value"][1]) for r in data["result"]]
 
 
-async def check_panel_query(base: str, board: str, title: str, expr: str, at: float | None = None, **kw: str) -> None:
-    """The query returns numbers (no NaN: a quantile of nothing, a ratio of nothing), and it filters
-    by `$node` wherever the series it reads carry a `node` label."""
-    sent = concrete(expr, **kw)
+async def check_returns_numbers(base: str, where: str, sent: str, at: float | None = None) -> None:
+    """The query, as sent, returns numbers (no NaN: a quantile of nothing, a ratio of nothing)."""
     values = numbers(await query(base, sent, at))
-    assert values, f"{board} / {title}: no data for {sent}"
-    assert not any(math.isnan(v) for v in values), f"{board} / {title}: NaN from {sent}"
+    assert values, f"{where}: no data for {sent}"
+    assert not any(math.isnan(v) for v in values), f"{where}: NaN from {sent}"
+
+
+async def check_panel_query(base: str, board: str, title: str, expr: str, at: float | None = None, **kw: str) -> None:
+    """The query returns numbers, and it filters by `$node` wherever the series it reads carry a
+    `node` label."""
+    await check_returns_numbers(base, f"{board} / {title}", concrete(expr, **kw), at)
     if "$node" not in expr:
         for metric in metrics_read(expr):
             with_node = await query(base, f'count({metric}{{node!=""}})', at)

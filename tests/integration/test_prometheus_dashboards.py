@@ -6,13 +6,20 @@ STAND-IN: the PodResources source is the protocol-faithful kubelet stand-in
 cluster tests. neuron-monitor, which needs Neuron hardware, is `neuron-sim monitor`
 (libs/neuron-sim/src/neuron_sim/monitor.py), run by the exporter as its --neuron-monitor-command,
 so the runtime panels and alerts read the exporter's real runtime series.
+
+AWS's own published dashboard (tests/integration/aws-dashboard/, vendored unchanged) is checked
+the same way against a second exporter over the same node in drop-in mode (`--naming
+neuron-monitor`), scraped by a Prometheus of its own: its queries select no job or node, so any
+series of the native exporter would answer them too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -20,6 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -32,8 +40,10 @@ from prometheus_server import (
     PROMETHEUS,
     TESTED_SOURCES,
     check_panel_query,
+    check_returns_numbers,
     concrete,
     generator,
+    grafana_queries,
     metrics_read,
     panel_queries,
     prometheus,
@@ -52,6 +62,8 @@ RULES = REPO / "charts/neuron-helm-chart/rules/neuron-node-metrics.rules.yaml"
 NODE = "sim-node-1"
 SOURCE = "neuron-node-metrics"
 QUERIES = panel_queries(frozenset({SOURCE}))
+AWS_DASHBOARD = Path(__file__).parent / "aws-dashboard/neuron-monitor-grafana.json"
+AWS_QUERIES = grafana_queries(json.loads(AWS_DASHBOARD.read_text()))
 
 pytestmark = [
     pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is installed by make setup"),
@@ -60,8 +72,14 @@ pytestmark = [
 one_prometheus = pytest.mark.asyncio(loop_scope="module")  # the async tests share one Prometheus
 
 
+@dataclass(frozen=True)
+class Stacks:
+    native: str  # the Prometheus scraping the exporter with its own names
+    drop_in: str  # the one scraping the exporter with neuron-monitor-prometheus's names
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def stack() -> AsyncIterator[str]:
+async def stacks() -> AsyncIterator[Stacks]:
     work = Path(tempfile.mkdtemp(prefix="prom-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
     root = work / "node"
     sim.create(root, "trn2.48xlarge")
@@ -93,22 +111,31 @@ async def stack() -> AsyncIterator[str]:
         [sys.executable, "-m", "neuron_sim.cli", "monitor", "--root", str(root), "--period", "0.5",
          "--runtimes-file", str(runtimes)]
     )  # fmt: skip
-    metrics_port = free_port()
-    exporter = subprocess.Popen(
-        [sys.executable, "-m", "neuron_node_metrics", "--host-root", str(root),
-         "--pod-resources-socket", str(kubelet.pod_resources_socket), "--listen", f"127.0.0.1:{metrics_port}",
-         "--attribution-interval", "1", "--log-level", "warning", "--neuron-monitor-command", monitor],
-    )  # fmt: skip
-    scrape = {
-        "job_name": SOURCE,
-        "honor_labels": True,
-        "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"], "labels": {"node": NODE}}],
-    }
+    exporters = []
+    scrapes = []
+    for naming in ("native", "neuron-monitor"):
+        metrics_port = free_port()
+        exporters.append(subprocess.Popen(
+            [sys.executable, "-m", "neuron_node_metrics", "--host-root", str(root),
+             "--pod-resources-socket", str(kubelet.pod_resources_socket), "--listen", f"127.0.0.1:{metrics_port}",
+             "--attribution-interval", "1", "--log-level", "warning", "--neuron-monitor-command", monitor,
+             "--naming", naming],
+        ))  # fmt: skip
+        scrapes.append(
+            {
+                "job_name": SOURCE,
+                "honor_labels": True,
+                "static_configs": [{"targets": [f"127.0.0.1:{metrics_port}"], "labels": {"node": NODE}}],
+            }
+        )
     try:
-        with prometheus(work / "prometheus", [scrape], [RULES]) as base:
+        with contextlib.ExitStack() as running:
+            base = running.enter_context(prometheus(work / "prometheus", [scrapes[0]], [RULES]))
+            drop_in = running.enter_context(prometheus(work / "prometheus-drop-in", [scrapes[1]]))
             # counters must be seen before they move, or increase() sees nothing
             await wait_for(base, f'neuron_exporter_podresources_up{{job="{SOURCE}"}} == 1', "attribution up")
             await wait_for(base, 'neuron_core_utilization_ratio{pod="trainer-0"}', "neuron-monitor's runtimes")
+            await wait_for(drop_in, 'neuroncore_utilization_ratio{pod="trainer-0"}', "the drop-in's runtimes")
             # Activity over time, so rates and increases have something to show.
             for step in range(8):
                 for device in range(16):
@@ -125,11 +152,17 @@ async def stack() -> AsyncIterator[str]:
                     sim.set_counter_raw(root, 9, "timeout", "garbage\n", core=0)
                 await asyncio.sleep(1)
             await asyncio.sleep(3)
-            yield base
+            yield Stacks(base, drop_in)
     finally:
-        processes.stop(exporter)
+        for exporter in exporters:
+            processes.stop(exporter)
         await kubelet.stop()
         shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def stack(stacks: Stacks) -> str:
+    return stacks.native
 
 
 def test_dashboards_are_what_the_generator_writes() -> None:
@@ -282,3 +315,67 @@ async def test_pod_labels_reach_prometheus(stack: str) -> None:
     assert sorted(r["metric"]["core"] for r in data["result"]) == ["8", "9"]
     data = await query(stack, 'neuron_exporter_read_errors_total{kind="malformed"}')
     assert float(data["result"][0]["value"][1]) >= 1
+
+
+def test_every_query_of_awss_dashboard_is_checked() -> None:
+    """The walk over AWS's board finds every `expr` the JSON holds (and it has no query variables)."""
+
+    def exprs(node: object) -> int:
+        if isinstance(node, dict):
+            return ("expr" in node) + sum(exprs(v) for v in node.values())
+        return sum(exprs(v) for v in node) if isinstance(node, list) else 0
+
+    board = json.loads(AWS_DASHBOARD.read_text())
+    assert len(AWS_QUERIES) == exprs(board) == 21
+    assert [v["type"] for v in board["templating"]["list"]] == ["adhoc"]
+    assert set().union(*(series_read(expr) for _, expr, _ in AWS_QUERIES)) == {
+        "instance_info",
+        "system_vcpu_count",
+        "system_vcpu_usage_ratio",
+        "system_memory_used_bytes",
+        "system_memory_total_bytes",
+        "neuroncore_utilization_ratio",
+        "execution_status_total",
+        "execution_latency_seconds",
+        "neuron_runtime_vcpu_usage_ratio",
+        "neuron_runtime_memory_used_bytes",
+    }
+
+
+def as_grafana_sends(expr: str) -> str:
+    """AWS's query as Grafana sends it: the interval variables at a 1 s scrape, and no ad hoc filter
+    (the board's only variable, `Filters`, empty by default) added."""
+    for variable, value in (("$__rate_interval", "20s"), ("$__interval", "1s"), ("$__range", "1m")):
+        expr = expr.replace(variable, value)
+    assert not re.search(r"\$\w|\$\{", expr), f"a Grafana variable this test does not know: {expr}"
+    return expr
+
+
+@pytest.mark.parametrize(("where", "expr", "shown"), AWS_QUERIES, ids=[where for where, _, _ in AWS_QUERIES])
+@one_prometheus
+async def test_every_query_of_awss_dashboard_returns_data_in_drop_in_mode(
+    stacks: Stacks, where: str, expr: str, shown: frozenset[str]
+) -> None:
+    """Series, and on each the labels the panel shows (its legend's, its table's columns)."""
+    sent = as_grafana_sends(expr)
+    await check_returns_numbers(stacks.drop_in, f"AWS's neuron-monitor board / {where}", sent)
+    for series in (await query(stacks.drop_in, sent))["result"]:
+        missing = sorted(label for label in shown if not series["metric"].get(label))
+        assert not missing, f"{where}: {sent} gives {series['metric']}, without {missing}"
+    # what a query groups by must be on the series it reads, or the groups silently merge into one
+    grouped = {label.strip() for labels in _GROUPING.findall(sent) for label in labels.split(",")}
+    for metric in series_read(sent):
+        for label in grouped:
+            without = await query(stacks.drop_in, f'count({metric}{{{label}=""}})')
+            assert not without["result"], f"{where}: {metric} has series without {label}, which {sent} groups by"
+
+
+_GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+_FUNCTIONS = {"sum", "avg", "count", "min", "max", "rate", "irate", "increase", "by", "without", "and", "or", "unless"}
+
+
+def series_read(expr: str) -> set[str]:
+    """The metric names of a PromQL expression as simple as AWS's: what is left once the matchers,
+    ranges, groupings and functions are taken out."""
+    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\b(?:by|without)\s*\([^)]*\)", " ", expr)
+    return {name for name in re.findall(r"\b[a-zA-Z_:][a-zA-Z0-9_:]*\b", bare) if name not in _FUNCTIONS}
