@@ -76,7 +76,10 @@ spec:
       {{- end }}
     spec:
       serviceAccountName: {{ include "neuron.serviceAccountName" . }}
-      {{- include "neuron.imagePullSecrets" . | nindent 6 }}
+      {{- with include "neuron.imagePullSecrets" . }}
+      imagePullSecrets:
+        {{- . | nindent 8 }}
+      {{- end }}
       {{- with $v.priorityClassName }}
       priorityClassName: {{ . }}
       {{- end }}
