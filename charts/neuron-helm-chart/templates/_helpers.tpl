@@ -183,13 +183,13 @@ rollingUpdate:
 {{- if .Values.simulation.enabled -}}{{ .Values.simulation.hostRoot }}{{- else -}}/host{{- end -}}
 {{- end -}}
 
-{{/* Volume mounts for the host's Neuron view (read-only). */}}
+{{/* Volume mounts for the host's Neuron view (read-only), and their volumes: YAML list items. */}}
 {{- define "neuron.hostVolumeMounts" -}}
-{{- if .Values.simulation.enabled }}
+{{- if .Values.simulation.enabled -}}
 - name: simulated-node
   mountPath: {{ .Values.simulation.hostRoot }}
   readOnly: true
-{{- else }}
+{{- else -}}
 - name: host-sys
   mountPath: /host/sys
   readOnly: true
@@ -206,12 +206,12 @@ rollingUpdate:
 {{- end -}}
 
 {{- define "neuron.hostVolumes" -}}
-{{- if .Values.simulation.enabled }}
+{{- if .Values.simulation.enabled -}}
 - name: simulated-node
   hostPath:
     path: {{ .Values.simulation.hostRoot }}
     type: Directory
-{{- else }}
+{{- else -}}
 - name: host-sys
   hostPath:
     path: /sys
