@@ -86,14 +86,12 @@ app.kubernetes.io/component: {{ .component }}
 {{- $reference -}}
 {{- end -}}
 
-{{/* imagePullSecrets of a pod: the global ones, then the component's. (dict "root" $ "values" .Values.devicePlugin) */}}
+{{/* A pod's imagePullSecrets (a YAML list, empty when none): the global ones, then the component's.
+     (dict "root" $ "values" .Values.devicePlugin) */}}
 {{- define "neuron.imagePullSecrets" -}}
-{{- $secrets := concat .root.Values.global.imagePullSecrets (.values.imagePullSecrets | default list) | uniq -}}
-{{- if $secrets }}
-imagePullSecrets:
-{{- range $secrets }}
-  - name: {{ . }}
-{{- end }}
+{{- range $i, $name := concat .root.Values.global.imagePullSecrets (.values.imagePullSecrets | default list) | uniq -}}
+{{- if $i }}{{ "\n" }}{{ end -}}
+- name: {{ $name }}
 {{- end -}}
 {{- end -}}
 
@@ -115,7 +113,8 @@ imagePullSecrets:
 {{/* A component's affinity: its own, with `placement`'s expressions (and the component's `extraExpressions`, a
      list) ANDed into every required node selector term (a node must be a Neuron node whatever else the user asks);
      preferred terms and pod (anti-)affinity are kept. Kubernetes ORs the terms, so adding the expressions to only
-     one would let the others place pods anywhere. (dict "root" $ "values" ... ["extraExpressions" (list ...)]) */}}
+     one would let the others place pods anywhere. The affinity's value, empty when there is none.
+     (dict "root" $ "values" ... ["extraExpressions" (list ...)]) */}}
 {{- define "neuron.affinity" -}}
 {{- $exprs := concat (include "neuron.placementExpressions" .root | fromYamlArray) (.extraExpressions | default list) -}}
 {{- $affinity := deepCopy (.values.affinity | default dict) -}}
@@ -131,71 +130,34 @@ imagePullSecrets:
 {{- $_ = set $affinity "nodeAffinity" $nodeAffinity -}}
 {{- end -}}
 {{- with $affinity -}}
-affinity:
-  {{- toYaml . | nindent 2 }}
+{{- toYaml . -}}
 {{- end -}}
 {{- end -}}
 
-{{/* The head of a component's DaemonSet, from apiVersion down to the pod spec's terminationGracePeriodSeconds; the
-     template goes on with `containers:` at the pod spec's indentation (6).
-     (dict "root" $ "component" "device-plugin" "values" .Values.devicePlugin
-           "podAnnotations" (dict ...) "apiToken" false) */}}
-{{- define "neuron.daemonSetHead" -}}
-{{- $v := .values -}}
-apiVersion: apps/v1
-kind: DaemonSet
-metadata:
-  name: {{ include "neuron.componentName" . }}
-  namespace: {{ .root.Release.Namespace }}
-  labels:
-    {{- include "neuron.componentLabels" . | nindent 4 }}
-spec:
-  revisionHistoryLimit: {{ $v.revisionHistoryLimit }}
-  selector:
-    matchLabels:
-      {{- include "neuron.selectorLabels" . | nindent 6 }}
-  updateStrategy:
-    type: {{ $v.updateStrategy.type }}
-    {{- /* Helm merges a user's `type: OnDelete` with the default rollingUpdate, which the API server refuses */}}
-    {{- if and (eq $v.updateStrategy.type "RollingUpdate") $v.updateStrategy.rollingUpdate }}
-    rollingUpdate:
-      {{- toYaml $v.updateStrategy.rollingUpdate | nindent 6 }}
-    {{- end }}
-  template:
-    metadata:
-      labels:
-        {{- include "neuron.componentLabels" . | nindent 8 }}
-        {{- with $v.podLabels }}
-        {{- toYaml . | nindent 8 }}
-        {{- end }}
-      {{- /* the chart's own annotations (a checksum that rolls the pods) win over podAnnotations */}}
-      {{- with merge (dict) (.podAnnotations | default dict) ($v.podAnnotations | default dict) }}
-      annotations:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-    spec:
-      serviceAccountName: {{ include "neuron.serviceAccountName" . }}
-      {{- if not .apiToken }}
-      automountServiceAccountToken: false
-      {{- end }}
-      {{- include "neuron.imagePullSecrets" . | nindent 6 }}
-      {{- with $v.priorityClassName }}
-      priorityClassName: {{ . }}
-      {{- end }}
-      {{- with $v.nodeSelector }}
-      nodeSelector:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      {{- with $v.tolerations }}
-      tolerations:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      {{- include "neuron.affinity" . | nindent 6 }}
-      {{- with $v.podSecurityContext }}
-      securityContext:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      terminationGracePeriodSeconds: {{ $v.terminationGracePeriodSeconds }}
+{{/* A pod template's labels: the component's labels, then its `podLabels`. (dict "root" $ "component" ... "values" ...) */}}
+{{- define "neuron.podLabels" -}}
+{{ include "neuron.componentLabels" . }}
+{{- with .values.podLabels }}
+{{ toYaml . }}
+{{- end -}}
+{{- end -}}
+
+{{/* A pod template's annotations, empty when none: the component's `podAnnotations` and the chart's own (a
+     checksum that rolls the pods), which win. (dict "root" $ "values" ... ["podAnnotations" (dict ...)]) */}}
+{{- define "neuron.podAnnotations" -}}
+{{- with merge (dict) (.podAnnotations | default dict) (.values.podAnnotations | default dict) -}}
+{{- toYaml . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A DaemonSet's updateStrategy from the component's `updateStrategy`: its rollingUpdate only with RollingUpdate,
+     as Helm merges a user's `type: OnDelete` with the default rollingUpdate, which the API server refuses. */}}
+{{- define "neuron.updateStrategy" -}}
+type: {{ .type }}
+{{- if and (eq .type "RollingUpdate") .rollingUpdate }}
+rollingUpdate:
+  {{- toYaml .rollingUpdate | nindent 2 }}
+{{- end -}}
 {{- end -}}
 
 {{/* A container's securityContext, plus what reading the host's /dev/kmsg takes when `readsHostKmsg`: CAP_SYSLOG
@@ -221,13 +183,13 @@ spec:
 {{- if .Values.simulation.enabled -}}{{ .Values.simulation.hostRoot }}{{- else -}}/host{{- end -}}
 {{- end -}}
 
-{{/* Volume mounts for the host's Neuron view (read-only). */}}
+{{/* Volume mounts for the host's Neuron view (read-only), and their volumes: YAML list items. */}}
 {{- define "neuron.hostVolumeMounts" -}}
-{{- if .Values.simulation.enabled }}
+{{- if .Values.simulation.enabled -}}
 - name: simulated-node
   mountPath: {{ .Values.simulation.hostRoot }}
   readOnly: true
-{{- else }}
+{{- else -}}
 - name: host-sys
   mountPath: /host/sys
   readOnly: true
@@ -244,12 +206,12 @@ spec:
 {{- end -}}
 
 {{- define "neuron.hostVolumes" -}}
-{{- if .Values.simulation.enabled }}
+{{- if .Values.simulation.enabled -}}
 - name: simulated-node
   hostPath:
     path: {{ .Values.simulation.hostRoot }}
     type: Directory
-{{- else }}
+{{- else -}}
 - name: host-sys
   hostPath:
     path: /sys
@@ -269,20 +231,16 @@ spec:
 {{- end }}
 {{- end -}}
 
-{{/* Probes on the component's HTTP port, from its `startupProbe`, `livenessProbe` and `readinessProbe` values. */}}
-{{- define "neuron.probes" -}}
-{{- range $i, $kind := list "startupProbe" "livenessProbe" "readinessProbe" }}
-{{- $probe := get $.values $kind }}
-{{- if $i }}{{ "\n" }}{{ end }}
-{{- $kind }}:
-  httpGet:
-    path: {{ $probe.path | quote }}
-    port: http
-    {{- with $.scheme }}
-    scheme: {{ . }}
-    {{- end }}
-  {{- omit $probe "path" | toYaml | nindent 2 }}
-{{- end }}
+{{/* A probe on the component's HTTP port, from one of its `startupProbe`, `livenessProbe`, `readinessProbe` values
+     (the path, and the probe's other fields as they are). (dict "probe" $v.startupProbe "scheme" "HTTPS" or "") */}}
+{{- define "neuron.probe" -}}
+httpGet:
+  path: {{ .probe.path | quote }}
+  port: http
+  {{- with .scheme }}
+  scheme: {{ . }}
+  {{- end }}
+{{- omit .probe "path" | toYaml | nindent 0 }}
 {{- end -}}
 
 {{/* Whether the device plugin publishes its node's NeuronNode: the Neuron-aware scheduler reads them. */}}

@@ -45,66 +45,21 @@
 {{- end -}}
 {{- end -}}
 
-{{/* The head of a scheduling Deployment, from apiVersion down to the pod spec's securityContext; the template
-     goes on with `containers:` at the pod spec's indentation (6). Without an affinity of their own the replicas
-     prefer different nodes. (dict "root" $ "component" "scheduler-extender" "values" ... "podAnnotations" (dict)) */}}
-{{- define "neuron.deploymentHead" -}}
-{{- $v := .values -}}
-apiVersion: apps/v1
-kind: Deployment
-metadata:
-  name: {{ include "neuron.componentName" . }}
-  namespace: {{ .root.Release.Namespace }}
-  labels:
-    {{- include "neuron.componentLabels" . | nindent 4 }}
-spec:
-  replicas: {{ $v.replicas }}
-  revisionHistoryLimit: {{ $v.revisionHistoryLimit }}
-  selector:
-    matchLabels:
-      {{- include "neuron.selectorLabels" . | nindent 6 }}
-  template:
-    metadata:
-      labels:
-        {{- include "neuron.componentLabels" . | nindent 8 }}
-        {{- with $v.podLabels }}
-        {{- toYaml . | nindent 8 }}
-        {{- end }}
-      {{- with merge (dict) (.podAnnotations | default dict) ($v.podAnnotations | default dict) }}
-      annotations:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-    spec:
-      serviceAccountName: {{ include "neuron.serviceAccountName" . }}
-      {{- include "neuron.imagePullSecrets" . | nindent 6 }}
-      {{- with $v.priorityClassName }}
-      priorityClassName: {{ . }}
-      {{- end }}
-      {{- with $v.nodeSelector }}
-      nodeSelector:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      {{- with $v.tolerations }}
-      tolerations:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
-      affinity:
-        {{- if $v.affinity }}
-        {{- toYaml $v.affinity | nindent 8 }}
-        {{- else }}
-        podAntiAffinity:
-          preferredDuringSchedulingIgnoredDuringExecution:
-            - weight: 100
-              podAffinityTerm:
-                topologyKey: kubernetes.io/hostname
-                labelSelector:
-                  matchLabels:
-                    {{- include "neuron.selectorLabels" . | nindent 20 }}
-        {{- end }}
-      {{- with $v.podSecurityContext }}
-      securityContext:
-        {{- toYaml . | nindent 8 }}
-      {{- end }}
+{{/* A scheduling Deployment's affinity: its own, else a preference for replicas on different nodes.
+     (dict "root" $ "component" "scheduler-extender" "values" ...) */}}
+{{- define "neuron.schedulingAffinity" -}}
+{{- if .values.affinity -}}
+{{- toYaml .values.affinity -}}
+{{- else -}}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "neuron.selectorLabels" . | nindent 12 }}
+{{- end -}}
 {{- end -}}
 
 {{/* A ServiceAccount of a scheduling component. (dict "root" $ "component" ... "values" ...) */}}
