@@ -87,6 +87,8 @@ async def start_plugin(short_tmp: Path) -> AsyncIterator[Callable[..., object]]:
                 "1",
                 "--holdings-interval",
                 "0.2",
+                "--shutdown-drain",  # a test that needs the drain asks for it
+                "0",
                 *args,
             ],
             env={},

@@ -77,6 +77,7 @@ DURATIONS = {  # flag: Config attribute
     "--health-quiet-period": "health_quiet_period",
     "--holdings-interval": "holdings_interval",
     "--pending-ttl": "pending_ttl",
+    "--shutdown-drain": "shutdown_drain",
     "--register-timeout": "register_timeout",
     "--node-report-interval": "node_report_interval",
 }
@@ -98,6 +99,7 @@ def test_durations_are_written_the_kubernetes_way(flag: str) -> None:
 def test_duration_defaults() -> None:
     cfg = config.parse([], env={})
     assert (cfg.health_interval, cfg.health_quiet_period, cfg.holdings_interval) == (0.5, 300.0, 5.0)
+    assert cfg.shutdown_drain == 2.0
     assert (cfg.pending_ttl, cfg.register_timeout) == (60.0, 10.0)
 
 

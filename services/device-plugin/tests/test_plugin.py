@@ -388,6 +388,21 @@ async def test_shutdown_removes_sockets(start_plugin) -> None:  # type: ignore[n
     await eventually(lambda: not h.kubelet.healthy(NEURON))  # the kubelet sees the stream end
 
 
+async def test_after_sigterm_the_kubelet_is_answered_until_the_drain_settles(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    """The kubelet drops its connection, and the Allocate on it, the moment ListAndWatch ends: a pod
+    bound just before the stop must still be admitted (drain.py)."""
+    h = await start_plugin("trn1.2xlarge", "--shutdown-drain", "0.5")
+    h.stop.set()
+    await asyncio.sleep(0.05)  # the loops have seen the stop
+    response = await h.kubelet.allocate(NEURON, 1, pod="bound-before-the-stop")
+    assert len(response.devices) == 1
+    assert h.kubelet.healthy(NEURON)  # the stream is still open: the kubelet has not disconnected
+    assert not h.task.done()
+    assert await asyncio.wait_for(h.task, 10) == 0
+    assert not (h.plugin_dir / "neuron-neuron.sock").exists()
+    await eventually(lambda: not h.kubelet.healthy(NEURON))
+
+
 async def test_a_dead_loop_fails_the_probes_and_the_process(start_plugin, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     h = await start_plugin("trn1.2xlarge")
 

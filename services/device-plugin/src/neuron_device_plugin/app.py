@@ -19,6 +19,7 @@ from neuron_common.runner import run_service
 from neuron_common.supervisor import Loop, Supervisor
 from neuron_device_plugin import cdi, registration
 from neuron_device_plugin.config import API_TIMEOUT, Config
+from neuron_device_plugin.drain import Drain
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_device_plugin.node_report import NodeReportPublisher, ServerSideApply, build_report
 from neuron_device_plugin.registration import Registrar, ResourceServer
@@ -75,6 +76,7 @@ class Plugin:
             on_update=self._on_holdings,
         )
         self.registrars: list[Registrar] = []
+        self.drain = Drain(config.shutdown_drain)
         for resource in config.resources:
 
             def factory(resource=resource) -> DevicePluginServicer:  # type: ignore[no-untyped-def]
@@ -87,6 +89,7 @@ class Plugin:
                     cdi=config.cdi,
                     ultraserver_nodes=config.ultraserver_env,
                     ultraserver=lambda: read_ultraserver(config.host_root),
+                    drain=self.drain,
                 )
 
             server = ResourceServer(resource, config.device_plugin_path, factory)
@@ -152,10 +155,11 @@ class Plugin:
             await self.kube.close()
 
     def _loops(self) -> dict[str, Loop]:
-        # Stopping `registration` unregisters and closes the plugin sockets; its servers get a grace
-        # period, so RPCs in flight complete.
+        # Stopping `registration` keeps the servers answering the kubelet until the drain settles
+        # (drain.py), then unregisters and closes the plugin sockets with a grace period, so RPCs in
+        # flight complete.
         loops: dict[str, Loop] = {
-            "registration": lambda: registration.watch(self.registrars, self.stop),
+            "registration": lambda: registration.watch(self.registrars, self.stop, drain=self.drain),
             "health": lambda: self.monitor.run(self.stop),
             "holdings": self._poll_holdings,
         }

@@ -16,6 +16,7 @@ from neuron_common.config import (
     add_node_flag,
     add_serving_flags,
     add_ultraserver_labels_flag,
+    non_negative_duration,
     optional_path,
     positive_duration,
     require_resource_prefix,
@@ -48,6 +49,7 @@ class Config:
     health_quiet_period: float
     holdings_interval: float
     pending_ttl: float
+    shutdown_drain: float
     kmsg_path: Path | None
     cdi: bool
     cdi_spec_dir: Path
@@ -113,6 +115,13 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         type=positive_duration,
         help="how long an own allocation counts as held before the kubelet's List confirms it",
     )
+    p.add_flag(
+        "--shutdown-drain",
+        default="2s",
+        type=non_negative_duration,
+        help="after SIGTERM, keep answering the kubelet this long, and until no call came for half a second "
+        "(at most 4 times this), so a pod being admitted is not failed; 0: stop at once",
+    )
     p.add_bool_flag(
         "--cdi",
         default=False,
@@ -175,6 +184,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         health_interval=a.health_interval,
         health_quiet_period=a.health_quiet_period,
         holdings_interval=a.holdings_interval,
+        shutdown_drain=a.shutdown_drain,
         pending_ttl=a.pending_ttl,
         kmsg_path=resolve_kmsg(a.kmsg_path, layout.HostLayout(a.host_root).kmsg),
         cdi=a.cdi,

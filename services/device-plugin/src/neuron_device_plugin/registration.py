@@ -25,6 +25,7 @@ from kubelet_api import DEVICE_PLUGIN_VERSION
 from kubelet_api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from neuron_common.backoff import Backoff
 from neuron_common.inotify import DirectoryWatch
+from neuron_device_plugin.drain import Drain
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_model.resources import Resource
 
@@ -177,10 +178,13 @@ class Registrar:
         await self.server.stop()
 
 
-async def watch(registrars: list[Registrar], stop: asyncio.Event, resync: float = 5.0) -> None:
+async def watch(
+    registrars: list[Registrar], stop: asyncio.Event, resync: float = 5.0, drain: Drain | None = None
+) -> None:
     """One loop for every resource, woken by inotify when the device-plugins directory changes
     (a socket deleted, kubelet.sock recreated), by a retry falling due, or every `resync`
-    seconds as a safety net. Without inotify it polls every 0.2 s."""
+    seconds as a safety net. Without inotify it polls every 0.2 s. Once stopped, the servers keep
+    answering until `drain` has settled, then close."""
     retry_at = {id(r): 0.0 for r in registrars}
     loop = asyncio.get_running_loop()
     directory = DirectoryWatch(registrars[0].server.socket.parent)
@@ -200,4 +204,6 @@ async def watch(registrars: list[Registrar], stop: asyncio.Event, resync: float 
             stopped.cancel()
     finally:
         directory.close()
+        if drain is not None and stop.is_set():
+            await drain.settled()
         await asyncio.gather(*(r.close() for r in registrars))

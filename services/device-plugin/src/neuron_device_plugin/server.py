@@ -13,6 +13,7 @@ from kubelet_api import HEALTHY, UNHEALTHY
 from kubelet_api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from neuron_common.lifecycle import wait_any
 from neuron_device_plugin.cdi import cdi_name
+from neuron_device_plugin.drain import Drain
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_device_plugin.state import AdvertisedId, AllocationRefused, PluginState, whole_node_ultraserver_env
 from neuron_driver import layout
@@ -44,10 +45,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         cdi: bool = False,
         ultraserver_nodes: int | None = None,
         ultraserver: Callable[[], UltraServerReading] | None = None,
+        drain: Drain | None = None,
     ) -> None:
         """`ultraserver_nodes` (--ultraserver-env): give a container holding all of the node's devices
         the runtime's UltraServer variables for a job of that many nodes; `ultraserver`: the node's
-        identity as the driver tells it now (default: the inventory's, as last scanned)."""
+        identity as the driver tells it now (default: the inventory's, as last scanned); `drain`: how
+        long ListAndWatch stays open after the stop (None: it ends at once)."""
         self.resource = resource
         self.state = state
         self.metrics = metrics
@@ -56,6 +59,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.cdi = cdi
         self.ultraserver_nodes = ultraserver_nodes
         self.ultraserver = ultraserver or (lambda: state.inventory.ultraserver)
+        self.drain = drain
         self.streams = 0
 
     async def GetDevicePluginOptions(  # the gRPC method name
@@ -77,6 +81,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                     yield api_pb2.ListAndWatchResponse(devices=to_proto(current))
                     last = current
                 await wait_any(changed, self.stop)
+            if self.drain is not None:
+                await self.drain.settled()  # the kubelet drops the connection, and calls on it, when this ends
         finally:
             self.streams -= 1
             log.info("ListAndWatch ended", extra={"resource": self.resource.full_name})
@@ -86,6 +92,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         request: api_pb2.PreferredAllocationRequest,
         context: grpc.aio.ServicerContext[api_pb2.PreferredAllocationRequest, api_pb2.PreferredAllocationResponse],
     ) -> api_pb2.PreferredAllocationResponse:
+        self._called()
         responses = []
         holdings_free = {a.id for a in self.state.advertised(self.resource) if a.healthy}
         for req in request.container_requests:
@@ -112,6 +119,10 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             responses.append(api_pb2.ContainerPreferredAllocationResponse(deviceIDs=ids))
         return api_pb2.PreferredAllocationResponse(container_responses=responses)
 
+    def _called(self) -> None:
+        if self.drain is not None:
+            self.drain.call()
+
     def _indices(self, ids: object) -> list[int]:
         out = []
         for raw in ids:  # type: ignore[attr-defined]
@@ -125,6 +136,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         request: api_pb2.AllocateRequest,
         context: grpc.aio.ServicerContext[api_pb2.AllocateRequest, api_pb2.AllocateResponse],
     ) -> api_pb2.AllocateResponse:
+        self._called()
         responses = []
         allocated: list[list[int]] = []
         for req in request.container_requests:
@@ -198,4 +210,5 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         request: api_pb2.PreStartContainerRequest,
         context: grpc.aio.ServicerContext[api_pb2.PreStartContainerRequest, api_pb2.PreStartContainerResponse],
     ) -> api_pb2.PreStartContainerResponse:
+        self._called()
         return api_pb2.PreStartContainerResponse()
