@@ -107,7 +107,8 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         "--holdings-interval",
         default="5s",
         type=positive_duration,
-        help="time between PodResources List calls (also called after each allocation)",
+        help="time between PodResources List calls (a timer only); an own hand-out counts as held until a List "
+        "shows it, or for --pending-ttl",
     )
     p.add_flag(
         "--pending-ttl",
