@@ -34,6 +34,13 @@ TOKEN_REREAD = 60.0  # seconds: a projected token is rotated well before it expi
 MAX_LINE = 16 * 1024 * 1024  # one watch event; a Pod object is rarely above 100 KiB
 
 
+def unreachable(kubeconfig: str | None, exc: BaseException) -> str:
+    """Why a service cannot start without the API server: `Api.from_kubeconfig` failed with `exc`."""
+    where = f"--kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
+    hint = "" if kubeconfig else " (outside a pod, pass --kubeconfig)"
+    return f"cannot reach the API server through {where}: {exc}{hint}"
+
+
 class ApiError(Exception):
     """An API server answer other than success, or no answer at all."""
 

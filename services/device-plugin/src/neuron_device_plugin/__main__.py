@@ -25,17 +25,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if on
     )
     if needed_by:
-        from neuron_common.kube import Api, ApiError
+        from neuron_common.kube import Api, ApiError, unreachable
 
         try:  # no credentials is a clear error at start, not a crash later
             api = Api.from_kubeconfig(config.kubeconfig, API_TIMEOUT)
         except (ApiError, OSError, ValueError) as exc:
-            where = f"--kubeconfig {config.kubeconfig}" if config.kubeconfig else "the in-cluster service account"
-            hint = "" if config.kubeconfig else " (outside a pod, pass --kubeconfig)"
-            print(
-                f"neuron-device-plugin: error: {needed_by} cannot reach the API server through {where}: {exc}{hint}",
-                file=sys.stderr,
-            )
+            print(f"neuron-device-plugin: error: {needed_by} {unreachable(config.kubeconfig, exc)}", file=sys.stderr)
             return 2
 
     async def run(stop: asyncio.Event) -> int:

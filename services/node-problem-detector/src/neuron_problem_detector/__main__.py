@@ -14,7 +14,7 @@ from neuron_problem_detector.config import API_TIMEOUT
 def main(argv: Sequence[str] | None = None) -> int:
     config = config_mod.parse(argv)
     logs.configure("neuron-problem-detector", config.log_level)
-    from neuron_common.kube import Api, ApiError
+    from neuron_common.kube import Api, ApiError, unreachable
     from neuron_problem_detector.rules import RulesError, load
 
     try:
@@ -25,12 +25,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:  # so is no credentials
         api = Api.from_kubeconfig(config.kubeconfig, API_TIMEOUT)
     except (ApiError, OSError, ValueError) as exc:
-        where = f"--kubeconfig {config.kubeconfig}" if config.kubeconfig else "the in-cluster service account"
-        hint = "" if config.kubeconfig else " (outside a pod, pass --kubeconfig)"
-        print(
-            f"neuron-problem-detector: error: cannot reach the API server through {where}: {exc}{hint}",
-            file=sys.stderr,
-        )
+        print(f"neuron-problem-detector: error: {unreachable(config.kubeconfig, exc)}", file=sys.stderr)
         return 2
 
     async def run(stop: asyncio.Event) -> int:
