@@ -12,8 +12,6 @@ kubelet's part is the cluster tests'.
 
 from __future__ import annotations
 
-import base64
-import json
 import ssl
 import subprocess
 import sys
@@ -24,10 +22,9 @@ import aiohttp
 import processes
 import pytest
 import pytest_asyncio
-from chart.test_chart import render
-from chart_tools import sets
 from polling import until_async
 from prometheus_server import PROMETHEUS, numbers, prometheus, query, wait_for
+from secure_metrics import RBAC, SCRAPER_SA, install, token_of
 from simcluster.controlplane import ControlPlane, free_port, private_control_plane
 
 from neuron_common.kube import Api
@@ -39,16 +36,7 @@ pytestmark = [
 ]
 one_loop = pytest.mark.asyncio(loop_scope="module")
 
-NAMESPACE = "kube-system"  # as chart.test_chart renders
-FULLNAME = "neuron-helm-chart"
-EXPORTER_SA = f"{FULLNAME}-node-metrics"
-SCRAPER_SA = f"{FULLNAME}-metrics-scraper"
 STRANGER_SA = "nosy"
-RBAC = {
-    "ClusterRole": "/apis/rbac.authorization.k8s.io/v1/clusterroles",
-    "ClusterRoleBinding": "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
-    "ServiceAccount": f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts",
-}
 
 
 @pytest.fixture(scope="module")
@@ -57,76 +45,29 @@ def apiserver() -> Iterator[ControlPlane]:
         yield cp
 
 
-def chart_objects() -> list[dict[str, Any]]:
-    docs = render(*sets(nodeMetrics__secureMetrics=True, nodeMetrics__monitoring__force=True))
-    return [d for d in docs if d.get("kind")]
-
-
-async def token_of(admin: Api, account: str) -> str:
-    review = await admin.create(
-        f"/api/v1/namespaces/{NAMESPACE}/serviceaccounts/{account}/token",
-        {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}},
-    )
-    return str(review["status"]["token"])
-
-
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def stack(apiserver: ControlPlane, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[dict[str, Any]]:
     work = tmp_path_factory.mktemp("metrics-auth")
-    docs = chart_objects()
     admin = Api(apiserver.server, ssl_context=apiserver.credentials.ssl_context())
-    # The chart's RBAC and ServiceAccounts exactly as rendered, and an account RBAC gives nothing.
-    for doc in docs:
-        if doc["kind"] in RBAC and doc["metadata"]["name"].startswith(FULLNAME):
-            await admin.create(RBAC[doc["kind"]], doc)
+    # The chart's RBAC, ServiceAccounts and certificate, and an account RBAC gives nothing.
+    secure = await install(apiserver, admin, work)
     await admin.create(
         RBAC["ServiceAccount"], {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": STRANGER_SA}}
     )
-    # The chart's generated certificate, as the Secret volume mounts it.
-    (secret,) = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == f"{FULLNAME}-metrics-tls"]
-    tls = work / "tls"
-    tls.mkdir()
-    for key in ("ca.crt", "tls.crt", "tls.key"):
-        (tls / key).write_bytes(base64.b64decode(secret["data"][key]))
-    (exporter_ds,) = [d for d in docs if d["kind"] == "DaemonSet" and d["metadata"]["name"] == EXPORTER_SA]
-    (monitor,) = [d for d in docs if d["kind"] == "ServiceMonitor"]
-    (endpoint,) = monitor["spec"]["endpoints"]
-    # The exporter reviews with its own ServiceAccount's token, as in its pod.
-    kubeconfig = work / "exporter.kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {
-                        "name": "c",
-                        "cluster": {"server": apiserver.server, "certificate-authority": str(apiserver.credentials.ca)},
-                    }
-                ],
-                "users": [{"name": "u", "user": {"token": await token_of(admin, EXPORTER_SA)}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-                "current-context": "c",
-            }
-        )
-    )
-    args = exporter_ds["spec"]["template"]["spec"]["containers"][0]["args"]
-    secure_args = [
-        a.replace("/etc/neuron/metrics-tls", str(tls)) for a in args if a.startswith(("--metrics-auth", "--tls-"))
-    ]
+    tls, endpoint = secure.tls, secure.endpoint
     root = work / "node"
     sim.create(root, "trn1.2xlarge")
     port = free_port()
     exporter = subprocess.Popen(
         [sys.executable, "-m", "neuron_node_metrics", "--host-root", str(root), "--pod-resources-socket", str(work / "none.sock"),
-         "--listen", f"127.0.0.1:{port}", "--kubeconfig", str(kubeconfig), "--log-level", "warning", *secure_args],
+         "--listen", f"127.0.0.1:{port}", "--log-level", "warning", *secure.exporter_args()],
     )  # fmt: skip
     tokens = work / "tokens"
     tokens.mkdir()
     (tokens / "scraper").write_text(await token_of(admin, SCRAPER_SA))
     (tokens / "stranger").write_text(await token_of(admin, STRANGER_SA))
     # What the ServiceMonitor's endpoint tells Prometheus, as the operator writes it into a scrape job.
-    tls_config = {"ca_file": str(tls / "ca.crt"), "server_name": endpoint["tlsConfig"]["serverName"]}
+    tls_config = {"ca_file": str(tls / "ca.crt"), "server_name": secure.server_name}
 
     def job(name: str, token: str | None) -> dict[str, Any]:
         scrape: dict[str, Any] = {
