@@ -130,21 +130,24 @@ async def test_rotation_by_rename_loses_and_repeats_nothing(tmp_path: Path) -> N
     async with reading(log) as r:
         append(log, line("one"))
         await r.until(lambda: r.messages == ["one"])
-        # logrotate renames; the daemon writes on to the renamed file until it is told to reopen
+        # logrotate renames the file and creates the new one (`create`); the daemon writes on to the
+        # renamed file until postrotate tells it to reopen
         with log.open("a") as daemon:
             os.rename(log, tmp_path / "messages.1")
             daemon.write(line("two, to the renamed file"))
             daemon.flush()
             await r.settle()
-            daemon.write(line("three, to the renamed file"))
-        log.write_text(line("four, to the new file"))
+            log.touch()
+            await r.settle()
+            daemon.write(line("three, to the renamed file after the new one was created"))
+        append(log, line("four, to the new file"))
         append(log, line("five"))
         await r.until(lambda: len(r.messages) >= 5)
         await r.settle()
         assert r.messages == [
             "one",
             "two, to the renamed file",
-            "three, to the renamed file",
+            "three, to the renamed file after the new one was created",
             "four, to the new file",
             "five",
         ]

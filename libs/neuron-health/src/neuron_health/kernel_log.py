@@ -185,7 +185,8 @@ class KmsgFollower:
     async def _follow_file(self, stop: asyncio.Event) -> AsyncIterator[KmsgRecord | Malformed]:
         """A regular file, followed through replacement (rotation by rename, a simulated node's new
         boot) and truncation (copytruncate). The open file is kept: when the path names another file,
-        what was still written to the old one is read first, so no line is lost or read twice."""
+        the old one is read on until the new one has a line (the writer has moved over), then to its
+        end, and only then the new one from its start, so no line is lost, read twice or out of order."""
         cutoff = self._cutoff()
         split = _split_lines if self.format == "syslog" else split_records
         f = None
@@ -218,6 +219,11 @@ class KmsgFollower:
                 except FileNotFoundError:
                     now = None  # renamed away, its successor not there yet: the old one may still grow
                 if now is not None and (now.st_dev, now.st_ino) != ident:
+                    if now.st_size == 0:
+                        # logrotate's `create` makes the new file before the daemon is told to reopen: until
+                        # the daemon writes there, it may still write to the old one
+                        await self._sleep(stop)
+                        continue
                     async for item in self._read_on(f, split, tail, None, stop):  # what came since
                         if isinstance(item, str):
                             tail = item
