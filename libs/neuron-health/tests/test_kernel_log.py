@@ -168,6 +168,22 @@ async def test_copytruncate_is_read_again_from_the_start(tmp_path: Path) -> None
         assert r.messages == ["one", "two", "three"]
 
 
+async def test_copytruncate_then_more_than_was_read_before_the_next_look(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    async with reading(log) as r:
+        append(log, line("one"))
+        await r.until(lambda: r.messages == ["one"])
+        # no await between: the follower cannot look while the file is short
+        shutil.copyfile(log, tmp_path / "kern.log.1")
+        os.truncate(log, 0)
+        append(log, line("two, a line longer than the first one was") + line("three"))
+        await r.until(lambda: len(r.messages) >= 3)
+        await r.settle()
+        assert r.messages == ["one", "two, a line longer than the first one was", "three"]
+        assert not [i for i in r.items if isinstance(i, Malformed)]
+
+
 async def test_a_file_that_appears_later_is_read_from_its_start(tmp_path: Path) -> None:
     log = tmp_path / "kern.log"
     log.write_text("")

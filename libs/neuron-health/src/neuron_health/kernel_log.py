@@ -192,6 +192,7 @@ class KmsgFollower:
         f = None
         ident: tuple[int, int] | None = None
         tail = ""
+        head = b""  # the file's first bytes: a file truncated and written past where we were starts otherwise
         first = True
         try:
             while not stop.is_set():
@@ -203,11 +204,15 @@ class KmsgFollower:
                         await self._sleep(stop)
                         continue
                     st = os.fstat(f.fileno())
-                    ident, tail = (st.st_dev, st.st_ino), ""
+                    ident, tail, head = (st.st_dev, st.st_ino), "", b""
                     if first and self.lookback == 0:
                         f.seek(0, os.SEEK_END)  # follow from the current end
                         cutoff = None
                     first = False
+                if os.fstat(f.fileno()).st_size < f.tell() or _rewritten(f, head):
+                    log.info("kernel log file %s was truncated: reading it from its start", self.path)
+                    f.seek(0)
+                    tail, head = "", b""
                 async for item in self._read_on(f, split, tail, cutoff, stop):
                     if isinstance(item, str):
                         tail = item
@@ -236,11 +241,7 @@ class KmsgFollower:
                     f.close()
                     f, tail = None, ""
                     continue
-                if os.fstat(f.fileno()).st_size < f.tell():
-                    log.info("kernel log file %s was truncated: reading it from its start", self.path)
-                    f.seek(0)
-                    tail = ""
-                    continue
+                head = _head(f, head)
                 await self._sleep(stop)
         finally:
             if f is not None:
@@ -275,3 +276,19 @@ def _split_lines(chunk: str) -> tuple[list[str], str]:
     lines = chunk.split("\n")
     tail = lines.pop()
     return lines, tail
+
+
+_HEAD_BYTES = 256
+
+
+def _head(f: IO[bytes], known: bytes) -> bytes:
+    """The file's first bytes, read again only while fewer than `_HEAD_BYTES` are known."""
+    if len(known) >= _HEAD_BYTES:
+        return known
+    return os.pread(f.fileno(), _HEAD_BYTES, 0)
+
+
+def _rewritten(f: IO[bytes], head: bytes) -> bool:
+    """copytruncate, then more written than we had read, before we looked: the size alone does not
+    show it, the first bytes do (a log only ever grows at its end)."""
+    return bool(head) and os.pread(f.fileno(), len(head), 0) != head
