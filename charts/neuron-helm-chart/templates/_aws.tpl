@@ -44,8 +44,8 @@
   "npd.runtimeClassName" $runtime
   "npd.nodeProblemDetector" "npd.image, npd.resources, npd.securityContext (the detector is this project's, not registry.k8s.io's node-problem-detector; its ClusterRole is the chart's own, least privilege)"
   "npd.nodeRecovery" "npd.remediation.taint and npd.remediation.cordon (this chart never replaces an instance: it taints or cordons the node while NeuronHealth is True)"
-  "npd.volumes" "none: the detector mounts exactly what it reads (/dev/kmsg, /sys, its state directory)"
-  "npd.volumeMounts" "none: the detector mounts exactly what it reads (/dev/kmsg, /sys, its state directory)"
+  "npd.volumes" "none: the detector mounts exactly what it reads (/dev/kmsg, or the directory of kernelLog.syslogFile; /sys, its state directory)"
+  "npd.volumeMounts" "none: the detector mounts exactly what it reads (/dev/kmsg, or the directory of kernelLog.syslogFile; /sys, its state directory)"
   "monitor" "nodeMetrics (this chart's exporter, with pod attribution; not neuron-monitor)"
   "ultraserverOperator" "none yet: UltraServer placement is not in this chart"
 | toJson -}}

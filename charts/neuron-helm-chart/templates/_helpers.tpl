@@ -163,10 +163,19 @@ rollingUpdate:
 {{/* A container's securityContext, plus what reading the host's /dev/kmsg takes when `readsHostKmsg`: CAP_SYSLOG
      (kernel.dmesg_restrict=1) and, with `privileged`, privilege, as the container runtime's device cgroup admits
      /dev/kmsg (char 1:11) to no unprivileged container. The API server refuses a privileged container that forbids
-     privilege escalation, so privilege allows it. (dict "securityContext" ... "readsHostKmsg" bool "privileged" bool) */}}
+     privilege escalation, so privilege allows it. With `readsSyslogFile` (kernelLog.syslogFile) the container reads an
+     ordinary file instead: neither privilege nor CAP_SYSLOG.
+     (dict "securityContext" ... "readsHostKmsg" bool "privileged" bool "readsSyslogFile" bool) */}}
 {{- define "neuron.securityContext" -}}
 {{- $sc := deepCopy .securityContext -}}
-{{- if .readsHostKmsg -}}
+{{- if .readsSyslogFile -}}
+{{- /* a syslog file is an ordinary file: no CAP_SYSLOG, whatever the defaults add */ -}}
+{{- $capabilities := get $sc "capabilities" | default dict -}}
+{{- if hasKey $capabilities "add" -}}
+{{- $_ := set $capabilities "add" (without (get $capabilities "add" | default list) "SYSLOG" "CAP_SYSLOG") -}}
+{{- if not (get $capabilities "add") -}}{{- $_ = unset $capabilities "add" -}}{{- end -}}
+{{- end -}}
+{{- else if .readsHostKmsg -}}
 {{- $capabilities := get $sc "capabilities" | default dict -}}
 {{- $_ := set $capabilities "add" (append (get $capabilities "add" | default list) "SYSLOG" | uniq) -}}
 {{- $_ = set $sc "capabilities" $capabilities -}}
@@ -308,3 +317,36 @@ release names alone are 28. */}}
      container that writes or reads them, and that directory on the host. */}}
 {{- define "neuron.verdictDir" -}}/var/lib/neuron-problem-detector/verdicts{{- end -}}
 {{- define "neuron.verdictHostDir" -}}{{ .Values.npd.stateHostPath }}/verdicts{{- end -}}
+
+{{/* The host syslog file a node agent reads the kernel log from instead of /dev/kmsg (kernelLog.syslogFile), or
+     "" for /dev/kmsg; never in simulation mode, whose kernel log is the simulated node's dev/kmsg file. */}}
+{{- define "neuron.kernelLogFile" -}}
+{{- if not .Values.simulation.enabled -}}{{ .Values.kernelLog.syslogFile }}{{- end -}}
+{{- end -}}
+
+{{/* The flags, mounts and volumes of a node agent that reads kernelLog.syslogFile: the file's directory and the
+     host's /etc/localtime (the zone of a stamp written without one), both read-only under /host. */}}
+{{- define "neuron.kernelLogFileArgs" -}}
+- --kernel-log-format=syslog
+- --kmsg-path=/host{{ include "neuron.kernelLogFile" . }}
+{{- end -}}
+
+{{- define "neuron.kernelLogFileMounts" -}}
+- name: host-kernel-log
+  mountPath: /host{{ dir (include "neuron.kernelLogFile" .) }}
+  readOnly: true
+- name: host-localtime
+  mountPath: /host/etc/localtime
+  readOnly: true
+{{- end -}}
+
+{{- define "neuron.kernelLogFileVolumes" -}}
+- name: host-kernel-log
+  hostPath:
+    path: {{ dir (include "neuron.kernelLogFile" .) }}
+    type: Directory
+- name: host-localtime
+  hostPath:
+    path: /etc/localtime
+    type: File
+{{- end -}}

@@ -136,3 +136,13 @@ async def test_sigterm_during_list_and_watch_exits_cleanly(short_tmp: Path) -> N
         if proc.returncode is None:
             proc.kill()
         await kubelet.stop()
+
+
+def test_kernel_log_format() -> None:
+    cfg = config.parse(["--kernel-log-format", "syslog", "--kmsg-path", "/host/var/log/messages"], env={})
+    assert (cfg.kernel_log_format, cfg.kmsg_path) == ("syslog", Path("/host/var/log/messages"))
+    assert config.parse([], env={}).kernel_log_format == "kmsg"
+    with pytest.raises(SystemExit):
+        config.parse(["--kernel-log-format", "syslog"], env={})
+    with pytest.raises(SystemExit):
+        config.parse([], env={"NEURON_DP_KERNEL_LOG_FORMAT": "journal"})

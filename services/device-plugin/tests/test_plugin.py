@@ -233,6 +233,25 @@ class TestHealth:
         assert len(h.kubelet.healthy(NEURON)) == 15
         assert h.plugin.state.verdict(7).reason == "kernel NC_UNCORRECTABLE_ERROR nc-id=1"
 
+    async def test_kernel_line_in_a_syslog_file(self, start_plugin, short_tmp) -> None:  # type: ignore[no-untyped-def]
+        """--kernel-log-format=syslog: the host's rsyslog file, as the chart's kernelLog.syslogFile wires it."""
+        from neuron_driver.kmsg import format_hw_error
+
+        log = short_tmp / "kern.log"
+        stamp = time.strftime("%b %e %H:%M:%S")
+        line = format_hw_error("NC_UNCORRECTABLE_ERROR", 5, 0, "x")
+        # an error of an earlier boot (its stamp before this boot began) is not this boot's
+        earlier = time.strftime(
+            "%b %e %H:%M:%S", time.localtime(time.time() - time.clock_gettime(time.CLOCK_BOOTTIME) - 3600)
+        )
+        log.write_text(f"{earlier} ip kernel: [ 9.000000] {format_hw_error('DMA_ERROR', 2, 0, 'y')}\n")
+        h = await start_plugin("trn1.32xlarge", "--kernel-log-format", "syslog", "--kmsg-path", str(log))
+        with log.open("a") as f:
+            f.write(f"{stamp} ip systemd[1]: Started kubelet.\n{stamp} ip kernel: [ 12.000000] {line}\n")
+        await eventually(lambda: "neuron5" not in h.kubelet.healthy(NEURON))
+        assert h.plugin.state.verdict(5).reason == "kernel NC_UNCORRECTABLE_ERROR nc-id=0"
+        assert "neuron2" in h.kubelet.healthy(NEURON)
+
     async def test_core_status_counter(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
         h = await start_plugin("trn2.48xlarge", lnc=1)
         sim.bump_counter(h.root, 9, "hw_dma_abort_error", core=3)

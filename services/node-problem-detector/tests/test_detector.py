@@ -80,6 +80,13 @@ def test_state_round_trip_and_garbage(tmp_path: Path) -> None:
     assert warning is None
     assert (loaded.boot_id, loaded.last_seq, list(loaded.problems)) == ("b1", 41, list(s.problems))
     assert loaded.conditions(DEFAULT, now=99)[0].last_transition == 6
+    assert loaded.seq_source == "kmsg"
+    # the format that numbered last_seq is kept, and a state file from before it was recorded is kmsg's
+    s.seq_source = "syslog"
+    save_state(path, s)
+    assert load_state(path)[0].seq_source == "syslog"
+    path.write_text('{"boot_id": "b1", "last_seq": 41}')
+    assert load_state(path)[0].seq_source == "kmsg"
     path.write_text("{not json")
     fresh, warning = load_state(path)
     assert fresh.problems == {}

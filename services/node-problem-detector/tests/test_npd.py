@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -21,7 +23,7 @@ import pytest
 from broken_loop import break_loop_and_probe
 from standins.apiserver import FakeApiServer, serving
 
-from neuron_driver.kmsg import KERN_ERR, format_record
+from neuron_driver.kmsg import KERN_ERR, format_hw_error, format_record
 from neuron_health import verdicts
 from neuron_health.kernel_log import KmsgFollower
 from neuron_problem_detector import config as config_mod
@@ -338,3 +340,83 @@ def test_duration_defaults_and_zero_lookback() -> None:
 
 def test_kmsg_records_format_used_by_the_flood() -> None:
     assert format_record(KERN_ERR, 1, 2, "x") == "3,1,2,-;x\n"
+
+
+# -- a syslog text file instead of /dev/kmsg (--kernel-log-format=syslog) ---------------------------------
+
+
+def iso_line(text: str, printk: float = 123.456789) -> str:
+    """A line as rsyslog's high-precision FileFormat writes it (Debian 12)."""
+    return f"{dt.datetime.now(dt.UTC).isoformat()} ip-10-0-0-1 kernel: [{printk:12.6f}] {text}\n"
+
+
+def traditional_line(text: str) -> str:
+    """A line as rsyslog's traditional format writes it (Ubuntu's kern.log, Amazon Linux 2's messages):
+    local time, no year, no zone (the simulated node has no etc/localtime: this process's zone)."""
+    return f"{time.strftime('%b %e %H:%M:%S')} ip-10-0-0-1 kernel: {text}\n"
+
+
+def append_text(path: Path, text: str) -> None:
+    with path.open("a") as f:
+        f.write(text)
+
+
+async def test_a_fault_line_in_a_syslog_file_through_rotation(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
+    log = tmp_path / "var" / "log" / "kern.log"
+    log.parent.mkdir(parents=True)
+    log.write_text(f"{time.strftime('%b %e %H:%M:%S')} ip-10-0-0-1 systemd[1]: Started kubelet.\n")
+    args = ("--kernel-log-format", "syslog", "--kmsg-path", str(log))
+    serial = sim.serial_for("trn1.32xlarge", 5)
+    async with running(tmp_path, node, api, *args) as det:
+        await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
+        append_text(log, "a line no syslog daemon wrote\n")
+        append_text(log, iso_line(format_hw_error("SRAM_UNCORRECTABLE_ERROR", 5, 1, serial)))
+        await eventually(lambda: status(api) == ("True", "NeuronHasError_SRAM_UNCORRECTABLE_ERROR"))
+        await eventually(api.event_list)
+        # logrotate renames the file and the daemon starts a new one
+        os.rename(log, log.with_suffix(".log.1"))
+        log.write_text(traditional_line(format_hw_error("DMA_ERROR", 7, 0, sim.serial_for("trn1.32xlarge", 7))))
+        await eventually(lambda: len(api.event_list()) == 2)
+        metrics = await scrape(det)
+    first, second = api.event_list()
+    assert first["reason"] == "NeuronHasError_SRAM_UNCORRECTABLE_ERROR"
+    assert f"neuron5 nc-id=1 serial={serial}" in first["message"]
+    assert second["reason"] == "NeuronHasError_DMA_ERROR"
+    assert "neuron7 nc-id=0" in second["message"]
+    assert (tmp_path / "verdicts" / "neuron5.json").exists()
+    assert "neuron_npd_kmsg_malformed_total 1.0" in metrics
+    # a restart on the same boot replays the look-back but reports nothing twice
+    async with running(tmp_path, node, api, *args) as det:
+        await eventually(lambda: det._kmsg_ok and det.reporter.up_to_date)
+        await asyncio.sleep(0.5)
+    assert len(api.event_list()) == 2
+    # back to /dev/kmsg on the same boot: its small sequence numbers are not taken for handled ones
+    async with running(tmp_path, node, api):
+        sim.inject_hw_error(node, "HBM_UNCORRECTABLE_ERROR", 3, 0)
+        await eventually(lambda: len(api.event_list()) == 3)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--kernel-log-format", "syslog"], {}, "--kernel-log-format=syslog needs --kmsg-path"),
+        (["--kernel-log-format", "syslog", "--kmsg-path", "/dev/null"], {}, "is a character device (/dev/kmsg)"),
+        (["--kernel-log-format", "syslog", "--kmsg-path", "/"], {}, "is a directory"),
+        (["--kernel-log-format", "journal"], {}, "invalid choice: 'journal' (choose from 'kmsg', 'syslog')"),
+        ([], {"NEURON_NPD_KERNEL_LOG_FORMAT": "journal"}, "NEURON_NPD_KERNEL_LOG_FORMAT='journal' must be one of kmsg, syslog"),
+    ],
+)  # fmt: skip
+def test_kernel_log_format_is_checked_at_start(
+    args: list[str], env: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        config_mod.parse(["--node-name", NODE, *args], env=env)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_kernel_log_format_from_its_environment_twin(tmp_path: Path) -> None:
+    env = {"NEURON_NPD_KERNEL_LOG_FORMAT": "syslog", "NEURON_NPD_KMSG_PATH": str(tmp_path / "kern.log")}
+    cfg = config_mod.parse(["--node-name", NODE], env=env)
+    assert (cfg.kernel_log_format, cfg.kmsg_path) == ("syslog", tmp_path / "kern.log")
+    assert config_mod.parse(["--node-name", NODE], env={}).kernel_log_format == "kmsg"

@@ -250,11 +250,7 @@ def add_health_source_flags(p: EnvArgumentParser) -> None:
         type=positive_duration,
         help="time without a new error before a device with a recoverable error is healthy again",
     )
-    p.add_flag(
-        "--kmsg-path",
-        default="",
-        help="kernel log to watch for NEURON_HW_ERR lines; default <host-root>/dev/kmsg; 'none' disables",
-    )
+    add_kernel_log_flags(p, "kernel log to watch for NEURON_HW_ERR lines", none_disables=True)
     p.add_flag(
         "--verdict-dir",
         default="",
@@ -276,12 +272,59 @@ def resolve_node_name(
     return node
 
 
-def resolve_kmsg(kmsg_path: str, host_kmsg: Path) -> Path | None:
+KERNEL_LOG_FORMATS = ("kmsg", "syslog")
+
+
+def add_kernel_log_flags(p: EnvArgumentParser, what: str, *, none_disables: bool = False) -> None:
+    """--kmsg-path and --kernel-log-format, of every service that reads the kernel log."""
+    p.add_flag(
+        "--kmsg-path",
+        default="",
+        help=f"{what}; default <host-root>/dev/kmsg" + ("; 'none' disables" if none_disables else ""),
+    )
+    p.add_flag(
+        "--kernel-log-format",
+        default="kmsg",
+        choices=KERNEL_LOG_FORMATS,
+        help="'kmsg': --kmsg-path is /dev/kmsg, or a file of its records (a simulated node); reading the host's "
+        "/dev/kmsg takes CAP_SYSLOG and, in a container, privilege. 'syslog': --kmsg-path is a text file the "
+        "host's syslog daemon writes (/var/log/kern.log on Ubuntu and Debian, /var/log/messages on Amazon "
+        "Linux 2 and RHEL under <host-root>), read as an ordinary file and followed through log rotation",
+    )
+
+
+def resolve_kmsg(
+    kmsg_path: str, host_kmsg: Path, fmt: str = "kmsg", p: argparse.ArgumentParser | None = None
+) -> Path | None:
     """--kmsg-path of the health sources: '' is the host's kernel log (`host_kmsg`, from the host
-    layout); 'none' disables watching it."""
+    layout); 'none' disables watching it. With `p`, stops at start when --kernel-log-format does not
+    fit the path (`check_kernel_log`)."""
     if kmsg_path == "none":
         return None
+    if p is not None:
+        check_kernel_log(p, kmsg_path, fmt)
     return Path(kmsg_path) if kmsg_path else host_kmsg
+
+
+def check_kernel_log(p: argparse.ArgumentParser, kmsg_path: str, fmt: str) -> None:
+    """Stop at start when --kernel-log-format=syslog has no file to read: it has no default (hosts
+    keep it under different names, and some have none), and /dev/kmsg or a directory is not one. A
+    file that is not there yet is waited for (rotation can leave the path empty for a moment)."""
+    if fmt != "syslog":
+        return
+    if not kmsg_path:
+        p.error(
+            "--kernel-log-format=syslog needs --kmsg-path naming the host's syslog file of kernel messages, "
+            "e.g. <host-root>/var/log/kern.log (Ubuntu, Debian) or <host-root>/var/log/messages (Amazon Linux 2)"
+        )
+    path = Path(kmsg_path)
+    if path.is_char_device():
+        p.error(
+            f"--kmsg-path {kmsg_path} is a character device (/dev/kmsg): --kernel-log-format=syslog reads a "
+            "syslog text file; use --kernel-log-format=kmsg for the device"
+        )
+    if path.is_dir():
+        p.error(f"--kmsg-path {kmsg_path} is a directory: --kernel-log-format=syslog reads one syslog text file")
 
 
 def resolve_health_periods(p: argparse.ArgumentParser, interval: float, quiet_period: float) -> None:

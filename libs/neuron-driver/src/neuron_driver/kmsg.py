@@ -24,6 +24,9 @@ class KmsgRecord:
     flags: str
     message: str
     fields: dict[str, str] = field(default_factory=dict)
+    # The time a syslog daemon stamped on the line (seconds since the epoch), for a record read from a
+    # syslog text file (neuron_driver.syslog); None for a /dev/kmsg record, whose time is `usec`.
+    wall: float | None = None
 
 
 def parse_record(text: str) -> KmsgRecord:

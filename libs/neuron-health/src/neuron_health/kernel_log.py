@@ -1,29 +1,53 @@
-"""Follow the kernel log: the real `/dev/kmsg`, or a file such as a simulated node's `dev/kmsg`.
+"""Follow the kernel log: the real `/dev/kmsg`, a file such as a simulated node's `dev/kmsg`, or a
+syslog text file the host's syslog daemon writes (`/var/log/kern.log`, `/var/log/messages`).
 
-`/dev/kmsg` returns one record per `read()` and `EPIPE` when records were overwritten before
-we read them; a file holds one record per line and may be truncated (a new boot in the
-simulator). Both are followed from the end, with an optional look-back at start that
-replays the records logged within the last `lookback` seconds (by their boot-time stamp).
-Garbage is yielded as `Malformed` so callers can count it; it never stops the follower.
+Two formats (`KERNEL_LOG_FORMATS`), chosen by the caller, not guessed: a regular file can hold
+either (the simulated node's `dev/kmsg` is a file in kmsg format), and an empty one says nothing.
+
+- ``kmsg``: `/dev/kmsg` returns one record per `read()` and `EPIPE` when records were overwritten
+  before we read them; a file holds one record per line and may be truncated (a new boot in the
+  simulator).
+- ``syslog``: one line per message (`neuron_driver.syslog`); other programs' lines are skipped.
+  The file is rotated by the host: renamed and replaced (what is still written to the old file is
+  read before the new one), or copied and truncated (read again from its start). Lines get a
+  `seq` that grows through the boot (`syslog_seq`), so a restarted reader can skip what it handled.
+
+Both are followed from the end, with an optional look-back at start that replays the records
+logged within the last `lookback` seconds: by their boot-time stamp for kmsg, by the daemon's wall
+clock stamp for syslog, never before this boot began (a syslog file spans boots; an old boot's
+error must not count against this one). Garbage is yielded as `Malformed` so callers can count
+it; it never stops the follower.
 """
 
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import errno
 import logging
 import os
 import stat
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from neuron_common.config import KERNEL_LOG_FORMATS
 from neuron_common.lifecycle import sleep_or_stop, wait_any
 from neuron_driver.kmsg import KmsgRecord, parse_record, split_records
+from neuron_driver.syslog import parse_syslog_line
 
 log = logging.getLogger(__name__)
 
 _READ_CHUNK = 64 * 1024
+
+
+# A syslog stamp has whole seconds (traditional form) and the daemon may stamp this boot's first
+# lines a little before the boot time computed now (clock steps at boot): this boot begins this
+# long before that. A reboot takes longer, so the last lines of the boot before stay out.
+BOOT_SLACK = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,19 +60,65 @@ def boot_time_usec() -> int:
     return time.clock_gettime_ns(time.CLOCK_BOOTTIME) // 1000
 
 
+def boot_wall_time() -> float:
+    """When this boot began, on the wall clock (seconds since the epoch)."""
+    return time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
+def syslog_seq(usec: int, repeat: int) -> int:
+    """The sequence number of a syslog line: its boot-time stamp, then its place among the lines
+    with the same stamp (a traditional stamp has whole seconds; at most 1,000 are told apart)."""
+    return usec * 1000 + min(repeat, 999)
+
+
+def host_timezone(host_root: Path) -> dt.tzinfo | None:
+    """The host's zone (`<host-root>/etc/localtime`), in which a traditional syslog stamp is written;
+    None (this process's zone) when it cannot be read."""
+    try:
+        with open(host_root / "etc" / "localtime", "rb") as f:
+            return ZoneInfo.from_file(f)
+    except (OSError, ValueError, ZoneInfoNotFoundError):
+        return None
+
+
 class KmsgFollower:
-    def __init__(self, path: str, *, lookback: float | None = 0.0, poll_interval: float = 0.1) -> None:
-        """`lookback`: seconds of history to replay at start; None replays the whole log."""
+    def __init__(
+        self,
+        path: str,
+        *,
+        lookback: float | None = 0.0,
+        poll_interval: float = 0.1,
+        format: str = "kmsg",
+        tz: dt.tzinfo | None = None,
+    ) -> None:
+        """`lookback`: seconds of history to replay at start; None replays the whole log (of this
+        boot). `format`: one of `KERNEL_LOG_FORMATS`. `tz`: the zone of a syslog file's stamps
+        without offset (None: this process's)."""
+        if format not in KERNEL_LOG_FORMATS:
+            raise ValueError(f"kernel log format must be one of {', '.join(KERNEL_LOG_FORMATS)}, not {format!r}")
         self.path = path
         self.lookback = lookback
         self.poll_interval = poll_interval
+        self.format = format
+        self.tz = tz
+        self._boot = boot_wall_time()
+        self._last_usec = -1
+        self._repeat = 0
 
-    def _cutoff(self) -> int | None:
+    def _cutoff(self) -> float | None:
+        """Records older than this are history not replayed: kmsg, boot-time microseconds; syslog,
+        wall-clock seconds."""
+        if self.format == "syslog":
+            begin = self._boot - BOOT_SLACK
+            # whole seconds: a traditional stamp is truncated to its second
+            return begin if self.lookback is None else max(begin, float(int(time.time() - self.lookback)))
         if self.lookback is None:
             return None
         return boot_time_usec() - int(self.lookback * 1_000_000)
 
-    def _parse(self, text: str, cutoff: int | None) -> KmsgRecord | Malformed | None:
+    def _parse(self, text: str, cutoff: float | None) -> KmsgRecord | Malformed | None:
+        if self.format == "syslog":
+            return self._parse_syslog(text, cutoff)
         try:
             record = parse_record(text)
         except ValueError as exc:
@@ -57,14 +127,31 @@ class KmsgFollower:
             return None
         return record
 
+    def _parse_syslog(self, text: str, cutoff: float | None) -> KmsgRecord | Malformed | None:
+        try:
+            record = parse_syslog_line(text, now=time.time(), tz=self.tz, boot=self._boot)
+        except ValueError as exc:
+            return Malformed(text[:200], str(exc))
+        if record is None:
+            return None
+        if cutoff is not None and record.wall is not None and record.wall < cutoff:
+            return None
+        self._repeat = self._repeat + 1 if record.usec == self._last_usec else 0
+        self._last_usec = record.usec
+        return replace(record, seq=syslog_seq(record.usec, self._repeat))
+
     async def follow(self, stop: asyncio.Event) -> AsyncIterator[KmsgRecord | Malformed]:
         st = os.stat(self.path)  # a clear FileNotFoundError/PermissionError for the caller
-        if stat.S_ISCHR(st.st_mode):
+        if stat.S_ISCHR(st.st_mode) and self.format == "kmsg":
             async for item in self._follow_device(stop):
                 yield item
-        else:
+        elif stat.S_ISREG(st.st_mode) or self.format == "kmsg":
             async for item in self._follow_file(stop):
                 yield item
+        else:
+            raise OSError(
+                errno.EINVAL, "a syslog kernel log must be a regular file, such as /var/log/kern.log", self.path
+            )
 
     async def _follow_device(self, stop: asyncio.Event) -> AsyncIterator[KmsgRecord | Malformed]:
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -96,43 +183,112 @@ class KmsgFollower:
             os.close(fd)
 
     async def _follow_file(self, stop: asyncio.Event) -> AsyncIterator[KmsgRecord | Malformed]:
+        """A regular file, followed through replacement (rotation by rename, a simulated node's new
+        boot) and truncation (copytruncate). The open file is kept: when the path names another file,
+        the old one is read on until the new one has a line (the writer has moved over), then to its
+        end, and only then the new one from its start, so no line is lost, read twice or out of order."""
         cutoff = self._cutoff()
-        offset = 0
-        inode = None
+        split = _split_lines if self.format == "syslog" else split_records
+        f = None
+        ident: tuple[int, int] | None = None
         tail = ""
+        head = b""  # the file's first bytes: a file truncated and written past where we were starts otherwise
         first = True
-        while not stop.is_set():
-            try:
-                st = os.stat(self.path)
-            except FileNotFoundError:
-                await self._sleep(stop)
-                continue
-            if inode is not None and (st.st_ino != inode or st.st_size < offset):
-                log.info("kernel log file was replaced or truncated: reading it from the start")
-                offset, tail = 0, ""
-                cutoff = None
-            if first and self.lookback == 0:
-                offset = st.st_size  # follow from the current end
-                cutoff = None
-            first = False
-            inode = st.st_ino
-            if st.st_size <= offset:
-                await self._sleep(stop)
-                continue
-            with open(self.path, "rb") as f:  # noqa: ASYNC230 - a local file; reads are small and bounded
-                f.seek(offset)
-                while not stop.is_set():
-                    chunk = f.read(_READ_CHUNK)
-                    if not chunk:
-                        break
-                    offset += len(chunk)
-                    records, tail = split_records(tail + chunk.decode("utf-8", "replace"))
-                    for text in records:
-                        item = self._parse(text, cutoff)
-                        if item is not None:
+        try:
+            while not stop.is_set():
+                if f is None:
+                    try:
+                        f = open(self.path, "rb")  # noqa: ASYNC230, SIM115 - a local file, kept open across polls
+                    except FileNotFoundError:
+                        first = False  # a file that appears later is all new
+                        await self._sleep(stop)
+                        continue
+                    st = os.fstat(f.fileno())
+                    ident, tail, head = (st.st_dev, st.st_ino), "", b""
+                    if first and self.lookback == 0:
+                        f.seek(0, os.SEEK_END)  # follow from the current end
+                        cutoff = None
+                    first = False
+                if os.fstat(f.fileno()).st_size < f.tell() or _rewritten(f, head):
+                    log.info("kernel log file %s was truncated: reading it from its start", self.path)
+                    f.seek(0)
+                    tail, head = "", b""
+                async for item in self._read_on(f, split, tail, cutoff, stop):
+                    if isinstance(item, str):
+                        tail = item
+                    else:
+                        yield item
+                cutoff = None  # the look-back applies to the history present at start only
+                try:
+                    now = os.stat(self.path)
+                except FileNotFoundError:
+                    now = None  # renamed away, its successor not there yet: the old one may still grow
+                if now is not None and (now.st_dev, now.st_ino) != ident:
+                    if now.st_size == 0:
+                        # logrotate's `create` makes the new file before the daemon is told to reopen: until
+                        # the daemon writes there, it may still write to the old one
+                        await self._sleep(stop)
+                        continue
+                    async for item in self._read_on(f, split, tail, None, stop):  # what came since
+                        if isinstance(item, str):
+                            tail = item
+                        else:
                             yield item
-                    await asyncio.sleep(0)  # a flood must not starve the rest of the service
-            cutoff = None  # the look-back applies to the history present at start only
+                    last = self._parse(tail, None) if tail.strip() and self.format == "syslog" else None
+                    if last is not None:  # an unfinished last line: all there will be of it
+                        yield last
+                    log.info("kernel log file %s was replaced: reading the new one from its start", self.path)
+                    f.close()
+                    f, tail = None, ""
+                    continue
+                head = _head(f, head)
+                await self._sleep(stop)
+        finally:
+            if f is not None:
+                f.close()
+
+    async def _read_on(
+        self,
+        f: IO[bytes],
+        split: Callable[[str], tuple[list[str], str]],
+        tail: str,
+        cutoff: float | None,
+        stop: asyncio.Event,
+    ) -> AsyncIterator[KmsgRecord | Malformed | str]:
+        """Records from `f`'s position to its end; the unfinished tail comes last, as a str."""
+        while not stop.is_set():
+            chunk = f.read(_READ_CHUNK)
+            if not chunk:
+                break
+            records, tail = split(tail + chunk.decode("utf-8", "replace"))
+            for text in records:
+                item = self._parse(text, cutoff)
+                if item is not None:
+                    yield item
+            await asyncio.sleep(0)  # a flood must not starve the rest of the service
+        yield tail
 
     async def _sleep(self, stop: asyncio.Event) -> None:
         await sleep_or_stop(stop, self.poll_interval)
+
+
+def _split_lines(chunk: str) -> tuple[list[str], str]:
+    lines = chunk.split("\n")
+    tail = lines.pop()
+    return lines, tail
+
+
+_HEAD_BYTES = 256
+
+
+def _head(f: IO[bytes], known: bytes) -> bytes:
+    """The file's first bytes, read again only while fewer than `_HEAD_BYTES` are known."""
+    if len(known) >= _HEAD_BYTES:
+        return known
+    return os.pread(f.fileno(), _HEAD_BYTES, 0)
+
+
+def _rewritten(f: IO[bytes], head: bytes) -> bool:
+    """copytruncate, then more written than we had read, before we looked: the size alone does not
+    show it, the first bytes do (a log only ever grows at its end)."""
+    return bool(head) and os.pread(f.fileno(), len(head), 0) != head

@@ -4,6 +4,7 @@ device presence and error counters, the kernel log, and the problem detector's p
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -123,13 +124,25 @@ class KmsgWatcher:
     """NEURON_HW_ERR lines naming a device make that device Unhealthy. The whole log of this
     boot is read at start, so a restart of the plugin does not forget an error."""
 
-    def __init__(self, state: HealthSink, path: Path, retry: float = 30.0, file_poll: float = 1.0) -> None:
-        """`file_poll`: how often a kernel-log *file* (a simulated node) is read again; /dev/kmsg
-        itself wakes the follower, so this does not apply to it."""
+    def __init__(
+        self,
+        state: HealthSink,
+        path: Path,
+        retry: float = 30.0,
+        file_poll: float = 1.0,
+        *,
+        format: str = "kmsg",
+        tz: dt.tzinfo | None = None,
+    ) -> None:
+        """`file_poll`: how often a kernel-log *file* (a simulated node, a syslog file) is read again;
+        /dev/kmsg itself wakes the follower, so this does not apply to it. `format` and `tz`: as
+        `KmsgFollower`'s."""
         self.state = state
         self.path = path
         self.retry = retry
         self.file_poll = file_poll
+        self.format = format
+        self.tz = tz
 
     def handle(self, message: str) -> None:
         for found in faults.match_kernel_line(message):
@@ -148,7 +161,9 @@ class KmsgWatcher:
         while not stop.is_set():
             # The problem detector is the prompt reader of the kernel log; here it is a second
             # source, polled gently.
-            follower = KmsgFollower(str(self.path), lookback=None, poll_interval=self.file_poll)
+            follower = KmsgFollower(
+                str(self.path), lookback=None, poll_interval=self.file_poll, format=self.format, tz=self.tz
+            )
             try:
                 async for item in follower.follow(stop):
                     if isinstance(item, Malformed):

@@ -27,6 +27,7 @@ from neuron_device_plugin.server import DevicePluginServicer
 from neuron_device_plugin.state import PluginState
 from neuron_driver.inventory import scan
 from neuron_driver.ultraserver import read_ultraserver
+from neuron_health.kernel_log import host_timezone
 from neuron_health.monitor import HealthMonitor, KmsgWatcher
 from neuron_model.ultraserver import LABELS_FIELD_MANAGER, node_labels
 
@@ -164,7 +165,13 @@ class Plugin:
             "holdings": self._poll_holdings,
         }
         if self.config.kmsg_path is not None:
-            kmsg = KmsgWatcher(self.state, self.config.kmsg_path, file_poll=self.kmsg_file_poll)
+            kmsg = KmsgWatcher(
+                self.state,
+                self.config.kmsg_path,
+                file_poll=self.kmsg_file_poll,
+                format=self.config.kernel_log_format,
+                tz=host_timezone(self.config.host_root),
+            )
             loops["kmsg"] = lambda: kmsg.run(self.stop)
         if self.labeler is not None:
             labeler = self.labeler

@@ -62,6 +62,7 @@ class Config:
     node_report_interval: float
     ultraserver_env: int | None = None  # --ultraserver-env: the job's nodes; None: off
     metrics_security: MetricsSecurity | None = None  # --metrics-auth=kubernetes
+    kernel_log_format: str = "kmsg"  # --kernel-log-format of kmsg_path
 
     @property
     def resources(self) -> list[resources.Resource]:
@@ -187,7 +188,8 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         holdings_interval=a.holdings_interval,
         shutdown_drain=a.shutdown_drain,
         pending_ttl=a.pending_ttl,
-        kmsg_path=resolve_kmsg(a.kmsg_path, layout.HostLayout(a.host_root).kmsg),
+        kmsg_path=resolve_kmsg(a.kmsg_path, layout.HostLayout(a.host_root).kmsg, a.kernel_log_format, p),
+        kernel_log_format=a.kernel_log_format,
         cdi=a.cdi,
         cdi_spec_dir=a.cdi_spec_dir,
         verdict_dir=optional_path(a.verdict_dir),

@@ -25,6 +25,7 @@ from neuron_driver import layout
 from neuron_driver.inventory import scan
 from neuron_driver.ultraserver import read_ultraserver
 from neuron_health.device_health import DeviceHealth
+from neuron_health.kernel_log import host_timezone
 from neuron_health.monitor import HealthMonitor, KmsgWatcher
 from neuron_model.ultraserver import LABELS_FIELD_MANAGER, node_labels
 
@@ -149,7 +150,7 @@ class DraDriver:
             "health": lambda: self.monitor.run(self.stop),
         }
         if c.kmsg_path is not None:
-            kmsg = KmsgWatcher(self.health, c.kmsg_path)
+            kmsg = KmsgWatcher(self.health, c.kmsg_path, format=c.kernel_log_format, tz=host_timezone(c.host_root))
             loops["kmsg"] = lambda: kmsg.run(self.stop)
         if self.labeler is not None:
             labeler = self.labeler

@@ -53,6 +53,7 @@ class Config:
     api_timeout: float
     metrics_security: MetricsSecurity | None = None  # --metrics-auth=kubernetes
     ultraserver_labels: bool = False
+    kernel_log_format: str = "kmsg"  # --kernel-log-format of kmsg_path
 
     @property
     def dra_socket(self) -> Path:
@@ -150,7 +151,8 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         metrics_security=resolve_metrics_security(p, a.metrics_auth, a.tls_cert_file, a.tls_key_file),
         health_interval=a.health_interval,
         health_quiet_period=a.health_quiet_period,
-        kmsg_path=resolve_kmsg(a.kmsg_path, layout.HostLayout(a.host_root).kmsg),
+        kmsg_path=resolve_kmsg(a.kmsg_path, layout.HostLayout(a.host_root).kmsg, a.kernel_log_format, p),
+        kernel_log_format=a.kernel_log_format,
         verdict_dir=optional_path(a.verdict_dir),
         publish_cores=a.publish_cores,
         publish_groups=a.publish_groups,

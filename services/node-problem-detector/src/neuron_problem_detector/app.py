@@ -16,7 +16,7 @@ from neuron_common.supervisor import Loop, Supervisor
 from neuron_driver.counters import CounterKind, CounterReader, device_totals, devices_reset
 from neuron_driver.inventory import InventoryTracker, NodeInventory
 from neuron_health import verdicts
-from neuron_health.kernel_log import KmsgFollower, Malformed
+from neuron_health.kernel_log import KmsgFollower, Malformed, host_timezone
 from neuron_problem_detector import rules as rules_mod
 from neuron_problem_detector.config import API_TIMEOUT, Config
 from neuron_problem_detector.detector import Problem, load_state, save_state, wall_now
@@ -95,6 +95,7 @@ class Detector:
             host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready, secure=secure
         )
         self._kmsg_ok = False
+        self._tz = host_timezone(config.host_root)
         self._counters_previous: dict[tuple[int, str], int] | None = None
         self._tracker: InventoryTracker | None = None
         self._reader: CounterReader | None = None
@@ -164,8 +165,17 @@ class Detector:
     async def follow_kmsg(self) -> None:
         warned = False
         while not self.stop.is_set():
-            # /dev/kmsg wakes the loop itself; a kernel-log *file* (a simulated node) is polled
-            follower = KmsgFollower(str(self.config.kmsg_path), lookback=self.config.lookback, poll_interval=0.25)
+            # /dev/kmsg wakes the loop itself; a kernel-log *file* (a simulated node, syslog) is polled
+            follower = KmsgFollower(
+                str(self.config.kmsg_path),
+                lookback=self.config.lookback,
+                poll_interval=0.25,
+                format=self.config.kernel_log_format,
+                tz=self._tz,
+            )
+            if self.state.seq_source != self.config.kernel_log_format:
+                # the other format numbers its records otherwise: its last number says nothing here
+                self.state.seq_source, self.state.last_seq = self.config.kernel_log_format, -1
             try:
                 async for item in follower.follow(self.stop):
                     self._kmsg_ok = True
@@ -182,11 +192,17 @@ class Detector:
             except OSError as exc:
                 self._kmsg_ok = False
                 if not warned:
+                    hint = (
+                        "the host's syslog daemon writes it (rsyslog; Amazon Linux 2023 and Bottlerocket have "
+                        "none: read /dev/kmsg there)"
+                        if self.config.kernel_log_format == "syslog"
+                        else "reading /dev/kmsg needs CAP_SYSLOG where kernel.dmesg_restrict=1"
+                    )
                     log.error(
-                        "cannot read the kernel log %s: %s (reading /dev/kmsg needs CAP_SYSLOG where "
-                        "kernel.dmesg_restrict=1); retrying every 10 s",
+                        "cannot read the kernel log %s: %s (%s); retrying every 10 s",
                         self.config.kmsg_path,
                         exc.strerror or exc,
+                        hint,
                     )
                     warned = True
                 await sleep_or_stop(self.stop, 10)

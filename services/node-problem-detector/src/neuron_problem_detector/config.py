@@ -13,8 +13,10 @@ from neuron_common.config import (
     MetricsSecurity,
     add_api_flags,
     add_host_flags,
+    add_kernel_log_flags,
     add_node_flag,
     add_serving_flags,
+    check_kernel_log,
     non_negative_duration,
     optional_path,
     positive_duration,
@@ -47,6 +49,7 @@ class Config:
     taint: bool
     cordon: bool
     metrics_security: MetricsSecurity | None = None  # --metrics-auth=kubernetes
+    kernel_log_format: str = "kmsg"  # --kernel-log-format of kmsg_path
 
 
 def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
@@ -59,7 +62,7 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         env=env,
     )
     add_host_flags(p, found="sys/, dev/ and proc/")
-    p.add_flag("--kmsg-path", default="", help="kernel log to follow (default <host-root>/dev/kmsg)")
+    add_kernel_log_flags(p, "kernel log to follow")
     add_node_flag(p)
     add_api_flags(p)
     p.add_flag(
@@ -115,9 +118,11 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         sys.stdout.write(default_text())
         p.exit(0)
     node = resolve_node_name(p, a.node_name, environ)
+    check_kernel_log(p, a.kmsg_path, a.kernel_log_format)
     return Config(
         host_root=a.host_root,
         kmsg_path=Path(a.kmsg_path) if a.kmsg_path else layout.HostLayout(a.host_root).kmsg,
+        kernel_log_format=a.kernel_log_format,
         node_name=node,
         kubeconfig=a.kubeconfig or None,
         rules=optional_path(a.rules),

@@ -49,6 +49,7 @@ class ConditionStatus:
 class DetectorState:
     boot_id: str | None = None
     last_seq: int = -1  # highest kernel log sequence number handled on this boot
+    seq_source: str = "kmsg"  # the kernel log format that numbered last_seq (kmsg and syslog number apart)
     problems: dict[str, Problem] = field(default_factory=dict)
     transitions: dict[str, float] = field(default_factory=dict)  # condition type -> last change
     statuses: dict[str, str] = field(default_factory=dict)  # condition type -> last status
@@ -130,6 +131,7 @@ class DetectorState:
             {
                 "boot_id": self.boot_id,
                 "last_seq": self.last_seq,
+                "seq_source": self.seq_source,
                 "problems": [asdict(p) for p in self.problems.values()],
                 "transitions": self.transitions,
                 "statuses": self.statuses,
@@ -139,7 +141,11 @@ class DetectorState:
     @classmethod
     def from_json(cls, text: str) -> DetectorState:
         data: dict[str, Any] = json.loads(text)
-        state = cls(boot_id=data.get("boot_id"), last_seq=int(data.get("last_seq", -1)))
+        state = cls(
+            boot_id=data.get("boot_id"),
+            last_seq=int(data.get("last_seq", -1)),
+            seq_source=str(data.get("seq_source", "kmsg")),
+        )
         known = {f.name for f in fields(Problem)}
         for raw in data.get("problems", []):
             # a state file written by an older version may carry fields this one dropped

@@ -1,0 +1,227 @@
+"""Following a syslog text file of kernel lines (neuron_health.kernel_log, format "syslog"): look-back
+bounded by this boot, garbage counted, rotation by rename and by copytruncate without a line lost or
+read twice. Real files in a temporary directory; rotation is done the way logrotate does it."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import datetime as dt
+import os
+import shutil
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from neuron_driver.kmsg import KmsgRecord, format_record
+from neuron_health import kernel_log
+from neuron_health.kernel_log import KmsgFollower, Malformed
+
+BOOT_AGO = 3600.0  # this test's boot began an hour ago
+
+
+def stamp(ago: float) -> str:
+    return dt.datetime.fromtimestamp(time.time() - ago, dt.UTC).isoformat()
+
+
+def line(text: str, ago: float = 0.0, printk: float | None = None) -> str:
+    pk = f"[{printk:12.6f}] " if printk is not None else ""
+    return f"{stamp(ago)} ip-10-0-0-1 kernel: {pk}{text}\n"
+
+
+@pytest.fixture(autouse=True)
+def boot(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel_log, "boot_wall_time", lambda: time.time() - BOOT_AGO)
+
+
+class Reader:
+    def __init__(self, path: Path, lookback: float | None, format: str) -> None:
+        self.items: list[KmsgRecord | Malformed] = []
+        self.stop = asyncio.Event()
+        self.follower = KmsgFollower(str(path), lookback=lookback, poll_interval=0.02, format=format)
+        self.task = asyncio.create_task(self._run())
+
+    async def _run(self) -> None:
+        async for item in self.follower.follow(self.stop):
+            self.items.append(item)
+
+    @property
+    def messages(self) -> list[str]:
+        return [i.message for i in self.items if isinstance(i, KmsgRecord)]
+
+    async def until(self, predicate: Callable[[], bool], timeout: float = 5.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            assert time.monotonic() < deadline, f"not met in time; read {self.items}"
+            await asyncio.sleep(0.02)
+
+    async def settle(self) -> None:
+        await asyncio.sleep(0.2)  # several polls
+
+
+@contextlib.asynccontextmanager
+async def reading(path: Path, lookback: float | None = 0.0, format: str = "syslog") -> AsyncIterator[Reader]:
+    reader = Reader(path, lookback, format)
+    await reader.settle()  # the file is open and, without look-back, read to its end
+    try:
+        yield reader
+    finally:
+        reader.stop.set()
+        await asyncio.wait_for(reader.task, 5)
+
+
+def append(path: Path, text: str) -> None:
+    with path.open("a") as f:
+        f.write(text)
+
+
+async def test_look_back_is_bounded_by_the_window_and_by_this_boot(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(
+        line("the boot before's error", ago=BOOT_AGO + 600, printk=3000.0)
+        + line("this boot, long ago", ago=BOOT_AGO - 10, printk=10.0)
+        + f"{stamp(30)} ip-10-0-0-1 systemd[1]: Started something.\n"
+        + "garbage that is no syslog line\n"
+        + line("this boot, recent", ago=20, printk=3580.0)
+    )
+    async with reading(log, lookback=60) as r:
+        await r.until(lambda: len(r.items) == 2)
+        await r.settle()
+        assert r.messages == ["this boot, recent"]
+        [bad] = [i for i in r.items if isinstance(i, Malformed)]
+        assert "garbage" in bad.text
+    # the device plugin's whole-log reading: this boot's lines only
+    async with reading(log, lookback=None) as r:
+        await r.until(lambda: len(r.messages) == 2)
+        await r.settle()
+        assert r.messages == ["this boot, long ago", "this boot, recent"]
+
+
+async def test_follows_from_the_end_and_joins_a_line_written_in_pieces(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text(line("before we started", ago=1))
+    async with reading(log) as r:
+        await r.settle()
+        whole = line("NEURON_HW_ERR=DMA_ERROR nd-id=2 nc-id=0")
+        append(log, whole[:25])
+        await r.settle()
+        assert r.items == []
+        append(log, whole[25:])
+        await r.until(lambda: r.messages == ["NEURON_HW_ERR=DMA_ERROR nd-id=2 nc-id=0"])
+
+
+async def test_lines_are_numbered_in_order_through_the_boot(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    async with reading(log) as r:
+        same = dt.datetime.fromtimestamp(int(time.time()) - 1, dt.UTC).isoformat()
+        append(log, "".join(f"{same} ip kernel: line {n}\n" for n in range(5)) + line("later", printk=BOOT_AGO))
+        await r.until(lambda: len(r.messages) == 6)
+        seqs = [i.seq for i in r.items if isinstance(i, KmsgRecord)]
+        assert seqs == sorted(seqs)
+        assert len(set(seqs)) == 6
+
+
+async def test_rotation_by_rename_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    log = tmp_path / "messages"
+    log.write_text("")
+    async with reading(log) as r:
+        append(log, line("one"))
+        await r.until(lambda: r.messages == ["one"])
+        # logrotate renames the file and creates the new one (`create`); the daemon writes on to the
+        # renamed file until postrotate tells it to reopen
+        with log.open("a") as daemon:
+            os.rename(log, tmp_path / "messages.1")
+            daemon.write(line("two, to the renamed file"))
+            daemon.flush()
+            await r.settle()
+            log.touch()
+            await r.settle()
+            daemon.write(line("three, to the renamed file after the new one was created"))
+        append(log, line("four, to the new file"))
+        append(log, line("five"))
+        await r.until(lambda: len(r.messages) >= 5)
+        await r.settle()
+        assert r.messages == [
+            "one",
+            "two, to the renamed file",
+            "three, to the renamed file after the new one was created",
+            "four, to the new file",
+            "five",
+        ]
+
+
+async def test_copytruncate_is_read_again_from_the_start(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    async with reading(log) as r:
+        append(log, line("one") + line("two"))
+        await r.until(lambda: len(r.messages) == 2)
+        shutil.copyfile(log, tmp_path / "kern.log.1")
+        os.truncate(log, 0)
+        await r.settle()
+        append(log, line("three"))
+        await r.until(lambda: len(r.messages) >= 3)
+        await r.settle()
+        assert r.messages == ["one", "two", "three"]
+
+
+async def test_copytruncate_then_more_than_was_read_before_the_next_look(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    async with reading(log) as r:
+        append(log, line("one"))
+        await r.until(lambda: r.messages == ["one"])
+        # no await between: the follower cannot look while the file is short
+        shutil.copyfile(log, tmp_path / "kern.log.1")
+        os.truncate(log, 0)
+        append(log, line("two, a line longer than the first one was") + line("three"))
+        await r.until(lambda: len(r.messages) >= 3)
+        await r.settle()
+        assert r.messages == ["one", "two, a line longer than the first one was", "three"]
+        assert not [i for i in r.items if isinstance(i, Malformed)]
+
+
+async def test_a_file_that_appears_later_is_read_from_its_start(tmp_path: Path) -> None:
+    log = tmp_path / "kern.log"
+    log.write_text("")
+    async with reading(log) as r:
+        os.unlink(log)
+        await r.settle()
+        log.write_text(line("first line of the new file"))
+        await r.until(lambda: r.messages == ["first line of the new file"])
+
+
+async def test_the_kmsg_format_of_a_file_is_unchanged(tmp_path: Path) -> None:
+    kmsg = tmp_path / "kmsg"
+    usec = kernel_log.boot_time_usec()
+    kmsg.write_text(format_record(3, 1, usec, "old") + "not a record\n")
+    async with reading(kmsg, lookback=None, format="kmsg") as r:
+        append(kmsg, format_record(3, 2, usec + 1, "new"))
+        await r.until(lambda: len(r.items) == 3)
+        assert [i.message if isinstance(i, KmsgRecord) else "malformed" for i in r.items] == ["old", "malformed", "new"]
+
+
+async def test_a_character_device_is_refused_as_syslog() -> None:
+    with pytest.raises(OSError, match="regular file"):
+        async for _ in KmsgFollower("/dev/null", format="syslog").follow(asyncio.Event()):
+            pass
+
+
+def test_an_unknown_format_is_refused() -> None:
+    with pytest.raises(ValueError, match="kmsg, syslog"):
+        KmsgFollower("/dev/null", format="journal")
+
+
+def test_the_hosts_zone_is_read_from_its_localtime(tmp_path: Path) -> None:
+    assert kernel_log.host_timezone(tmp_path) is None  # none there: this process's zone
+    zone = Path("/usr/share/zoneinfo/Asia/Tokyo")
+    if not zone.exists():
+        pytest.skip("no zoneinfo on this machine")
+    (tmp_path / "etc").mkdir()
+    shutil.copyfile(zone, tmp_path / "etc" / "localtime")
+    tz = kernel_log.host_timezone(tmp_path)
+    assert tz is not None
+    assert dt.datetime(2026, 11, 26, tzinfo=tz).utcoffset() == dt.timedelta(hours=9)
