@@ -37,7 +37,11 @@ def main(argv: list[str]) -> int:
             print(f"\n== {module.TITLE}\n  FAILED: {e}", flush=True)
             failed.append(f"{module.TITLE}: {e}")
             continue
-        except Exception as e:  # one bench's crash must not hide the others' figures
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        # one bench's crash must not hide the others' figures; BaseException because the test helpers the
+        # benches share (the chart's render) fail with pytest.fail, which is no Exception
+        except BaseException as e:
             traceback.print_exc()
             print(f"\n== {module.TITLE}\n  FAILED: {type(e).__name__}: {e}", flush=True)
             failed.append(f"{module.TITLE}: {type(e).__name__}: {e}")
