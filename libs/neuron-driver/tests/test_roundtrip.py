@@ -16,7 +16,7 @@ from neuron_model.instance_types import INSTANCE_TYPES
 from neuron_sim import node as sim
 
 CASES = [(name, None) for name in INSTANCE_TYPES] + [
-    (name, lnc) for name in INSTANCE_TYPES if name.startswith("trn2") for lnc in (1, 2)
+    (name, lnc) for name, it in INSTANCE_TYPES.items() if len(it.family.supported_lnc) > 1 for lnc in (1, 2)
 ]
 
 
@@ -46,7 +46,7 @@ def test_round_trip_agrees_with_table(tmp_path: Path, name: str, lnc: int | None
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("name", ["inf1.6xlarge", "trn1.32xlarge", "trn2.48xlarge"])
+@pytest.mark.parametrize("name", ["inf1.6xlarge", "trn1.32xlarge", "trn2.48xlarge", "trn3.48xlarge"])
 def test_cli_json_agrees_with_table(tmp_path: Path, name: str) -> None:
     create = subprocess.run(
         [sys.executable, "-m", "neuron_sim.cli", "create", "--instance-type", name, "--root", str(tmp_path)],

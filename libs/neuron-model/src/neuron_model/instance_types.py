@@ -73,6 +73,9 @@ class Trn3Unconfirmed:
     default_lnc: int = 2
     # unconfirmed: the sockets the devices spread over (only the simulator's PCI tree uses it).
     numa_nodes: int = 2
+    # unconfirmed: the modes a trn3.48xlarge (PDS, node_cnt 4) lists in `ultraserver_mode`, as the driver's
+    # mode numbers (1 = X4, 4 = X1; share/neuron_driver_shared.h): what the simulator writes.
+    pds_modes: tuple[int, ...] = (1, 4)
 
 
 TRN3_UNCONFIRMED: Final = Trn3Unconfirmed()
