@@ -76,6 +76,12 @@ def test_trainium3_is_a_switch_of_eight_core_devices_with_its_driver_names() -> 
     assert not get_instance_type("trn3e.24xlarge").ultraserver
 
 
+def test_a_trainium3_node_without_a_product_name_is_told_by_its_device_count() -> None:
+    assert guess_instance_type("Trn3", 16) == get_instance_type("trn3.48xlarge")
+    assert guess_instance_type("Trn3", 4) == get_instance_type("trn3e.24xlarge")
+    assert guess_instance_type("Trn3", 1) is None  # the driver's single-device 3xlarge types are not in the table
+
+
 def test_trainium3_unconfirmed_facts_live_in_one_place() -> None:
     from neuron_model.instance_types import TRN3_UNCONFIRMED
 

@@ -49,7 +49,7 @@ class Family:
     physical_cores_per_device: int
     memory_bytes_per_device: int
     pci_device_ids: tuple[int, ...]
-    has_serial_number: bool  # info/serial_number exists on v2/v3 devices only
+    has_serial_number: bool  # info/serial_number exists on v2, v3 and v4 devices only
     supported_lnc: tuple[int, ...]  # logical-core settings the runtime accepts
     default_lnc: int
 
