@@ -194,7 +194,9 @@ class JobWorker:
     fqdn: str  # the pod's fully qualified host name
 
     def sort_key(self) -> tuple[bytes, bytes, bytes]:
-        # `sort -t: -k1,1 -k2,2 -k3,3` compares each field as text (byte order, as in the C locale)
+        # `sort -t: -k1,1 -k2,2 -k3,3` compares each field as text. Unconfirmed: byte order, as `sort` does
+        # in the C locale; the script does not set one, and another locale's collation may order FQDNs
+        # with `-` or `.` differently (ids, hex digits and digits, order alike in any locale).
         return (self.server_id.encode(), str(self.node_id).encode(), self.fqdn.encode())
 
 
