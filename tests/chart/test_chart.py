@@ -656,7 +656,21 @@ def test_nfd_placement_and_its_rule() -> None:
     (rule,) = of_kind(docs, "NodeFeatureRule")
     expressions = rule["spec"]["rules"][0]["matchFeatures"][0]["matchExpressions"]
     assert expressions["vendor"] == {"op": "In", "value": ["1d0f"]}
-    assert set(expressions["device"]["value"]) == {"7064", "7065", "7066", "7067", "7164", "7264", "7364"}
+    assert set(expressions["device"]["value"]) == {
+        "7064",
+        "7065",
+        "7066",
+        "7067",
+        "7164",
+        "7264",
+        "7364",
+        "7564",
+        "7565",
+    }
+    from neuron_model.pci import neuron_device_ids
+
+    # every id of the node model, and nothing else
+    assert set(expressions["device"]["value"]) == {f"{i:04x}" for i in neuron_device_ids()}
 
 
 def test_node_feature_rule_needs_its_api_or_force() -> None:

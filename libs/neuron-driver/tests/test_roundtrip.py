@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from neuron_driver import layout
 from neuron_driver.inventory import InstanceTypeSource, TopologySource, scan, topology_from
 from neuron_driver.lnc import LncSource
 from neuron_model.allocator import topology_for
@@ -16,7 +17,7 @@ from neuron_model.instance_types import INSTANCE_TYPES
 from neuron_sim import node as sim
 
 CASES = [(name, None) for name in INSTANCE_TYPES] + [
-    (name, lnc) for name in INSTANCE_TYPES if name.startswith("trn2") for lnc in (1, 2)
+    (name, lnc) for name, it in INSTANCE_TYPES.items() if len(it.family.supported_lnc) > 1 for lnc in (1, 2)
 ]
 
 
@@ -46,7 +47,7 @@ def test_round_trip_agrees_with_table(tmp_path: Path, name: str, lnc: int | None
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("name", ["inf1.6xlarge", "trn1.32xlarge", "trn2.48xlarge"])
+@pytest.mark.parametrize("name", ["inf1.6xlarge", "trn1.32xlarge", "trn2.48xlarge", "trn3.48xlarge"])
 def test_cli_json_agrees_with_table(tmp_path: Path, name: str) -> None:
     create = subprocess.run(
         [sys.executable, "-m", "neuron_sim.cli", "create", "--instance-type", name, "--root", str(tmp_path)],
@@ -91,3 +92,19 @@ def test_cli_text_table_and_exit_code_on_empty_root(tmp_path: Path) -> None:
     )
     assert empty.returncode == 1
     assert "is the driver loaded?" in empty.stdout
+
+
+def test_a_trainium3_node_whose_driver_lists_trn2s_torus_is_still_a_switch(tmp_path: Path) -> None:
+    """Today's driver lists trn2's torus neighbours in connected_devices on Trainium3 ("TODO PDS update",
+    v3/neuron_dhal_v3.c): no mismatch issue, and every set of devices stays connected."""
+    it = sim.create(tmp_path, "trn3.48xlarge")
+    torus = INSTANCE_TYPES["trn2.48xlarge"].adjacency()
+    for d, links in torus.items():
+        device_dir = layout.HostLayout(tmp_path).devices_dir / f"neuron{d}"
+        sim.write_attr(device_dir / "connected_devices", ", ".join(map(str, links)) + "\n")
+    inv = scan(tmp_path, env={})
+    assert inv.issues == ()
+    assert dict(inv.adjacency) == torus
+    topo = topology_from(inv)
+    assert topo.connected(1 << 0 | 1 << 10)  # no torus link, yet connected through the switch
+    assert it.devices == topo.device_count

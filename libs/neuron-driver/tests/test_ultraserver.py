@@ -198,3 +198,36 @@ def test_no_labels_without_an_identity(tmp_path: Path) -> None:
     assert node_labels(reading) == {}
     sim.create(tmp_path / "trn1", "trn1.32xlarge")
     assert node_labels(read_ultraserver(tmp_path / "trn1")) == {}
+
+
+def test_a_simulated_trainium3_reservation_is_four_nodes_read_back(tmp_path: Path) -> None:
+    """trn3.48xlarge (PDS): the simulator writes reservation_id, node_id and node_cnt, never trn2u's."""
+    roots = sim.create_ultraserver(tmp_path, "trn3.48xlarge", server_id=SERVER)
+    directory = layout.HostLayout(roots[0]).class_dir
+    assert (directory / "node_cnt").read_text() == "4\n"
+    assert not (directory / "node_id_4").exists()
+    readings = [read_ultraserver(root) for root in roots]
+    assert {r.state for r in readings} == {State.IDENTIFIED}
+    identities = [r.identity for r in readings if r.identity is not None]
+    assert [i.group(4) for i in identities] == [(SERVER, n) for n in range(4)]
+    assert all(i.group(2) is None for i in identities)
+    prefix = "neuron.amazonaws.com/ultraserver-"
+    assert node_labels(readings[2]) == {
+        prefix + "mode": "1_4",
+        prefix + "server-id-4": SERVER,
+        prefix + "node-id-4": "2",
+    }
+    assert scan(roots[1]).ultraserver == readings[1]
+    with pytest.raises(sim.SimError, match="has 4 nodes, not 2"):
+        sim.create_ultraserver(tmp_path / "two", "trn3.48xlarge", nodes=2)
+    with pytest.raises(sim.SimError, match="not an UltraServer instance type"):
+        sim.create_ultraserver(tmp_path / "max", "trn3e.24xlarge")
+
+
+def test_a_trainium3_node_while_the_election_runs_and_outside_any_reservation(tmp_path: Path) -> None:
+    root = sim.create_ultraserver(tmp_path, "trn3.48xlarge", server_id=SERVER)[0]
+    sim.write_ultraserver(root, None, busy=True, reservation=True)
+    reading = read_ultraserver(root)
+    assert (reading.state, reading.identity) == (State.PENDING, None)
+    sim.write_ultraserver(root, None, reservation=True)
+    assert read_ultraserver(root).state is State.NONE

@@ -26,6 +26,7 @@ from neuron_model.allocator import (
     choose_devices,
     core_refusal,
     device_refusal,
+    leftover_score,
     topology_for,
 )
 from neuron_model.instance_types import INSTANCE_TYPES, TopologyKind
@@ -265,3 +266,78 @@ def test_every_size_on_every_instance_type() -> None:
             assert is_range(choice.ids), (name, size, choice.ids)
             assert len(devices_of(topo, choice.ids)) == -(-size // cpd), (name, size)
             assert connected(topo, devices_of(topo, choice.ids)), (name, size)
+
+
+TRN3 = sorted(name for name, it in INSTANCE_TYPES.items() if it.topology is TopologyKind.SWITCH)
+TRN3_TOPOLOGIES = sorted(name for name in TOPOLOGIES if name.split("-lnc")[0] in TRN3)
+# What the driver's connected_devices lists on Trainium3 today: trn2's torus neighbours ("TODO PDS
+# update", aws-neuron-driver v3/neuron_dhal_v3.c fw_io_topology_v3), not the switch.
+TORUS_LINKS = INSTANCE_TYPES["trn2.48xlarge"].adjacency()
+
+
+class TestSwitch:
+    """Trainium3's NeuronSwitch: every set of a node's devices is connected."""
+
+    def test_there_are_trainium3_types(self) -> None:
+        assert TRN3 == ["trn3.48xlarge", "trn3e.24xlarge"]
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.sampled_from(TRN3_TOPOLOGIES), st.data())
+    def test_every_subset_is_a_valid_connected_group(self, name: str, data: st.DataObject) -> None:
+        topo = TOPOLOGIES[name]
+        subset = data.draw(st.sets(st.integers(0, topo.device_count - 1), min_size=1))
+        mask = sum(1 << d for d in subset)
+        assert topo.connected(mask)
+        assert connected(topo, subset)
+        assert len(subset) in topo.group_sizes
+        assert frozenset(subset) in topo.groups(len(subset))
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.sampled_from(TRN3_TOPOLOGIES), st.data())
+    def test_k_devices_always_fit_when_k_are_free(self, name: str, data: st.DataObject) -> None:
+        topo = TOPOLOGIES[name]
+        free = data.draw(st.sets(st.integers(0, topo.device_count - 1), min_size=1))
+        must = data.draw(st.sets(st.sampled_from(sorted(free)), max_size=len(free)))
+        size = data.draw(st.integers(max(1, len(must)), len(free)))
+        choice = choose_devices(topo, free, must, size)
+        assert choice.valid, choice.reason
+        assert len(choice.ids) == size
+        assert set(must) <= set(choice.ids) <= free
+        # all free devices are alike: the must devices, then the lowest
+        rest = sorted(free - must)[: size - len(must)]
+        assert choice.ids == tuple(sorted(must | set(rest)))
+        assert device_refusal(topo, free, size) == ""
+
+    @settings(max_examples=200, deadline=None)
+    @given(st.sampled_from(TRN3_TOPOLOGIES), st.data())
+    def test_k_cores_always_fit_when_k_are_free(self, name: str, data: st.DataObject) -> None:
+        topo = TOPOLOGIES[name]
+        total = topo.device_count * topo.cores_per_device
+        free = data.draw(st.sets(st.integers(0, total - 1), min_size=1))
+        size = data.draw(st.integers(1, len(free)))
+        choice = choose_cores(topo, free, (), size)
+        assert choice.valid, choice.reason
+        assert len(choice.ids) == size
+        assert set(choice.ids) <= free
+        assert core_refusal(topo, free, size) == ""
+
+    def test_the_listed_links_do_not_matter_on_a_switch(self) -> None:
+        it = INSTANCE_TYPES["trn3.48xlarge"]
+        as_the_driver_lists_them = Topology(it.topology, it.devices, TORUS_LINKS, 4)
+        # devices 0 and 10 share no torus row, column or link: on the switch they are a group
+        assert as_the_driver_lists_them.connected(1 << 0 | 1 << 10)
+        assert choose_devices(as_the_driver_lists_them, [0, 10], (), 2) == Choice((0, 10), True)
+        assert choose_cores(as_the_driver_lists_them, [0, 1, 40, 41], (), 4).valid
+
+    def test_refusals_say_how_many_are_free(self) -> None:
+        topo = TOPOLOGIES["trn3.48xlarge"]
+        choice = choose_devices(topo, [1, 2], (), 3)
+        assert not choice.valid
+        assert choice.reason == "3 devices requested, only 2 devices free (free: 1,2)"
+        assert device_refusal(topo, [1, 2], 3) == choice.reason
+
+    def test_leftover_counts_the_groups_the_free_devices_make(self) -> None:
+        topo = TOPOLOGIES["trn3e.24xlarge"]  # 4 devices, 4 logical cores each at LNC=2
+        score = leftover_score(topo, range(4, 16))  # device 0 taken
+        assert score.groups == ((3, 1), (2, 3), (1, 3))
+        assert score.reach == 12

@@ -26,6 +26,9 @@ EXPECTED = {
     "trn2.3xlarge": (1, 8, 96, TopologyKind.SINGLE, 0x7364),
     "trn2.48xlarge": (16, 8, 96, TopologyKind.TORUS_2D, 0x7364),
     "trn2u.48xlarge": (16, 8, 96, TopologyKind.TORUS_2D, 0x7364),
+    # device counts unconfirmed (instance_types.TRN3_UNCONFIRMED); cores, HBM, switch and PCI id confirmed
+    "trn3.48xlarge": (16, 8, 144, TopologyKind.SWITCH, 0x7564),
+    "trn3e.24xlarge": (4, 8, 144, TopologyKind.SWITCH, 0x7564),
 }
 
 
@@ -50,8 +53,42 @@ def test_adjacency_is_symmetric_with_the_right_degree(name: str) -> None:
         assert a not in neighbours
         for b in neighbours:
             assert a in adj[b]
-    degree = {TopologyKind.SINGLE: 0, TopologyKind.RING: 2, TopologyKind.TORUS_2D: 4}[it.topology]
-    assert all(len(n) == degree for n in adj.values())
+    kinds = {
+        TopologyKind.SINGLE: 0,
+        TopologyKind.RING: 2,
+        TopologyKind.TORUS_2D: 4,
+        TopologyKind.SWITCH: it.devices - 1,
+    }
+    assert all(len(n) == kinds[it.topology] for n in adj.values())
+
+
+def test_trainium3_is_a_switch_of_eight_core_devices_with_its_driver_names() -> None:
+    for name in ("trn3.48xlarge", "trn3e.24xlarge"):
+        it = get_instance_type(name)
+        assert it.topology is TopologyKind.SWITCH
+        assert it.torus_shape is None
+        assert it.adjacency() == {d: tuple(x for x in range(it.devices) if x != d) for d in range(it.devices)}
+        fam = it.family
+        assert (fam.arch_type, fam.sysfs_instance_type, fam.device_name, fam.core_arch) == (
+            "NDv4", "Trn3", "Trainium3", "NCv4")  # fmt: skip
+        assert fam.pci_device_ids == (0x7564, 0x7565)
+    assert get_instance_type("trn3.48xlarge").ultraserver
+    assert not get_instance_type("trn3e.24xlarge").ultraserver
+
+
+def test_a_trainium3_node_without_a_product_name_is_told_by_its_device_count() -> None:
+    assert guess_instance_type("Trn3", 16) == get_instance_type("trn3.48xlarge")
+    assert guess_instance_type("Trn3", 4) == get_instance_type("trn3e.24xlarge")
+    assert guess_instance_type("Trn3", 1) is None  # the driver's single-device 3xlarge types are not in the table
+
+
+def test_trainium3_unconfirmed_facts_live_in_one_place() -> None:
+    from neuron_model.instance_types import TRN3_UNCONFIRMED
+
+    assert get_instance_type("trn3.48xlarge").devices == TRN3_UNCONFIRMED.trn3_48xlarge_devices
+    assert get_instance_type("trn3e.24xlarge").devices == TRN3_UNCONFIRMED.trn3e_24xlarge_devices
+    fam = get_instance_type("trn3.48xlarge").family
+    assert (fam.supported_lnc, fam.default_lnc) == (TRN3_UNCONFIRMED.supported_lnc, TRN3_UNCONFIRMED.default_lnc)
 
 
 def test_ring_links_consecutive_devices() -> None:

@@ -30,7 +30,7 @@ def read_functions(root: Path) -> dict[str, dict[str, int]]:
 
 def test_the_neuron_ids_are_every_familys_ids_and_nothing_else() -> None:
     ids = pci.neuron_device_ids()
-    assert ids == (0x7064, 0x7065, 0x7066, 0x7067, 0x7164, 0x7264, 0x7364)
+    assert ids == (0x7064, 0x7065, 0x7066, 0x7067, 0x7164, 0x7264, 0x7364, 0x7564, 0x7565)
     assert set(ids) == {i for f in FAMILIES.values() for i in f.pci_device_ids}
 
 

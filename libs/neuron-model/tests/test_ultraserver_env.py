@@ -131,3 +131,47 @@ def test_variables_are_the_drivers_identity_or_a_refusal(reading: UltraServerRea
     assert NODES[mode] == nodes
     assert mode in identity.modes
     assert 0 <= int(env[NODE_ID_ENV]) < nodes
+
+
+# -- NEURON_GLOBAL_TOPOID: the job's, by AWS's init script's rule ------------------------------------------
+
+
+def test_global_topology_ids_number_the_workers_by_server_node_and_fqdn() -> None:
+    from neuron_model.ultraserver import TOPOID0_HOST_ENV, TOPOID_ENV, JobWorker, global_topology_env
+
+    other = "00c0ffeeffffffff"  # sorts after US4
+    workers = [
+        JobWorker(other, 0, "job-worker-4.job.ns.svc.cluster.local"),
+        JobWorker(US4, 2, "job-worker-0.job.ns.svc.cluster.local"),
+        JobWorker(US4, 0, "job-worker-3.job.ns.svc.cluster.local"),
+        JobWorker(US4, 1, "job-worker-1.job.ns.svc.cluster.local"),
+        JobWorker(US4, 3, "job-worker-2.job.ns.svc.cluster.local"),
+    ]
+    envs = {w.fqdn: global_topology_env(workers, w) for w in workers}
+    leader = "job-worker-3.job.ns.svc.cluster.local"  # the lowest server id's node 0, not the lowest pod name
+    assert {env[TOPOID0_HOST_ENV] for env in envs.values()} == {leader}
+    assert [envs[w.fqdn][TOPOID_ENV] for w in workers] == ["4", "2", "0", "1", "3"]
+    # one group of 4 nodes alone: the rank is the node's id in it
+    group = workers[1:]
+    assert all(global_topology_env(group, w)[TOPOID_ENV] == str(w.node_id) for w in group)
+
+
+@given(st.lists(st.tuples(st.sampled_from([US4, US2]), st.integers(-1, 3)), min_size=1, max_size=8))
+def test_global_topology_ids_are_0_to_n_minus_1_and_follow_the_text_sort(ids: list[tuple[str, int]]) -> None:
+    from neuron_model.ultraserver import TOPOID0_HOST_ENV, TOPOID_ENV, JobWorker, global_topology_env
+
+    workers = [JobWorker(s, n, f"w{i}.example") for i, (s, n) in enumerate(ids)]
+    envs = [global_topology_env(workers, w) for w in workers]
+    assert sorted(int(e[TOPOID_ENV]) for e in envs) == list(range(len(workers)))
+    lines = sorted(f"{w.server_id}:{w.node_id}:{w.fqdn}" for w in workers)  # what `sort` would order
+    assert {e[TOPOID0_HOST_ENV] for e in envs} == {lines[0].split(":")[2]}
+
+
+def test_global_topology_ids_refuse_a_stranger_and_duplicate_fqdns() -> None:
+    from neuron_model.ultraserver import JobWorker, global_topology_env
+
+    a, b = JobWorker(US4, 0, "a"), JobWorker(US4, 1, "b")
+    with pytest.raises(ValueError, match="not one of the job's workers"):
+        global_topology_env([a], b)
+    with pytest.raises(ValueError, match="same FQDN"):
+        global_topology_env([a, JobWorker(US4, 1, "a")], a)

@@ -107,6 +107,24 @@ async def test_allocate_devices_every_size_topology_valid(start_plugin) -> None:
         await next_list(h)  # the plugin's next List sees the release
 
 
+async def test_a_trainium3_node_hands_out_any_k_free_devices(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    """NeuronSwitch: any set of devices is connected, so every size fits while that many are free, even
+    sizes no torus or ring has a group of, and the last ones wherever they are."""
+    h = await start_plugin("trn3.48xlarge", "--holdings-interval", "0.02")
+    assert (h.kubelet.capacity(NEURON), h.kubelet.capacity(NEURONCORE)) == (16, 64)  # LNC 2 by default
+    held: set[int] = set()
+    for size in (3, 5, 2, 6):  # 16 in all, none released
+        response = await h.kubelet.allocate(NEURON, size, pod=f"p{size}")
+        got = {int(d.container_path.removeprefix("/dev/neuron")) for d in response.devices}
+        assert len(got) == size
+        assert not got & held
+        held |= got
+        cores = [int(c) for c in response.envs["NEURON_RT_VISIBLE_CORES"].split(",")]
+        assert cores == [c for d in sorted(got) for c in range(4 * d, 4 * d + 4)]
+        await next_list(h)
+    assert held == set(range(16))
+
+
 async def test_allocate_cores_two_on_one_device(start_plugin) -> None:  # type: ignore[no-untyped-def]
     h = await start_plugin("trn2.48xlarge", lnc=2)
     response = await h.kubelet.allocate(NEURONCORE, 2)

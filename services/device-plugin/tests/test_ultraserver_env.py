@@ -160,3 +160,17 @@ async def test_an_unreadable_identity_or_a_missing_group_refuses(start_plugin) -
         await h.kubelet.allocate(NEURONCORE, 64, pod="cores")
     assert errors(h) == 1
     assert h.plugin.metrics.allocation_errors.labels(NEURONCORE, "ultraserver")._value.get() == 1
+
+
+async def test_a_trainium3_reservation_node_tells_its_reservation_as_the_4_node_group(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    """trn3.48xlarge (PDS): the driver's reservation_id and node_id (node_cnt 4) are the identity told."""
+    h = await start_plugin("trn3.48xlarge", "--ultraserver-env=4")
+    sim.write_ultraserver(h.root, sim.pds_spec(2, US))
+    whole = await h.kubelet.allocate(NEURON, 16, pod="devices")
+    assert ultra(whole.envs) == {MODE_ENV: "1", SERVER_ID_ENV: US, NODE_ID_ENV: "2"}
+    await released(h, "devices")
+    # the reservation groups 4 nodes only: a 2-node job is refused, never told a guessed pair
+    h2 = await start_plugin("trn3.48xlarge", "--ultraserver-env=2")
+    sim.write_ultraserver(h2.root, sim.pds_spec(1, US))
+    with pytest.raises(AdmissionError, match=r"this node is in no group of 2 nodes"):
+        await h2.kubelet.allocate(NEURON, 16, pod="pair")

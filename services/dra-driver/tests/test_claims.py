@@ -335,3 +335,21 @@ def test_the_whole_node_device_gets_every_device_and_the_ultraserver_variables(t
         prepare(obj, inv, {5: "HBM_UNCORRECTABLE_ERROR"})
     with pytest.raises(claims.ClaimRefused, match="not an UltraServer node"):
         prepare(claim(("c", "neuronnode")), inventory("trn2.48xlarge"))
+
+
+def test_a_trainium3_whole_node_claim_gets_its_reservation_as_the_4_node_group(tmp_path: Path) -> None:
+    """trn3.48xlarge (PDS): AWS's whole-node template gives every device and the reservation's identity;
+    a 2-node UltraServerConfig is refused (a reservation groups node_cnt = 4 nodes)."""
+    inv = scan(sim.create_ultraserver(tmp_path, "trn3.48xlarge", server_id=US)[1], env={})
+    obj = configured(claim(("neurons", "neuronnode")), (ultra(4), ["neurons"], "FromClaim"))
+    prepared = prepare(obj, inv)
+    (device,) = prepared.spec["devices"]
+    assert [n["path"] for n in device["containerEdits"]["deviceNodes"]] == [f"/dev/neuron{d}" for d in range(16)]
+    env = env_of(prepared)
+    assert {k: v for k, v in env.items() if "ULTRASERVER" in k} == {
+        "NEURON_RT_ULTRASERVER_MODE": "1",
+        "NEURON_RT_ULTRASERVER_SERVER_ID": US,
+        "NEURON_RT_ULTRASERVER_NODE_ID": "1",
+    }
+    with pytest.raises(claims.ClaimRefused, match=r"this node is in no group of 2 nodes"):
+        prepare(configured(claim(("c", "neurondevice0")), (ultra(2), None, "FromClaim")), inv)

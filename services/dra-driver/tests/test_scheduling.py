@@ -188,3 +188,22 @@ async def test_any_arc_of_the_ring_is_one_group_device(start_driver, scheduler) 
     rest, rest_pod = await claim_and_pod(h.api, h.node, "neuroncore.aws.com", 1)
     await eventually(lambda: unschedulable(h.api, rest_pod), timeout=60)
     assert await allocation(h.api, rest) is None
+
+
+async def test_a_trainium3_switch_gives_any_count_even_to_claims_written_for_the_torus(start_driver, scheduler) -> None:  # type: ignore[no-untyped-def]
+    """trn3.48xlarge: every set of devices is connected. kube-scheduler allocates 3, 5 and 8 devices
+    under `matchAttribute: devicegroup4_id` (a torus claim's constraint, which on a switch every device
+    satisfies) until all 16 are taken, disjoint; then a claim for one more waits."""
+    h = await started(start_driver, "trn3.48xlarge", 16, 64, arcs=1)  # + the whole-node device
+    taken: set[int] = set()
+    for count in (3, 5, 8):
+        claim, _pod = await claim_and_pod(h.api, h.node, "neuron.aws.com", count, GROUP4)
+        await eventually(lambda claim=claim: allocation(h.api, claim), timeout=60)
+        devices = {index(d) for d in await allocation(h.api, claim) or []}
+        assert len(devices) == count
+        assert not devices & taken
+        taken |= devices
+    assert taken == set(range(16))
+    claim, pod = await claim_and_pod(h.api, h.node, "neuron.aws.com", 1)
+    await eventually(lambda: unschedulable(h.api, pod), timeout=60)
+    assert await allocation(h.api, claim) is None

@@ -8,6 +8,7 @@ import shutil
 import tempfile
 from dataclasses import replace
 from functools import cache
+from itertools import combinations
 from pathlib import Path
 
 import pytest
@@ -100,6 +101,8 @@ def test_every_group_id_names_a_valid_connected_group(name: str, lnc: int) -> No
     inv = inventory(name, lnc)
     topo = topology_from(inv)
     listed = all_devices(slices.build(model(name, lnc), 1))
+    if topo.kind is TopologyKind.SWITCH:
+        return  # test_a_switch_publishes_one_group_per_size_that_any_k_devices_satisfy
     for size in topo.group_sizes:
         attribute = slices.group_attribute(size)
         for kind in ("neuron_device", "neuron_core"):
@@ -122,6 +125,35 @@ def test_every_group_id_names_a_valid_connected_group(name: str, lnc: int) -> No
     # no group size the topology does not have is published
     published = {k for d in listed for k in d["attributes"] if k.startswith(slices.GROUP_DOMAIN)}
     assert published == {slices.group_attribute(s) for s in topo.group_sizes}
+
+
+@pytest.mark.parametrize("name", sorted(n for n, it in INSTANCE_TYPES.items() if it.topology is TopologyKind.SWITCH))
+def test_a_switch_publishes_one_group_per_size_that_any_k_devices_satisfy(name: str) -> None:
+    """Trainium3: every set of devices is connected, so matchAttribute on devicegroup<k>_id must let
+    any k devices through: one id per size >= 2 shared by every device, each device its own of size 1;
+    the sizes AWS's driver names on trn (powers of two up to the node, and the node), no arcs."""
+    inv = inventory(name, 2)
+    topo = topology_from(inv)
+    n = topo.device_count
+    listed = all_devices(slices.build(model(name, 2), 1))
+    sizes = sorted({n, *(k for k in (1, 2, 4, 8, 16, 32) if k <= n)})
+    published = {k for d in listed for k in d["attributes"] if k.startswith(slices.GROUP_DOMAIN)}
+    assert published == {slices.group_attribute(s) for s in sizes}
+    assert {d["attributes"]["resourceType"]["string"] for d in listed} <= {
+        "neuron_device",
+        "neuron_core",
+        "neuron_node",
+    }
+    for kind in ("neuron_device", "neuron_core"):
+        of_kind = [d["attributes"] for d in listed if d["attributes"]["resourceType"]["string"] == kind]
+        assert {a["deviceId"]["int"] for a in of_kind} == set(range(n))
+        for a in of_kind:
+            assert a[slices.group_attribute(1)] == {"string": str(a["deviceId"]["int"])}
+        for size in sizes[1:]:
+            assert {a[slices.group_attribute(size)]["string"] for a in of_kind} == {"0"}
+            # the scheduler may pick any `size` of them: all are connected on the switch
+            assert all(topo.connected(sum(1 << d for d in group)) for group in combinations(range(n), size))
+    assert not [d for d in listed if d["attributes"]["resourceType"]["string"] == "neuron_device_group"]
 
 
 def test_torus_publishes_the_aws_driver_names() -> None:
@@ -441,3 +473,20 @@ def test_an_ultraserver_node_is_also_one_device_consuming_every_counter(tmp_path
 
 def model_of(name: str) -> slices.NodeDevices:
     return model(name, INSTANCE_TYPES[name].family.supported_lnc[0])
+
+
+def test_a_trainium3_reservation_node_is_one_device_with_its_reservation_as_the_4_node_group(tmp_path: Path) -> None:
+    """trn3.48xlarge (PDS): the driver's reservation_id and node_id are the 4-node group's ids."""
+    roots = sim.create_ultraserver(tmp_path, "trn3.48xlarge", server_id="00c0ffee12345678")
+    inv = scan(roots[2], env={})
+    model = slices.NodeDevices("node-a", inv, ultraserver=inv.ultraserver)
+    (node,) = whole_nodes(slices.build(model, 1))
+    a = node["attributes"]
+    assert (a["deviceCount"], a["coreCount"]) == ({"int": 16}, {"int": len(inv.cores)})
+    assert (a["ultraserverServerId4"], a["ultraserverNodeId4"]) == ({"string": "00c0ffee12345678"}, {"int": 2})
+    assert "ultraserverServerId2" not in a
+    assert a["ultraserverMode"] == {"string": "1_4"}
+    # not torus positions: a switch has no rows or columns
+    assert not [k for d in all_devices(slices.build(model, 1)) for k in d["attributes"] if k.startswith("topology")]
+    # trn3e.24xlarge (MAX) is not a node of a group of nodes: no whole-node device
+    assert not whole_nodes(slices.build(model_of("trn3e.24xlarge"), 1))

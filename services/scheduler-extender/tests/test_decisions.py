@@ -74,6 +74,17 @@ class TestFilter:
         assert outcome.passed == ["n2"]
         assert outcome.unresolvable["n1"].reason == "8 devices requested, only 0 devices free (free: none)"
 
+    def test_a_trainium3_node_takes_any_k_free_devices_where_a_torus_has_no_group(self) -> None:
+        scattered = [0, 5, 10, 15, 6]  # no row, no aligned pair of rows, not 4 or 8 devices
+        view = view_of(report_object("trn3", "trn3.48xlarge", free_devices=scattered),
+                       report_object("trn2", "trn2.48xlarge", free_devices=scattered))  # fmt: skip
+        for size in range(1, 6):
+            outcome = decisions.filter_nodes(view, request(devices=size), ["trn3", "trn2"], NOW)
+            assert "trn3" in outcome.passed, size
+            assert ("trn2" in outcome.passed) == (size == 1), size
+        outcome = decisions.filter_nodes(view, request(devices=6), ["trn3"], NOW)
+        assert outcome.unresolvable["trn3"].reason == "6 devices requested, only 5 devices free (free: 0,5,6,10,15)"
+
     def test_the_view_in_flight_and_the_report_agree(self) -> None:
         # the same node, seen before and after its plugin admitted a 4-device pod, gives the same answer
         before = view_of(report_object("n1", free_devices=range(8)), pods=[pod_object("a", node="n1", devices=4)])
@@ -84,7 +95,7 @@ class TestFilter:
             ), size
 
 
-SHAPES = ["inf1.6xlarge", "inf2.24xlarge", "inf2.48xlarge", "trn1.32xlarge", "trn2.48xlarge"]
+SHAPES = ["inf1.6xlarge", "inf2.24xlarge", "inf2.48xlarge", "trn1.32xlarge", "trn2.48xlarge", "trn3e.24xlarge"]
 
 
 @settings(max_examples=200, deadline=None)

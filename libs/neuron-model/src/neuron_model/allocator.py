@@ -8,6 +8,10 @@ Devices (`shared/reference/neuron-stack.md` section 2, "Topology rules"):
 - trn1.32xlarge/trn1n.32xlarge and trn2.48xlarge/trn2u.48xlarge are a 4x4 2D torus: groups of
   1, 4 (a row), 8 (an aligned pair of rows) or 16 devices. The same aligned groups are used on
   both: the Neuron DRA driver publishes the same `devicegroup{1,4,8,16}` sets for trn1 and trn2.
+- trn3 (Trainium3) devices are joined by NeuronSwitch, all to all (`TopologyKind.SWITCH`): any
+  set of a node's devices is connected, whatever links the driver's `connected_devices` lists, so
+  every size is valid and k free devices always make a group of k. All free devices being alike,
+  the lowest indices are taken.
 - One device, or all devices, is always valid.
 Among valid groups the one that leaves the most large free groups wins (`Leftover.groups`);
 ties go to the lowest indices, so the choice is deterministic.
@@ -92,7 +96,7 @@ class Topology:
     def group_sizes(self) -> tuple[int, ...]:
         """Valid device-group sizes, largest first."""
         n = self.device_count
-        if self.kind is TopologyKind.RING:
+        if self.kind in (TopologyKind.RING, TopologyKind.SWITCH):
             return tuple(range(n, 0, -1))
         if self.kind is TopologyKind.TORUS_2D and self.torus_shape:
             rows, cols = self.torus_shape
@@ -106,12 +110,18 @@ class Topology:
         return (1,) if n <= 1 else (n, 1)
 
     def groups(self, size: int) -> tuple[frozenset[int], ...]:
+        if self.kind is TopologyKind.SWITCH:  # every set: C(n, size) of them, so made only when asked
+            if not 1 <= size <= self.device_count:
+                return ()
+            return tuple(frozenset(c) for c in combinations(range(self.device_count), size))
         return self._groups_by_size.get(size, ())
 
     @cached_property
     def _groups_by_size(self) -> dict[int, tuple[frozenset[int], ...]]:
         n = self.device_count
         result: dict[int, tuple[frozenset[int], ...]] = {}
+        if self.kind is TopologyKind.SWITCH:
+            return result  # groups() makes them; nothing here enumerates a switch's 2^n sets
         for size in self.group_sizes:
             if size == 1:
                 result[1] = tuple(frozenset({d}) for d in range(n))
@@ -129,17 +139,26 @@ class Topology:
 
     @cached_property
     def group_masks(self) -> dict[int, tuple[int, ...]]:
-        """The valid groups of each size as device bitmasks, largest size first."""
+        """The valid groups of each size as device bitmasks, largest size first (none for a
+        switch: its every set is valid, and `_groups_left` counts them without listing them)."""
+        if self.kind is TopologyKind.SWITCH:
+            return {}
         return {size: tuple(_mask(g) for g in self.groups(size)) for size in self.group_sizes}
 
     @cached_property
     def neighbour_masks(self) -> tuple[int, ...]:
         """Each device's linked devices as a bitmask, indexed by device."""
         count = max([self.device_count, *(d + 1 for d in self.adjacency)])
+        if self.kind is TopologyKind.SWITCH:  # all to all, whatever the driver lists
+            everyone = (1 << count) - 1
+            return tuple(everyone & ~(1 << d) for d in range(count))
         return tuple(_mask(self.adjacency.get(d, ())) for d in range(count))
 
     def connected(self, devices: int) -> bool:
-        """Whether the devices (a bitmask) form one connected piece of the adjacency."""
+        """Whether the devices (a bitmask) form one connected piece of the adjacency (on a switch:
+        always)."""
+        if self.kind is TopologyKind.SWITCH:
+            return True
         return _piece(self.neighbour_masks, devices) == devices
 
     def device_of(self, core: int) -> int:
@@ -177,6 +196,9 @@ class Leftover:
 def _groups_left(topo: Topology, free_devices: int) -> tuple[tuple[int, int], ...]:
     # Sizes with no free group are left out: then larger-first comparison reads "keeps the
     # largest group", and agrees with comparing counts size by size on one topology.
+    if topo.kind is TopologyKind.SWITCH:  # every set of the f free devices: C(f, k) groups of k
+        free = (free_devices & ((1 << topo.device_count) - 1)).bit_count()
+        return tuple((size, comb(free, size)) for size in range(free, 0, -1))
     counts = ((size, sum(1 for g in masks if g & free_devices == g)) for size, masks in topo.group_masks.items())
     return tuple((size, count) for size, count in counts if count)
 
@@ -253,6 +275,14 @@ def choose_devices(topo: Topology, available: Iterable[int], must: Iterable[int]
     must_set = frozenset(must)
     if size <= 0:
         return Choice((), True)
+    if topo.kind is TopologyKind.SWITCH:
+        # Every set is connected and every free device alike: the must devices, then the lowest.
+        if len(must_set) <= size <= len(avail):
+            rest = sorted(d for d in avail - must_set if 0 <= d < topo.device_count)
+            chosen = tuple(sorted(must_set | set(rest[: size - len(must_set)])))
+            if len(chosen) == size:
+                return Choice(chosen, True)
+        return Choice(tuple(sorted(avail))[:size], False, _devices_refused(topo, avail, must_set, size))
     candidates = [g for g in topo.groups(size) if must_set <= g <= avail]
     if candidates:
         free = _mask(avail)
@@ -267,6 +297,8 @@ def device_refusal(topo: Topology, available: Iterable[int], size: int) -> str:
     must-include), or "" when it would find one: the same answer, without choosing."""
     avail = frozenset(available)
     free = _mask(avail)
+    if topo.kind is TopologyKind.SWITCH and 0 < size <= len(avail & frozenset(range(topo.device_count))):
+        return ""
     if size <= 0 or any(g & free == g for g in topo.group_masks.get(size, ())):
         return ""
     return _devices_refused(topo, avail, frozenset(), size)
@@ -275,6 +307,12 @@ def device_refusal(topo: Topology, available: Iterable[int], size: int) -> str:
 def _devices_refused(topo: Topology, avail: frozenset[int], must: frozenset[int], size: int) -> str:
     if size > len(avail):
         return shortage(f"{size} devices", avail, "devices")
+    if len(must) > size:
+        return f"{len(must)} must-include devices exceed the {size} requested"
+    if topo.kind is TopologyKind.SWITCH:
+        on_node = avail & frozenset(range(topo.device_count))
+        where = f"{topo.device_count}-device switch"
+        return f"only {len(on_node)} of the free devices are on this {where} (free: {id_list(avail)})"
     if not topo.groups(size):
         return (
             f"{topo.kind} topology of {topo.device_count} devices has no group of {size}; "

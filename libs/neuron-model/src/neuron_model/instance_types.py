@@ -1,9 +1,14 @@
 """The Neuron instance types and what each one's hardware looks like.
 
 Sources: the Neuron architecture pages and the driver's `V*_NC_PER_DEVICE` / PCI ids
-(`shared/reference/neuron-stack.md` sections 2 and 3). The table is what the inventory
+(`shared/reference/neuron-stack.md` sections 2 and 3; for Trainium3
+`shared/reference/ultraserver-and-trn3.md` section 5). The table is what the inventory
 falls back on when sysfs cannot say, and what the simulator builds from; topology read
-from the driver's `connected_devices` always wins over it.
+from the driver's `connected_devices` always wins over it, except on a NeuronSwitch
+(`TopologyKind.SWITCH`), where every set of devices is connected whatever links are listed.
+
+Trainium3 facts no source states are kept in one place, `TRN3_UNCONFIRMED` below, each marked
+there: correct them there alone.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Final
 
 
 class UnknownInstanceTypeError(ValueError):
@@ -25,13 +31,17 @@ class TopologyKind(enum.StrEnum):
     SINGLE = "single"  # one device, nothing to connect
     RING = "ring"  # inf1/inf2: devices i and i+1 (mod n) are linked
     TORUS_2D = "torus2d"  # trn1.32xlarge, trn1n, trn2.48xlarge: a rows x cols torus
+    # Trainium3: the devices are joined by NeuronSwitch, all to all (aws-neuron-sdk trn3-arch.rst:
+    # "NeuronLink-v4 and NeuronSwitch-v1 (all-to-all, replacing the 2D torus)"): any set of a
+    # node's devices is connected.
+    SWITCH = "switch"
 
 
 @dataclass(frozen=True, slots=True)
 class Family:
     """What every instance of one accelerator generation shares."""
 
-    name: str  # inf1, inf2, trn1, trn2
+    name: str  # inf1, inf2, trn1, trn2, trn3
     arch_type: str  # info/architecture/arch_type
     sysfs_instance_type: str  # info/architecture/instance_type (the family, not the size)
     device_name: str  # info/architecture/device_name
@@ -39,10 +49,36 @@ class Family:
     physical_cores_per_device: int
     memory_bytes_per_device: int
     pci_device_ids: tuple[int, ...]
-    has_serial_number: bool  # info/serial_number exists on v2/v3 devices only
+    has_serial_number: bool  # info/serial_number exists on v2, v3 and v4 devices only
     supported_lnc: tuple[int, ...]  # logical-core settings the runtime accepts
     default_lnc: int
 
+
+# -- Trainium3: what no source states, kept here alone ------------------------------------------------
+# Every value below is UNCONFIRMED: no source line states it (ultraserver-and-trn3.md section 5). Each
+# says what it rests on; correct it here and every service, the simulator and the chart follow.
+@dataclass(frozen=True, slots=True)
+class Trn3Unconfirmed:
+    # unconfirmed: trn3.48xlarge (the driver's PDS platform) has 16 devices. The driver's PDS routing
+    # table and core map have 16 devices and 128 cores (v4/neuron_dhal_v4.c), the Gen1 UltraServer is
+    # 4 servers x 16 (trn3-arch.rst, which later says 4 per server), "a trn3 instance has 64 Neuron
+    # cores" (vllm-neuron docs: 16 x 8 at LNC=2).
+    trn3_48xlarge_devices: int = 16
+    # unconfirmed: trn3e.24xlarge (the driver's MAX platform) has 4 devices. The driver's MAX routing
+    # table has 4 (v4/neuron_dhal_v4.c); Gen2 UltraServers are 36 servers x 4 (trn3-arch.rst).
+    trn3e_24xlarge_devices: int = 4
+    # unconfirmed: the logical-core settings Trainium3 accepts, and its default; taken as trn2's
+    # (8 physical cores; "64 Neuron cores" on 16 devices reads as LNC=2).
+    supported_lnc: tuple[int, ...] = (1, 2)
+    default_lnc: int = 2
+    # unconfirmed: the sockets the devices spread over (only the simulator's PCI tree uses it).
+    numa_nodes: int = 2
+    # unconfirmed: the modes a trn3.48xlarge (PDS, node_cnt 4) lists in `ultraserver_mode`, as the driver's
+    # mode numbers (1 = X4, 4 = X1; share/neuron_driver_shared.h): what the simulator writes.
+    pds_modes: tuple[int, ...] = (1, 4)
+
+
+TRN3_UNCONFIRMED: Final = Trn3Unconfirmed()
 
 FAMILIES: Mapping[str, Family] = MappingProxyType(
     {
@@ -98,6 +134,22 @@ FAMILIES: Mapping[str, Family] = MappingProxyType(
             supported_lnc=(1, 2),
             default_lnc=2,
         ),
+        "trn3": Family(
+            name="trn3",
+            # The driver's sysfs names for Trainium3 (aws-neuron-driver v4/neuron_dhal_v4.c @ 9cc489e,
+            # ndhal_register_funcs_trn3: type suffixes "v4", instance "Trn3", device "Trainium3").
+            arch_type="NDv4",
+            sysfs_instance_type="Trn3",
+            device_name="Trainium3",
+            core_arch="NCv4",
+            physical_cores_per_device=8,  # 8 NeuronCore-v4 (aws-neuron-sdk trainium3.rst)
+            memory_bytes_per_device=144 * GIB,  # 144 GiB HBM (aws-neuron-sdk trainium3.rst)
+            # TRN3_DEVICE_ID0 and _ID1 (aws-neuron-driver neuron_device.h, neuron-code-sharing-robot @ 4b5e49d)
+            pci_device_ids=(0x7564, 0x7565),
+            has_serial_number=True,  # v4 registers over v3 (neuron_dhal_v4.c), whose info/ has serial_number
+            supported_lnc=TRN3_UNCONFIRMED.supported_lnc,
+            default_lnc=TRN3_UNCONFIRMED.default_lnc,
+        ),
     }
 )
 
@@ -139,6 +191,8 @@ def expected_adjacency(
         return {i: () for i in range(devices)}
     if kind is TopologyKind.RING:
         return {i: tuple(sorted({(i - 1) % devices, (i + 1) % devices} - {i})) for i in range(devices)}
+    if kind is TopologyKind.SWITCH:
+        return {i: tuple(d for d in range(devices) if d != i) for i in range(devices)}
     if torus_shape is None:
         raise ValueError("a 2D torus needs its shape")
     rows, cols = torus_shape
@@ -153,6 +207,11 @@ def expected_adjacency(
         } - {i}
         result[i] = tuple(sorted(neighbours))
     return result
+
+
+_TRN3_48XL = TRN3_UNCONFIRMED.trn3_48xlarge_devices
+_TRN3E_24XL = TRN3_UNCONFIRMED.trn3e_24xlarge_devices
+_TRN3_NUMA = TRN3_UNCONFIRMED.numa_nodes
 
 
 def _it(
@@ -185,6 +244,11 @@ INSTANCE_TYPES: Mapping[str, InstanceType] = MappingProxyType(
             _it("trn2.3xlarge", "trn2", 1, TopologyKind.SINGLE),
             _it("trn2.48xlarge", "trn2", 16, TopologyKind.TORUS_2D, (4, 4), numa_nodes=2),
             _it("trn2u.48xlarge", "trn2", 16, TopologyKind.TORUS_2D, (4, 4), numa_nodes=2, ultraserver=True),
+            # Trainium3 (the names and platforms: aws-neuron-driver v4/neuron_dhal_v4.c's v4_platform_map).
+            # trn3.48xlarge is the PDS platform, whose driver shows reservation_id, node_id and node_cnt
+            # (4): a node of an UltraServer. trn3e.24xlarge is MAX (node_cnt 1: no group of nodes).
+            _it("trn3.48xlarge", "trn3", _TRN3_48XL, TopologyKind.SWITCH, numa_nodes=_TRN3_NUMA, ultraserver=True),
+            _it("trn3e.24xlarge", "trn3", _TRN3E_24XL, TopologyKind.SWITCH, numa_nodes=_TRN3_NUMA),
         )
     }
 )

@@ -11,7 +11,7 @@ alone. The 2-node attributes follow X2H where it is supported, else X2V; on a 4-
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -129,9 +129,10 @@ def node_labels(reading: UltraServerReading) -> dict[str, str]:
 # DRA driver sets them for a claim's UltraServerConfig, the device plugin for a container holding all of a
 # node's devices (--ultraserver-env).
 #
-# AWS's script also writes NEURON_GLOBAL_TOPOID (the pod's rank among the job's pods sorted by server id,
-# node id and host name) and NEURON_GLOBAL_TOPOID0_HOST (the host name of the rank-0 pod): facts of the job,
-# which no node agent knows (a job may span several UltraServers), so neither is set here.
+# AWS's script also writes NEURON_GLOBAL_TOPOID and NEURON_GLOBAL_TOPOID0_HOST (`global_topology_env` below):
+# facts of the whole job (every worker pod's identity and FQDN), which no node agent has: the kubelet's
+# Allocate names neither the pod nor the job, and a job may span several UltraServer groups. So neither
+# the device plugin nor a claim sets them; whoever knows the job's pods does.
 MODE_ENV = "NEURON_RT_ULTRASERVER_MODE"
 SERVER_ID_ENV = "NEURON_RT_ULTRASERVER_SERVER_ID"
 NODE_ID_ENV = "NEURON_RT_ULTRASERVER_NODE_ID"
@@ -170,3 +171,41 @@ def ultraserver_env(reading: UltraServerReading | None, nodes: int) -> dict[str,
         raise ValueError(f"this node is in no group of {nodes} nodes (its UltraServer supports: {supported or 'none'})")
     server_id, node_id = group
     return {MODE_ENV: str(int(mode)), SERVER_ID_ENV: server_id, NODE_ID_ENV: str(node_id)}
+
+
+# -- The job's global topology ids ----------------------------------------------------------------------
+# What AWS's init script (aws-neuron-sdk src/k8/k8s-ultraserver-init-script.sh; deploy/eks/ultraserver.rst:
+# "NEURON_GLOBAL_TOPOID: The topology ID of the worker pod", "NEURON_GLOBAL_TOPOID0_HOST: The FQDN of the
+# worker pod that's the leader (topology ID of 0)") writes into each worker pod: every worker reports
+# `server_id:node_id:fqdn` (its node's ids for the job's group size, the pod's `hostname --fqdn`), the lines
+# are sorted field by field (`sort -t: -k1,1 -k2,2 -k3,3`, as text) and numbered from 0; a pod's number is
+# its NEURON_GLOBAL_TOPOID, the first line's FQDN everyone's NEURON_GLOBAL_TOPOID0_HOST. The operator's
+# rule says the same for whole groups (`ultraserverIndex * nodeCount + nodeIndex`).
+TOPOID_ENV = "NEURON_GLOBAL_TOPOID"
+TOPOID0_HOST_ENV = "NEURON_GLOBAL_TOPOID0_HOST"
+
+
+@dataclass(frozen=True)
+class JobWorker:
+    """One worker pod of a job, as AWS's script sees it."""
+
+    server_id: str  # its node's server id for the job's group size (16 hex digits)
+    node_id: int  # its node's id in that group
+    fqdn: str  # the pod's fully qualified host name
+
+    def sort_key(self) -> tuple[bytes, bytes, bytes]:
+        # `sort -t: -k1,1 -k2,2 -k3,3` compares each field as text. Unconfirmed: byte order, as `sort` does
+        # in the C locale; the script does not set one, and another locale's collation may order FQDNs
+        # with `-` or `.` differently (ids, hex digits and digits, order alike in any locale).
+        return (self.server_id.encode(), str(self.node_id).encode(), self.fqdn.encode())
+
+
+def global_topology_env(workers: Iterable[JobWorker], worker: JobWorker) -> dict[str, str]:
+    """NEURON_GLOBAL_TOPOID and NEURON_GLOBAL_TOPOID0_HOST for `worker`, one of the job's `workers`
+    (ValueError when it is not one of them, or two workers share an FQDN)."""
+    ordered = sorted(set(workers), key=JobWorker.sort_key)
+    if len({w.fqdn for w in ordered}) != len(ordered):
+        raise ValueError("two of the job's workers report the same FQDN")
+    if worker not in ordered:
+        raise ValueError(f"{worker.fqdn} is not one of the job's workers")
+    return {TOPOID_ENV: str(ordered.index(worker)), TOPOID0_HOST_ENV: ordered[0].fqdn}

@@ -53,7 +53,11 @@ def _parser() -> argparse.ArgumentParser:
         help="write every node of one UltraServer under <root>/node-0 .. node-<N-1>, with the driver's "
         "UltraServer identity (server ids, node ids, supported modes) as after its election",
     )
-    u.add_argument("--instance-type", default="trn2u.48xlarge", help="an UltraServer instance type")
+    u.add_argument(
+        "--instance-type",
+        default="trn2u.48xlarge",
+        help="an UltraServer instance type (trn2u.48xlarge; trn3.48xlarge: a Trainium3 PDS reservation of 4)",
+    )
     u.add_argument("--root", required=True, type=Path, help="directory to write the nodes under")
     u.add_argument("--nodes", type=int, default=4, choices=(2, 4), help="nodes in the UltraServer")
     u.add_argument("--server-id", help="the UltraServer's id, 16 lowercase hex digits (default: random)")

@@ -27,7 +27,7 @@ from neuron_driver import layout
 from neuron_driver.kmsg import KERN_ERR, KERN_INFO, format_hw_error, format_record
 from neuron_health import faults
 from neuron_model import pci
-from neuron_model.instance_types import InstanceType, UnknownInstanceTypeError, get_instance_type
+from neuron_model.instance_types import TRN3_UNCONFIRMED, InstanceType, UnknownInstanceTypeError, get_instance_type
 from neuron_model.ultraserver import NO_SERVER, Mode, modal_node_id, pair_of, two_node_mode
 
 SIM_CHAR_MAJOR = 241
@@ -64,9 +64,17 @@ class UltraServerSpec:
     """A node of a simulated UltraServer, as the driver shows it once its election is over."""
 
     node_id: int  # among node_count
-    server_id: str  # the whole UltraServer's 16 hex digits
+    server_id: str  # the whole UltraServer's 16 hex digits (on Trainium3 PDS: the reservation's id)
     node_count: int = 4
     modes: tuple[Mode, ...] = (Mode.X4, Mode.X2H, Mode.X2V, Mode.X1)
+    # Trainium3 PDS: `reservation_id`, `node_id` and `node_cnt` instead of trn2u's per-size attributes
+    reservation: bool = False
+
+
+def pds_spec(node_id: int, reservation_id: str, node_count: int = 4) -> UltraServerSpec:
+    """A trn3.48xlarge node of a PDS reservation (its modes unconfirmed: TRN3_UNCONFIRMED.pds_modes)."""
+    modes = tuple(Mode(m) for m in TRN3_UNCONFIRMED.pds_modes)
+    return UltraServerSpec(node_id, reservation_id, node_count, modes, reservation=True)
 
 
 def pair_server_id(server_id: str, mode: Mode, pair: int) -> str:
@@ -74,10 +82,22 @@ def pair_server_id(server_id: str, mode: Mode, pair: int) -> str:
     return hashlib.sha256(f"{server_id}/{mode.name}/{pair}".encode()).hexdigest()[:16]
 
 
-def write_ultraserver(root: Path, spec: UltraServerSpec | None, *, busy: bool = False) -> None:
+def write_ultraserver(
+    root: Path, spec: UltraServerSpec | None, *, busy: bool = False, reservation: bool = False
+) -> None:
     """The driver's UltraServer class attributes: `busy` while its election runs; with no spec,
-    what a node outside any UltraServer reads (no modes, node id -1, a zero server id)."""
+    what a node outside any UltraServer reads (no modes, node id -1, a zero server id). With a
+    reservation spec (or `reservation` for busy and none), Trainium3 PDS's attributes
+    (`reservation_id`, `node_id`, `node_cnt`; aws-neuron-driver neuron_cdev.c)."""
     directory = layout.HostLayout(Path(root)).class_dir
+    if reservation or (spec is not None and spec.reservation):
+        modes = "busy" if busy else ",".join(str(int(m)) for m in spec.modes) if spec else ""
+        write_attr(directory / "ultraserver_mode", modes + "\n")
+        node_text = "busy" if busy else str(spec.node_id) if spec else "-1"
+        write_attr(directory / "node_id", node_text + "\n")
+        write_attr(directory / "node_cnt", f"{spec.node_count if spec and not busy else -1}\n")
+        write_attr(directory / "reservation_id", (spec.server_id if spec and not busy else NO_SERVER) + "\n")
+        return
     if busy or spec is None:
         write_attr(directory / "ultraserver_mode", "busy\n" if busy else "\n")
         for size in (4, 2):
@@ -106,8 +126,9 @@ def create_ultraserver(
     it = get_instance_type(instance_type)
     if not it.ultraserver:
         raise SimError(f"{it.name} is not an UltraServer instance type")
-    if nodes not in (2, 4):
-        raise SimError(f"an UltraServer has 2 or 4 nodes, not {nodes}")
+    reservation = it.family.name == "trn3"  # Trainium3 PDS: a reservation of node_cnt (4) nodes
+    if nodes not in ((4,) if reservation else (2, 4)):
+        raise SimError(f"a {it.name} UltraServer has {'4' if reservation else '2 or 4'} nodes, not {nodes}")
     server_id = server_id or uuid.uuid4().hex[:16]
     if len(server_id) != 16 or server_id.strip("0123456789abcdef") or server_id == NO_SERVER:
         raise SimError(f"--server-id must be 16 lowercase hex digits, not all zero, got {server_id!r}")
@@ -115,7 +136,8 @@ def create_ultraserver(
     for node_id in range(nodes):
         root = Path(base) / f"node-{node_id}"
         create(root, instance_type, **create_args)
-        write_ultraserver(root, UltraServerSpec(node_id, server_id, nodes))
+        spec = pds_spec(node_id, server_id, nodes) if reservation else UltraServerSpec(node_id, server_id, nodes)
+        write_ultraserver(root, spec)
         roots.append(root)
     return roots
 

@@ -18,6 +18,12 @@ topology (`Topology.group_sizes`). A claim asking for k devices (or cores) with
   from the allocator's valid groups in order (devices 0..k-1, k..2k-1, ...); a device left over
   when k does not divide the ring has no id of that size. Every set the scheduler can pick is a
   valid arc; arcs crossing a tile boundary (e.g. devices 2-5 for k=4) are not reachable.
+- switch (trn3, NeuronSwitch): every set of devices is connected, so any k devices are a valid
+  group and no attribute needs to narrow a claim. Each device carries the sizes AWS's driver names
+  on trn (powers of two up to the node's device count, and the count): `devicegroup1_id` its own
+  index, every larger size one id shared by all devices (0), so a claim written for the torus
+  (`matchAttribute: resource.aws.com/devicegroup4_id`) runs unchanged and may take any 4. No arcs
+  or groups are published as devices: a claim for k `neurondevice`s is already a connected set.
 Ids are the lowest device index of the group (an int).
 - ring arcs as devices (`publish_groups`, with the shared counters): every valid arc of k >= 2
   devices, overlapping ones too, is also published as one device `neurongroup<k>-<first>`
@@ -79,6 +85,10 @@ def group_attribute(size: int) -> str:
 def group_ids(topo: Topology) -> dict[int, dict[int, int]]:
     """Per valid group size: device -> id of the group of that size it is published in."""
     result: dict[int, dict[int, int]] = {}
+    if topo.kind is TopologyKind.SWITCH:
+        n = topo.device_count
+        sizes = sorted({n, *(1 << k for k in range(n.bit_length()) if 1 << k <= n)})
+        return {size: {d: d if size == 1 else 0 for d in range(n)} for size in sizes}
     for size in topo.group_sizes:
         taken: set[int] = set()
         ids: dict[int, int] = {}
