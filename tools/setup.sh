@@ -82,6 +82,9 @@ tests/cluster/build-containerd.sh >/dev/null
 # --- node-feature-discovery's nfd-master and nfd-worker, from the pinned Go module (cached) ------
 tests/nfd/build-nfd.sh >/dev/null
 
+# --- the test cluster's DNS (CoreDNS) and NetworkPolicy enforcer (kube-network-policies), from their pinned Go modules (cached)
+tests/cluster/peers.sh build >/dev/null
+
 # --- cosign, which signs releases and verifies them in the release tests, from its pinned Go module (cached)
 tools/build-cosign.sh >/dev/null
 

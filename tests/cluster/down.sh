@@ -95,6 +95,9 @@ for table in nat filter; do
     | awk '/^-A (PREROUTING|OUTPUT|POSTROUTING|FORWARD|INPUT) .*(KUBE-|CNI-)/ {sub(/^-A/, "-D"); print}' \
     | while read -r rule; do eval "iptables -t $table $rule" 2>/dev/null || true; done
 done
+# kube-network-policies' table (tests/cluster/peers): it removes it itself only on SIGINT, and a table
+# left behind would queue a later cluster's pods' packets to a queue nobody reads
+nft delete table inet kube-network-policies 2>/dev/null || true
 sed -i "/# neuron-helm-chart test cluster$/d" /etc/hosts
 # the kubelet's records of the images it pulled (image_manager) go with the cluster they were pulled
 # in: a record naming an image ID makes the kubelet refuse an imported image of that ID (pull policy Never)

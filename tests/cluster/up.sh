@@ -17,7 +17,7 @@ INSTANCE_TYPE="${INSTANCE_TYPE:-trn1.32xlarge}"
 SIM_ROOT="${SIM_ROOT:-/var/lib/neuron-sim/node}"
 POD_CIDR=10.88.0.0/16
 PAUSE_IMAGE=registry.k8s.io/pause:3.10
-APICHECK_IMAGE=localhost/neuron-test/apicheck:1
+APICHECK_IMAGE=localhost/neuron-test/apicheck:2
 # The registry the kubelet pulls released images from (make release REGISTRY=127.0.0.1:5000); plain HTTP,
 # loopback only. tests/cluster_access.py's REGISTRY names it too.
 REGISTRY_ADDR=127.0.0.1:5000
@@ -260,6 +260,7 @@ authorization: {mode: Webhook}
 tlsCertFile: "$PKI/kubelet-serving.crt"
 tlsPrivateKeyFile: "$PKI/kubelet-serving.key"
 clusterDomain: cluster.local
+clusterDNS: [10.96.0.10]  # CoreDNS's kube-dns Service (tests/cluster/peers)
 resolvConf: /etc/resolv.conf
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
 imageGCHighThresholdPercent: 100
@@ -274,9 +275,10 @@ wait_for "node $NODE_NAME Ready" 120 bash -c \
   "'${KUBECTL[0]}' --kubeconfig '$CLUSTER_DIR/admin.kubeconfig' get node '$NODE_NAME' -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
 # --- readiness: a pod reaches the API server through the kubernetes Service -------------------
 wait_for "kube-proxy's rule for the kubernetes Service" 60 bash -c "iptables -t nat -S KUBE-SERVICES | grep -q 10.96.0.1/32"
-probe() {
+probe() {  # [name to reach the API server by]
   "${KUBECTL[@]}" delete pod apicheck --ignore-not-found --wait=true >/dev/null
-  "${KUBECTL[@]}" run apicheck --image="$APICHECK_IMAGE" --image-pull-policy=Never --restart=Never >/dev/null
+  local args=(); [ $# -eq 0 ] || args=(-- "$@")
+  "${KUBECTL[@]}" run apicheck --image="$APICHECK_IMAGE" --image-pull-policy=Never --restart=Never "${args[@]}" >/dev/null
   for _ in $(seq 1 150); do
     case $("${KUBECTL[@]}" get pod apicheck -o jsonpath='{.status.phase}' 2>/dev/null) in
       Succeeded) return 0 ;;
@@ -286,14 +288,19 @@ probe() {
   done
   return 1
 }
+probe_until() {  # what failed, [name to reach the API server by]
+  local what=$1; shift
+  for attempt in 1 2 3 4 5; do
+    if probe "$@"; then log "$("${KUBECTL[@]}" logs apicheck | tr -d '\n' | head -c 120)"; return 0; fi
+    log "in-cluster API probe failed (attempt $attempt): $("${KUBECTL[@]}" logs apicheck 2>&1 | tail -c 300)"
+    sleep 2
+  done
+  die "$what"
+}
 wait_for "the default service account" 60 "${KUBECTL[@]}" get serviceaccount default
-ok=0
-for attempt in 1 2 3 4 5; do
-  if probe; then ok=1; break; fi
-  log "in-cluster API probe failed (attempt $attempt): $("${KUBECTL[@]}" logs apicheck 2>&1 | tail -c 300)"
-  sleep 2
-done
-[ "$ok" = 1 ] || die "no pod could reach the API server through the kubernetes Service"
-log "$("${KUBECTL[@]}" logs apicheck | tr -d '\n' | head -c 120)"
+probe_until "no pod could reach the API server through the kubernetes Service"
+# --- cluster DNS and the NetworkPolicy enforcer (tests/cluster/peers.sh) ------------------------
+tests/cluster/peers.sh install || die "cluster DNS or the NetworkPolicy enforcer did not start"
+probe_until "no pod could reach the API server by its DNS name (kubernetes.default.svc)" kubernetes.default.svc
 "${KUBECTL[@]}" delete pod apicheck --wait=false >/dev/null
 log "node $NODE_NAME is Ready; kubeconfig: $CLUSTER_DIR/admin.kubeconfig"

@@ -49,8 +49,6 @@ WORKLOAD_IMAGE = f"localhost/neuron-helm-chart/device-plugin:{VERSION}"
 SCHEDULER = "neuron-scheduler"
 EXTENDER = f"{RELEASE}-scheduler-extender"
 KUBE_SCHEDULER = f"{RELEASE}-kube-scheduler"
-# the test cluster runs no cluster DNS: the scheduler reaches the extender at a fixed address of the service range
-EXTENDER_IP = "10.96.0.54"
 ONE_PER_ROW = (1, 5, 9, 13)
 RESOURCE = "aws.amazon.com"
 
@@ -64,7 +62,7 @@ def install(*args: str) -> None:
     helm(
         "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
         "--set", "simulation.enabled=true", "--set", f"simulation.hostRoot={SIM_ROOT}",
-        "--set", "scheduler.enabled=true", "--set", f"scheduler.extender.service.clusterIP={EXTENDER_IP}",
+        "--set", "scheduler.enabled=true",
         *args, "--wait", "--timeout", "300s",
     )  # fmt: skip
 
@@ -322,6 +320,68 @@ def test_a_bind_without_the_releases_certificate_is_refused_and_an_oversized_bod
         assert get(replica["status"]["podIP"], "/healthz")[0] == 200
     _, metrics = get(leader_ip, "/metrics")
     assert 'neuron_scheduler_extender_refused_requests_total{reason="too_large",verb="filter"} 1.0' in metrics
+
+
+# What an attacker's pod runs: POST /bind for a pending pod to the extender's Service by its DNS name,
+# trusting any certificate, and print what came back (the HTTP status, or how the connection failed).
+ATTACK = """
+import json, socket, ssl, sys, urllib.error, urllib.request
+url, body = sys.argv[1], sys.argv[2].encode()
+context = ssl.create_default_context()
+context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+try:
+    with urllib.request.urlopen(urllib.request.Request(url, data=body), timeout=5, context=context) as r:
+        print("status", r.status)
+except urllib.error.HTTPError as e:
+    print("status", e.code)
+except (TimeoutError, socket.timeout):
+    print("timed out")
+except urllib.error.URLError as e:
+    print("timed out" if isinstance(e.reason, (TimeoutError, socket.timeout)) else f"failed {e.reason}")
+"""
+
+
+def attack_from(namespace: str, body: str) -> str:
+    """Run a pod in `namespace` that POSTs `body` to the extender's /bind by its Service name; what it printed."""
+    url = f"https://{EXTENDER}.{NAMESPACE}.svc:9843/bind"
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "attacker", "namespace": namespace},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main", "image": WORKLOAD_IMAGE, "imagePullPolicy": "Never",
+                "command": [WORKLOAD_PYTHON, "-c", ATTACK, url, body],
+            }],
+        },
+    }  # fmt: skip
+    kubectl("delete", "pod", "-n", namespace, "attacker", "--ignore-not-found", "--wait=true")
+    kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+    eventually(lambda: pod_phase("attacker", namespace) == "Succeeded", f"the attacker pod in {namespace} done", 90)
+    printed = kubectl("logs", "-n", namespace, "attacker").strip()
+    kubectl("delete", "pod", "-n", namespace, "attacker", "--wait=false")
+    return printed
+
+
+def test_the_extenders_network_policy_holds_on_a_cluster_that_enforces_it() -> None:
+    """Issue 24 item 7 with the test cluster's real NetworkPolicy enforcer (kube-network-policies) and
+    DNS (CoreDNS): a pod of another namespace that POSTs /bind for a pending pod to the extender's
+    Service never gets a connection; a pod the policy admits (the `monitoring` namespace, there for
+    /metrics on the same port) connects, by the same name, and meets the next wall (no client
+    certificate: 403). The pod stays unbound either way."""
+    binding = json.dumps(
+        {"PodName": "four", "PodNamespace": WORKLOADS, "PodUID": pod("four")["metadata"]["uid"], "Node": NODE}
+    )
+    assert attack_from(WORKLOADS, binding) == "timed out"
+    kubectl("create", "namespace", "monitoring", check=False)
+    try:
+        assert attack_from("monitoring", binding) == "status 403"
+    finally:
+        kubectl("delete", "namespace", "monitoring", "--wait=true", "--timeout=120s", check=False)
+    assert pod_phase("four", WORKLOADS) == "Pending"
+    assert not pod("four")["spec"].get("nodeName")
 
 
 def test_restarting_both_extenders_loses_nothing() -> None:

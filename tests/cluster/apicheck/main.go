@@ -1,5 +1,7 @@
 // apicheck proves a pod reaches the API server in-cluster: it reads its service account token
-// and CA and GETs /version through the `kubernetes` Service. Standard library only.
+// and CA and GETs /version through the `kubernetes` Service, by its address from the environment,
+// or by the name given as the argument (kubernetes.default.svc: then cluster DNS answered too).
+// Standard library only.
 package main
 
 import (
@@ -16,6 +18,9 @@ const sa = "/var/run/secrets/kubernetes.io/serviceaccount/"
 
 func main() {
 	host, port := os.Getenv("KUBERNETES_SERVICE_HOST"), os.Getenv("KUBERNETES_SERVICE_PORT")
+	if len(os.Args) > 1 {
+		host = os.Args[1]
+	}
 	token, err := os.ReadFile(sa + "token")
 	if err != nil {
 		fail("no service account token: %v", err)
