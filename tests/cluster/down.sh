@@ -66,7 +66,7 @@ for round in 1 2 3 4 5; do
   sleep 0.2
 done
 # 4. The rest of the cluster, the runtime among the last.
-for name in kube-proxy kube-scheduler kube-controller-manager kube-apiserver containerd etcd; do
+for name in kube-router kube-proxy kube-scheduler kube-controller-manager kube-apiserver containerd etcd; do
   stop_named "$name"
 done
 if tests/registry.sh status "$CLUSTER_DIR/registry" >/dev/null; then  # its storage stays, as the images' cache
@@ -95,9 +95,16 @@ for table in nat filter; do
     | awk '/^-A (PREROUTING|OUTPUT|POSTROUTING|FORWARD|INPUT) .*(KUBE-|CNI-)/ {sub(/^-A/, "-D"); print}' \
     | while read -r rule; do eval "iptables -t $table $rule" 2>/dev/null || true; done
 done
-# kube-network-policies' table (tests/cluster/peers): it removes it itself only on SIGINT, and a table
-# left behind would queue a later cluster's pods' packets to a queue nobody reads
-nft delete table inet kube-network-policies 2>/dev/null || true
+# kube-router's network policy chains and ipsets (tests/cluster/peers.sh): its own --cleanup-config
+# crashes in v2.1.0 (in the service proxy's part, which never ran), and a stale chain would judge a
+# later cluster's pods by this one's policies. The jumps to them went with the KUBE- rules above.
+for chain in $(iptables -S 2>/dev/null | awk '/^-N KUBE-(ROUTER|NWPLCY|POD-FW)-/ {print $2}'); do
+  iptables -F "$chain" 2>/dev/null || true
+done
+for chain in $(iptables -S 2>/dev/null | awk '/^-N KUBE-(ROUTER|NWPLCY|POD-FW)-/ {print $2}'); do
+  iptables -X "$chain" 2>/dev/null || true
+done
+for set in $(ipset list -n 2>/dev/null | grep '^KUBE-'); do ipset destroy "$set" 2>/dev/null || true; done
 sed -i "/# neuron-helm-chart test cluster$/d" /etc/hosts
 # the kubelet's records of the images it pulled (image_manager) go with the cluster they were pulled
 # in: a record naming an image ID makes the kubelet refuse an imported image of that ID (pull policy Never)

@@ -1,7 +1,7 @@
 """`make cluster-down` leaves nothing of the cluster running (issue 28): after `make demo`, with
 the kubelet in the middle of restarting the release's containers, no process is left in the
 pods' cgroups, no `neuron-*` process runs, no port of the release is still held, and the
-NetworkPolicy enforcer's nftables table is gone.
+NetworkPolicy enforcer's chains and address sets are gone.
 
 Runs only with `-m cluster_down`, last in `make cluster-test`: it brings the cluster down.
 """
@@ -58,10 +58,14 @@ def port_in_use(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def enforcer_tables() -> list[str]:
-    """The NetworkPolicy enforcer's nftables table (tests/cluster/peers), which it drops only on SIGINT."""
-    out = subprocess.run(["nft", "list", "tables"], capture_output=True, text=True, check=True).stdout
-    return [line for line in out.splitlines() if line.strip() == "table inet kube-network-policies"]
+def enforcer_state() -> list[str]:
+    """What the NetworkPolicy enforcer (kube-router, tests/cluster/peers.sh) made: its iptables chains and ipsets."""
+    chains = subprocess.run(["iptables", "-S"], capture_output=True, text=True, check=True).stdout
+    sets = subprocess.run(["ipset", "list", "-n"], capture_output=True, text=True, check=True).stdout
+    return [
+        *(line for line in chains.splitlines() if re.match(r"-N KUBE-(ROUTER|NWPLCY|POD-FW)-", line)),
+        *(f"ipset {name}" for name in sets.split() if name.startswith("KUBE-")),
+    ]
 
 
 def test_cluster_down_after_the_demo_leaves_no_process_even_while_the_kubelet_restarts_containers() -> None:
@@ -75,7 +79,7 @@ def test_cluster_down_after_the_demo_leaves_no_process_even_while_the_kubelet_re
         "no process in the pods' cgroups before cluster-down: the check below would prove nothing"
     )
 
-    assert enforcer_tables(), "the NetworkPolicy enforcer made no nftables table: the check below would prove nothing"
+    assert enforcer_state(), "the NetworkPolicy enforcer made no chain: the check below would prove nothing"
 
     # Kill every container so the kubelet is restarting them while cluster-down begins (the race
     # of the issue: a container restarted between the tasks' kill and the runtime's stop).
@@ -95,7 +99,7 @@ def test_cluster_down_after_the_demo_leaves_no_process_even_while_the_kubelet_re
     assert neuron_processes() == [], f"the release's services outlived cluster-down:\n{log}"
     for port in RELEASE_PORTS:
         assert not port_in_use(port), f"port {port} is still held after cluster-down"
-    assert enforcer_tables() == [], f"the NetworkPolicy enforcer's nftables table outlived cluster-down:\n{log}"
+    assert enforcer_state() == [], f"the NetworkPolicy enforcer's chains or sets outlived cluster-down:\n{log}"
     assert not (CLUSTER_DIR / "kubelet.pid").exists()
     assert not (CLUSTER_DIR / "containerd.pid").exists()
     shims = subprocess.run(

@@ -300,7 +300,12 @@ probe_until() {  # what failed, [name to reach the API server by]
 wait_for "the default service account" 60 "${KUBECTL[@]}" get serviceaccount default
 probe_until "no pod could reach the API server through the kubernetes Service"
 # --- cluster DNS and the NetworkPolicy enforcer (tests/cluster/peers.sh) ------------------------
-tests/cluster/peers.sh install || die "cluster DNS or the NetworkPolicy enforcer did not start"
+tests/cluster/peers.sh install || die "cluster DNS did not start"
+# kube-router's network policy controller alone, on the host like kube-proxy (see peers.sh for why this one)
+start kube-router "$(tests/cluster/peers.sh path kube-router)" --kubeconfig="$CLUSTER_DIR/admin.kubeconfig" \
+  --hostname-override="$NODE_NAME" --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
+  --service-cluster-ip-range=10.96.0.0/24 --health-port=0 --metrics-port=0
+wait_for "kube-router's network policy chains" 60 bash -c "iptables -S FORWARD | grep KUBE-ROUTER-FORWARD >/dev/null"
 probe_until "no pod could reach the API server by its DNS name (kubernetes.default.svc)" kubernetes.default.svc
 "${KUBECTL[@]}" delete pod apicheck --wait=false >/dev/null
 log "node $NODE_NAME is Ready; kubeconfig: $CLUSTER_DIR/admin.kubeconfig"
