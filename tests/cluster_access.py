@@ -33,6 +33,12 @@ KUBECONFIG = Path(os.environ["KUBECONFIG"])
 # The registry up.sh starts for the cluster (tests/registry.sh, plain HTTP on loopback); containerd pulls from it
 # through $CLUSTER_DIR/containerd/certs.d. Keep in step with up.sh's REGISTRY_ADDR.
 REGISTRY = "127.0.0.1:5000"
+# The image of up.sh's in-cluster API check (tests/cluster/apicheck), read from up.sh, which builds it
+APICHECK_IMAGE = next(
+    line.split("=", 1)[1]
+    for line in (REPO / "tests/cluster/up.sh").read_text().splitlines()
+    if line.startswith("APICHECK_IMAGE=")
+)
 # The cluster's own containerd 2.x client (up.sh links it; Debian's ctr, if any, is another version)
 CTR = (
     str(CLUSTER_DIR / "containerd/bin/ctr"),

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from cluster_access import (
+    APICHECK_IMAGE,
     CTR,
     KUBECONFIG,
     NODE,
@@ -72,17 +73,22 @@ def test_a_pod_runs_and_logs_are_readable() -> None:
     kubectl("delete", "pod", "smoke", "--wait=false")
 
 
-def test_a_pod_reaches_the_api_server() -> None:
+def test_a_pod_reaches_the_api_server_by_its_dns_name() -> None:
+    """Through the kubernetes Service, by the name cluster DNS (CoreDNS, tests/cluster/peers.sh) answers for it."""
     kubectl("delete", "pod", "apicheck-test", "--ignore-not-found", "--wait=true")
     kubectl(
         "run",
         "apicheck-test",
-        "--image=localhost/neuron-test/apicheck:1",
+        f"--image={APICHECK_IMAGE}",
         "--image-pull-policy=Never",
         "--restart=Never",
+        "--",
+        "kubernetes.default.svc",
     )
     eventually(lambda: pod_phase("apicheck-test") == "Succeeded", "apicheck")
-    assert '"major": "1"' in kubectl("logs", "apicheck-test")
+    logged = kubectl("logs", "apicheck-test")
+    assert "reached the API server at kubernetes.default.svc:443" in logged, logged
+    assert '"major": "1"' in logged
     kubectl("delete", "pod", "apicheck-test", "--wait=false")
 
 
