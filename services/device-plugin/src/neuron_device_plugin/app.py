@@ -171,6 +171,7 @@ class Plugin:
                 file_poll=self.kmsg_file_poll,
                 format=self.config.kernel_log_format,
                 tz=host_timezone(self.config.host_root),
+                on_error=lambda source: self.metrics.errors.labels(source).inc(),
             )
             loops["kmsg"] = lambda: kmsg.run(self.stop)
         if self.labeler is not None:

@@ -150,7 +150,13 @@ class DraDriver:
             "health": lambda: self.monitor.run(self.stop),
         }
         if c.kmsg_path is not None:
-            kmsg = KmsgWatcher(self.health, c.kmsg_path, format=c.kernel_log_format, tz=host_timezone(c.host_root))
+            kmsg = KmsgWatcher(
+                self.health,
+                c.kmsg_path,
+                format=c.kernel_log_format,
+                tz=host_timezone(c.host_root),
+                on_error=lambda source: self.metrics.errors.labels(source).inc(),
+            )
             loops["kmsg"] = lambda: kmsg.run(self.stop)
         if self.labeler is not None:
             labeler = self.labeler
