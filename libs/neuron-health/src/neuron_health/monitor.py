@@ -43,7 +43,7 @@ def _ignore(kind: str) -> None:
 
 STATUS_EVERY = 4
 # Only the per-core statuses behind a fault that takes a device out are worth reading here.
-WATCHED_STATUSES = frozenset(c for f in faults.FAULTS if f.leaves_allocatable for c in f.core_counters)
+WATCHED_STATUSES = frozenset(c for f in faults.FAULTS if f.takes_device_out for c in f.core_counters)
 
 
 class HealthMonitor:
@@ -126,7 +126,7 @@ class KmsgWatcher:
     def handle(self, message: str) -> None:
         for found in faults.match_kernel_line(message):
             fault = found.fault
-            if not fault.leaves_allocatable:
+            if not fault.takes_device_out:
                 log.info("kernel log: %s (%s, the device stays in service)", fault.reason, fault.severity)
                 continue
             if found.device is None:

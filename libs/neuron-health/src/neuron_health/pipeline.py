@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +69,19 @@ class ReadFailures:
         if self.failing:
             self.failing = False
             log.info("reading %s again", what)
+
+
+def growth(
+    previous: Mapping[tuple[int, str], int] | None, current: Mapping[tuple[int, str], int]
+) -> Iterator[tuple[int, str, int, int]]:
+    """(device, counter, before, now) for every counter (by device and name,
+    `neuron_driver.counters.device_totals`) that grew since `previous`, or is non-zero on the first
+    read (the driver counts since it loaded). Both the fault table's findings
+    (`device_health.counter_findings`) and the detector's counter rules are made from this."""
+    for (device, name), value in current.items():
+        before = 0 if previous is None else previous.get((device, name), value)
+        if value > before:
+            yield device, name, before, value
 
 
 @dataclass(frozen=True, slots=True)
