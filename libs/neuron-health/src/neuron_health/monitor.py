@@ -61,9 +61,13 @@ class HealthMonitor:
         *,
         on_error: OnError = _ignore,
         after_tick: Callable[[], None] | None = None,
+        on_inventory: Callable[[NodeInventory], None] | None = None,
     ) -> None:
-        """`on_error` counts a failed read (by source); `after_tick` runs after each read."""
+        """`on_error` counts a failed read (by source); `after_tick` runs after each read;
+        `on_inventory` takes a new inventory (by default `state.set_inventory`: the device plugin
+        passes its own, which also renumbers its device list)."""
         self.state = state
+        self.on_inventory = on_inventory if on_inventory is not None else state.set_inventory
         self.after_tick = after_tick
         self.host_root = host_root
         self.verdict_dir = verdict_dir
@@ -82,7 +86,7 @@ class HealthMonitor:
 
     def handle(self, read: CounterRead) -> None:
         if read.inventory is not None:
-            self.state.set_inventory(read.inventory)
+            self.on_inventory(read.inventory)
         if read.reloaded:
             log.info("the driver's counters went back down (driver reloaded) on device(s) %s", sorted(read.reloaded))
             self.state.driver_reloaded(read.reloaded)

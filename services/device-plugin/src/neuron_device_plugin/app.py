@@ -97,13 +97,16 @@ class Plugin:
             self.registrars.append(
                 Registrar(server, config.kubelet_socket, self.metrics, register_timeout=config.register_timeout)
             )
+        # The monitors feed the device health the state holds (which wakes the streams on a change);
+        # a new inventory goes through the state, which keeps its device list from it.
         self.monitor = HealthMonitor(
-            self.state,
+            self.state.health,
             config.host_root,
             config.health_interval,
             config.verdict_dir,
             on_error=lambda kind: self.metrics.errors.labels(kind).inc(),
             after_tick=self.state.expire_pending,
+            on_inventory=self.state.set_inventory,
         )
         self.kube = api
         if self.kube is None and (config.node_report or config.ultraserver_labels or config.metrics_security):
@@ -166,7 +169,7 @@ class Plugin:
         }
         if self.config.kmsg_path is not None:
             kmsg = KmsgWatcher(
-                self.state,
+                self.state.health,
                 self.config.kmsg_path,
                 file_poll=self.kmsg_file_poll,
                 format=self.config.kernel_log_format,

@@ -80,6 +80,9 @@ class Detector:
                 "restarted on the same boot: keeping %d problem(s)", len(self.state.problems),
                 extra={"problems": ", ".join(sorted(self.state.problems))},
             )  # fmt: skip
+        if self.state.seq_source != config.kernel_log_format:
+            # the other format numbers its records otherwise: its last number says nothing here
+            self.state.seq_source, self.state.last_seq = config.kernel_log_format, -1
         self.kube = api if api is not None else Api.from_kubeconfig(config.kubeconfig, API_TIMEOUT)
         self.reporter = Reporter(
             self.kube,
@@ -178,6 +181,7 @@ class Detector:
 
     # -- sources: the health pipeline's counter watch and kernel-log source -------------------------
     def kernel_record(self, record: KmsgRecord) -> None:
+        """A kernel-log record, from the loop `kmsg` (the pipeline's `KernelLogSource`)."""
         self.metrics.kmsg_records.inc()
         if record.seq <= self.state.last_seq:
             return  # handled before a restart on this boot
@@ -186,27 +190,17 @@ class Detector:
         if matches:
             self.handle(matches)
 
-    async def follow_kmsg(self) -> None:
-        if self.state.seq_source != self.config.kernel_log_format:
-            # the other format numbers its records otherwise: its last number says nothing here
-            self.state.seq_source, self.state.last_seq = self.config.kernel_log_format, -1
-        await self.kernel_log.run(
-            self.stop, self.kernel_record, on_malformed=lambda _: self.metrics.kmsg_malformed.inc()
-        )
-
     @property
     def _kmsg_ok(self) -> bool:
         return self.kernel_log.following
-
-    async def watch_counters(self) -> None:
-        await self.counters.run(self.stop, self.counters_read)
 
     def check_counters(self) -> None:
         """One read of the driver's counters and its handling, at once (tests; the loop reads on its interval)."""
         self.counters_read(self.counters.read())
 
     def counters_read(self, read: CounterRead) -> None:
-        """Problems that appeared, and those a reload mended."""
+        """A read of the driver's counters, from the loop `counters` (the pipeline's `CounterWatch`):
+        problems that appeared, and those a reload mended."""
         if read.reloaded:
             self.cleared(
                 self.state.clear_devices(set(read.reloaded)), "the driver's counters were reset (driver reloaded)"
@@ -231,8 +225,10 @@ class Detector:
                    "conditions": ",".join(c.type for c in self.rules.conditions)},
         )  # fmt: skip
         loops: dict[str, Loop] = {
-            "kmsg": self.follow_kmsg,
-            "counters": self.watch_counters,
+            "kmsg": lambda: self.kernel_log.run(
+                self.stop, self.kernel_record, on_malformed=lambda _: self.metrics.kmsg_malformed.inc()
+            ),
+            "counters": lambda: self.counters.run(self.stop, self.counters_read),
             "reporter": lambda: self.reporter.run(self.stop),
             "metrics": self.report_metrics,
         }
