@@ -167,6 +167,9 @@ class Plugin:
             "health": lambda: self.monitor.run(self.stop),
             "holdings": self._poll_holdings,
         }
+        # The kernel log: with the problem detector (the chart's default: --kmsg-path=none) a kernel
+        # line reaches health as the detector's verdict file, read by `health` each interval
+        # (docs/ARCHITECTURE.md draws the path); without it the plugin follows the log itself.
         if self.config.kmsg_path is not None:
             kmsg = KmsgWatcher(
                 self.state.health,
