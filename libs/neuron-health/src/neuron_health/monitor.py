@@ -81,7 +81,8 @@ class HealthMonitor:
         )
 
     def tick(self) -> None:
-        """One read and its handling, at once (tests; `run` reads on its interval)."""
+        """One read and its handling, at once (tests; the service's loop `health` runs
+        `self.watch.run(stop, self.handle)`, which reads on its interval)."""
         self.handle(self.watch.read())
 
     def handle(self, read: CounterRead) -> None:
@@ -96,9 +97,6 @@ class HealthMonitor:
         self.state.refresh_health()
         if self.after_tick is not None:
             self.after_tick()
-
-    async def run(self, stop: asyncio.Event) -> None:
-        await self.watch.run(stop, self.handle)
 
 
 class KmsgWatcher:

@@ -164,7 +164,7 @@ class Plugin:
         # flight complete.
         loops: dict[str, Loop] = {
             "registration": lambda: registration.watch(self.registrars, self.stop, drain=self.drain),
-            "health": lambda: self.monitor.run(self.stop),
+            "health": lambda: self.monitor.watch.run(self.stop, self.monitor.handle),
             "holdings": self._poll_holdings,
         }
         # The kernel log: with the problem detector (the chart's default: --kmsg-path=none) a kernel

@@ -147,7 +147,7 @@ class DraDriver:
             "grpc": lambda: servers.serve(
                 self.driver, self.health, self.registration, c.dra_socket, c.registration_socket, c.node_name, self.stop
             ),
-            "health": lambda: self.monitor.run(self.stop),
+            "health": lambda: self.monitor.watch.run(self.stop, self.monitor.handle),
         }
         if c.kmsg_path is not None:
             kmsg = KmsgWatcher(
