@@ -49,7 +49,7 @@ def recoverable_fault() -> faults.Fault:
     from neuron_health import faults
 
     for fault in faults.FAULTS:
-        if fault.severity.clears_on_driver_reload and fault.leaves_allocatable and fault.device_counters:
+        if fault.severity.clears_on_driver_reload and fault.takes_device_out and fault.device_counters:
             return fault
     raise BenchError("the fault table has no device-counter fault that a driver reload clears")
 

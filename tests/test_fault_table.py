@@ -122,11 +122,11 @@ async def test_same_behaviour_with_and_without_the_detector(
     alone.tick()
     with_detector.tick()
 
-    out = not fault.leaves_allocatable
+    out = not fault.takes_device_out
     assert (alone.healthy(), with_detector.healthy()) == (out, out)
     conditions = {c.type: c for c in detector.state.conditions(detector.rules, 0)}
-    assert (conditions[faults.CONDITION].status == "True") is fault.sets_condition
-    if fault.sets_condition:
+    assert (conditions[faults.CONDITION].status == "True") is fault.takes_device_out
+    if fault.takes_device_out:
         assert conditions[faults.CONDITION].reason == fault.reason
 
     sim.reload_driver(root)
@@ -134,5 +134,5 @@ async def test_same_behaviour_with_and_without_the_detector(
     alone.tick()
     with_detector.tick()
     # the reload shows only through counters that went down; a kernel line's fault waits for a reboot
-    back = fault.severity is not Severity.REPLACE_INSTANCE and (via != "kernel" or not fault.leaves_allocatable)
+    back = fault.severity is not Severity.REPLACE_INSTANCE and (via != "kernel" or not fault.takes_device_out)
     assert (alone.healthy(), with_detector.healthy()) == (back, back)

@@ -20,9 +20,9 @@ def test_a_counter_or_kernel_name_belongs_to_one_fault() -> None:
 
 def test_only_condition_setting_faults_take_a_device_out() -> None:
     for fault in (*faults.FAULTS, faults.UNKNOWN_FATAL, faults.UNKNOWN_NOTICE):
-        assert fault.leaves_allocatable is fault.sets_condition is (fault.severity is not Severity.TRANSIENT)
+        assert fault.takes_device_out is fault.severity.takes_device_out is (fault.severity is not Severity.TRANSIENT)
         assert fault.severity.clears_on_driver_reload is (fault.severity is Severity.UNTIL_REBOOT)
-        if fault.sets_condition:
+        if fault.takes_device_out:
             assert fault.reason == f"NeuronHasError_{fault.kind}"  # AWS's reasons, so existing alerts keep working
 
 

@@ -270,6 +270,17 @@ class TestHealth:
         assert h.plugin.state.verdict(5).reason == "kernel NC_UNCORRECTABLE_ERROR nc-id=0"
         assert "neuron2" in h.kubelet.healthy(NEURON)
 
+    async def test_an_unreadable_kernel_log_is_counted_and_counters_still_count(  # type: ignore[no-untyped-def]
+        self, start_plugin, short_tmp
+    ) -> None:
+        """The health pipeline's error policy: a kernel log that cannot be read is counted (and
+        logged, and retried), and the counter watch goes on taking devices out."""
+        h = await start_plugin("trn1.32xlarge", "--kmsg-path", str(short_tmp / "no-such-kern.log"))
+        await eventually(lambda: h.plugin.metrics.errors.labels("kernel_log")._value.get() >= 1)
+        sim.bump_counter(h.root, 3, "mem_ecc_uncorrected")
+        await eventually(lambda: "neuron3" not in h.kubelet.healthy(NEURON))
+        assert h.plugin.metrics.errors.labels("counters")._value.get() == 0
+
     async def test_core_status_counter(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
         h = await start_plugin("trn2.48xlarge", lnc=1)
         sim.bump_counter(h.root, 9, "hw_dma_abort_error", core=3)
@@ -310,7 +321,7 @@ async def test_malformed_sysfs_still_serves(start_plugin, short_tmp) -> None:  #
     await next_health_check(h)  # one reads the garbage,
     await next_health_check(h)  # the next compares with it
     assert len(h.kubelet.healthy(NEURON)) == 16
-    assert h.plugin.metrics.errors.labels("health_tick")._value.get() == 0
+    assert h.plugin.metrics.errors.labels("counters")._value.get() == 0  # no failed read (pipeline.COUNTERS)
 
 
 async def test_kubelet_restarts_100_times(start_plugin) -> None:  # type: ignore[no-untyped-def]

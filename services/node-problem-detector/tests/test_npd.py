@@ -24,7 +24,7 @@ from broken_loop import break_loop_and_probe
 from standins.apiserver import FakeApiServer, serving
 
 from neuron_driver.kmsg import KERN_ERR, format_hw_error, format_record
-from neuron_health import verdicts
+from neuron_health import pipeline, verdicts
 from neuron_health.kernel_log import KmsgFollower
 from neuron_problem_detector import config as config_mod
 from neuron_problem_detector import rules as rules_mod
@@ -278,6 +278,30 @@ async def test_a_dead_loop_fails_the_probes_and_the_process(
     assert code == 1
     dead = "loop counters failed: RuntimeError: counter table corrupt\n"
     assert probes == {"/healthz": (503, dead), "/readyz": (503, dead)}
+
+
+async def test_a_failed_counter_read_is_counted_and_retried(
+    tmp_path: Path, node: Path, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the health pipeline's error policy, the device plugin's and the DRA driver's too: a read that
+    # fails does not end the counter watch
+    async with running(tmp_path, node, api) as det:
+        await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
+        real_read, failures = det.counters.read, 3
+
+        def failing_read() -> pipeline.CounterRead:
+            nonlocal failures
+            if failures:
+                failures -= 1
+                raise OSError(5, "Input/output error")
+            return real_read()
+
+        monkeypatch.setattr(det.counters, "read", failing_read)
+        await eventually(lambda: failures == 0)
+        sim.bump_counter(node, 9, "mem_ecc_repairable_uncorrected")
+        await eventually(lambda: status(api) == ("True", "NeuronHasError_HBM_REPAIRABLE_UNCORRECTABLE_ERROR"))
+        metrics = await scrape(det)
+    assert 'neuron_npd_read_errors_total{source="counters"} 3.0' in metrics
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -12,7 +12,7 @@ from neuron_problem_detector import rules
 DEFAULT = rules.default_rules()
 
 
-@pytest.mark.parametrize("kind", [f.kind for f in faults.FAULTS if f.kernel_names and f.sets_condition])
+@pytest.mark.parametrize("kind", [f.kind for f in faults.FAULTS if f.kernel_names and f.takes_device_out])
 def test_every_hw_error_kind_sets_its_aws_reason(kind: str) -> None:
     line = format_hw_error(kind, 3, 1, "19fcda00f5ff6eb9")
     [m] = rules.match_message(DEFAULT, line)
@@ -100,9 +100,9 @@ def test_default_rules_are_the_fault_table() -> None:
         sources = [fault.kernel_pattern, *fault.counters]
         for source in filter(None, sources):
             rule = by_source.pop(source)
-            assert (rule.reason, rule.permanent) == (fault.reason, fault.sets_condition)
+            assert (rule.reason, rule.permanent) == (fault.reason, fault.takes_device_out)
             assert rule.clear_on_driver_reload == fault.severity.clears_on_driver_reload
-            assert rule.condition == (faults.CONDITION if fault.sets_condition else None)
+            assert rule.condition == (faults.CONDITION if fault.takes_device_out else None)
     assert sorted(r.reason for r in by_source.values()) == sorted(
         [faults.UNKNOWN_FATAL.reason, faults.UNKNOWN_NOTICE.reason]
     )

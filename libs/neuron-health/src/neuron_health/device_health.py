@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from neuron_driver.inventory import InstanceTypeSource, NodeInventory
 from neuron_health import faults
 from neuron_health.faults import Severity
+from neuron_health.pipeline import growth
 
 log = logging.getLogger(__name__)
 
@@ -42,12 +43,9 @@ def counter_findings(
     """Faults shown by counters (by device and name, `neuron_driver.counters.device_totals`) that grew
     since `previous`, or are non-zero on the first read (they count since the driver loaded)."""
     findings: list[Finding] = []
-    for (device, name), value in current.items():
+    for device, name, before, value in growth(previous, current):
         fault = faults.BY_COUNTER.get(name)
-        if fault is None or not fault.leaves_allocatable:
-            continue
-        before = 0 if previous is None else previous.get((device, name), value)
-        if value > before:
+        if fault is not None and fault.takes_device_out:
             findings.append(
                 Finding(device, f"counter {name} +{value - before} ({fault.kind})", fault.severity, fault.kind)
             )
@@ -81,7 +79,7 @@ class _DeviceState:
 
     @property
     def permanent(self) -> bool:
-        return self.severity is not None and self.severity.leaves_allocatable
+        return self.severity is not None and self.severity.takes_device_out
 
 
 class HealthTracker:
@@ -90,7 +88,7 @@ class HealthTracker:
         self._devices: dict[int, _DeviceState] = {}
 
     def observe(self, finding: Finding, now: float) -> None:
-        if not finding.severity.leaves_allocatable:
+        if not finding.severity.takes_device_out:
             return
         state = self._devices.setdefault(finding.device, _DeviceState())
         state.last_error_at = now

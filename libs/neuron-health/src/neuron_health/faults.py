@@ -38,7 +38,10 @@ class Severity(enum.StrEnum):
     REPLACE_INSTANCE = "replace-instance"
 
     @property
-    def leaves_allocatable(self) -> bool:
+    def takes_device_out(self) -> bool:
+        """The one name for "takes the device out of service": the device plugin advertises it
+        Unhealthy (it leaves allocatable), the DRA driver drops or taints it in its slices, and the
+        problem detector sets the `NeuronHealth` condition and writes the device's verdict."""
         return self is not Severity.TRANSIENT
 
     @property
@@ -66,12 +69,8 @@ class Fault:
     core_counters: tuple[str, ...] = ()  # stats/status/<name>/total on any of the device's cores
 
     @property
-    def leaves_allocatable(self) -> bool:
-        return self.severity.leaves_allocatable
-
-    @property
-    def sets_condition(self) -> bool:
-        return self.severity is not Severity.TRANSIENT
+    def takes_device_out(self) -> bool:
+        return self.severity.takes_device_out
 
     @property
     def kernel_pattern(self) -> str | None:
@@ -235,7 +234,7 @@ def match_kernel_line(message: str) -> list[KernelFault]:
 def markdown_table() -> str:
     """The fault table as docs/device-plugin.md shows it (`neuron-sim faults`)."""
     rows = [
-        "| Fault | Kernel log | Counters | Severity | Device leaves allocatable | Reason | Why |",
+        "| Fault | Kernel log | Counters | Severity | Takes the device out | Reason | Why |",
         "|---|---|---|---|---|---|---|",
     ]
     for f in (*FAULTS, UNKNOWN_FATAL, UNKNOWN_NOTICE):
@@ -244,8 +243,8 @@ def markdown_table() -> str:
         elif f.driver_pattern:
             where = f"`{f.driver_pattern}`"
         else:
-            where = "any other `NEURON_HW_ERR=` kind" + (", `action=TERMINATE_INSTANCE`" if f.sets_condition else "")
+            where = "any other `NEURON_HW_ERR=` kind" + (", `action=TERMINATE_INSTANCE`" if f.takes_device_out else "")
         counters = ", ".join(f"`{c}`" for c in f.counters) or "-"
-        out = "yes" if f.leaves_allocatable else "no"
+        out = "yes" if f.takes_device_out else "no"
         rows.append(f"| `{f.kind}` | {where} | {counters} | {f.severity} | {out} | `{f.reason}` | {f.why} |")
     return "\n".join(rows)

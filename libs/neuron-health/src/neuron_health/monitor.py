@@ -1,5 +1,6 @@
-"""The loops that feed a node's device health (the device plugin's state, the DRA driver's):
-device presence and error counters, the kernel log, and the problem detector's per-device verdicts."""
+"""What the device plugin and the DRA driver do with the health pipeline (`neuron_health.pipeline`):
+device presence and error counters, the kernel log, and the problem detector's per-device verdicts
+feed a node's device health (the device plugin's state, the DRA driver's)."""
 
 from __future__ import annotations
 
@@ -10,12 +11,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
-from neuron_common.lifecycle import sleep_or_stop
-from neuron_driver.counters import CounterKind, CounterReader, device_totals, devices_reset
-from neuron_driver.inventory import InventoryTracker, NodeInventory
+from neuron_driver.inventory import NodeInventory
 from neuron_health import faults
 from neuron_health.device_health import Finding, counter_findings
-from neuron_health.kernel_log import KmsgFollower, Malformed
+from neuron_health.pipeline import CounterRead, CounterWatch, KernelLogSource, OnError
 from neuron_health.verdicts import read_verdicts
 
 log = logging.getLogger(__name__)
@@ -44,12 +43,14 @@ def _ignore(kind: str) -> None:
 
 STATUS_EVERY = 4
 # Only the per-core statuses behind a fault that takes a device out are worth reading here.
-WATCHED_STATUSES = frozenset(c for f in faults.FAULTS if f.leaves_allocatable for c in f.core_counters)
+WATCHED_STATUSES = frozenset(c for f in faults.FAULTS if f.takes_device_out for c in f.core_counters)
 
 
 class HealthMonitor:
-    """Every `interval`: are the same devices there (rescan if not), did an error counter grow,
-    did a transient verdict's quiet period end, do the problem detector's verdicts say more."""
+    """The device plugin's and the DRA driver's use of the pipeline's counter watch: every
+    `interval`, are the same devices there (a new inventory if not), did an error counter grow, did
+    the driver reload, did a transient verdict's quiet period end, do the problem detector's
+    verdicts say more. A failed read follows the pipeline's error policy (`pipeline.ReadFailures`)."""
 
     def __init__(
         self,
@@ -58,71 +59,50 @@ class HealthMonitor:
         interval: float,
         verdict_dir: Path | None = None,
         *,
-        on_error: Callable[[str], None] = _ignore,
+        on_error: OnError = _ignore,
         after_tick: Callable[[], None] | None = None,
+        on_inventory: Callable[[NodeInventory], None] | None = None,
     ) -> None:
-        """`on_error` counts a failed tick (by kind); `after_tick` runs after each tick."""
+        """`on_error` counts a failed read (by source); `after_tick` runs after each read;
+        `on_inventory` takes a new inventory (by default `state.set_inventory`: the device plugin
+        passes its own, which also renumbers its device list)."""
         self.state = state
-        self.on_error = on_error
+        self.on_inventory = on_inventory if on_inventory is not None else state.set_inventory
         self.after_tick = after_tick
         self.host_root = host_root
-        self.interval = interval
         self.verdict_dir = verdict_dir
-        self._previous: dict[tuple[int, str], int] | None = None
-        self._tracker = InventoryTracker(host_root, state.inventory)
-        self._ticks = 0
-        self._make_readers()
-
-    def _make_readers(self) -> None:
-        # The device error counters are few and read every tick; the per-core status counters
-        # are many (5 a core) and read every `STATUS_EVERY` ticks, to keep idle CPU low.
-        self._hardware = CounterReader(self.state.inventory, kinds={CounterKind.HARDWARE}, power=False)
-        self._status = CounterReader(
-            self.state.inventory,
-            kinds={CounterKind.STATUS},
-            power=False,
-            status_names=WATCHED_STATUSES,
-            status_fields=("total",),
+        self.watch = CounterWatch(
+            host_root,
+            interval,
+            WATCHED_STATUSES,
+            inventory=state.inventory,
+            status_every=STATUS_EVERY,
+            on_error=on_error,
         )
 
     def tick(self) -> None:
-        if self._tracker.refresh():
-            self.state.set_inventory(self._tracker.inventory)
-            self._make_readers()
-        values = self._hardware.read().values
-        if self._ticks % STATUS_EVERY == 0:
-            values = {**values, **self._status.read().values}
-        self._ticks += 1
-        totals = device_totals(values)
-        if self._previous is not None:
-            reloaded = devices_reset(self._previous, totals)
-            if reloaded:
-                log.info("the driver's counters went back down (driver reloaded) on device(s) %s", sorted(reloaded))
-                self.state.driver_reloaded(reloaded)
-        # a counter not read this tick (vanished device, slower cadence) keeps its last value
-        current = dict(self._previous or {})
-        current.update(totals)
-        self.state.observe(counter_findings(self._previous, totals))
-        self._previous = current
+        """One read and its handling, at once (tests; the service's loop `health` runs
+        `self.watch.run(stop, self.handle)`, which reads on its interval)."""
+        self.handle(self.watch.read())
+
+    def handle(self, read: CounterRead) -> None:
+        if read.inventory is not None:
+            self.on_inventory(read.inventory)
+        if read.reloaded:
+            log.info("the driver's counters went back down (driver reloaded) on device(s) %s", sorted(read.reloaded))
+            self.state.driver_reloaded(read.reloaded)
+        self.state.observe(counter_findings(read.previous, read.totals))
         if self.verdict_dir is not None:
             self.state.set_external_verdicts(read_verdicts(self.verdict_dir, self.host_root))
         self.state.refresh_health()
         if self.after_tick is not None:
             self.after_tick()
 
-    async def run(self, stop: asyncio.Event) -> None:
-        while not stop.is_set():
-            try:
-                self.tick()
-            except Exception:  # one bad tick must not end health reporting
-                self.on_error("health_tick")
-                log.exception("health check failed; trying again next interval")
-            await sleep_or_stop(stop, self.interval)
-
 
 class KmsgWatcher:
-    """NEURON_HW_ERR lines naming a device make that device Unhealthy. The whole log of this
-    boot is read at start, so a restart of the plugin does not forget an error."""
+    """The device plugin's and the DRA driver's use of the pipeline's kernel-log source, when no
+    problem detector reads it for them: NEURON_HW_ERR lines naming a device make that device
+    Unhealthy. The whole log of this boot is read at start, so a restart does not forget an error."""
 
     def __init__(
         self,
@@ -133,21 +113,22 @@ class KmsgWatcher:
         *,
         format: str = "kmsg",
         tz: dt.tzinfo | None = None,
+        on_error: OnError = _ignore,
     ) -> None:
         """`file_poll`: how often a kernel-log *file* (a simulated node, a syslog file) is read again;
         /dev/kmsg itself wakes the follower, so this does not apply to it. `format` and `tz`: as
-        `KmsgFollower`'s."""
+        `KmsgFollower`'s. `on_error` counts a failed read."""
         self.state = state
-        self.path = path
-        self.retry = retry
-        self.file_poll = file_poll
-        self.format = format
-        self.tz = tz
+        # The problem detector is the prompt reader of the kernel log; here it is a second source,
+        # polled gently.
+        self.source = KernelLogSource(
+            path, format=format, tz=tz, lookback=None, file_poll=file_poll, retry=retry, on_error=on_error
+        )
 
     def handle(self, message: str) -> None:
         for found in faults.match_kernel_line(message):
             fault = found.fault
-            if not fault.leaves_allocatable:
+            if not fault.takes_device_out:
                 log.info("kernel log: %s (%s, the device stays in service)", fault.reason, fault.severity)
                 continue
             if found.device is None:
@@ -157,26 +138,4 @@ class KmsgWatcher:
             self.state.observe([Finding(found.device, f"kernel {fault.kind}{core}", fault.severity, fault.kind)])
 
     async def run(self, stop: asyncio.Event) -> None:
-        warned = False
-        while not stop.is_set():
-            # The problem detector is the prompt reader of the kernel log; here it is a second
-            # source, polled gently.
-            follower = KmsgFollower(
-                str(self.path), lookback=None, poll_interval=self.file_poll, format=self.format, tz=self.tz
-            )
-            try:
-                async for item in follower.follow(stop):
-                    if isinstance(item, Malformed):
-                        continue
-                    self.handle(item.message)
-            except OSError as exc:
-                if not warned:
-                    log.warning(
-                        "cannot read the kernel log %s (%s); health comes from the driver's counters only, "
-                        "retrying every %.0fs",
-                        self.path,
-                        exc.strerror or exc,
-                        self.retry,
-                    )
-                    warned = True
-                await sleep_or_stop(stop, self.retry)
+        await self.source.run(stop, lambda record: self.handle(record.message))

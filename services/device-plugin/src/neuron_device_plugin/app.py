@@ -97,13 +97,16 @@ class Plugin:
             self.registrars.append(
                 Registrar(server, config.kubelet_socket, self.metrics, register_timeout=config.register_timeout)
             )
+        # The monitors feed the device health the state holds (which wakes the streams on a change);
+        # a new inventory goes through the state, which keeps its device list from it.
         self.monitor = HealthMonitor(
-            self.state,
+            self.state.health,
             config.host_root,
             config.health_interval,
             config.verdict_dir,
             on_error=lambda kind: self.metrics.errors.labels(kind).inc(),
             after_tick=self.state.expire_pending,
+            on_inventory=self.state.set_inventory,
         )
         self.kube = api
         if self.kube is None and (config.node_report or config.ultraserver_labels or config.metrics_security):
@@ -161,16 +164,20 @@ class Plugin:
         # flight complete.
         loops: dict[str, Loop] = {
             "registration": lambda: registration.watch(self.registrars, self.stop, drain=self.drain),
-            "health": lambda: self.monitor.run(self.stop),
+            "health": lambda: self.monitor.watch.run(self.stop, self.monitor.handle),
             "holdings": self._poll_holdings,
         }
+        # The kernel log: with the problem detector (the chart's default: --kmsg-path=none) a kernel
+        # line reaches health as the detector's verdict file, read by `health` each interval
+        # (docs/ARCHITECTURE.md draws the path); without it the plugin follows the log itself.
         if self.config.kmsg_path is not None:
             kmsg = KmsgWatcher(
-                self.state,
+                self.state.health,
                 self.config.kmsg_path,
                 file_poll=self.kmsg_file_poll,
                 format=self.config.kernel_log_format,
                 tz=host_timezone(self.config.host_root),
+                on_error=lambda source: self.metrics.errors.labels(source).inc(),
             )
             loops["kmsg"] = lambda: kmsg.run(self.stop)
         if self.labeler is not None:

@@ -147,10 +147,16 @@ class DraDriver:
             "grpc": lambda: servers.serve(
                 self.driver, self.health, self.registration, c.dra_socket, c.registration_socket, c.node_name, self.stop
             ),
-            "health": lambda: self.monitor.run(self.stop),
+            "health": lambda: self.monitor.watch.run(self.stop, self.monitor.handle),
         }
         if c.kmsg_path is not None:
-            kmsg = KmsgWatcher(self.health, c.kmsg_path, format=c.kernel_log_format, tz=host_timezone(c.host_root))
+            kmsg = KmsgWatcher(
+                self.health,
+                c.kmsg_path,
+                format=c.kernel_log_format,
+                tz=host_timezone(c.host_root),
+                on_error=lambda source: self.metrics.errors.labels(source).inc(),
+            )
             loops["kmsg"] = lambda: kmsg.run(self.stop)
         if self.labeler is not None:
             labeler = self.labeler

@@ -13,10 +13,10 @@ from neuron_common.lifecycle import sleep_or_stop
 from neuron_common.metrics_auth import SecureMetrics
 from neuron_common.runner import run_service
 from neuron_common.supervisor import Loop, Supervisor
-from neuron_driver.counters import CounterKind, CounterReader, device_totals, devices_reset
-from neuron_driver.inventory import InventoryTracker, NodeInventory
+from neuron_driver.kmsg import KmsgRecord
 from neuron_health import verdicts
-from neuron_health.kernel_log import KmsgFollower, Malformed, host_timezone
+from neuron_health.kernel_log import host_timezone
+from neuron_health.pipeline import CounterRead, CounterWatch, KernelLogSource
 from neuron_problem_detector import rules as rules_mod
 from neuron_problem_detector.config import API_TIMEOUT, Config
 from neuron_problem_detector.detector import Problem, load_state, save_state, wall_now
@@ -53,6 +53,10 @@ class Metrics:
             "neuron_npd_dropped_events", "Events dropped while the API server was away", registry=r
         )
         self.active_problems = Gauge("neuron_npd_active_problems", "Problems currently setting a condition", registry=r)
+        self.read_errors = Counter(
+            "neuron_npd_read_errors", "Failed reads of a health source, by source (counters, kernel_log)", ["source"],
+            registry=r,
+        )  # fmt: skip
 
 
 class Detector:
@@ -76,6 +80,9 @@ class Detector:
                 "restarted on the same boot: keeping %d problem(s)", len(self.state.problems),
                 extra={"problems": ", ".join(sorted(self.state.problems))},
             )  # fmt: skip
+        if self.state.seq_source != config.kernel_log_format:
+            # the other format numbers its records otherwise: its last number says nothing here
+            self.state.seq_source, self.state.last_seq = config.kernel_log_format, -1
         self.kube = api if api is not None else Api.from_kubeconfig(config.kubeconfig, API_TIMEOUT)
         self.reporter = Reporter(
             self.kube,
@@ -94,11 +101,22 @@ class Detector:
         self.http = HealthServer(
             host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready, secure=secure
         )
-        self._kmsg_ok = False
-        self._tz = host_timezone(config.host_root)
-        self._counters_previous: dict[tuple[int, str], int] | None = None
-        self._tracker: InventoryTracker | None = None
-        self._reader: CounterReader | None = None
+        count = self.metrics.read_errors.labels
+        # /dev/kmsg wakes the follower itself; a kernel-log *file* (a simulated node, syslog) is polled
+        self.kernel_log = KernelLogSource(
+            config.kmsg_path,
+            format=config.kernel_log_format,
+            tz=host_timezone(config.host_root),
+            lookback=config.lookback,
+            file_poll=0.25,
+            retry=10,
+            on_error=lambda source: count(source).inc(),
+        )
+        # the device counters, and only those per-core statuses a rule names (a trn2 has 1,024 cores' worth)
+        core_counters = {r.counter for r in self.rules.counter_rules if r.counter and r.core_counter}
+        self.counters = CounterWatch(
+            config.host_root, config.counter_interval, core_counters, on_error=lambda source: count(source).inc()
+        )
 
     # -- health ------------------------------------------------------------------------------------
     def ready(self) -> tuple[bool, str]:
@@ -161,86 +179,35 @@ class Detector:
             except OSError as exc:
                 log.error("cannot write device verdicts to %s: %s", self.config.verdict_dir, exc)
 
-    # -- sources ---------------------------------------------------------------------------------------
-    async def follow_kmsg(self) -> None:
-        warned = False
-        while not self.stop.is_set():
-            # /dev/kmsg wakes the loop itself; a kernel-log *file* (a simulated node, syslog) is polled
-            follower = KmsgFollower(
-                str(self.config.kmsg_path),
-                lookback=self.config.lookback,
-                poll_interval=0.25,
-                format=self.config.kernel_log_format,
-                tz=self._tz,
-            )
-            if self.state.seq_source != self.config.kernel_log_format:
-                # the other format numbers its records otherwise: its last number says nothing here
-                self.state.seq_source, self.state.last_seq = self.config.kernel_log_format, -1
-            try:
-                async for item in follower.follow(self.stop):
-                    self._kmsg_ok = True
-                    if isinstance(item, Malformed):
-                        self.metrics.kmsg_malformed.inc()
-                        continue
-                    self.metrics.kmsg_records.inc()
-                    if item.seq <= self.state.last_seq:
-                        continue  # handled before a restart on this boot
-                    self.state.last_seq = item.seq
-                    matches = rules_mod.match_message(self.rules, item.message)
-                    if matches:
-                        self.handle(matches)
-            except OSError as exc:
-                self._kmsg_ok = False
-                if not warned:
-                    hint = (
-                        "the host's syslog daemon writes it (rsyslog; Amazon Linux 2023 and Bottlerocket have "
-                        "none: read /dev/kmsg there)"
-                        if self.config.kernel_log_format == "syslog"
-                        else "reading /dev/kmsg needs CAP_SYSLOG where kernel.dmesg_restrict=1"
-                    )
-                    log.error(
-                        "cannot read the kernel log %s: %s (%s); retrying every 10 s",
-                        self.config.kmsg_path,
-                        exc.strerror or exc,
-                        hint,
-                    )
-                    warned = True
-                await sleep_or_stop(self.stop, 10)
-
-    def _counter_reader(self, inventory: NodeInventory) -> CounterReader:
-        # the device counters, and only those per-core statuses a rule names (a trn2 has 1,024 cores' worth)
-        core_counters = {r.counter for r in self.rules.counter_rules if r.counter and r.core_counter}
-        return CounterReader(
-            inventory,
-            kinds={CounterKind.HARDWARE, CounterKind.STATUS} if core_counters else {CounterKind.HARDWARE},
-            power=False,
-            status_names=core_counters,
-            status_fields=("total",),
-        )
-
-    async def watch_counters(self) -> None:
-        while not self.stop.is_set():
-            self.check_counters()
-            await sleep_or_stop(self.stop, self.config.counter_interval)
-
-    def check_counters(self) -> None:
-        """One read of the driver's counters: problems that appeared, and those a reload mended."""
-        if self._tracker is None:
-            self._tracker = InventoryTracker(self.config.host_root)
-            self._reader = self._counter_reader(self._tracker.inventory)
-        elif self._tracker.refresh():
-            self._reader = self._counter_reader(self._tracker.inventory)
-        assert self._reader is not None
-        current = device_totals(self._reader.read().values)
-        previous = self._counters_previous
-        if previous is not None:
-            reset = devices_reset(previous, current)
-            if reset:
-                self.cleared(self.state.clear_devices(reset), "the driver's counters were reset (driver reloaded)")
-        matches = rules_mod.match_counters(self.rules, previous, current)
+    # -- sources: the health pipeline's counter watch and kernel-log source -------------------------
+    def kernel_record(self, record: KmsgRecord) -> None:
+        """A kernel-log record, from the loop `kmsg` (the pipeline's `KernelLogSource`)."""
+        self.metrics.kmsg_records.inc()
+        if record.seq <= self.state.last_seq:
+            return  # handled before a restart on this boot
+        self.state.last_seq = record.seq
+        matches = rules_mod.match_message(self.rules, record.message)
         if matches:
             self.handle(matches)
-        self._counters_previous = {**(previous or {}), **current}
+
+    @property
+    def _kmsg_ok(self) -> bool:
+        return self.kernel_log.following
+
+    def check_counters(self) -> None:
+        """One read of the driver's counters and its handling, at once (tests; the loop reads on its interval)."""
+        self.counters_read(self.counters.read())
+
+    def counters_read(self, read: CounterRead) -> None:
+        """A read of the driver's counters, from the loop `counters` (the pipeline's `CounterWatch`):
+        problems that appeared, and those a reload mended."""
+        if read.reloaded:
+            self.cleared(
+                self.state.clear_devices(set(read.reloaded)), "the driver's counters were reset (driver reloaded)"
+            )
+        matches = rules_mod.match_counters(self.rules, read.previous, read.totals)
+        if matches:
+            self.handle(matches)
         self.cleared(self.state.expire(wall_now()), "clearAfter passed")
 
     async def report_metrics(self) -> None:
@@ -258,8 +225,10 @@ class Detector:
                    "conditions": ",".join(c.type for c in self.rules.conditions)},
         )  # fmt: skip
         loops: dict[str, Loop] = {
-            "kmsg": self.follow_kmsg,
-            "counters": self.watch_counters,
+            "kmsg": lambda: self.kernel_log.run(
+                self.stop, self.kernel_record, on_malformed=lambda _: self.metrics.kmsg_malformed.inc()
+            ),
+            "counters": lambda: self.counters.run(self.stop, self.counters_read),
             "reporter": lambda: self.reporter.run(self.stop),
             "metrics": self.report_metrics,
         }

@@ -27,6 +27,7 @@ import yaml
 from neuron_driver import layout
 from neuron_driver.kmsg import locate
 from neuron_health import faults
+from neuron_health.pipeline import growth
 
 _REASON_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,127}$")  # NodeCondition reasons are CamelCase words
 _TYPE_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]{0,62}$")
@@ -104,8 +105,8 @@ def default_document() -> dict[str, Any]:
 
 
 def _rule_from(fault: faults.Fault, **where: str) -> dict[str, Any]:
-    rule: dict[str, Any] = {"type": "permanent" if fault.sets_condition else "temporary"}
-    if fault.sets_condition:
+    rule: dict[str, Any] = {"type": "permanent" if fault.takes_device_out else "temporary"}
+    if fault.takes_device_out:
         rule["condition"] = faults.CONDITION
     rule["reason"] = fault.reason
     rule.update(where)
@@ -277,12 +278,10 @@ def match_counters(
     """`current`: (device, counter name) -> value. Non-zero on the first read counts (the driver
     counts since it loaded); afterwards growth of at least the rule's threshold does."""
     found: list[Match] = []
+    grown = list(growth(previous, current))
     for rule in rules.counter_rules:
-        for (device, name), value in current.items():
-            if name != rule.counter:
-                continue
-            before = 0 if previous is None else previous.get((device, name), value)
-            if value - before >= rule.threshold:
+        for device, name, before, value in grown:
+            if name == rule.counter and value - before >= rule.threshold:
                 found.append(
                     Match(rule, device, None, None, f"counter {name} on neuron{device} rose from {before} to {value}")
                 )
