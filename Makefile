@@ -13,7 +13,7 @@ PY_DIRS   := $(wildcard libs services tests bench tools charts)
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: k8s-versions k8s-next help setup test lint typecheck unit integration bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images images-build release
+.PHONY: aws-handover k8s-versions k8s-next help setup test lint typecheck unit integration bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images images-build release
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
@@ -42,6 +42,9 @@ unit: ## pure, in-process tests only: a test that starts an external process her
 
 integration: ## tests that start real processes: kube-apiserver, kube-scheduler, Prometheus, NFD, helm, a registry, podman, the services
 	$(BIN)/pytest -q -m 'integration and not cluster and not e2e and not cluster_down'
+
+aws-handover: ## replace a release of AWS's neuron-helm-chart by this chart, keeping every node advertised: make aws-handover FROM=release [FROM_NAMESPACE=default] RELEASE=name [NAMESPACE=default] [ARGS='-f values.yaml']
+	$(PYTHON) tools/aws_handover.py --from-release "$(FROM)" --from-namespace "$(or $(FROM_NAMESPACE),default)" --release "$(RELEASE)" --namespace "$(or $(NAMESPACE),default)" -- $(ARGS)
 
 release: ## publish, sign and attest the images and the chart: make release REGISTRY=host[:port][/path] VERSION=x.y.z SIGN_KEY=cosign.key
 	$(PYTHON) tools/release.py --registry "$(REGISTRY)" --version "$(VERSION)" --sign-key "$(SIGN_KEY)"

@@ -1,0 +1,223 @@
+"""The way over from AWS's chart (issue 31 item 3), on the real cluster: a release of AWS's
+neuron-helm-chart installed as its install page does (release `neuron-helm-chart` in the current
+namespace, `npd.enabled=false`), a pod holding two devices, then `tools/aws_handover.py` to this
+chart under the same release name, and another time under a new one.
+
+AWS's chart is not available at test time and its plugin image is closed source, so the old release
+is a stand-in: AWS's chart 1.0.0 vendored unchanged in tests/e2e/aws-chart/ (Apache-2.0, from
+aws-neuron/neuron-helm-charts @ 8172e5e) except its device plugin container, which runs this
+project's plugin over the simulated node. Its objects keep AWS's names, namespaces, labels,
+selectors and Helm ownership exactly as AWS's templates render them, which is what the handover
+has to deal with.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import pytest
+import yaml
+from cluster_access import REPO, SIM_ROOT, eventually, helm, kubectl, node, pod_phase, run, sim
+
+AWS_CHART = REPO / "tests" / "e2e" / "aws-chart" / "neuron-helm-chart"
+CHART = REPO / "charts" / "neuron-helm-chart"
+HANDOVER = REPO / "tools" / "aws_handover.py"
+VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+PLUGIN_IMAGE = "localhost/neuron-helm-chart/device-plugin"
+RELEASE = "neuron-helm-chart"  # the install page's
+WORKLOADS = "neuron-migration-workloads"
+AWS_POD_SELECTOR = "name=neuron-device-plugin-ds"  # AWS's DaemonSet selects its pods by this label
+OURS_SELECTOR = "app.kubernetes.io/part-of=neuron-helm-chart,app.kubernetes.io/component=device-plugin"
+HELD = "held-through-migration"
+SHOW_CORES = (
+    "import os, time\nprint('cores=' + os.environ.get('NEURON_RT_VISIBLE_CORES', ''), flush=True)\ntime.sleep(3600)\n"
+)
+OUR_VALUES = (
+    "--set",
+    "simulation.enabled=true",
+    "--set",
+    f"simulation.hostRoot={SIM_ROOT}",
+    "--set",
+    "npd.enabled=false",
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+
+def install_aws_release(namespace: str) -> None:
+    helm(
+        "upgrade", "--install", RELEASE, str(AWS_CHART), "-n", namespace, "--set", "npd.enabled=false",
+        "--set", f"devicePlugin.image.repository={PLUGIN_IMAGE}", "--set", f"devicePlugin.image.tag={VERSION}",
+        "--set", "devicePlugin.image.pullPolicy=Never", "--set", f"standIn.simRoot={SIM_ROOT}",
+        "--wait", "--timeout", "180s",
+    )  # fmt: skip
+    eventually(lambda: neuron_allocatable() == "16", "AWS's plugin advertising 16 devices", 120)
+
+
+def neuron_allocatable() -> str | None:
+    value: str | None = node()["status"].get("allocatable", {}).get("aws.amazon.com/neuron")
+    return value
+
+
+@dataclass
+class AllocatableWatch:
+    """Samples the node's allocatable devices in the background; `longest_gap` is the longest time the
+    node advertised fewer than all 16 (the kubelet publishes a change with its next node status)."""
+
+    samples: list[tuple[float, str | None]] = field(default_factory=list)
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _thread: threading.Thread | None = None
+
+    def __enter__(self) -> AllocatableWatch:
+        def sample() -> None:
+            while not self._stop.is_set():
+                self.samples.append((time.monotonic(), neuron_allocatable()))
+                self._stop.wait(0.25)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join()
+
+    def longest_gap(self) -> float:
+        longest, since = 0.0, None
+        for at, value in self.samples:
+            if value != "16":
+                since = at if since is None else since
+                longest = max(longest, at - since)
+            else:
+                since = None
+        return longest
+
+
+def held_pod() -> dict[str, object]:
+    pod: dict[str, object] = json.loads(kubectl("get", "pod", "-n", WORKLOADS, HELD, "-o", "json"))
+    return pod
+
+
+def start_held_pod() -> str:
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": HELD, "namespace": WORKLOADS},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main", "image": f"{PLUGIN_IMAGE}:{VERSION}", "imagePullPolicy": "Never",
+                "command": ["/opt/neuron/bin/python3", "-c", SHOW_CORES],
+                "resources": {"limits": {"aws.amazon.com/neuron": 2}},
+            }],
+        },
+    }  # fmt: skip
+    kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+    eventually(lambda: pod_phase(HELD, WORKLOADS) == "Running", "the pod holding 2 devices running", 120)
+    eventually(lambda: bool(logged_cores()), "the pod printed its cores")
+    return logged_cores()[0]
+
+
+def logged_cores() -> list[str]:
+    lines = kubectl("logs", "-n", WORKLOADS, HELD).splitlines()
+    return [line.removeprefix("cores=") for line in lines if line.startswith("cores=")]
+
+
+def restart_old_plugin() -> None:
+    before = kubectl("get", "pods", "-n", "kube-system", "-l", AWS_POD_SELECTOR, "-o", "name").split()
+    assert before, "no pod of AWS's device plugin"
+    kubectl("delete", "-n", "kube-system", *before, "--wait=true", "--timeout=60s")
+    eventually(lambda: neuron_allocatable() == "16", "AWS's plugin back after a restart", 120)
+    time.sleep(12)  # one more node status period, so a gap after the pod was back is counted too
+
+
+def handover(from_namespace: str, release: str, namespace: str) -> str:
+    done = run(
+        sys.executable, HANDOVER, "--from-release", RELEASE, "--from-namespace", from_namespace,
+        "--release", release, "--namespace", namespace, "--", *OUR_VALUES,
+    )  # fmt: skip
+    return done.stdout
+
+
+def cleanup() -> None:
+    for release, namespace in ((RELEASE, "default"), ("neuron", "neuron-system")):
+        helm("uninstall", release, "-n", namespace, "--ignore-not-found", "--wait", check=False)
+    for kind in ("ds", "sa"):
+        kubectl("delete", kind, "-n", "kube-system", "neuron-device-plugin", "--ignore-not-found", check=False)
+    kubectl("delete", "clusterrole,clusterrolebinding", "neuron-device-plugin", "--ignore-not-found", check=False)
+    kubectl("delete", "pods", "-n", "kube-system", "-l", AWS_POD_SELECTOR, "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def aws_release() -> Iterator[str]:
+    """AWS's release installed as its page does, in `default`, and a pod holding two devices; yields
+    the cores that pod was given."""
+    cleanup()
+    sim("inject", "--root", SIM_ROOT, "reboot")
+    kubectl("create", "namespace", WORKLOADS, check=False)
+    install_aws_release("default")
+    yield start_held_pod()
+    kubectl("delete", "namespace", WORKLOADS, "--ignore-not-found", "--wait=true", "--timeout=120s", check=False)
+    cleanup()
+    kubectl("delete", "namespace", "neuron-system", "--ignore-not-found", "--wait=false", check=False)
+
+
+def check_after_handover(cores: str, uid: str, output: str, release: str, namespace: str) -> None:
+    print(output)
+    # Only this chart's release remains, at the name asked for.
+    releases = json.loads(helm("list", "-A", "-o", "json").stdout)
+    ours = [(r["name"], r["namespace"], r["chart"]) for r in releases if r["chart"].startswith("neuron-helm-chart")]
+    assert ours == [(release, namespace, f"neuron-helm-chart-{VERSION}")], ours
+    # No pod of AWS's plugin is left, and this chart's plugin serves the node.
+    eventually(
+        lambda: not kubectl("get", "pods", "-A", "-l", AWS_POD_SELECTOR, "-o", "name").strip(),
+        "AWS's plugin pods gone",
+        120,
+    )
+    ours_pods = json.loads(kubectl("get", "pods", "-A", "-l", OURS_SELECTOR, "-o", "json"))["items"]
+    assert [p["status"]["phase"] for p in ours_pods] == ["Running"], [p["metadata"]["name"] for p in ours_pods]
+    eventually(lambda: neuron_allocatable() == "16", "this chart's plugin advertising 16 devices", 120)
+    # The pod that held two devices throughout is the same pod, never restarted, with the same cores.
+    pod = held_pod()
+    assert pod["metadata"]["uid"] == uid  # type: ignore[index]
+    status = pod["status"]
+    assert status["phase"] == "Running"  # type: ignore[index]
+    assert status["containerStatuses"][0]["restartCount"] == 0  # type: ignore[index]
+    assert logged_cores() == [cores]
+
+
+@pytest.mark.parametrize(
+    ("release", "namespace"),
+    [(RELEASE, "default"), ("neuron", "neuron-system")],
+    ids=["same-release", "new-release-and-namespace"],
+)
+def test_the_handover_from_awss_chart_keeps_a_running_pods_devices_and_the_node_advertised(
+    aws_release: str, release: str, namespace: str
+) -> None:
+    uid = held_pod()["metadata"]["uid"]  # type: ignore[index]
+    with AllocatableWatch() as restart:
+        restart_old_plugin()
+    with AllocatableWatch() as moving:
+        output = handover("default", release, namespace)
+        eventually(lambda: neuron_allocatable() == "16", "the node advertising 16 devices after the handover", 120)
+        time.sleep(12)  # as for the restart: a gap published with the next node status counts
+    check_after_handover(aws_release, str(uid), output, release, namespace)
+    # At most one plugin restart's worth of the node advertising fewer devices, measured against a
+    # restart of AWS's own plugin pod in the same run (plus one node status period of 10 s).
+    print(f"longest gap: plugin restart {restart.longest_gap():.1f} s, handover {moving.longest_gap():.1f} s")
+    assert moving.longest_gap() <= restart.longest_gap() + 10.0
+
+
+def test_the_handover_refuses_a_release_that_is_not_awss() -> None:
+    done = run(
+        sys.executable, HANDOVER, "--from-release", "no-such-release", "--release", "x", check=False
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "no release 'no-such-release' in namespace 'default'" in done.stderr
