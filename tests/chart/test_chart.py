@@ -45,8 +45,14 @@ def _render(args: tuple[str, ...]) -> tuple[dict[str, Any], ...]:
     return tuple(d for d in yaml.safe_load_all(out) if d)
 
 
+# Release-scoped names in the release namespace (`objectNames: release`), which the tests built on render() name
+# (`neuron-helm-chart-<component>` in kube-system). First, so a test's own --set-json of it wins; AWS's names, the
+# default, are test_object_names.py's.
+RELEASE_NAMES = ("--set-json", 'objectNames="release"')
+
+
 def render(*args: str) -> list[dict[str, Any]]:
-    return list(_render(args))
+    return list(_render((*RELEASE_NAMES, *args)))
 
 
 def of_kind(docs: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
