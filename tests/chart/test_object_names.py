@@ -6,12 +6,15 @@ refers to them follows."""
 from __future__ import annotations
 
 import base64
+import json
 import subprocess
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
-from chart.test_chart import CHART, HELM, MONITORING_API, of_kind, refusal, sets
+from chart.test_chart import CHART, HELM, MONITORING_API, REPO, of_kind, refusal, sets
+from simcluster.controlplane import ControlPlane, private_control_plane
 
 pytestmark = pytest.mark.integration  # helm
 
@@ -23,6 +26,7 @@ AWS = {
     "kube-scheduler": ("Deployment", "my-scheduler", "kube-system"),
 }
 SCHEDULING = sets(scheduler__enabled=True)
+KUBECTL = str(REPO / ".venv" / "bin" / "kubectl")
 
 
 def render(namespace: str, *args: str) -> list[dict[str, Any]]:
@@ -275,3 +279,89 @@ def test_two_components_under_one_name_are_refused() -> None:
 def test_the_schema_refuses_a_bad_name(key: str, value: str) -> None:
     message = refusal("--set", f"{key}={value}")
     assert key.rsplit(".", 1)[-1] in message, message
+
+
+# --- against a real API server: what is already there ------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def apiserver() -> Iterator[ControlPlane]:
+    with private_control_plane("object-names-cp-") as cp:
+        yield cp
+
+
+def kubectl(cp: ControlPlane, *args: str, stdin: str | None = None) -> None:
+    subprocess.run([KUBECTL, "--kubeconfig", str(cp.kubeconfig), *args], input=stdin, text=True, check=True,
+                   capture_output=True)  # fmt: skip
+
+
+def dry_run(cp: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
+    """`helm install --dry-run=server` in `default`: the chart's lookups ask the API server."""
+    return subprocess.run(
+        [HELM, "install", RELEASE, str(CHART), "--dry-run=server", "--kubeconfig", str(cp.kubeconfig),
+         "--namespace", "default", *args],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+def owned(kind: str, name: str, namespace: str | None, release: str, release_namespace: str) -> str:
+    """An object as Helm leaves it for a release."""
+    metadata: dict[str, Any] = {
+        "name": name,
+        "labels": {"app.kubernetes.io/managed-by": "Helm"},
+        "annotations": {"meta.helm.sh/release-name": release, "meta.helm.sh/release-namespace": release_namespace},
+    }
+    if namespace:
+        metadata["namespace"] = namespace
+    obj: dict[str, Any] = {"apiVersion": "v1", "kind": kind, "metadata": metadata}
+    if kind == "DaemonSet":
+        labels = {"app": name}
+        obj["apiVersion"] = "apps/v1"
+        obj["spec"] = {
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels},
+                "spec": {"containers": [{"name": "c", "image": "registry.k8s.io/pause:3.10"}]},
+            },
+        }
+    return json.dumps(obj)
+
+
+def test_a_second_release_under_awss_names_is_refused_with_the_holder_named(apiserver: ControlPlane) -> None:
+    kubectl(
+        apiserver, "apply", "-f", "-", stdin=owned("DaemonSet", "neuron-device-plugin", "kube-system", "first", "ops")
+    )
+    try:
+        result = dry_run(apiserver)
+        assert result.returncode != 0, result.stdout
+        assert (
+            'DaemonSet kube-system/neuron-device-plugin already belongs to Helm release "first" in namespace "ops"'
+            in (result.stderr)
+        ), result.stderr
+        assert "--set objectNames=release" in result.stderr
+        # the way out it names works
+        assert dry_run(apiserver, "--set", "objectNames=release").returncode == 0
+        # and the release that holds the names may upgrade
+        kubectl(apiserver, "apply", "-f", "-",
+                stdin=owned("DaemonSet", "neuron-device-plugin", "kube-system", RELEASE, "default"))  # fmt: skip
+        assert dry_run(apiserver).returncode == 0
+    finally:
+        kubectl(apiserver, "delete", "daemonset", "-n", "kube-system", "neuron-device-plugin", "--ignore-not-found")
+
+
+def test_an_existing_detector_namespace_is_used_not_taken_over(apiserver: ControlPlane) -> None:
+    def rendered_namespaces() -> list[str]:
+        result = dry_run(apiserver)
+        assert result.returncode == 0, result.stderr
+        docs = [d for d in yaml.safe_load_all(result.stdout.split("MANIFEST:", 1)[1].split("NOTES:", 1)[0]) if d]
+        return [d["metadata"]["name"] for d in of_kind(docs, "Namespace")]
+
+    assert rendered_namespaces() == ["neuron-healthcheck-system"], "created when missing"
+    try:
+        kubectl(apiserver, "create", "namespace", "neuron-healthcheck-system")  # by hand, as AWS's docs do
+        assert rendered_namespaces() == [], "one made by hand is used as it is"
+        kubectl(apiserver, "apply", "-f", "-",
+                stdin=owned("Namespace", "neuron-healthcheck-system", None, RELEASE, "default"))  # fmt: skip
+        assert rendered_namespaces() == ["neuron-healthcheck-system"], "this release's own is kept in the release"
+    finally:
+        kubectl(apiserver, "delete", "namespace", "neuron-healthcheck-system", "--ignore-not-found", "--wait=false")
