@@ -108,6 +108,7 @@ def test_the_detectors_namespace_is_created_kept_and_only_when_needed() -> None:
     (ns,) = of_kind(render("default"), "Namespace")
     assert ns["metadata"]["name"] == "neuron-healthcheck-system"
     assert ns["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "privileged"
     assert of_kind(render("default", *sets(npd__createNamespace=False)), "Namespace") == []
     # never the release namespace (Helm's) nor a namespace every cluster has
     assert of_kind(render("ops", *sets(npd__namespaceOverride="ops")), "Namespace") == []
