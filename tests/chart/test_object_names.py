@@ -271,6 +271,8 @@ def test_the_extender_and_the_second_scheduler_in_different_namespaces_are_refus
 def test_two_components_under_one_name_are_refused() -> None:
     message = refusal(*sets(devicePlugin__fullnameOverride="node-problem-detector"))
     assert 'devicePlugin and npd are both named "node-problem-detector"' in message
+    message = refusal(*sets(objectNames="release", npd__fullnameOverride="x-neuron-helm-chart-node-metrics"))
+    assert 'nodeMetrics and npd are both named "x-neuron-helm-chart-node-metrics"' in message
 
 
 @pytest.mark.parametrize(

@@ -93,8 +93,11 @@
 {{- end -}}
 {{- end -}}
 {{- /* two components under one name would overwrite each other's cluster-scoped RBAC and admission policies */ -}}
+{{- $all := deepCopy $named -}}
+{{- if .Values.nodeMetrics.enabled }}{{ $_ := set $all "nodeMetrics" (list "node-metrics" "DaemonSet") }}{{ end -}}
+{{- if .Values.draDriver.enabled }}{{ $_ := set $all "draDriver" (list "dra-driver" "DaemonSet") }}{{ end -}}
 {{- $seen := dict -}}
-{{- range $key, $c := $named -}}
+{{- range $key, $c := $all -}}
 {{- $name := include "neuron.componentName" (dict "root" $ "component" (index $c 0)) -}}
 {{- with get $seen $name -}}
 {{- $pair := sortAlpha (list . $key) -}}
