@@ -342,6 +342,12 @@ def test_a_second_release_under_awss_names_is_refused_with_the_holder_named(apis
             in (result.stderr)
         ), result.stderr
         assert "--set objectNames=release" in result.stderr
+        kubectl(apiserver, "annotate", "daemonset", "-n", "kube-system", "neuron-device-plugin",
+                "meta.helm.sh/release-name-", "meta.helm.sh/release-namespace-")  # fmt: skip
+        unowned = dry_run(apiserver)
+        assert "DaemonSet kube-system/neuron-device-plugin already exists and belongs to no Helm release" in (
+            unowned.stderr
+        ), unowned.stderr
         # the way out it names works
         assert dry_run(apiserver, "--set", "objectNames=release").returncode == 0
         # and the release that holds the names may upgrade

@@ -116,6 +116,9 @@
 {{- $annotations := dig "metadata" "annotations" dict $existing -}}
 {{- $owner := get $annotations "meta.helm.sh/release-name" -}}
 {{- $ownerNs := get $annotations "meta.helm.sh/release-namespace" -}}
+{{- if not $owner -}}
+{{- fail (printf "%s %s/%s already exists and belongs to no Helm release (applied by hand, e.g. from AWS's k8s-neuron-device-plugin.yml): this chart cannot take it over as it is. Delete it first (kubectl delete %s -n %s %s: its pods stop, so the node advertises no Neuron resources until this release's start), or install with --set objectNames=release, or give %s its own fullnameOverride or namespaceOverride" (index $c 1) $ns $name (lower (index $c 1)) $ns $name $key) -}}
+{{- end -}}
 {{- if and $owner (or (ne $owner $.Release.Name) (ne $ownerNs $.Release.Namespace)) -}}
 {{- fail (printf "%s %s/%s already belongs to Helm release %q in namespace %q: only one release per cluster can use AWS's fixed names. Install this release with --set objectNames=release (every object <release>-<component> in the release namespace), or give %s its own fullnameOverride or namespaceOverride; to replace that release, uninstall it first" (index $c 1) $ns $name $owner $ownerNs $key) -}}
 {{- end -}}
