@@ -36,6 +36,7 @@
   "scheduler.defaultScheduler" "none: extending the default scheduler used the scheduler Policy API, removed in Kubernetes 1.23; use scheduler.kubeScheduler (a second scheduler)"
   "npd.config" "npd.rules (a rules file in this chart's format; the shipped rules cover AWS's NeuronHealth rules)"
   "npd.nameOverride" $names
+  "npd.namespace" "npd.createNamespace (on by default: the chart creates the detector's namespace, npd.namespaceOverride, when it does not exist yet)"
   "npd.selectorLabelsOverride" $labels
   "npd.runtimeClassName" $runtime
   "npd.nodeProblemDetector" "npd.image, npd.resources, npd.securityContext (the detector is this project's, not registry.k8s.io's node-problem-detector; its ClusterRole is the chart's own, least privilege)"
