@@ -44,7 +44,9 @@ say "helm upgrade --install $RELEASE charts/neuron-helm-chart (simulation mode)"
 helm upgrade --install $RELEASE charts/neuron-helm-chart --namespace $NAMESPACE --create-namespace \
   --set simulation.enabled=true --set "simulation.hostRoot=$SIM_ROOT" --set nodeMetrics.attributionInterval=2 \
   -f charts/neuron-helm-chart/ci/scheduler-values.yaml --wait --timeout 300s >/dev/null
-kubectl get daemonsets,deployments -n $NAMESPACE
+# AWS's names and namespaces (objectNames: aws, the default): the plugin is neuron-device-plugin in kube-system, the
+# detector in neuron-healthcheck-system, the scheduling pair in kube-system; the exporter in $NAMESPACE
+kubectl get daemonsets,deployments -A -l app.kubernetes.io/instance=$RELEASE
 devices=$(neuron-inventory --root "$SIM_ROOT" --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["device_count"])')
 until [ "$(jp '{.status.allocatable.aws\.amazon\.com/neuron}')" = "$devices" ]; do sleep 1; done
 

@@ -45,8 +45,14 @@ def _render(args: tuple[str, ...]) -> tuple[dict[str, Any], ...]:
     return tuple(d for d in yaml.safe_load_all(out) if d)
 
 
+# Release-scoped names in the release namespace (`objectNames: release`), which the tests built on render() name
+# (`neuron-helm-chart-<component>` in kube-system). First, so a test's own --set-json of it wins; AWS's names, the
+# default, are test_object_names.py's.
+RELEASE_NAMES = ("--set-json", 'objectNames="release"')
+
+
 def render(*args: str) -> list[dict[str, Any]]:
-    return list(_render(args))
+    return list(_render((*RELEASE_NAMES, *args)))
 
 
 def of_kind(docs: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -118,10 +124,11 @@ STANDARD_LABELS = {
 }
 
 
+@pytest.mark.parametrize("names", ["release", "aws"])
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
-def test_every_object_carries_the_standard_labels(values: Path) -> None:
+def test_every_object_carries_the_standard_labels(values: Path, names: str) -> None:
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    for doc in render("-f", str(values), *MONITORING_API, *NFD_API, *KMM_API, *OPENSHIFT_API):
+    for doc in render("-f", str(values), *MONITORING_API, *NFD_API, *KMM_API, *OPENSHIFT_API, *sets(objectNames=names)):
         labels = doc["metadata"]["labels"]
         for key, value in STANDARD_LABELS.items():
             assert labels.get(key) == value, f"{doc['kind']}/{doc['metadata']['name']}: {key}"
@@ -1388,9 +1395,14 @@ def _kube_versions() -> list[tuple[str, list[str]]]:
     ]
 
 
+@pytest.mark.parametrize("names", ["release", "aws"])
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
-def test_rendered_manifests_validate_against_kubernetes_1_30_and_the_newest(values: Path, tmp_path: Path) -> None:
-    docs = render("-f", str(values), *MONITORING_API, *NFD_API, *KMM_API, *OPENSHIFT_API)
+def test_rendered_manifests_validate_against_kubernetes_1_30_and_the_newest(
+    values: Path, names: str, tmp_path: Path
+) -> None:
+    """Every variant, with release-scoped names and with AWS's (the default: objects in kube-system and the
+    detector's own namespace, which the chart then creates)."""
+    docs = render("-f", str(values), *MONITORING_API, *NFD_API, *KMM_API, *OPENSHIFT_API, *sets(objectNames=names))
     manifests = tmp_path / "manifests.yaml"
     manifests.write_text(yaml.safe_dump_all(docs))
     newest = Path(chart_tools()["OPENAPI_NEWEST"])

@@ -54,7 +54,8 @@ def chart_objects() -> list[dict[str, Any]]:
     """What the chart installs for the report, and nothing of the scheduler itself: the CRD, and the
     device plugin's ServiceAccount, ClusterRole and binding, admission policy and its binding."""
     out = subprocess.run(
-        [str(BIN / "helm"), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "scheduler.enabled=true"],
+        [str(BIN / "helm"), "template", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "scheduler.enabled=true",
+         "--set", "objectNames=release"],  # PLUGIN_SA: the release-scoped name, in NAMESPACE
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     docs = [d for d in yaml.safe_load_all(out) if d]

@@ -64,6 +64,8 @@ def install(*args: str) -> None:
     helm(
         "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
         "--set", "devicePlugin.enabled=false,draDriver.enabled=true",
+        # every object <release>-<component> in NAMESPACE (the problem detector's too), which these tests name
+        "--set", "objectNames=release",
         "--set", "simulation.enabled=true", "--set", f"simulation.hostRoot={SIM_ROOT}",
         *args, "--wait", "--timeout", "300s",
     )  # fmt: skip

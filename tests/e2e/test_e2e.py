@@ -107,6 +107,9 @@ def install(kube_cluster: Cluster, *args: str, values: Path | None = None) -> li
     files = ["-f", str(values)] if values else []
     helm(
         "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
+        # every object <release>-<component> in NAMESPACE, which these tests name (AWS's names, the default, are
+        # tests/e2e/test_install_page.py's)
+        "--set", "objectNames=release",
         "--set", "simulation.enabled=true", "--set", f"simulation.hostRoot={SIM_ROOT}", *files, *args,
         "--wait", "--timeout", "300s",
     )  # fmt: skip

@@ -29,7 +29,10 @@ APP_VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 # the registry keeps what earlier runs pushed (its storage is under the cluster directory): a new version each run
 VERSION = f"{APP_VERSION}-e2e.{int(time.time())}"
 OCI_CHART = f"oci://{REGISTRY}/neuron/{RELEASE}"
-SIMULATED_NODE = ["--set", "simulation.enabled=true", "--set", f"simulation.hostRoot={SIM_ROOT}"]
+# every object <release>-<component> in NAMESPACE, where these tests look for the pods and their Pulled events
+SIMULATED_NODE = [
+    "--set", "simulation.enabled=true", "--set", f"simulation.hostRoot={SIM_ROOT}", "--set", "objectNames=release",
+]  # fmt: skip
 MISSING_DIGEST = "sha256:" + "0" * 64
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]

@@ -63,6 +63,9 @@ def install(*args: str) -> None:
         "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
         "--set", "simulation.enabled=true", "--set", f"simulation.hostRoot={SIM_ROOT}",
         "--set", "scheduler.enabled=true",
+        # every object <release>-<component> in NAMESPACE (EXTENDER, KUBE_SCHEDULER, the plugin), which these
+        # tests name
+        "--set", "objectNames=release",
         *args, "--wait", "--timeout", "300s",
     )  # fmt: skip
 

@@ -27,7 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-NAMESPACE = os.environ.get("RELEASE_NAMESPACE", "default")
+# the namespace of the component a check lists the pods of (the device plugin's is kube-system with AWS's names)
+NAMESPACE = os.environ.get("COMPONENT_NAMESPACE") or os.environ.get("RELEASE_NAMESPACE", "default")
 TIMEOUT = float(os.environ.get("TEST_TIMEOUT_SECONDS", "120"))
 
 

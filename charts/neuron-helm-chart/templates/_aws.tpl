@@ -10,20 +10,18 @@
 
 {{/* AWS keys this chart does not read, each with what to write instead ("path" "what to do"). */}}
 {{- define "neuron.awsRefusals" -}}
-{{- $names := "this chart names every object <release>-<component> (or `fullnameOverride`-<component>) in the release namespace: set `fullnameOverride` for the prefix and install with `-n <namespace>`" -}}
+{{- $names := "none: the `app.kubernetes.io/name` label is the chart's, in every selector; the object name is `fullnameOverride` (the same key)" -}}
 {{- $labels := "none: the selectors are the standard app.kubernetes.io labels, which a Deployment or DaemonSet cannot change after install" -}}
 {{- $runtime := "none: the Neuron agents run in the node's default runtime (no runtime class is needed to reach /dev/neuronN)" -}}
 {{- dict
   "devicePlugin.nameOverride" $names
-  "devicePlugin.namespaceOverride" $names
-  "devicePlugin.fullnameOverride" $names
   "devicePlugin.selectorLabelsOverride" $labels
   "devicePlugin.runtimeClassName" $runtime
   "scheduler.image" "scheduler.extender.image (the extender is this project's image, not public.ecr.aws/neuron/neuron-scheduler)"
   "scheduler.imagePullSecrets" "scheduler.extender.imagePullSecrets"
   "scheduler.nameOverride" $names
-  "scheduler.namespaceOverride" $names
-  "scheduler.fullnameOverride" $names
+  "scheduler.namespaceOverride" "scheduler.extender.namespaceOverride (and scheduler.kubeScheduler.namespaceOverride: they share a namespace)"
+  "scheduler.fullnameOverride" "scheduler.extender.fullnameOverride (AWS's k8s-neuron-scheduler is the default with objectNames=aws)"
   "scheduler.replicaCount" "scheduler.extender.replicas (two by default: they elect a leader)"
   "scheduler.strategy" "none: the extender's replicas roll one at a time and hand the lease over (RollingUpdate)"
   "scheduler.priorityClassName" "scheduler.extender.priorityClassName"
@@ -34,12 +32,11 @@
   "scheduler.nodeSelector" "scheduler.extender.nodeSelector (the extender needs no control-plane node)"
   "scheduler.tolerations" "scheduler.extender.tolerations"
   "scheduler.affinity" "scheduler.extender.affinity"
-  "scheduler.customScheduler" "scheduler.kubeScheduler (enabled, image, replicas, resources, ...); the scheduler's name pods ask for is scheduler.schedulerName (AWS's my-scheduler is customScheduler.fullnameOverride)"
+  "scheduler.customScheduler" "scheduler.kubeScheduler (enabled, image, replicas, resources, ...); the scheduler's name pods ask for is scheduler.schedulerName (AWS's my-scheduler answers too: scheduler.additionalSchedulerNames), its Deployment's name scheduler.kubeScheduler.fullnameOverride (my-scheduler with objectNames=aws), its namespace scheduler.kubeScheduler.namespaceOverride"
   "scheduler.defaultScheduler" "none: extending the default scheduler used the scheduler Policy API, removed in Kubernetes 1.23; use scheduler.kubeScheduler (a second scheduler)"
   "npd.config" "npd.rules (a rules file in this chart's format; the shipped rules cover AWS's NeuronHealth rules)"
   "npd.nameOverride" $names
-  "npd.namespaceOverride" $names
-  "npd.fullnameOverride" $names
+  "npd.namespace" "npd.createNamespace (on by default: the chart creates the detector's namespace, npd.namespaceOverride, when it does not exist yet)"
   "npd.selectorLabelsOverride" $labels
   "npd.runtimeClassName" $runtime
   "npd.nodeProblemDetector" "npd.image, npd.resources, npd.securityContext (the detector is this project's, not registry.k8s.io's node-problem-detector; its ClusterRole is the chart's own, least privilege)"

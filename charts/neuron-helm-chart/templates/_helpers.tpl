@@ -21,9 +21,77 @@
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
 {{- end -}}
 
-{{/* A component's object name: (dict "root" $ "component" "device-plugin"). Trimmed so the DaemonSet's pod names stay valid. */}}
+{{/* The components AWS's neuron-helm-chart also deploys, with the name and namespace it gives them (its values'
+     `<component>.fullnameOverride` and `namespaceOverride`): `objectNames: aws` names and places them so; a JSON
+     object, component -> (dict "name" "namespace"). */}}
+{{- define "neuron.awsObjectNames" -}}
+{{- dict
+  "device-plugin" (dict "name" "neuron-device-plugin" "namespace" "kube-system")
+  "problem-detector" (dict "name" "node-problem-detector" "namespace" "neuron-healthcheck-system")
+  "scheduler-extender" (dict "name" "k8s-neuron-scheduler" "namespace" "kube-system")
+  "kube-scheduler" (dict "name" "my-scheduler" "namespace" "kube-system")
+| toJson -}}
+{{- end -}}
+
+{{/* A named component's own `fullnameOverride` and `namespaceOverride` (a JSON object; empty for the components
+     that have none). (dict "root" $ "component" "device-plugin") */}}
+{{- define "neuron.nameValues" -}}
+{{- $v := dict -}}
+{{- $values := .root.Values -}}
+{{- if eq .component "device-plugin" }}{{ $v = $values.devicePlugin }}
+{{- else if eq .component "problem-detector" }}{{ $v = $values.npd }}
+{{- else if eq .component "scheduler-extender" }}{{ $v = $values.scheduler.extender }}
+{{- else if eq .component "kube-scheduler" }}{{ $v = $values.scheduler.kubeScheduler }}
+{{- end -}}
+{{- pick $v "fullnameOverride" "namespaceOverride" | toJson -}}
+{{- end -}}
+
+{{/* AWS's name and namespace of a component when `objectNames` is `aws` (a JSON object, empty otherwise). */}}
+{{- define "neuron.awsObjectName" -}}
+{{- $aws := dict -}}
+{{- if eq .root.Values.objectNames "aws" -}}
+{{- $aws = get (include "neuron.awsObjectNames" "" | fromJson) .component | default dict -}}
+{{- end -}}
+{{- toJson $aws -}}
+{{- end -}}
+
+{{/* A component's object name: (dict "root" $ "component" "device-plugin"). Its `fullnameOverride`, else AWS's name
+     with `objectNames: aws`, else `<fullname>-<component>`, trimmed so the DaemonSet's pod names stay valid. */}}
 {{- define "neuron.componentName" -}}
+{{- $own := include "neuron.nameValues" . | fromJson -}}
+{{- $aws := include "neuron.awsObjectName" . | fromJson -}}
+{{- if $own.fullnameOverride -}}
+{{- $own.fullnameOverride -}}
+{{- else if $aws.name -}}
+{{- $aws.name -}}
+{{- else -}}
 {{- printf "%s-%s" (include "neuron.fullname" .root | trunc 45 | trimSuffix "-") .component -}}
+{{- end -}}
+{{- end -}}
+
+{{/* A component's namespace: (dict "root" $ "component" "device-plugin"). Its `namespaceOverride`, else AWS's
+     namespace with `objectNames: aws`, else the release namespace. */}}
+{{- define "neuron.componentNamespace" -}}
+{{- $own := include "neuron.nameValues" . | fromJson -}}
+{{- $aws := include "neuron.awsObjectName" . | fromJson -}}
+{{- if $own.namespaceOverride -}}
+{{- $own.namespaceOverride -}}
+{{- else if $aws.namespace -}}
+{{- $aws.namespace -}}
+{{- else -}}
+{{- .root.Release.Namespace -}}
+{{- end -}}
+{{- end -}}
+
+{{/* `<namespace>/<name>` of a component, for NOTES. (dict "root" $ "component" ...) */}}
+{{- define "neuron.notesWhere" -}}
+{{ include "neuron.componentNamespace" . }}/{{ include "neuron.componentName" . }}
+{{- end -}}
+
+{{/* The ServiceAccount user of a component, as the API server names it in admission requests.
+     (dict "root" $ "component" ... "values" ...) */}}
+{{- define "neuron.serviceAccountUser" -}}
+{{- printf "system:serviceaccount:%s:%s" (include "neuron.componentNamespace" .) (include "neuron.serviceAccountName" .) -}}
 {{- end -}}
 
 {{/* Labels on every object; `commonLabels` values are templates (`{{ .Release.Name }}`). */}}
@@ -258,13 +326,14 @@ httpGet:
 {{- end -}}
 
 {{/* The ServiceAccounts that keep AWS's UltraServer labels on their node (ultraServer.nodeLabels): the
-     device plugin's and the DRA driver's, those enabled; a JSON list. */}}
+     device plugin's and the DRA driver's, those enabled; a JSON list of (dict "name" "namespace"). */}}
 {{- define "neuron.ultraserverLabelWriters" -}}
 {{- $writers := list -}}
 {{- if .Values.ultraServer.nodeLabels -}}
 {{- range $component, $values := dict "device-plugin" .Values.devicePlugin "dra-driver" .Values.draDriver -}}
 {{- if $values.enabled -}}
-{{- $writers = append $writers (include "neuron.serviceAccountName" (dict "root" $ "component" $component "values" $values)) -}}
+{{- $ctx := dict "root" $ "component" $component "values" $values -}}
+{{- $writers = append $writers (dict "name" (include "neuron.serviceAccountName" $ctx) "namespace" (include "neuron.componentNamespace" $ctx)) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}

@@ -15,7 +15,7 @@ apiVersion: networking.k8s.io/v1
 kind: NetworkPolicy
 metadata:
   name: {{ include "neuron.componentName" . }}
-  namespace: {{ .root.Release.Namespace }}
+  namespace: {{ include "neuron.componentNamespace" . }}
   labels:
     {{- include "neuron.componentLabels" . | nindent 4 }}
 spec:

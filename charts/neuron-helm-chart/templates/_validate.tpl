@@ -72,4 +72,56 @@
 {{- if and .Values.simulation.enabled (not (hasPrefix "/" .Values.simulation.hostRoot)) -}}
 {{- fail (printf "simulation.hostRoot must be an absolute host path, got %q" .Values.simulation.hostRoot) -}}
 {{- end -}}
+{{- include "neuron.validateNames" . -}}
+{{- end -}}
+
+{{/* Object names and namespaces (objectNames, <component>.fullnameOverride and namespaceOverride; README.md, "Object
+     names and namespaces"): contradictions, and another release already holding AWS's names. */}}
+{{- define "neuron.validateNames" -}}
+{{- $s := .Values.scheduler -}}
+{{- /* the installed components with a name of their own, and their main workload: key -> (component, kind) */ -}}
+{{- $named := dict -}}
+{{- if .Values.devicePlugin.enabled }}{{ $_ := set $named "devicePlugin" (list "device-plugin" "DaemonSet") }}{{ end -}}
+{{- if .Values.npd.enabled }}{{ $_ := set $named "npd" (list "problem-detector" "DaemonSet") }}{{ end -}}
+{{- if $s.enabled }}{{ $_ := set $named "scheduler.extender" (list "scheduler-extender" "Deployment") }}{{ end -}}
+{{- if and $s.enabled $s.kubeScheduler.enabled }}{{ $_ := set $named "scheduler.kubeScheduler" (list "kube-scheduler" "Deployment") }}{{ end -}}
+{{- if and $s.enabled $s.kubeScheduler.enabled -}}
+{{- $x := include "neuron.componentNamespace" (dict "root" . "component" "scheduler-extender") -}}
+{{- $k := include "neuron.componentNamespace" (dict "root" . "component" "kube-scheduler") -}}
+{{- if ne $x $k -}}
+{{- fail (printf "scheduler.extender runs in namespace %q and scheduler.kubeScheduler in %q: they must share one, as neuron-scheduler mounts the extender's TLS Secret and is admitted by the extender's NetworkPolicy as a pod of its namespace; set scheduler.extender.namespaceOverride and scheduler.kubeScheduler.namespaceOverride to the same namespace" $x $k) -}}
+{{- end -}}
+{{- end -}}
+{{- /* two components under one name would overwrite each other's cluster-scoped RBAC and admission policies */ -}}
+{{- $all := deepCopy $named -}}
+{{- if .Values.nodeMetrics.enabled }}{{ $_ := set $all "nodeMetrics" (list "node-metrics" "DaemonSet") }}{{ end -}}
+{{- if .Values.draDriver.enabled }}{{ $_ := set $all "draDriver" (list "dra-driver" "DaemonSet") }}{{ end -}}
+{{- $seen := dict -}}
+{{- range $key, $c := $all -}}
+{{- $name := include "neuron.componentName" (dict "root" $ "component" (index $c 0)) -}}
+{{- with get $seen $name -}}
+{{- $pair := sortAlpha (list . $key) -}}
+{{- fail (printf "%s and %s are both named %q (fullnameOverride, or AWS's names with objectNames=aws): their ClusterRoles, bindings and admission policies would overwrite each other; give each its own fullnameOverride" (index $pair 0) (index $pair 1) $name) -}}
+{{- end -}}
+{{- $_ := set $seen $name $key -}}
+{{- end -}}
+{{- /* a second release under the same fixed names: Helm would refuse to adopt the objects with a bare ownership
+       error; say which release holds them and what to change (lookup answers nothing in helm template) */ -}}
+{{- range $key, $c := $named -}}
+{{- $ctx := dict "root" $ "component" (index $c 0) -}}
+{{- $name := include "neuron.componentName" $ctx -}}
+{{- $ns := include "neuron.componentNamespace" $ctx -}}
+{{- $existing := lookup "apps/v1" (index $c 1) $ns $name -}}
+{{- if $existing -}}
+{{- $annotations := dig "metadata" "annotations" dict $existing -}}
+{{- $owner := get $annotations "meta.helm.sh/release-name" -}}
+{{- $ownerNs := get $annotations "meta.helm.sh/release-namespace" -}}
+{{- if not $owner -}}
+{{- fail (printf "%s %s/%s already exists and belongs to no Helm release (applied by hand, e.g. from AWS's k8s-neuron-device-plugin.yml): this chart cannot take it over as it is. Delete it first (kubectl delete %s -n %s %s: its pods stop, so the node advertises no Neuron resources until this release's start), or install with --set objectNames=release, or give %s its own fullnameOverride or namespaceOverride" (index $c 1) $ns $name (lower (index $c 1)) $ns $name $key) -}}
+{{- end -}}
+{{- if and $owner (or (ne $owner $.Release.Name) (ne $ownerNs $.Release.Namespace)) -}}
+{{- fail (printf "%s %s/%s already belongs to Helm release %q in namespace %q: only one release per cluster can use AWS's fixed names. Install this release with --set objectNames=release (every object <release>-<component> in the release namespace), or give %s its own fullnameOverride or namespaceOverride; to replace that release, uninstall it first" (index $c 1) $ns $name $owner $ownerNs $key) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}

@@ -20,7 +20,8 @@
 
 {{/* The extender Service's DNS name: what its certificate is for, whatever address the scheduler dials. */}}
 {{- define "neuron.extenderHost" -}}
-{{- printf "%s.%s.svc" (include "neuron.componentName" (dict "root" . "component" "scheduler-extender")) .Release.Namespace -}}
+{{- $ctx := dict "root" . "component" "scheduler-extender" -}}
+{{- printf "%s.%s.svc" (include "neuron.componentName" $ctx) (include "neuron.componentNamespace" $ctx) -}}
 {{- end -}}
 
 {{/* The Secret with the extender's certificate (tls.crt, tls.key, ca.crt): the user's, or the chart's own. */}}
@@ -69,7 +70,7 @@ apiVersion: v1
 kind: ServiceAccount
 metadata:
   name: {{ include "neuron.serviceAccountName" . }}
-  namespace: {{ .root.Release.Namespace }}
+  namespace: {{ include "neuron.componentNamespace" . }}
   labels:
     {{- include "neuron.componentLabels" . | nindent 4 }}
   {{- with .values.serviceAccount.annotations }}
@@ -90,7 +91,7 @@ leaderElection:
   leaderElect: {{ $v.leaderElection.enabled }}
   resourceLock: leases
   resourceName: {{ .Values.scheduler.schedulerName }}
-  resourceNamespace: {{ .Release.Namespace }}
+  resourceNamespace: {{ include "neuron.componentNamespace" (dict "root" . "component" "kube-scheduler") }}
   leaseDuration: {{ $v.leaderElection.leaseDuration }}
   renewDeadline: {{ $v.leaderElection.renewDeadline }}
   retryPeriod: {{ $v.leaderElection.retryPeriod }}
