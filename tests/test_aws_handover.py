@@ -100,7 +100,12 @@ def test_the_plan_for_awss_rendered_chart_and_this_ones() -> None:
     new = handover.parse_manifest(template("neuron-helm-chart", CHART, "default"), "default")
     p = handover.plan(old, new, same_release=True)
     Ref = handover.Ref
-    assert p.orphan == [Ref("DaemonSet", "neuron-device-plugin", "kube-system")]
+    plugin = Ref("DaemonSet", "neuron-device-plugin", "kube-system")
+    assert p.orphan == [plugin]
+    # this chart names its plugin as AWS's does (objectNames: aws), so it adopts AWS's pods
+    assert p.relabel[plugin][1] == new.selectors[plugin]
+    assert p.relabel[plugin][1]["app.kubernetes.io/component"] == "device-plugin"
+    assert Ref("ServiceAccount", "neuron-device-plugin", "kube-system") in p.adopt
     accounted = set(p.orphan) | set(p.delete_now) | set(p.adopt) | set(p.delete_after)
     assert accounted == old.refs
     lines = list(handover.describe(p, "neuron-helm-chart", "default"))

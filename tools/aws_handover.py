@@ -143,7 +143,10 @@ def describe(p: Plan, release: str, namespace: str) -> Iterable[str]:
 
 
 def run(*args: str, check: bool = True, stdin: str | None = None) -> str:
-    done = subprocess.run(args, check=False, input=stdin, capture_output=True, text=True)
+    try:
+        done = subprocess.run(args, check=False, input=stdin, capture_output=True, text=True)
+    except FileNotFoundError:
+        raise SystemExit(f"aws_handover: {args[0]} is not on PATH (the handover runs helm and kubectl)") from None
     if check and done.returncode != 0:
         raise SystemExit(f"aws_handover: {' '.join(args)} failed ({done.returncode}): {done.stderr.strip()}")
     return done.stdout
@@ -203,9 +206,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         old_selector = old.selectors[ref]
         run("kubectl", "delete", *ref.args(), "--cascade=orphan", "--ignore-not-found", "--wait=true")
         if ref in p.relabel:
-            # Every pod the old DaemonSet owned (orphaned now) gets the new selector's labels.
+            # Every pod the old DaemonSet owned (orphaned now) gets the new selector's labels, and
+            # loses the two by which a DaemonSet tells a pod of its current template: AWS's pods
+            # carry pod-template-generation=1, which a new DaemonSet's generation 1 would take for
+            # its own template, keeping AWS's plugin running under this chart's name.
             run("kubectl", "label", "pods", "-n", ref.namespace, "-l", selector_arg(old_selector),
-                *(f"{k}={v}" for k, v in sorted(p.relabel[ref][1].items())), "--overwrite")  # fmt: skip
+                *(f"{k}={v}" for k, v in sorted(p.relabel[ref][1].items())),
+                "pod-template-generation-", "controller-revision-hash-", "--overwrite")  # fmt: skip
         else:
             leftovers.append((ref, old_selector))
     for ref in p.delete_now:

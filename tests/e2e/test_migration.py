@@ -17,6 +17,7 @@ import json
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -56,6 +57,23 @@ def install_aws_release(namespace: str) -> None:
         "--set", "devicePlugin.image.pullPolicy=Never", "--set", f"standIn.simRoot={SIM_ROOT}",
         "--wait", "--timeout", "180s",
     )  # fmt: skip
+    wait_aws_plugin_registered()
+
+
+def wait_aws_plugin_registered() -> None:
+    """Until the kubelet has AWS's (stand-in) plugin registered: a pod bound before that would meet
+    the kubelet's Allocate on a plugin not yet serving (UnexpectedAdmissionError), and the node's
+    allocatable may still be the previous plugin's."""
+
+    def registered() -> bool:
+        pods = json.loads(kubectl("get", "pods", "-n", "kube-system", "-l", AWS_POD_SELECTOR, "-o", "json"))["items"]
+        ips = [p["status"].get("podIP") for p in pods if p["status"].get("phase") == "Running"]
+        if len(ips) != 1 or not ips[0]:
+            return False
+        with urllib.request.urlopen(f"http://{ips[0]}:9841/readyz", timeout=3) as answer:
+            return bool(answer.status == 200)
+
+    eventually(registered, "AWS's plugin registered with the kubelet", 120)
     eventually(lambda: neuron_allocatable() == "16", "AWS's plugin advertising 16 devices", 120)
 
 
@@ -134,14 +152,14 @@ def restart_old_plugin() -> None:
     before = kubectl("get", "pods", "-n", "kube-system", "-l", AWS_POD_SELECTOR, "-o", "name").split()
     assert before, "no pod of AWS's device plugin"
     kubectl("delete", "-n", "kube-system", *before, "--wait=true", "--timeout=60s")
-    eventually(lambda: neuron_allocatable() == "16", "AWS's plugin back after a restart", 120)
+    wait_aws_plugin_registered()
     time.sleep(12)  # one more node status period, so a gap after the pod was back is counted too
 
 
-def handover(from_namespace: str, release: str, namespace: str) -> str:
+def handover(from_namespace: str, release: str, namespace: str, *values: str) -> str:
     done = run(
         sys.executable, HANDOVER, "--from-release", RELEASE, "--from-namespace", from_namespace,
-        "--release", release, "--namespace", namespace, "--", *OUR_VALUES,
+        "--release", release, "--namespace", namespace, "--", *OUR_VALUES, *values,
     )  # fmt: skip
     return done.stdout
 
@@ -194,18 +212,24 @@ def check_after_handover(cores: str, uid: str, output: str, release: str, namesp
 
 
 @pytest.mark.parametrize(
-    ("release", "namespace"),
-    [(RELEASE, "default"), ("neuron", "neuron-system")],
-    ids=["same-release", "new-release-and-namespace"],
+    ("release", "namespace", "values"),
+    [
+        # AWS's names (the default): this chart's neuron-device-plugin adopts AWS's pods and rolls them
+        (RELEASE, "default", ()),
+        ("neuron", "neuron-system", ()),
+        # release-scoped names: AWS's plugin pods serve until this chart's are ready, then go
+        ("neuron", "neuron-system", ("--set", "objectNames=release")),
+    ],
+    ids=["same-release", "new-release-and-namespace", "release-scoped-names"],
 )
 def test_the_handover_from_awss_chart_keeps_a_running_pods_devices_and_the_node_advertised(
-    aws_release: str, release: str, namespace: str
+    aws_release: str, release: str, namespace: str, values: tuple[str, ...]
 ) -> None:
     uid = held_pod()["metadata"]["uid"]  # type: ignore[index]
     with AllocatableWatch() as restart:
         restart_old_plugin()
     with AllocatableWatch() as moving:
-        output = handover("default", release, namespace)
+        output = handover("default", release, namespace, *values)
         eventually(lambda: neuron_allocatable() == "16", "the node advertising 16 devices after the handover", 120)
         time.sleep(12)  # as for the restart: a gap published with the next node status counts
     check_after_handover(aws_release, str(uid), output, release, namespace)
