@@ -290,7 +290,9 @@ def _choose(
     fitting = sorted((room, d[1], d) for d, room in seen.items() if room >= remaining)
     if fitting:
         return fitting[0][2]
-    what = f"{group.name} ({group.size} pods of {_describe(pod)}) must share one UltraServer group of {group.nodes} nodes"
+    what = (
+        f"{group.name} ({group.size} pods of {_describe(pod)}) must share one UltraServer group of {group.nodes} nodes"
+    )
     if not seen:
         why = (
             f"none of the {len(offered)} nodes offered is in one (no NeuronNode report shows an UltraServer "
