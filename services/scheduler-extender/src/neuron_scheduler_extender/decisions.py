@@ -242,10 +242,12 @@ def filter_group(
         chosen = next(iter(domains))
     else:
         own = view.reservation(group.key, now)
-        if own is not None and _room(view, own.domain, pod, remaining, set(offered), now) >= remaining:
+        if own is not None:
+            # kept while it holds: kube-scheduler filters the next pod before the last one's bind
+            # reaches the extender, and leaves out the node it assumed it on, so the room counted
+            # among the nodes offered would be short by the pods in between and the group would flap
             chosen = own.domain
         else:
-            view.reservations.pop(group.key, None)
             found = _choose(view, pod, group, remaining, offered, now)
             if isinstance(found, Refusal):
                 return _refuse_all(offered, found)
