@@ -16,9 +16,9 @@ from __future__ import annotations
 import random
 import tempfile
 from collections.abc import Mapping
-from pathlib import Path
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from neuron_dra_driver.slices import group_attribute
