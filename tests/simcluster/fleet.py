@@ -148,11 +148,16 @@ class GroupSpec:
     def name(self) -> str:
         return f"group-{self.index:03d}"
 
+    @property
+    def topology_key(self) -> str:
+        """The node label LeaderWorkerSet's exclusive topology names."""
+        return server_id_label(self.nodes)
+
     def labels(self) -> dict[str, str]:
         return {LWS_NAME: "sim", LWS_GROUP_INDEX: str(self.index), LWS_GROUP_KEY: f"key-{self.index:03d}"}
 
     def annotations(self) -> dict[str, str]:
-        return {LWS_SIZE: str(self.size), LWS_EXCLUSIVE: server_id_label(self.nodes)}
+        return {LWS_SIZE: str(self.size), LWS_EXCLUSIVE: self.topology_key}
 
 
 @dataclass(frozen=True)
