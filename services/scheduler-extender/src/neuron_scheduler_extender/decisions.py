@@ -129,8 +129,13 @@ def filter_nodes(
     return outcome
 
 
-def prioritize(view: ClusterView, pod: PodRequest, nodes: Iterable[str], now: dt.datetime) -> list[tuple[str, int]]:
+def prioritize(
+    view: ClusterView, pod: PodRequest, nodes: Iterable[str], now: dt.datetime, group: GroupRequest | None = None
+) -> list[tuple[str, int]]:
     """(node, score 0..10) for every node asked about; nodes where the pod does not fit score 0.
+
+    A pod of no UltraServer group goes to a node outside the UltraServers first: they are the only
+    place a group can go, and every node of theirs a small pod takes can keep a group waiting.
 
     The best node is the one the placement costs least: fewest free device groups lost, the
     largest sizes first (`group_loss`), then the most left over (`Leftover`: reach, then the free
@@ -138,23 +143,27 @@ def prioritize(view: ClusterView, pod: PodRequest, nodes: Iterable[str], now: dt
     pod to the emptiest node and break up the large groups everywhere; comparing the loss sends a
     4-device pod to a node with one free row rather than split an empty node a 16-device pod needs.
     Distinct ranks are spread over 0..10, the best getting 10."""
-    ranked: list[tuple[str, Rank]] = []
+    ranked: list[tuple[str, tuple[bool, Rank]]] = []
     asked: dict[Situation, Rank] = {}  # this call's answers: most nodes share a few situations
+    spare = view.ultraserver_nodes() if group is None else frozenset()
     for state in view.nodes(nodes, now):
         situation = state.situation
         if state.refusal is not None or situation is None:
-            ranked.append((state.node, None))
+            ranked.append((state.node, (False, None)))
             continue
         found = asked.get(situation, _UNKNOWN)
         if found is _UNKNOWN:
             found = asked[situation] = rank(situation, pod)
-        ranked.append((state.node, found))
-    # best first: the smallest loss, then the greatest leftover (two stable sorts, the minor key first)
-    classes = sorted({r for r in asked.values() if r is not None}, key=lambda c: c[1], reverse=True)
+        ranked.append((state.node, (state.node in spare, found)))
+    # best first: outside the UltraServers, then the smallest loss, then the greatest leftover
+    # (stable sorts, the minor key first)
+    fits = {(inside, r) for _, (inside, r) in ranked if r is not None}
+    classes = sorted(fits, key=lambda c: c[1][1], reverse=True)
+    classes.sort(key=lambda c: c[1][0])
     classes.sort(key=lambda c: c[0])
     worst = len(classes) - 1
     score = {c: MAX_SCORE if worst == 0 else round(MAX_SCORE * (worst - i) / worst) for i, c in enumerate(classes)}
-    return [(node, 0 if r is None else score[r]) for node, r in ranked]
+    return [(node, 0 if c[1] is None else score[c]) for node, c in ranked]  # type: ignore[index]
 
 
 def rank(situation: Situation, pod: PodRequest) -> Rank:

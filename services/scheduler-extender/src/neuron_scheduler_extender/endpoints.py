@@ -226,11 +226,12 @@ class Endpoints:
             try:
                 args = protocol.extender_args(_json(body))
                 pod = self._request_of(args.pod)
-            except (ProtocolError, PodError) as exc:
+                group = group_request(args.pod)
+            except (ProtocolError, PodError, GroupError) as exc:
                 # kube-scheduler ignores a failed prioritize: the other scores decide alone
                 self.metrics.errors.labels("prioritize").inc()
                 return _reply({"error": str(exc)}, status=400)
-            scores = decisions.prioritize(self.view, pod, args.node_names, self.now())
+            scores = decisions.prioritize(self.view, pod, args.node_names, self.now(), group)
             return _reply(protocol.priority_list(scores))
 
     # --- bind ------------------------------------------------------------------------------------

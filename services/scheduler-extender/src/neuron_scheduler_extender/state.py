@@ -183,6 +183,7 @@ class ClusterView:
     _group_of: dict[str, str] = field(default_factory=dict)  # pod key -> its group key
     _domains: dict[Domain, tuple[str, ...]] | None = None  # from the reports' identities; None: to rebuild
     _ever_reserved: set[str] = field(default_factory=set)  # groups this process has reserved for
+    _spare: tuple[Any, frozenset[str]] | None = None  # (the domain index it was made from, its nodes)
     _situations: weakref.WeakValueDictionary[tuple[Topology, FreeState, FreeState], Situation] = field(
         default_factory=weakref.WeakValueDictionary
     )
@@ -476,6 +477,14 @@ class ClusterView:
                         found.setdefault((nodes, server), []).append(name)
             self._domains = {d: tuple(sorted(names)) for d, names in found.items()}
         return self._domains.get(domain_, ())
+
+    def ultraserver_nodes(self) -> frozenset[str]:
+        """Every node whose report places it in an UltraServer group of 2 or 4 nodes."""
+        self.domain_nodes((0, ""))  # builds the index
+        assert self._domains is not None
+        if self._spare is None or self._spare[0] is not self._domains:
+            self._spare = (self._domains, frozenset(n for names in self._domains.values() for n in names))
+        return self._spare[1]
 
     def members(self, group: str, excluding: str = "") -> list[BoundPod]:
         """The group's pods bound (or being bound), in binding order."""
