@@ -177,12 +177,21 @@ class TestGroupFilter:
         outcome = filter_pod(view, lws_pod("llama-2"))
         assert outcome.passed == ["b-2", "b-3"]
 
-    def test_a_reservation_lapses_after_its_ttl(self) -> None:
+    def test_a_reservation_lapses_after_its_ttl_while_none_of_the_group_is_bound(self) -> None:
         view = view_of(*fleet())
         view.group_ttl = 60.0
         filter_pod(view, lws_pod("llama-0"))
         later = NOW + dt.timedelta(seconds=61)
         assert len(filter_pod(view, pod_object("other", devices=16), now=later).passed) == len(ALL)
+
+    def test_a_partly_bound_group_keeps_its_ultraserver_past_the_ttl(self) -> None:
+        view = view_of(*fleet())
+        view.group_ttl = 60.0
+        bind(view, lws_pod("llama-0"), filter_pod(view, lws_pod("llama-0")).passed[0])
+        past_ttl = NOW + dt.timedelta(seconds=100)  # the reports still fresh (2 minutes)
+        outcome = filter_pod(view, pod_object("other", devices=16), now=past_ttl)
+        assert outcome.passed == ["b-0", "b-1", "b-2", "b-3", "plain-0", "plain-1"]
+        assert outcome.unresolvable["a-3"].kind is RefusalKind.RESERVED
 
     def test_bind_refuses_to_split_a_group_or_take_another_groups_ultraserver(self) -> None:
         view = view_of(*fleet())

@@ -81,8 +81,8 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         "--group-reservation-ttl",
         default="2m",
         type=positive_duration,
-        help="how long an UltraServer chosen for a group of pods stays held for the rest of the group after "
-        "its last pod was filtered or bound (LeaderWorkerSet creates the workers once the leader is bound)",
+        help="how long an UltraServer chosen for a group of pods stays held for it after its last pod was filtered, "
+        "while none of its pods is bound (a partly bound group keeps it until the group is whole)",
     )
     p.add_flag(
         "--api-timeout", default="10s", type=positive_duration, help="timeout of one API server request (not watches)"

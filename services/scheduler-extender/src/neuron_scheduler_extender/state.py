@@ -492,11 +492,16 @@ class ClusterView:
         return sorted((p for p in found if p is not None), key=lambda p: p.order)
 
     def reservation(self, group: str, now: dt.datetime) -> Reservation | None:
-        """The group's reservation while it holds: not expired, and the group not whole yet."""
+        """The group's reservation while it holds: until the group is whole; while none of its pods
+        is bound, until `until` too. A partly bound group keeps its UltraServer however long its
+        last pods take: kube-scheduler may hold a pod it refused once for minutes (its unschedulable
+        queue, then the back of a long queue), and a TTL lapsing meanwhile let other pods take the
+        group's last nodes and left it half placed (seen at 1,000 nodes)."""
         held = self.reservations.get(group)
         if held is None:
             return None
-        if held.until < now or len(self._members.get(group, ())) >= held.group.size:
+        bound = len(self._members.get(group, ()))
+        if (held.until < now and not bound) or bound >= held.group.size:
             del self.reservations[group]
             return None
         return held
