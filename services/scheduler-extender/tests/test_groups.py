@@ -126,11 +126,15 @@ class TestGroupFilter:
     def test_the_rest_of_the_group_follows_its_bound_pods_and_the_reservation_ends_when_whole(self) -> None:
         view = view_of(*fleet())
         for i in range(4):
+            if i:
+                stats = view.stats(NOW)
+                assert (stats.group_reservations, stats.groups_partial) == (1, 1)
             outcome = filter_pod(view, lws_pod(f"llama-{i}"))
             assert set(outcome.passed) <= {f"a-{n}" for n in range(4)}, outcome.passed
             bind(view, lws_pod(f"llama-{i}"), outcome.passed[0])
         assert sorted(p.node for p in view.members(f"default/{LWS_GROUP_KEY}=hash-g1")) == [f"a-{n}" for n in range(4)]
         assert view.reserved(NOW) == {}
+        assert (view.stats(NOW).group_reservations, view.stats(NOW).groups_partial) == (0, 0)
         assert filter_pod(view, pod_object("other", devices=16)).passed == [
             "b-0",
             "b-1",

@@ -160,6 +160,8 @@ class ViewStats:
     bound_pods: int
     assumed_pods: int
     in_flight_pods: int
+    group_reservations: int = 0  # UltraServer groups of nodes held for a group of pods now
+    groups_partial: int = 0  # groups with some pods bound, not all
 
 
 @dataclass
@@ -555,6 +557,12 @@ class ClusterView:
             bound_pods=len(self._bound),
             assumed_pods=len(self._assumed),
             in_flight_pods=in_flight,
+            group_reservations=len({r.domain for r in self.reserved(now).values()}),
+            groups_partial=sum(
+                1
+                for members in self._members.values()
+                if (p := self._pod(next(iter(members)))) and p.group and len(members) < p.group.size
+            ),
         )
 
 
