@@ -143,27 +143,36 @@ def prioritize(
     pod to the emptiest node and break up the large groups everywhere; comparing the loss sends a
     4-device pod to a node with one free row rather than split an empty node a 16-device pod needs.
     Distinct ranks are spread over 0..10, the best getting 10."""
-    ranked: list[tuple[str, tuple[bool, Rank]]] = []
+    # node -> its class: (outside the UltraServers or not, the situation's rank), kept by the
+    # situation's identity, as hashing a rank for each of a thousand nodes costs more than ranking
+    ranked: list[tuple[str, tuple[bool, int] | None]] = []
     asked: dict[Situation, Rank] = {}  # this call's answers: most nodes share a few situations
+    classes_of: dict[tuple[bool, int], tuple[bool, Rank]] = {}
     spare = view.ultraserver_nodes() if group is None else frozenset()
     for state in view.nodes(nodes, now):
         situation = state.situation
         if state.refusal is not None or situation is None:
-            ranked.append((state.node, (False, None)))
+            ranked.append((state.node, None))
             continue
         found = asked.get(situation, _UNKNOWN)
         if found is _UNKNOWN:
             found = asked[situation] = rank(situation, pod)
-        ranked.append((state.node, (state.node in spare, found)))
+        if found is None:
+            ranked.append((state.node, None))
+            continue
+        key = (state.node in spare, id(situation))
+        if key not in classes_of:
+            classes_of[key] = (key[0], found)
+        ranked.append((state.node, key))
     # best first: outside the UltraServers, then the smallest loss, then the greatest leftover
     # (stable sorts, the minor key first)
-    fits = {(inside, r) for _, (inside, r) in ranked if r is not None}
-    classes = sorted(fits, key=lambda c: c[1][1], reverse=True)
-    classes.sort(key=lambda c: c[1][0])
+    classes = sorted(set(classes_of.values()), key=lambda c: c[1][1], reverse=True)  # type: ignore[index]
+    classes.sort(key=lambda c: c[1][0])  # type: ignore[index]
     classes.sort(key=lambda c: c[0])
     worst = len(classes) - 1
     score = {c: MAX_SCORE if worst == 0 else round(MAX_SCORE * (worst - i) / worst) for i, c in enumerate(classes)}
-    return [(node, 0 if c[1] is None else score[c]) for node, c in ranked]  # type: ignore[index]
+    by_key = {key: score[c] for key, c in classes_of.items()}
+    return [(node, 0 if key is None else by_key[key]) for node, key in ranked]
 
 
 def rank(situation: Situation, pod: PodRequest) -> Rank:
