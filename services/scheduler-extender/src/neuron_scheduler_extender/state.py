@@ -497,8 +497,8 @@ class ClusterView:
         """The group's reservation while it holds: until the group is whole; while none of its pods
         is bound, until `until` too. A partly bound group keeps its UltraServer however long its
         last pods take: kube-scheduler may hold a pod it refused once for minutes (its unschedulable
-        queue, then the back of a long queue), and a TTL lapsing meanwhile let other pods take the
-        group's last nodes and left it half placed (seen at 1,000 nodes)."""
+        queue, then the back of a long queue), and a TTL lapsing meanwhile lets other pods take the
+        group's last nodes and leaves it half placed (at 1,000 simulated nodes, 11 of 30 groups)."""
         held = self.reservations.get(group)
         if held is None:
             return None
