@@ -28,7 +28,14 @@ How each figure is taken:
   at a time as kube-scheduler makes them, with pods of the stream's mix, on the empty fleet before
   scheduling and on the full one after, from a process of their own (as kube-scheduler calls);
   client time, so an upper bound of the extender's own;
-- extender memory: its resident set, sampled every half second during the run, the peak.
+- extender memory: its resident set, sampled every half second during the run, the peak;
+- UltraServer groups (issue 26 item 4; targets for neuron-scheduler: 100 % of the groups with a pod
+  placed whole on one UltraServer group of their size, none split, none half-placed, none waiting
+  while an UltraServer had room for it at the end): 25 trn2u UltraServers of 4 nodes are among the
+  1,000 nodes, and 30 LeaderWorkerSet groups (4 pods of a node each or 8 of half a node on a
+  4-node UltraServer, 2 pods of a node on a 2-node half; `simcluster.fleet.GROUP_SHAPES`) among the
+  pods, labelled as LeaderWorkerSet labels them, without the affinity its webhook adds: the
+  extender alone keeps them together. The default scheduler's figures show what happens without.
 
 The DRA runs (issue 30 item 8; targets: 100 % valid, throughput at least 0.8 of the default's) use
 the default kube-scheduler on the same fleet as DRA nodes (each with the ResourceSlices the driver
@@ -97,6 +104,7 @@ def _placement_figures(outcome: Outcome, default_throughput: float | None, ratio
         ),
         Figure(f"{label}: throughput, first binding to last pod running", outcome.started_throughput, "pods/s"),
     ]
+    figures += _group_figures(outcome, neuron)
     for result in ("scheduled", "unschedulable", "error"):
         figures.append(Figure(f"{label}: scheduling attempts, {result}", outcome.attempts.get(result, 0.0), ""))
     for process, seconds in outcome.cpu_seconds.items():
@@ -105,6 +113,31 @@ def _placement_figures(outcome: Outcome, default_throughput: float | None, ratio
     if outcome.timed_out:
         print(f"  ({label} had not settled by its deadline: the figures are of a cut-short run)")
     return figures
+
+
+def _group_figures(outcome: Outcome, targets: bool) -> list[Figure]:
+    """UltraServer groups (issue 26 item 4): of the groups with a pod placed, the share whole on one
+    UltraServer group of their size (target 100 %), split ones, half-placed ones holding devices,
+    and groups waiting while an UltraServer had room for them (target 0)."""
+    label = outcome.scheduler
+    groups = outcome.groups()
+    if not groups:
+        return []
+    placed = [g for g in groups if not g.waiting]
+    whole = 100.0 * sum(g.whole for g in placed) / len(placed) if placed else math.nan
+    return [
+        Figure(f"{label}: UltraServer groups placed whole", sum(g.whole for g in groups), f"of {len(groups)}"),
+        Figure(f"{label}: groups with a pod placed that are whole", whole, "%", 100.0 if targets else None, True),
+        Figure(f"{label}: groups split over UltraServers", sum(g.split for g in groups), "", 0.0 if targets else None),
+        Figure(f"{label}: groups half-placed", sum(g.partial for g in groups), "", 0.0 if targets else None),
+        Figure(f"{label}: groups waiting", sum(g.waiting for g in groups), ""),
+        Figure(
+            f"{label}: groups waiting though an UltraServer had room",
+            len(outcome.stranded_groups()),
+            "",
+            0.0 if targets else None,
+        ),
+    ]
 
 
 def _extender_figures(outcome: Outcome) -> list[Figure]:

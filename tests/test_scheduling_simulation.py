@@ -120,7 +120,7 @@ def test_stranded_pods_are_those_some_node_could_take(default_run: Outcome) -> N
         unbound={p.name: "" for p in default_run.pods},
         free={n: FreeState.of(specs[n].topology, cores) for n, cores in free.items()},
     )
-    assert then.stranded() == [p.name for p in default_run.pods if fits[p.request]]
+    assert then.stranded() == [p.name for p in default_run.pods if p.group is None and fits[p.request]]
 
 
 @pytest.mark.skipif(extender_command() is None, reason="neuron-scheduler-extender is not installed")
@@ -132,6 +132,20 @@ def test_neuron_scheduler_places_only_where_a_valid_set_is_free(tmp_path: Path) 
     invalid = [f"{a.pod} on {a.node}: {a.reason}" for a in outcome.admissions if not a.valid]
     assert not invalid, "\n".join(invalid)
     assert outcome.stranded() == []
+    # UltraServer groups (issue 26 item 4): every group whole on one UltraServer or waiting whole,
+    # never waiting while an UltraServer has room for it
+    groups = outcome.groups()
+    assert len(groups) == REDUCED.groups
+    assert [g.group.name for g in groups if g.split] == []
+    assert [g.group.name for g in groups if g.partial] == []
+    assert outcome.stranded_groups() == []
+    assert any(g.whole for g in groups), "no group was placed"
+    by_pod = {p.name: p for p in outcome.pods}
+    for name, message in outcome.unbound.items():
+        group = by_pod[name].group
+        # refused by the extender (not by kube-scheduler's own count of devices): the group and why
+        if group is not None and "UltraServer" in message:
+            assert f"group {group.index} ({group.size} pods of {by_pod[name].devices} devices)" in message, message
 
 
 @pytest.mark.parametrize("mode", [DRA_EXTENDED, DRA_CLAIMS])

@@ -759,6 +759,16 @@ def scheduling() -> Dashboard:
                 24,
                 8,
             ),
+            panel(
+                timeseries.Panel(),
+                "UltraServer groups: UltraServers held for a group, groups partly bound",
+                [
+                    query(f"max({EXTENDER}_group_reservations)", "held", "A"),
+                    query(f"max({EXTENDER}_groups_partial)", "partly bound", "B"),
+                ],
+                24,
+                8,
+            ),
         ],
         nodes_from=f"{EXTENDER}_node_cores",
         extra_variables=[

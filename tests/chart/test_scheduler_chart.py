@@ -66,6 +66,7 @@ def test_the_extender_deployment() -> None:
         "--listen=0.0.0.0:9843",
         "--log-level=info",
         "--report-max-age=2m",
+        "--group-reservation-ttl=2m",
         "--scheduler-name=neuron-scheduler,my-scheduler",
         f"--tls-cert-file={tls_dir}/tls.crt",
         f"--tls-key-file={tls_dir}/tls.key",

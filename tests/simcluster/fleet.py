@@ -1,26 +1,37 @@
 """The simulated fleet and the pod stream: seeded, so both schedulers see the same of each.
 
 Nodes mix inf2.48xlarge, inf2.24xlarge, trn1.32xlarge and trn2.48xlarge (trn2 at both logical-core
-settings). Pods ask for one resource in one container, in sizes people use: inference pods take
-one device or a few cores, training pods whole aligned groups (8, 16). Every hardware fact (device
-counts, cores, topology) comes from neuron_model; nothing about the silicon is written here.
+settings), and `ultraservers` trn2u UltraServers of 4 trn2u.48xlarge nodes at the end of the list,
+each node with the UltraServer identity the driver reports (written by neuron_sim, read back by
+neuron_driver: the real path) and AWS's UltraServer labels. Pods ask for one resource in one
+container, in sizes people use: inference pods take one device or a few cores, training pods whole
+aligned groups (8, 16). Among them, `groups` LeaderWorkerSet groups (GROUP_SHAPES) ask to share an
+UltraServer, labelled and annotated as LeaderWorkerSet labels a group's pods, all created at once.
+Every hardware fact (device counts, cores, topology, UltraServer identities and labels) comes from
+the libraries; nothing about the silicon is written here.
 """
 
 from __future__ import annotations
 
 import random
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
+from pathlib import Path
 from typing import Any
 
 from neuron_dra_driver.slices import group_attribute
 
+from neuron_driver.ultraserver import read_ultraserver
 from neuron_model.allocator import Topology, topology_for
 from neuron_model.instance_types import get_instance_type
 from neuron_model.placement import ContainerRequest, PodRequest
 from neuron_model.resources import DRA_DRIVER, neuron, neuroncore
+from neuron_model.ultraserver import UltraServerReading, domain, node_labels, server_id_label
+from neuron_scheduler_extender.groups import LWS_EXCLUSIVE, LWS_GROUP_INDEX, LWS_GROUP_KEY, LWS_NAME, LWS_SIZE
 from neuron_scheduler_extender.pods import ResourceNames, neuron_request
+from neuron_sim.node import UltraServerSpec, write_ultraserver
 
 NEURON, NEURONCORE = neuron().full_name, neuroncore().full_name
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -39,6 +50,31 @@ NODE_MIX: Mapping[tuple[str, int], int] = {
 DEVICE_POD_SHARE = 0.55  # the rest ask for cores
 DEVICE_SIZES: Mapping[int, int] = {1: 40, 2: 20, 4: 20, 8: 12, 16: 8}
 CORE_SIZES: Mapping[int, int] = {1: 25, 2: 25, 3: 5, 4: 20, 5: 3, 6: 5, 7: 2, 8: 15}
+ULTRASERVER_TYPE = "trn2u.48xlarge"
+ULTRASERVER_NODES = 4
+# (pods, devices each, nodes of the UltraServer group they share), taken in turn: a whole 4-node
+# UltraServer (4 pods of a node each, or 8 of half a node), or one 2-node half of it.
+GROUP_SHAPES: tuple[tuple[int, int, int], ...] = ((4, 16, 4), (8, 8, 4), (2, 16, 2))
+
+
+@dataclass(frozen=True)
+class UltraServerSeat:
+    """A node's place in a simulated UltraServer."""
+
+    server_id: str  # 16 hex digits
+    node_id: int
+
+    @property
+    def reading(self) -> UltraServerReading:
+        return _reading(self.server_id, self.node_id)
+
+
+@cache
+def _reading(server_id: str, node_id: int) -> UltraServerReading:
+    """What the node's driver reports: neuron_sim writes the class attributes, neuron_driver reads them."""
+    with tempfile.TemporaryDirectory() as root:
+        write_ultraserver(Path(root), UltraServerSpec(node_id, server_id, ULTRASERVER_NODES))
+        return read_ultraserver(root)
 
 
 @dataclass(frozen=True)
@@ -46,10 +82,19 @@ class NodeSpec:
     name: str
     instance_type: str
     lnc: int  # logical-core setting
+    ultraserver: UltraServerSeat | None = None
 
     @property
     def topology(self) -> Topology:
         return _topology(self.instance_type, self.lnc)
+
+    @property
+    def reading(self) -> UltraServerReading | None:
+        return self.ultraserver.reading if self.ultraserver is not None else None
+
+    def domain(self, nodes: int) -> str | None:
+        """The server id of its UltraServer group of `nodes` nodes, if it is in one."""
+        return domain(self.reading, nodes)
 
     def node_object(self, dra: bool = False) -> dict[str, Any]:
         """A Node as a kubelet would register it, Ready, with the plugin's two resources (none on a
@@ -77,6 +122,7 @@ class NodeSpec:
                     "kubernetes.io/os": "linux",
                     "kubernetes.io/arch": "amd64",
                     INSTANCE_TYPE_LABEL: self.instance_type,
+                    **(node_labels(self.reading) if self.reading is not None else {}),
                 },
                 "annotations": {SIMULATED: "true"},
             },
@@ -91,10 +137,35 @@ def _topology(instance_type: str, lnc: int) -> Topology:
 
 
 @dataclass(frozen=True)
+class GroupSpec:
+    """A LeaderWorkerSet group asking to share an UltraServer group of `nodes` nodes."""
+
+    index: int
+    size: int  # pods
+    nodes: int  # 2 or 4
+
+    @property
+    def name(self) -> str:
+        return f"group-{self.index:03d}"
+
+    @property
+    def topology_key(self) -> str:
+        """The node label LeaderWorkerSet's exclusive topology names."""
+        return server_id_label(self.nodes)
+
+    def labels(self) -> dict[str, str]:
+        return {LWS_NAME: "sim", LWS_GROUP_INDEX: str(self.index), LWS_GROUP_KEY: f"key-{self.index:03d}"}
+
+    def annotations(self) -> dict[str, str]:
+        return {LWS_SIZE: str(self.size), LWS_EXCLUSIVE: self.topology_key}
+
+
+@dataclass(frozen=True)
 class PodSpec:
     name: str
     devices: int  # aws.amazon.com/neuron
     cores: int  # aws.amazon.com/neuroncore
+    group: GroupSpec | None = None
 
     @property
     def request(self) -> PodRequest:
@@ -128,7 +199,11 @@ class PodSpec:
         pod = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": self.name, "namespace": NAMESPACE},
+            "metadata": {
+                "name": self.name,
+                "namespace": NAMESPACE,
+                **({"labels": self.group.labels(), "annotations": self.group.annotations()} if self.group else {}),
+            },
             "spec": {
                 "schedulerName": scheduler,
                 "automountServiceAccountToken": False,
@@ -149,26 +224,45 @@ def _fewest_cores_per_device() -> int:
     return min(_topology(instance_type, lnc).cores_per_device for instance_type, lnc in NODE_MIX)
 
 
-def fleet(count: int, seed: int) -> list[NodeSpec]:
+def fleet(count: int, seed: int, ultraservers: int = 0) -> list[NodeSpec]:
+    """`count` nodes, the last `ultraservers` * 4 of them trn2u UltraServers."""
     rng = random.Random(f"fleet-{seed}")
     kinds = list(NODE_MIX)
-    picks = rng.choices(kinds, weights=[NODE_MIX[k] for k in kinds], k=count)
-    return [NodeSpec(f"node-{i:04d}", it, lnc) for i, (it, lnc) in enumerate(picks)]
+    plain = count - ultraservers * ULTRASERVER_NODES
+    picks = rng.choices(kinds, weights=[NODE_MIX[k] for k in kinds], k=plain)
+    nodes = [NodeSpec(f"node-{i:04d}", it, lnc) for i, (it, lnc) in enumerate(picks)]
+    lnc = get_instance_type(ULTRASERVER_TYPE).family.default_lnc
+    for u in range(ultraservers):
+        server_id = random.Random(f"ultraserver-{seed}-{u}").getrandbits(64).to_bytes(8).hex()
+        for node_id in range(ULTRASERVER_NODES):
+            seat = UltraServerSeat(server_id, node_id)
+            nodes.append(NodeSpec(f"node-{len(nodes):04d}", ULTRASERVER_TYPE, lnc, seat))
+    return nodes
 
 
-def pod_stream(count: int, seed: int) -> list[PodSpec]:
-    """Named in stream order: the scheduler's queue takes pods listed at start in name order."""
+def pod_stream(count: int, seed: int, groups: int = 0) -> list[PodSpec]:
+    """`count` pods, and the pods of `groups` groups each inserted whole at a random point. Named in
+    stream order: the scheduler's queue takes pods listed at start in name order."""
     rng = random.Random(f"pods-{seed}")
+    group_rng = random.Random(f"groups-{seed}")  # apart, so the single pods are the same with or without groups
+    starts = sorted(group_rng.sample(range(count), min(groups, count)))
 
     def size(mix: Mapping[int, int]) -> int:
         return rng.choices(list(mix), weights=list(mix.values()))[0]
 
-    pods = []
+    pods: list[PodSpec] = []
     for i in range(count):
+        while starts and starts[0] == i:
+            starts.pop(0)
+            index = len({p.group for p in pods if p.group})
+            members, devices, nodes = GROUP_SHAPES[index % len(GROUP_SHAPES)]
+            group = GroupSpec(index, members, nodes)
+            for _ in range(members):
+                pods.append(PodSpec(f"pod-{len(pods):05d}", devices, 0, group))
         if rng.random() < DEVICE_POD_SHARE:
-            pods.append(PodSpec(f"pod-{i:05d}", size(DEVICE_SIZES), 0))
+            pods.append(PodSpec(f"pod-{len(pods):05d}", size(DEVICE_SIZES), 0))
         else:
-            pods.append(PodSpec(f"pod-{i:05d}", 0, size(CORE_SIZES)))
+            pods.append(PodSpec(f"pod-{len(pods):05d}", 0, size(CORE_SIZES)))
     return pods
 
 

@@ -82,6 +82,7 @@ class SimNode:
             unhealthy_devices=frozenset(),
             pods=frozenset(f"{NAMESPACE}/{pod}" for pod in self.holdings),
             heartbeat=now,
+            ultraserver=self.spec.reading,
         ).to_object()
 
 

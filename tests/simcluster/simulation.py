@@ -12,6 +12,7 @@ schedulers start from the same empty cluster.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -24,12 +25,12 @@ from typing import Any
 import psutil
 import yaml
 
-from neuron_model.placement import FreeState, PodRequest, refusal
+from neuron_model.placement import FreeState, PodRequest, place, refusal
 from neuron_model.report import NodeReport
 from simcluster.api import Api, bounded
 from simcluster.controlplane import ControlPlane, control_plane, free_port, wait_until_ready
 from simcluster.dra import DEVICE_CLASSES, chart_device_classes
-from simcluster.fleet import DEFAULT_SCHEDULER, NAMESPACE, NodeSpec, PodSpec, fleet, pod_stream
+from simcluster.fleet import DEFAULT_SCHEDULER, NAMESPACE, GroupSpec, NodeSpec, PodSpec, fleet, pod_stream
 from simcluster.nodes import PODS, REPORTS, WRITERS, Admission, SimulatedNodes
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command, start_extender, start_scheduler
 
@@ -53,10 +54,41 @@ class Size:
     quiet: float = 10.0  # seconds without a binding that end the run
     deadline: float = 600.0  # seconds the scheduling may take at most
     probes: int = 100  # extender calls timed per verb and state
+    ultraservers: int = 0  # trn2u UltraServers of 4 nodes among `nodes`
+    groups: int = 0  # LeaderWorkerSet groups asking to share an UltraServer, beside the `pods`
 
 
-FULL = Size(nodes=1000, pods=5000, deadline=900.0, quiet=15.0, probes=200)
-REDUCED = Size(nodes=40, pods=300, deadline=60.0, quiet=5.0, probes=20)
+FULL = Size(nodes=1000, pods=5000, deadline=900.0, quiet=15.0, probes=200, ultraservers=25, groups=30)
+REDUCED = Size(nodes=40, pods=300, deadline=60.0, quiet=5.0, probes=20, ultraservers=3, groups=4)
+
+
+@dataclass(frozen=True)
+class GroupOutcome:
+    """Where one group's pods ended."""
+
+    group: GroupSpec
+    pods: list[str]
+    bound: dict[str, str]  # pod -> node
+    domains: set[str | None]  # the server ids of the bound pods' UltraServer groups (None: a node in none)
+
+    @property
+    def whole(self) -> bool:
+        """Every pod bound, all in one UltraServer group of the group's size."""
+        return len(self.bound) == len(self.pods) and len(self.domains) == 1 and None not in self.domains
+
+    @property
+    def split(self) -> bool:
+        """Pods bound in more than one UltraServer group, or outside any."""
+        return len(self.domains) > 1 or None in self.domains
+
+    @property
+    def partial(self) -> bool:
+        """Some pods bound, not all: a half-placed group holding devices."""
+        return 0 < len(self.bound) < len(self.pods)
+
+    @property
+    def waiting(self) -> bool:
+        return not self.bound
 
 
 @dataclass
@@ -115,16 +147,60 @@ class Outcome:
             return float("nan")
         return len(self.running_times) / (self.running_times[-1] - self.bind_times[0])
 
+    def groups(self) -> list[GroupOutcome]:
+        """Each group of the stream, where its pods ended."""
+        specs = {n.name: n for n in self.nodes}
+        bound = {a.pod: a.node for a in self.admissions}
+        members: dict[GroupSpec, list[str]] = {}
+        for pod in self.pods:
+            if pod.group is not None:
+                members.setdefault(pod.group, []).append(pod.name)
+        found = []
+        for group, names in members.items():
+            placed = {p: bound[p] for p in names if p in bound}
+            domains = {specs[n].domain(group.nodes) for n in placed.values()}
+            found.append(GroupOutcome(group, names, placed, domains))
+        return found
+
+    def stranded_groups(self) -> list[str]:
+        """Groups left waiting (no pod bound) while some UltraServer group of their size has room for
+        every one of their pods at the end (the plugin's allocator, pod after pod)."""
+        specs = {n.name: n for n in self.nodes}
+        by_pod = {p.name: p for p in self.pods}
+        stranded = []
+        for outcome in self.groups():
+            if not outcome.waiting:
+                continue
+            group, request = outcome.group, by_pod[outcome.pods[0]].request
+            domains: dict[str, list[str]] = {}
+            for name, spec in specs.items():
+                server = spec.domain(group.nodes)
+                if server is not None:
+                    domains.setdefault(server, []).append(name)
+            for server, names in domains.items():
+                room = 0
+                for name in names:
+                    free = self.free[name]
+                    while room < group.size and (p := place(specs[name].topology, free, request)).fits:
+                        free, room = p.free_after, room + 1
+                if room >= group.size:
+                    stranded.append(f"{group.name} ({group.size} pods) while UltraServer {server} had room")
+                    break
+        return stranded
+
     def stranded(self) -> list[str]:
-        """Unbound pods that some node could take with a valid set at the end."""
+        """Unbound pods, not of a group, that some node could take with a valid set at the end
+        (a group's pods are `stranded_groups`' to judge: one pod fitting somewhere is not enough)."""
         by_pod = {p.name: p for p in self.pods}
         specs = {n.name: n for n in self.nodes}
         fits: dict[PodRequest, bool] = {}
         for pod in self.unbound:
+            if by_pod[pod].group is not None:
+                continue
             request = by_pod[pod].request
             if request not in fits:
                 fits[request] = any(not refusal(specs[n].topology, free, request) for n, free in self.free.items())
-        return [pod for pod in self.unbound if fits[by_pod[pod].request]]
+        return [pod for pod in self.unbound if by_pod[pod].group is None and fits[by_pod[pod].request]]
 
 
 async def _wait_established(api: Api, name: str, timeout: float = 30.0) -> None:
@@ -164,7 +240,8 @@ async def prepare(
 
 
 def _probe_pod(spec: PodSpec, index: int) -> dict[str, Any]:
-    pod = spec.pod_object(NEURON_SCHEDULER)
+    # without its group: a probe of a group's pod would reserve an UltraServer for the group
+    pod = dataclasses.replace(spec, group=None).pod_object(NEURON_SCHEDULER)
     pod["metadata"].update(name=f"probe-{index:05d}", uid=f"00000000-0000-0000-0000-{index:012d}")
     return pod
 
@@ -237,7 +314,7 @@ async def simulate(
     if dra is not None and (scheduler != DEFAULT_SCHEDULER or dra not in (DRA_EXTENDED, DRA_CLAIMS)):
         raise ValueError(f"no DRA run {dra!r} of {scheduler}")
     claims = dra == DRA_CLAIMS
-    specs, stream = fleet(size.nodes, size.seed), pod_stream(size.pods, size.seed)
+    specs, stream = fleet(size.nodes, size.seed, size.ultraservers), pod_stream(size.pods, size.seed, size.groups)
     names = [s.name for s in specs]
     command = extender_command() if scheduler == NEURON_SCHEDULER else None
     if scheduler == NEURON_SCHEDULER and command is None:

@@ -13,6 +13,7 @@ from oracles.neuron_sets import topology
 from neuron_model.allocator import Topology
 from neuron_model.instance_types import INSTANCE_TYPES
 from neuron_model.report import NodeReport
+from neuron_model.ultraserver import X4H_MAP, Mode, State, UltraServerIdentity, UltraServerReading
 from neuron_scheduler_extender.pods import ResourceNames, pod_record
 from neuron_scheduler_extender.state import ClusterView, report_record
 
@@ -31,6 +32,7 @@ def node_report(
     pods: Iterable[str] = (),
     age: float = 0.0,
     lnc: int | None = None,
+    ultraserver: UltraServerReading | None = None,
 ) -> NodeReport:
     """A report as a node's plugin publishes it: free cores (every healthy one unless given)."""
     it = INSTANCE_TYPES[instance_type]
@@ -52,7 +54,27 @@ def node_report(
         unhealthy_devices=frozenset(bad),
         pods=frozenset(pods),
         heartbeat=(NOW - dt.timedelta(seconds=age)).replace(microsecond=0),
+        ultraserver=ultraserver,
     )
+
+
+def trn2u_identity(server: str, node_id: int) -> UltraServerReading:
+    """Node `node_id` (0..3) of a 4-node trn2u UltraServer `server` (16 hex digits) in modes X4, X2H
+    and X1, as the driver reports it: its 2-node pair's id is the server id with the pair's digit last."""
+    pair = X4H_MAP[node_id]
+    identity = UltraServerIdentity(
+        (Mode.X4, Mode.X2H, Mode.X1), {4: server, 2: server[:15] + str(pair)}, {4: node_id, 2: node_id % 2}
+    )
+    return UltraServerReading(State.IDENTIFIED, identity)
+
+
+def ultraserver_reports(server: str, prefix: str = "", **kwargs: Any) -> list[dict[str, Any]]:
+    """The four trn2u nodes of one UltraServer, `<prefix or server>-0..3`."""
+    name = prefix or server
+    return [
+        report_object(f"{name}-{i}", "trn2u.48xlarge", ultraserver=trn2u_identity(server, i), **kwargs)
+        for i in range(4)
+    ]
 
 
 def report_object(node: str, instance_type: str = "trn1.32xlarge", **kwargs: Any) -> dict[str, Any]:
@@ -86,6 +108,8 @@ def pod_object(
     init_containers: Sequence[dict[str, Any]] = (),
     phase: str = "Pending",
     scheduled_at: str = "",
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """A Pod as the API server returns it (the fields the scheduler and the extender read, and a few more)."""
     spec: dict[str, Any] = {
@@ -109,6 +133,8 @@ def pod_object(
             "uid": uid or f"uid-{namespace}-{name}",
             "resourceVersion": "7",
             "creationTimestamp": "2026-03-01T11:59:00Z",
+            **({"labels": labels} if labels else {}),
+            **({"annotations": annotations} if annotations else {}),
         },
         "spec": spec,
         "status": {"phase": phase, "conditions": conditions, "qosClass": "Burstable"},

@@ -14,6 +14,8 @@ def test_defaults() -> None:
     cfg = config_mod.parse([], env={"POD_NAME": "ext-0", "POD_NAMESPACE": "neuron"})
     assert cfg.listen == ("0.0.0.0", 9843)
     assert cfg.report_max_age == 120.0
+    assert cfg.group_reservation_ttl == 120.0
+    assert config_mod.parse(["--group-reservation-ttl=30s"], env={}).group_reservation_ttl == 30.0
     assert cfg.resource_prefix == "aws.amazon.com"
     assert cfg.leader_elect is True
     assert (cfg.lease_namespace, cfg.lease_name) == ("neuron", "neuron-scheduler-extender")

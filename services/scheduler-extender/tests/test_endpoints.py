@@ -464,3 +464,29 @@ async def test_every_profile_name_of_the_second_scheduler_is_bound(start: Callab
     status, body = await ext.post("bind", binding_args(aws_pod, "n1"))
     assert (status, body) == (200, {"Error": ""})
     assert api.bindings == [("default/aws-style", "n1")]
+
+
+class TestUltraServerGroups:
+    async def test_a_group_over_http_reserves_binds_inside_and_a_malformed_one_is_an_error(
+        self, start: Callable[..., Any]
+    ) -> None:
+        from test_groups import ALL, fleet, lws_pod
+
+        pods = tuple(lws_pod(f"llama-{i}") for i in range(2))
+        api = await cluster(*fleet(), pods=pods)
+        ext = await start(api)
+        _, body = await ext.post("filter", extender_args(pods[0], ALL))
+        assert body["NodeNames"] == ["a-0", "a-1", "a-2", "a-3"]
+        assert "placed on UltraServer" in body["FailedAndUnresolvableNodes"]["b-0"]
+        status, body = await ext.post("bind", binding_args(pods[0], "a-0"))
+        assert (status, body) == (200, {"Error": ""})
+        _, body = await ext.post("bind", binding_args(pods[1], "b-0"))
+        assert "is placed on UltraServer aaaaaaaaaaaaaaa0" in body["Error"]
+        _, metrics = await ext.get("/metrics")
+        assert ext.metric(metrics, "neuron_scheduler_extender_group_reservations") == 1
+        assert ext.metric(metrics, "neuron_scheduler_extender_groups_partial") == 1
+        assert ext.metric(metrics, "neuron_scheduler_extender_nodes_refused_total", reason="group_elsewhere") == 6
+        bad = lws_pod("bad-0")
+        bad["metadata"]["annotations"]["leaderworkerset.sigs.k8s.io/size"] = "many"
+        _, body = await ext.post("filter", extender_args(bad, ALL))
+        assert "annotation leaderworkerset.sigs.k8s.io/size: 'many' is not a number of pods" in body["Error"]

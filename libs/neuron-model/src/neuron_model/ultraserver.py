@@ -107,6 +107,29 @@ def node_id_label(size: int) -> str:
     return f"{LABEL_PREFIX}node-id-{size}"
 
 
+def topology_nodes(key: str) -> int | None:
+    """How many nodes a group placed by the topology key spans: AWS's LeaderWorkerSet examples name
+    `...-server-id-4` (or `-2`) as the exclusive topology of a group of 4 (or 2) nodes. None for any
+    other key."""
+    for size in GROUP_SIZES:
+        if key == server_id_label(size):
+            return size
+    return None
+
+
+def domain(reading: UltraServerReading | None, nodes: int) -> str | None:
+    """The server id of the node's group of `nodes` nodes, when its UltraServer runs groups of that
+    many (a mode it supports, as `env_mode` tells the runtime): the unit a job spanning `nodes`
+    nodes is placed on, the value of the node's `server_id_label(nodes)`. None otherwise, including
+    an identity not known yet: placing a group on a guess would split it."""
+    if reading is None or reading.state is not State.IDENTIFIED or reading.identity is None:
+        return None
+    group = reading.identity.group(nodes)
+    if group is None or env_mode(reading.identity.modes, nodes) is None:
+        return None
+    return group[0]
+
+
 def node_labels(reading: UltraServerReading) -> dict[str, str]:
     """The labels a node carries for its UltraServer: all of them once identified, none otherwise
     (pending and invalid included: a label from an earlier identity would be a guess)."""

@@ -40,7 +40,7 @@ class Extender:
         self.stop = stop
         self.api = api or Api.from_kubeconfig(config.kubeconfig, config.api_timeout)
         self.names = ResourceNames.under(config.resource_prefix)
-        self.view = ClusterView(report_max_age=config.report_max_age)
+        self.view = ClusterView(report_max_age=config.report_max_age, group_ttl=config.group_reservation_ttl)
         self.metrics = Metrics()
         self.reports: Reflector[ReportRecord] = Reflector(
             self.api,

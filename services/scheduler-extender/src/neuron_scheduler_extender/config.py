@@ -28,6 +28,7 @@ class Config:
     kubeconfig: str | None
     resource_prefix: str
     report_max_age: float
+    group_reservation_ttl: float
     api_timeout: float
     leader_elect: bool
     lease_name: str
@@ -75,6 +76,13 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         default="2m",
         type=positive_duration,
         help="refuse a node whose NeuronNode report is older than this (its device plugin heartbeats every 30s)",
+    )
+    p.add_flag(
+        "--group-reservation-ttl",
+        default="2m",
+        type=positive_duration,
+        help="how long an UltraServer chosen for a group of pods stays held for it after its last pod was filtered, "
+        "while none of its pods is bound (a partly bound group keeps it until the group is whole)",
     )
     p.add_flag(
         "--api-timeout", default="10s", type=positive_duration, help="timeout of one API server request (not watches)"
@@ -175,6 +183,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         kubeconfig=a.kubeconfig or None,
         resource_prefix=a.resource_prefix,
         report_max_age=a.report_max_age,
+        group_reservation_ttl=a.group_reservation_ttl,
         api_timeout=a.api_timeout,
         leader_elect=a.leader_elect,
         lease_name=a.lease_name,

@@ -5,7 +5,11 @@
 - prioritize: among passing nodes, the one the placement costs least (the fewest large free device
   groups broken, then the most left over: the plugin's `Leftover`) scores highest; ranks map onto 0..10;
 - bind check: the same question as filter, asked again at the one serialized point, on the
-  view as it is now, including pods this extender bound a moment ago.
+  view as it is now, including pods this extender bound a moment ago;
+- UltraServer groups (`groups`): a group's first pod passes only on an UltraServer group of nodes
+  where the whole group fits, which is then reserved for it (`ClusterView.reserve`); its other pods
+  pass only there, and every other pod is kept off it until the group is whole or the reservation
+  lapses. A group that fits nowhere is refused on every node with the reason.
 """
 
 from __future__ import annotations
@@ -18,9 +22,11 @@ from typing import Any, cast
 
 from neuron_model.allocator import Leftover, Topology
 from neuron_model.placement import FreeState, PodRequest, refusal
+from neuron_scheduler_extender.groups import GroupRequest
 from neuron_scheduler_extender.state import (
     MEMO_SHAPES,
     ClusterView,
+    Domain,
     NodeState,
     Rank,
     Refusal,
@@ -88,11 +94,26 @@ def _short(free: FreeState, topo: Topology, pod: PodRequest) -> bool:
     return total.devices > len(free.devices) or total.devices * topo.cores_per_device + total.cores > len(free.cores)
 
 
-def filter_nodes(view: ClusterView, pod: PodRequest, nodes: Iterable[str], now: dt.datetime) -> FilterOutcome:
+def filter_nodes(
+    view: ClusterView,
+    pod: PodRequest,
+    nodes: Iterable[str],
+    now: dt.datetime,
+    group: GroupRequest | None = None,
+    key: str = "",
+) -> FilterOutcome:
+    """`key`: the pod's namespace/name, for a pod of a `group` (left out of its group's bound pods)."""
+    if group is not None:
+        return filter_group(view, pod, group, key, nodes, now)
     outcome = FilterOutcome()
     passed, unresolvable = outcome.passed, outcome.unresolvable
     asked: dict[Situation, Verdict] = {}  # this call's answers: most nodes share a few situations
+    reserved = view.reserved(now)
     for state in view.nodes(nodes, now):
+        held = reserved.get(state.node) if reserved else None
+        if held is not None:
+            unresolvable[state.node] = _reserved(held.group, held.domain)
+            continue
         refused = state.refusal
         if refused is None:
             situation = state.situation
@@ -108,8 +129,13 @@ def filter_nodes(view: ClusterView, pod: PodRequest, nodes: Iterable[str], now: 
     return outcome
 
 
-def prioritize(view: ClusterView, pod: PodRequest, nodes: Iterable[str], now: dt.datetime) -> list[tuple[str, int]]:
+def prioritize(
+    view: ClusterView, pod: PodRequest, nodes: Iterable[str], now: dt.datetime, group: GroupRequest | None = None
+) -> list[tuple[str, int]]:
     """(node, score 0..10) for every node asked about; nodes where the pod does not fit score 0.
+
+    A pod of no UltraServer group goes to a node outside the UltraServers first: they are the only
+    place a group can go, and every node of theirs a small pod takes can keep a group waiting.
 
     The best node is the one the placement costs least: fewest free device groups lost, the
     largest sizes first (`group_loss`), then the most left over (`Leftover`: reach, then the free
@@ -117,8 +143,12 @@ def prioritize(view: ClusterView, pod: PodRequest, nodes: Iterable[str], now: dt
     pod to the emptiest node and break up the large groups everywhere; comparing the loss sends a
     4-device pod to a node with one free row rather than split an empty node a 16-device pod needs.
     Distinct ranks are spread over 0..10, the best getting 10."""
-    ranked: list[tuple[str, Rank]] = []
+    # node -> its class: (outside the UltraServers or not, the situation's rank), kept by the
+    # situation's identity, as hashing a rank for each of a thousand nodes costs more than ranking
+    ranked: list[tuple[str, tuple[bool, int] | None]] = []
     asked: dict[Situation, Rank] = {}  # this call's answers: most nodes share a few situations
+    classes_of: dict[tuple[bool, int], tuple[bool, Rank]] = {}
+    spare = view.ultraserver_nodes() if group is None else frozenset()
     for state in view.nodes(nodes, now):
         situation = state.situation
         if state.refusal is not None or situation is None:
@@ -127,13 +157,22 @@ def prioritize(view: ClusterView, pod: PodRequest, nodes: Iterable[str], now: dt
         found = asked.get(situation, _UNKNOWN)
         if found is _UNKNOWN:
             found = asked[situation] = rank(situation, pod)
-        ranked.append((state.node, found))
-    # best first: the smallest loss, then the greatest leftover (two stable sorts, the minor key first)
-    classes = sorted({r for r in asked.values() if r is not None}, key=lambda c: c[1], reverse=True)
+        if found is None:
+            ranked.append((state.node, None))
+            continue
+        key = (state.node in spare, id(situation))
+        if key not in classes_of:
+            classes_of[key] = (key[0], found)
+        ranked.append((state.node, key))
+    # best first: outside the UltraServers, then the smallest loss, then the greatest leftover
+    # (stable sorts, the minor key first)
+    classes = sorted(set(classes_of.values()), key=lambda c: c[1][1], reverse=True)  # type: ignore[index]
+    classes.sort(key=lambda c: c[1][0])  # type: ignore[index]
     classes.sort(key=lambda c: c[0])
     worst = len(classes) - 1
     score = {c: MAX_SCORE if worst == 0 else round(MAX_SCORE * (worst - i) / worst) for i, c in enumerate(classes)}
-    return [(node, 0 if r is None else score[r]) for node, r in ranked]
+    by_key = {key: score[c] for key, c in classes_of.items()}
+    return [(node, 0 if key is None else by_key[key]) for node, key in ranked]
 
 
 def rank(situation: Situation, pod: PodRequest) -> Rank:
@@ -169,7 +208,164 @@ def group_loss(before: Leftover, after: Leftover) -> tuple[tuple[int, int], ...]
     return tuple((size, count - kept.get(size, 0)) for size, count in before.groups if count > kept.get(size, 0))
 
 
-def bind_refusal(view: ClusterView, pod: PodRequest, key: str, node: str, now: dt.datetime) -> Refusal | None:
-    """Why binding the pod to the node now would over-commit it, or None. The pod itself is left
-    out of the node's in-flight pods (a retried bind may find itself there)."""
-    return judge(view.node(node, now, excluding=key), pod)
+def bind_refusal(
+    view: ClusterView, pod: PodRequest, key: str, node: str, now: dt.datetime, group: GroupRequest | None = None
+) -> Refusal | None:
+    """Why binding the pod to the node now would over-commit it, or split its group, or take
+    capacity held for another group; None when it may go. The pod itself is left out of the node's
+    in-flight pods (a retried bind may find itself there)."""
+    held = view.reserved(now).get(node)
+    here: Domain | None = None
+    if group is None:
+        if held is not None:
+            return _reserved(held.group, held.domain)
+    else:
+        if held is not None and held.group.key != group.key:
+            return _reserved(held.group, held.domain)
+        domains, _ = view.placed_domain(group, excluding=key)
+        own = view.reservation(group.key, now)
+        if own is not None:
+            domains.add(own.domain)
+        here = view.domain_of(node, group.nodes)
+        if here is None:
+            return Refusal(
+                RefusalKind.GROUP_ELSEWHERE,
+                f"{group.name} needs nodes of one UltraServer group of {group.nodes} nodes; "
+                f"node {node} reports none (label {group.topology_key})",
+            )
+        if domains - {here}:
+            placed = ", ".join(sorted(d[1] if d else "a node without an UltraServer identity" for d in domains))
+            return _elsewhere(group, placed)
+    refused = judge(view.node(node, now, excluding=key), pod)
+    if refused is None and group is not None and here is not None:
+        view.reserve(group, here, now)  # held (again) for the rest of the group from this bind on
+    return refused
+
+
+# --- UltraServer groups ------------------------------------------------------------------------------
+def filter_group(
+    view: ClusterView, pod: PodRequest, group: GroupRequest, key: str, nodes: Iterable[str], now: dt.datetime
+) -> FilterOutcome:
+    """The nodes of the one UltraServer group of nodes the pod's group is on (where its bound pods
+    are, or its reservation), else of the one this call picks and reserves: where the rest of the
+    group fits, best fit first. Every other node is refused, and every node when nothing fits."""
+    offered = list(nodes)
+    domains, members = view.placed_domain(group, excluding=key)
+    remaining = max(group.size - len(members), 1)
+    chosen: Domain | None = None
+    if members:
+        if len(domains) != 1 or None in domains:
+            placed = ", ".join(sorted(d[1] if d else "a node without an UltraServer identity" for d in domains))
+            return _refuse_all(offered, Refusal(RefusalKind.GROUP_ELSEWHERE, f"{group.name} is split over {placed}"))
+        chosen = next(iter(domains))
+    else:
+        own = view.reservation(group.key, now)
+        if own is not None:
+            # kept while it holds: kube-scheduler filters the next pod before the last one's bind
+            # reaches the extender, and leaves out the node it assumed it on, so the room counted
+            # among the nodes offered would be short by the pods in between and the group would flap
+            chosen = own.domain
+        else:
+            found = _choose(view, pod, group, remaining, offered, now)
+            if isinstance(found, Refusal):
+                return _refuse_all(offered, found)
+            chosen = found
+    assert chosen is not None
+    view.reserve(group, chosen, now)
+    inside = set(view.domain_nodes(chosen))
+    outcome = FilterOutcome()
+    elsewhere = _elsewhere(group, chosen[1])
+    for state in view.nodes(offered, now):
+        if state.node not in inside:
+            outcome.unresolvable[state.node] = elsewhere
+            continue
+        refused = judge(state, pod)
+        if refused is None:
+            outcome.passed.append(state.node)
+        else:
+            outcome.unresolvable[state.node] = refused
+    return outcome
+
+
+def _choose(
+    view: ClusterView, pod: PodRequest, group: GroupRequest, remaining: int, offered: list[str], now: dt.datetime
+) -> Domain | Refusal:
+    """The UltraServer group of nodes among `offered` with room for `remaining` pods like `pod`
+    and held for no other group, the tightest fit first (so the emptiest stay whole for larger
+    groups), then by server id; or why there is none."""
+    candidates = set(offered)
+    held = view.reserved(now)
+    seen: dict[Domain, int] = {}
+    reserved_elsewhere = 0
+    for node in offered:
+        found = view.domain_of(node, group.nodes)
+        if found is None or found in seen:
+            continue
+        other = held.get(node)
+        if other is not None and other.group.key != group.key:
+            seen[found] = -1
+            reserved_elsewhere += 1
+            continue
+        seen[found] = _room(view, found, pod, remaining, candidates, now)
+    fitting = sorted((room, d[1], d) for d, room in seen.items() if room >= remaining)
+    if fitting:
+        return fitting[0][2]
+    what = (
+        f"{group.name} ({group.size} pods of {_describe(pod)}) must share one UltraServer group of {group.nodes} nodes"
+    )
+    if not seen:
+        why = (
+            f"none of the {len(offered)} nodes offered is in one (no NeuronNode report shows an UltraServer "
+            f"identity in a mode of {group.nodes} nodes)"
+        )
+    else:
+        free = [room for room in seen.values() if room >= 0]
+        why = f"none of the {len(seen)} among the nodes offered has room for {remaining} more"
+        if free:
+            why += f" (the roomiest has room for {max(free)})"
+        if reserved_elsewhere:
+            why += f"; {reserved_elsewhere} held for other groups until their pods are bound"
+    return Refusal(RefusalKind.GROUP_NO_FIT, f"{what}: {why}; waiting, with none of its pods placed")
+
+
+def _room(view: ClusterView, domain: Domain, pod: PodRequest, limit: int, offered: set[str], now: dt.datetime) -> int:
+    """How many pods like `pod` the domain's offered nodes take, one after another as the plugin
+    would hand out their sets (at most `limit`)."""
+    room = 0
+    for state in view.nodes((n for n in view.domain_nodes(domain) if n in offered), now):
+        if state.refusal is not None or state.topology is None or state.free is None:
+            continue
+        free = state.free
+        while room < limit:
+            placement = placement_of(state.topology, free, pod)
+            if not placement.fits:
+                break
+            free = placement.free_after
+            room += 1
+        if room >= limit:
+            break
+    return room
+
+
+def _describe(pod: PodRequest) -> str:
+    total = pod.effective
+    parts = [f"{total.devices} devices" if total.devices else "", f"{total.cores} cores" if total.cores else ""]
+    return " and ".join(p for p in parts if p) or "no Neuron resource"
+
+
+def _refuse_all(nodes: list[str], why: Refusal) -> FilterOutcome:
+    return FilterOutcome([], dict.fromkeys(nodes, why))
+
+
+def _elsewhere(group: GroupRequest, server: str) -> Refusal:
+    return Refusal(
+        RefusalKind.GROUP_ELSEWHERE,
+        f"{group.name} is placed on UltraServer {server} ({group.topology_key}); this node is not in it",
+    )
+
+
+def _reserved(group: GroupRequest, domain: Domain) -> Refusal:
+    return Refusal(
+        RefusalKind.RESERVED,
+        f"held for {group.name} ({group.size} pods) on UltraServer {domain[1]} until its pods are bound",
+    )

@@ -37,6 +37,7 @@ from aiohttp import web
 from neuron_common.kube import ApiError
 from neuron_model.placement import PodRequest
 from neuron_scheduler_extender import decisions, protocol
+from neuron_scheduler_extender.groups import GroupError, GroupRequest, group_request
 from neuron_scheduler_extender.metrics import Metrics
 from neuron_scheduler_extender.pods import PodError, ResourceNames, neuron_request, pod_key, pod_uid, scheduler_name
 from neuron_scheduler_extender.protocol import BindingArgs, ProtocolError
@@ -164,8 +165,8 @@ class Endpoints:
     require_client_cert: bool = False  # mutual TLS: the verbs answer only a verified client certificate
     now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
     monotonic: Callable[[], float] = time.monotonic
-    # uid -> (key, request, schedulerName)
-    _requests: OrderedDict[str, tuple[str, PodRequest, str]] = field(default_factory=OrderedDict)
+    # uid -> (key, request, schedulerName, UltraServer group)
+    _requests: OrderedDict[str, tuple[str, PodRequest, str, GroupRequest | None]] = field(default_factory=OrderedDict)
     _in_order: InOrder = field(default_factory=InOrder)
 
     def add_routes(self, app: web.Application) -> None:
@@ -184,7 +185,8 @@ class Endpoints:
             try:
                 args = protocol.extender_args(_json(body))
                 pod = self._request_of(args.pod)
-            except (ProtocolError, PodError) as exc:
+                group = group_request(args.pod)
+            except (ProtocolError, PodError, GroupError) as exc:
                 return self._error("filter", protocol.filter_error(f"neuron-scheduler-extender: {exc}"))
             if not self.synced():
                 return self._error(
@@ -193,7 +195,8 @@ class Endpoints:
                         "neuron-scheduler-extender has not read the cluster's NeuronNodes and pods yet; retrying"
                     ),
                 )
-            outcome = decisions.filter_nodes(self.view, pod, args.node_names, self.now())
+            key = pod_key(args.pod) if group is not None else ""
+            outcome = decisions.filter_nodes(self.view, pod, args.node_names, self.now(), group, key)
             refused_by_kind = Counter(r.kind for r in outcome.unresolvable.values())
             for kind, count in refused_by_kind.items():
                 self.metrics.nodes_refused.labels(str(kind)).inc(count)
@@ -223,11 +226,12 @@ class Endpoints:
             try:
                 args = protocol.extender_args(_json(body))
                 pod = self._request_of(args.pod)
-            except (ProtocolError, PodError) as exc:
+                group = group_request(args.pod)
+            except (ProtocolError, PodError, GroupError) as exc:
                 # kube-scheduler ignores a failed prioritize: the other scores decide alone
                 self.metrics.errors.labels("prioritize").inc()
                 return _reply({"error": str(exc)}, status=400)
-            scores = decisions.prioritize(self.view, pod, args.node_names, self.now())
+            scores = decisions.prioritize(self.view, pod, args.node_names, self.now(), group)
             return _reply(protocol.priority_list(scores))
 
     # --- bind ------------------------------------------------------------------------------------
@@ -259,7 +263,7 @@ class Endpoints:
             found = await self._pod_request(args)
             if isinstance(found, str):
                 return self._bind_failure("unknown_pod", found)
-            pod, pod_scheduler = found
+            pod, pod_scheduler, group = found
             if pod_scheduler not in self.scheduler_names:
                 names = " or ".join(repr(n) for n in sorted(self.scheduler_names))
                 return self._bind_failure(
@@ -272,7 +276,7 @@ class Endpoints:
                     "no_neuron_request", f"pod {args.key} asks for no Neuron resource: not this extender's to bind"
                 )
             # No await from the check to `assume`: no other bind can slip in between.
-            refused = decisions.bind_refusal(self.view, pod, args.key, args.node, self.now())
+            refused = decisions.bind_refusal(self.view, pod, args.key, args.node, self.now(), group)
             if refused is not None:
                 log.info(
                     "refusing to bind %s to %s: %s",
@@ -284,7 +288,7 @@ class Endpoints:
                 return self._bind_failure(
                     "no_longer_fits", f"pod {args.key} no longer fits node {args.node}: {refused.reason}"
                 )
-            self.view.assume(args.key, args.pod_uid, args.node, pod, self.monotonic())
+            self.view.assume(args.key, args.pod_uid, args.node, pod, self.monotonic(), group)
             try:
                 await self._in_order.run(args.node, lambda: self.bind_pod(args), pod)
             except ApiError as exc:
@@ -337,12 +341,12 @@ class Endpoints:
         log.warning("%s refused (%s): it needs %s", verb, reason, needs, extra={"verb": verb, "reason": reason})
         return web.Response(status=status, text=f"neuron-scheduler-extender: {verb} needs {needs}\n")
 
-    async def _pod_request(self, args: BindingArgs) -> tuple[PodRequest, str] | str:
-        """The pod's request and schedulerName, remembered from filter or read from the API server;
-        or why not."""
+    async def _pod_request(self, args: BindingArgs) -> tuple[PodRequest, str, GroupRequest | None] | str:
+        """The pod's request, schedulerName and group, remembered from filter or read from the API
+        server; or why not."""
         remembered = self._requests.get(args.pod_uid)
         if remembered is not None and remembered[0] == args.key:
-            return remembered[1], remembered[2]
+            return remembered[1], remembered[2], remembered[3]
         try:
             obj = await self.read_pod(args.pod_namespace, args.pod_name)
         except ApiError as exc:
@@ -350,15 +354,19 @@ class Endpoints:
         if args.pod_uid and pod_uid(obj) != args.pod_uid:
             return f"pod {args.key} was replaced (uid {pod_uid(obj)}, binding asked for {args.pod_uid})"
         try:
-            return self._request_of(obj), scheduler_name(obj)
-        except PodError as exc:
+            return self._request_of(obj), scheduler_name(obj), group_request(obj)
+        except (PodError, GroupError) as exc:
             return f"pod {args.key}: {exc}"
 
     def _request_of(self, pod: Any) -> PodRequest:
         result = neuron_request(pod, self.names)
         uid = pod_uid(pod)
         if uid:
-            self._requests[uid] = (pod_key(pod), result, scheduler_name(pod))
+            try:
+                group = group_request(pod)
+            except GroupError:
+                group = None  # filter refuses it with the reason
+            self._requests[uid] = (pod_key(pod), result, scheduler_name(pod), group)
             self._requests.move_to_end(uid)
             while len(self._requests) > REMEMBERED_REQUESTS:
                 self._requests.popitem(last=False)

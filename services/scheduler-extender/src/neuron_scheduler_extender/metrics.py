@@ -123,6 +123,16 @@ class _ViewCollector(Collector):
         yield GaugeMetricFamily(
             f"{PREFIX}_pods_assumed", "Pods this extender bound that the watch has not shown yet", value=s.assumed_pods
         )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_group_reservations",
+            "UltraServer groups of nodes held for a group of pods until its pods are bound",
+            value=s.group_reservations,
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_groups_partial",
+            "UltraServer groups of pods with some pods bound and some not (yet)",
+            value=s.groups_partial,
+        )
         age = GaugeMetricFamily(
             f"{PREFIX}_view_age_seconds",
             "Seconds since the API server last answered each source (list, event or bookmark); "

@@ -17,6 +17,7 @@ from typing import Any
 
 from neuron_model import resources
 from neuron_model.placement import ContainerRequest, PodRequest
+from neuron_scheduler_extender.groups import GroupError, GroupRequest, group_request
 
 # Pods in these phases hold nothing: the kubelet has released their devices.
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -174,6 +175,7 @@ class PodRecord:
     request: PodRequest | None  # None when the spec cannot be read (`error` says why)
     error: str = ""
     scheduled_at: tuple[str, str] = ("", "")  # PodScheduled transition time, creation time: orders a fresh list
+    group: GroupRequest | None = None  # the UltraServer group it belongs to (`groups`), if any
 
 
 def pod_record(pod: Mapping[str, Any], names: ResourceNames) -> PodRecord | None:
@@ -190,7 +192,11 @@ def pod_record(pod: Mapping[str, Any], names: ResourceNames) -> PodRecord | None
         request, error = None, str(exc)
     if request is not None and not asks_for_neuron(request):
         return None
-    return PodRecord(key, pod_uid(pod), node_name(pod), is_terminal(pod), request, error, _scheduled_at(pod))
+    try:
+        group = group_request(pod)
+    except GroupError:
+        group = None  # counted on its node all the same; its filter said what is wrong
+    return PodRecord(key, pod_uid(pod), node_name(pod), is_terminal(pod), request, error, _scheduled_at(pod), group)
 
 
 def _scheduled_at(pod: Mapping[str, Any]) -> tuple[str, str]:
