@@ -59,7 +59,9 @@ class Size:
 
 
 FULL = Size(nodes=1000, pods=5000, deadline=900.0, quiet=15.0, probes=200, ultraservers=25, groups=30)
-REDUCED = Size(nodes=40, pods=300, deadline=60.0, quiet=5.0, probes=20, ultraservers=3, groups=4)
+# The reduced run's deadline only ends a run that cannot settle; its pace is the bench's to measure.
+# DRA with extended resource names settles in about 40 s on a quiet 2-core machine, past 60 s under load.
+REDUCED = Size(nodes=40, pods=300, deadline=150.0, quiet=5.0, probes=20, ultraservers=3, groups=4)
 
 
 @dataclass(frozen=True)
