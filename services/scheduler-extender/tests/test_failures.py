@@ -7,11 +7,12 @@ import asyncio
 from typing import Any
 
 import pytest
-from extender_objects import pod_object, report_object, trn2u_identity, view_of
+from extender_objects import NAMES, NOW, pod_object, report_object, trn2u_identity, view_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from neuron_common.kube import ApiError
+from neuron_scheduler_extender import decisions
 from neuron_scheduler_extender.failures import (
     CONDITION,
     DEGRADED_REASON,
@@ -38,8 +39,10 @@ from neuron_scheduler_extender.groups import (
     LWS_GROUP_KEY,
     LWS_NAME,
     LWS_SIZE,
+    group_request,
 )
 from neuron_scheduler_extender.metrics import Metrics
+from neuron_scheduler_extender.pods import neuron_request
 from neuron_scheduler_extender.state import ClusterView
 
 A, B = "aaaaaaaaaaaaaaa0", "bbbbbbbbbbbbbbb0"
@@ -394,3 +397,28 @@ def test_metrics_name_the_degraded_groups() -> None:
         f'ultraserver="{A}"}} 1.0'
     ) in text
     assert 'neuron_scheduler_extender_group_failure_actions_total{action="events"} 4.0' in text
+
+
+class TestPlacementAvoidsFailedUltraServers:
+    """A new group is never placed where it would be degraded at once (and, with eviction on,
+    evicted again: a loop)."""
+
+    def filter_first(self, view: ClusterView) -> Any:
+        pod = lws_pod("new-0", "", group="g2")
+        nodes = [f"{s}-{i}" for s in "ab" for i in range(4)]
+        return decisions.filter_nodes(view, neuron_request(pod, NAMES), nodes, NOW, group_request(pod), "default/new-0")
+
+    def test_a_node_condition_moves_a_new_group_to_the_healthy_ultraserver(self) -> None:
+        view = cluster(pods=[])
+        view.health.update(health(node("a-1", condition="True")))
+        assert view.unhealthy_in((4, A)) == ["a-1"]
+        assert self.filter_first(view).passed == ["b-0", "b-1", "b-2", "b-3"]
+
+    def test_an_unhealthy_device_too_and_the_reason_says_so_when_none_is_left(self) -> None:
+        view = cluster(pods=[], unhealthy={"a-1": (0,)})
+        view.health.update(health(node("b-3", taint=True)))
+        outcome = self.filter_first(view)
+        assert outcome.passed == []
+        assert "none of the 2 among the nodes offered has room for 4 more; 2 with an unhealthy node" in (
+            outcome.unresolvable["a-0"].reason
+        )

@@ -59,7 +59,7 @@ class Extender:
             replace=self.view.replace_pods,
             apply=self.view.apply_pod,
         )
-        self.node_health = NodeHealthIndex()
+        self.node_health = NodeHealthIndex(self.view.health)
         self.nodes: Reflector[NodeHealth] = Reflector(
             self.api, NODES, reduce=node_health, replace=self.node_health.replace, apply=self.node_health.apply
         )

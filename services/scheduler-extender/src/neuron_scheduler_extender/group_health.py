@@ -36,13 +36,15 @@ class CreateApi(Protocol):
 
 
 class NodeHealthIndex:
-    """Node name -> its Neuron health, kept by a Reflector on the Nodes."""
+    """Node name -> its Neuron health, kept by a Reflector on the Nodes (in `nodes`, which may be
+    the view's own `health`: the placement of a new group avoids an UltraServer with a failed node)."""
 
-    def __init__(self) -> None:
-        self.nodes: dict[str, NodeHealth] = {}
+    def __init__(self, nodes: dict[str, NodeHealth] | None = None) -> None:
+        self.nodes: dict[str, NodeHealth] = {} if nodes is None else nodes
 
     def replace(self, records: list[NodeHealth], _: float) -> None:
-        self.nodes = {r.node: r for r in records}
+        self.nodes.clear()
+        self.nodes.update((r.node, r) for r in records)
 
     def apply(self, event: str, record: NodeHealth) -> None:
         if event == "DELETED":

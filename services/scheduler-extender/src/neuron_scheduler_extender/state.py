@@ -31,7 +31,7 @@ from neuron_model.allocator import Leftover, Topology
 from neuron_model.placement import FreeState, Placement, PodRequest, place
 from neuron_model.report import NodeReport, ReportError
 from neuron_model.ultraserver import domain
-from neuron_scheduler_extender.failures import GroupPlacement, GroupPod
+from neuron_scheduler_extender.failures import GroupPlacement, GroupPod, NodeHealth, node_failure
 from neuron_scheduler_extender.groups import GroupRequest
 from neuron_scheduler_extender.pods import PodRecord
 
@@ -187,6 +187,8 @@ class ClusterView:
     _domains: dict[Domain, tuple[str, ...]] | None = None  # from the reports' identities; None: to rebuild
     _ever_reserved: set[str] = field(default_factory=set)  # groups this process has reserved for
     _spare: tuple[Any, frozenset[str]] | None = None  # (the domain index it was made from, its nodes)
+    # node -> its Neuron health from the Node (condition, taint), kept by group_health.NodeHealthIndex
+    health: dict[str, NodeHealth] = field(default_factory=dict)
     _situations: weakref.WeakValueDictionary[tuple[Topology, FreeState, FreeState], Situation] = field(
         default_factory=weakref.WeakValueDictionary
     )
@@ -545,6 +547,11 @@ class ClusterView:
                 for node in self.domain_nodes(found.domain):
                     held[node] = found
         return held
+
+    def unhealthy_in(self, domain_: Domain) -> list[str]:
+        """The domain's unhealthy nodes (as `failures.node_failure` judges them): a group placed there
+        would be degraded at once."""
+        return [n for n in self.domain_nodes(domain_) if node_failure(self.reports.get(n), self.health.get(n))]
 
     def group_placements(self) -> list[GroupPlacement]:
         """Every group with pods bound (or being bound): its pods, and the nodes of the UltraServer
