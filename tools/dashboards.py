@@ -761,10 +761,12 @@ def scheduling() -> Dashboard:
             ),
             panel(
                 timeseries.Panel(),
-                "UltraServer groups: UltraServers held for a group, groups partly bound",
+                "UltraServer groups: UltraServers held for a group, groups partly bound, groups degraded "
+                "(a node of their UltraServer unhealthy)",
                 [
                     query(f"max({EXTENDER}_group_reservations)", "held", "A"),
                     query(f"max({EXTENDER}_groups_partial)", "partly bound", "B"),
+                    query(f"max({EXTENDER}_groups_degraded)", "degraded", "C"),
                 ],
                 24,
                 8,

@@ -119,7 +119,19 @@ def test_the_extender_reads_only_what_it_needs() -> None:
         {"apiGroups": ["neuron.aws.com"], "resources": ["neuronnodes"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+        # Nodes for their NeuronHealth condition and taint; Events on the pods of a degraded UltraServer group
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
     ]
+    assert "--evict-degraded-groups" not in container(named(docs, "Deployment", EXTENDER))["args"]
+    # evicting a degraded group is off by default; on, and only then, the extender may evict pods
+    evicting = render(*ON, *sets(scheduler__extender__evictDegradedGroups=True))
+    assert named(evicting, "ClusterRole", EXTENDER)["rules"][-1] == {
+        "apiGroups": [""],
+        "resources": ["pods/eviction"],
+        "verbs": ["create"],
+    }
+    assert "--evict-degraded-groups" in container(named(evicting, "Deployment", EXTENDER))["args"]
     binding = named(docs, "ClusterRoleBinding", EXTENDER)
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": EXTENDER, "namespace": "kube-system"}]
     role = named(docs, "Role", EXTENDER)

@@ -22,6 +22,7 @@ from neuron_common.kube import ApiError, Gone, WatchEvent
 
 PODS = "/api/v1/pods"
 NEURON_NODES = "/apis/neuron.aws.com/v1alpha1/neuronnodes"
+NODES = "/api/v1/nodes"
 
 
 def _matches(path: str, obj: Mapping[str, Any]) -> bool:
@@ -35,7 +36,7 @@ def _matches(path: str, obj: Mapping[str, Any]) -> bool:
 
 class FakeApi:
     def __init__(self) -> None:
-        self.objects: dict[str, dict[str, dict[str, Any]]] = {PODS: {}, NEURON_NODES: {}}
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {PODS: {}, NEURON_NODES: {}, NODES: {}}
         self.leases: dict[str, dict[str, Any]] = {}
         self.history: list[tuple[int, str, str, dict[str, Any] | None, dict[str, Any] | None]] = []
         self.rv = 100

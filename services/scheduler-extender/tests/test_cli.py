@@ -17,6 +17,11 @@ def test_defaults() -> None:
     assert cfg.group_reservation_ttl == 120.0
     assert config_mod.parse(["--group-reservation-ttl=30s"], env={}).group_reservation_ttl == 30.0
     assert cfg.resource_prefix == "aws.amazon.com"
+    assert cfg.evict_degraded_groups is False  # a degraded group is only reported unless asked
+    assert config_mod.parse(["--evict-degraded-groups"], env={}).evict_degraded_groups is True
+    on = {"NEURON_EXTENDER_EVICT_DEGRADED_GROUPS": "true"}
+    assert config_mod.parse([], env=on).evict_degraded_groups is True
+    assert config_mod.parse(["--no-evict-degraded-groups"], env=on).evict_degraded_groups is False
     assert cfg.leader_elect is True
     assert (cfg.lease_namespace, cfg.lease_name) == ("neuron", "neuron-scheduler-extender")
     assert (cfg.lease_duration, cfg.renew_deadline, cfg.retry_period) == (15.0, 10.0, 2.0)

@@ -18,6 +18,8 @@ from neuron_model import report
 from neuron_scheduler_extender import tls
 from neuron_scheduler_extender.config import Config
 from neuron_scheduler_extender.endpoints import MAX_BODY, Endpoints, Forwarder
+from neuron_scheduler_extender.failures import NodeHealth, node_health
+from neuron_scheduler_extender.group_health import GroupHealthMonitor, NodeHealthIndex
 from neuron_scheduler_extender.leader import AlwaysLeader, LeaderElector
 from neuron_scheduler_extender.metrics import Metrics
 from neuron_scheduler_extender.pods import PodRecord, ResourceNames, pod_record
@@ -29,6 +31,7 @@ from neuron_scheduler_extender.state import ClusterView, ReportRecord, report_re
 BOUND_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 NEURON_NODES = Resource("neuronnodes", f"/apis/{report.GROUP}/{report.VERSION}/{report.PLURAL}")
 PODS = Resource("pods", "/api/v1/pods", {"fieldSelector": BOUND_PODS})
+NODES = Resource("nodes", "/api/v1/nodes")  # only for their Neuron health (failures.node_health)
 MAINTENANCE_INTERVAL = 10.0
 
 log = logging.getLogger(__name__)
@@ -55,6 +58,10 @@ class Extender:
             reduce=lambda obj: pod_record(obj, self.names),
             replace=self.view.replace_pods,
             apply=self.view.apply_pod,
+        )
+        self.node_health = NodeHealthIndex(self.view.health)
+        self.nodes: Reflector[NodeHealth] = Reflector(
+            self.api, NODES, reduce=node_health, replace=self.node_health.replace, apply=self.node_health.apply
         )
         self.leader: LeaderElector | AlwaysLeader
         if config.leader_elect:
@@ -103,6 +110,23 @@ class Extender:
             lambda: self.view.stats(self.endpoints.now()),
             lambda: {"neuronnodes": self.reports.age(), "pods": self.pods.age()},
             lambda: self.leader.leading,
+        )
+        self.group_health = GroupHealthMonitor(
+            self.api,
+            self.view,
+            self.node_health,
+            leading=lambda: self.leader.leading,
+            synced=lambda: self.synced() and self.nodes.synced,
+            evict=config.evict_degraded_groups,
+            identity=config.identity,
+        )
+        self.metrics.watch_groups(
+            self.group_health.degraded,
+            lambda: {
+                "events": self.group_health.events_sent,
+                "evictions": self.group_health.evictions,
+                "failures": self.group_health.failures,
+            },
         )
         self.metrics.watch_nodes(lambda: (self.view.node(n, self.endpoints.now()) for n in list(self.view.reports)))
 
@@ -162,6 +186,7 @@ class Extender:
                 "resources": ",".join(self.names.all),
                 "report_max_age": self.config.report_max_age,
                 "leader_elect": self.config.leader_elect,
+                "evict_degraded_groups": self.config.evict_degraded_groups,
                 "identity": self.config.identity,
                 "url": getattr(self.leader, "url", ""),
             },
@@ -171,6 +196,8 @@ class Extender:
             "pods": lambda: self.pods.run(self.stop),
             "leader-election": lambda: self.leader.run(self.stop),
             "maintenance": self.maintain,
+            "nodes": lambda: self.nodes.run(self.stop),
+            "group-health": lambda: self.group_health.run(self.stop),
         }
         if self.config.tls is not None:
             files = self.config.tls

@@ -41,6 +41,7 @@ class Config:
     scheduler_names: frozenset[str] = frozenset({"neuron-scheduler"})
     tls: TlsFiles | None = None
     metrics_auth: bool = False  # --metrics-auth=kubernetes, over the TLS above
+    evict_degraded_groups: bool = False
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,13 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
         type=positive_duration,
         help="how long an UltraServer chosen for a group of pods stays held for it after its last pod was filtered, "
         "while none of its pods is bound (a partly bound group keeps it until the group is whole)",
+    )
+    p.add_bool_flag(
+        "--evict-degraded-groups",
+        default=False,
+        help="evict every pod of an UltraServer group of pods when a node of its UltraServer turns unhealthy "
+        "(NeuronHealth condition, the problem detector's taint, or unhealthy devices in its NeuronNode report), so "
+        "its controller places it again; off: the group is only reported (Events on its pods, a metric)",
     )
     p.add_flag(
         "--api-timeout", default="10s", type=positive_duration, help="timeout of one API server request (not watches)"
@@ -196,6 +204,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         scheduler_names=frozenset(n.strip() for n in a.scheduler_name.split(",") if n.strip()),
         tls=tls,
         metrics_auth=a.metrics_auth == "kubernetes",
+        evict_degraded_groups=a.evict_degraded_groups,
     )
 
 

@@ -296,7 +296,7 @@ def _choose(
     candidates = set(offered)
     held = view.reserved(now)
     seen: dict[Domain, int] = {}
-    reserved_elsewhere = 0
+    reserved_elsewhere = unhealthy = 0
     for node in offered:
         found = view.domain_of(node, group.nodes)
         if found is None or found in seen:
@@ -305,6 +305,10 @@ def _choose(
         if other is not None and other.group.key != group.key:
             seen[found] = -1
             reserved_elsewhere += 1
+            continue
+        if view.unhealthy_in(found):  # the group would be degraded at once (and evicted, with that on)
+            seen[found] = -1
+            unhealthy += 1
             continue
         seen[found] = _room(view, found, pod, remaining, candidates, now)
     fitting = sorted((room, d[1], d) for d, room in seen.items() if room >= remaining)
@@ -325,6 +329,8 @@ def _choose(
             why += f" (the roomiest has room for {max(free)})"
         if reserved_elsewhere:
             why += f"; {reserved_elsewhere} held for other groups until their pods are bound"
+        if unhealthy:
+            why += f"; {unhealthy} with an unhealthy node"
     return Refusal(RefusalKind.GROUP_NO_FIT, f"{what}: {why}; waiting, with none of its pods placed")
 
 

@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from neuron_scheduler_extender.failures import DegradedGroup
 from neuron_scheduler_extender.state import NodeState, RefusalKind, ViewStats
 
 PREFIX = "neuron_scheduler_extender"
@@ -90,6 +91,45 @@ class Metrics:
     def watch_nodes(self, nodes: Callable[[], Iterable[NodeState]]) -> None:
         """Per-node gauges computed at scrape time from the nodes' states (refused nodes have none)."""
         self.registry.register(_NodeCollector(nodes))
+
+    def watch_groups(
+        self, degraded: Callable[[], Mapping[str, DegradedGroup]], actions: Callable[[], Mapping[str, int]]
+    ) -> None:
+        """UltraServer groups of pods degraded now (computed at scrape time), and what was done about them."""
+        self.registry.register(_GroupCollector(degraded, actions))
+
+
+class _GroupCollector(Collector):
+    def __init__(
+        self, degraded: Callable[[], Mapping[str, DegradedGroup]], actions: Callable[[], Mapping[str, int]]
+    ) -> None:
+        self._degraded, self._actions = degraded, actions
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        groups = self._degraded()
+        yield GaugeMetricFamily(
+            f"{PREFIX}_groups_degraded",
+            "UltraServer groups of pods with a node of their UltraServer unhealthy (NeuronHealth condition, "
+            "the problem detector's taint, or unhealthy devices in its report)",
+            value=len(groups),
+        )
+        info = GaugeMetricFamily(
+            f"{PREFIX}_group_degraded",
+            "1 per degraded UltraServer group of pods: its name, its UltraServer, its unhealthy nodes",
+            labels=["group", "ultraserver", "nodes"],
+        )
+        for group in sorted(groups.values(), key=lambda g: g.group.key):
+            info.add_metric([group.group.name, group.group.ultraserver, ",".join(f.node for f in group.failures)], 1)
+        yield info
+        counts = self._actions()
+        actions = CounterMetricFamily(
+            f"{PREFIX}_group_failure_actions",
+            "What the leader did about degraded groups: Events created, pods evicted, API calls that failed",
+            labels=["action"],
+        )
+        for action in ("events", "evictions", "failures"):
+            actions.add_metric([action], counts.get(action, 0))
+        yield actions
 
 
 class _ViewCollector(Collector):

@@ -31,6 +31,7 @@ from neuron_model.allocator import Leftover, Topology
 from neuron_model.placement import FreeState, Placement, PodRequest, place
 from neuron_model.report import NodeReport, ReportError
 from neuron_model.ultraserver import domain
+from neuron_scheduler_extender.failures import GroupPlacement, GroupPod, NodeHealth, node_failure
 from neuron_scheduler_extender.groups import GroupRequest
 from neuron_scheduler_extender.pods import PodRecord
 
@@ -186,6 +187,8 @@ class ClusterView:
     _domains: dict[Domain, tuple[str, ...]] | None = None  # from the reports' identities; None: to rebuild
     _ever_reserved: set[str] = field(default_factory=set)  # groups this process has reserved for
     _spare: tuple[Any, frozenset[str]] | None = None  # (the domain index it was made from, its nodes)
+    # node -> its Neuron health from the Node (condition, taint), kept by group_health.NodeHealthIndex
+    health: dict[str, NodeHealth] = field(default_factory=dict)
     _situations: weakref.WeakValueDictionary[tuple[Topology, FreeState, FreeState], Situation] = field(
         default_factory=weakref.WeakValueDictionary
     )
@@ -544,6 +547,31 @@ class ClusterView:
                 for node in self.domain_nodes(found.domain):
                     held[node] = found
         return held
+
+    def unhealthy_in(self, domain_: Domain) -> list[str]:
+        """The domain's unhealthy nodes (as `failures.node_failure` judges them): a group placed there
+        would be degraded at once."""
+        return [n for n in self.domain_nodes(domain_) if node_failure(self.reports.get(n), self.health.get(n))]
+
+    def group_placements(self) -> list[GroupPlacement]:
+        """Every group with pods bound (or being bound): its pods, and the nodes of the UltraServer
+        groups they are on (a pod on a node of no known UltraServer adds just its node)."""
+        placements = []
+        for key in sorted(self._members):
+            members = self.members(key)
+            group = members[0].group if members else None
+            if group is None:
+                continue
+            nodes = {m.node for m in members}
+            servers = set()
+            for m in members:
+                found = self.domain_of(m.node, group.nodes)
+                if found is not None:
+                    servers.add(found[1])
+                    nodes.update(self.domain_nodes(found))
+            pods = tuple(GroupPod(m.key, m.uid, m.node) for m in members)
+            placements.append(GroupPlacement(key, group.name, ", ".join(sorted(servers)), pods, tuple(sorted(nodes))))
+        return placements
 
     def stats(self, now: dt.datetime) -> ViewStats:
         in_flight = 0
