@@ -162,7 +162,6 @@ class FailureMemory:
     announced: dict[str, frozenset[tuple[str, str]]] = field(default_factory=dict)  # group -> signature
     told: dict[str, set[str]] = field(default_factory=dict)  # group -> pod uids told of that signature
     evicted: set[str] = field(default_factory=set)  # pod uids
-    last_message: dict[str, str] = field(default_factory=dict)  # group -> the degraded message (for recovery)
     names: dict[str, tuple[str, tuple[GroupPod, ...]]] = field(default_factory=dict)  # group -> (name, pods)
 
 
@@ -187,7 +186,6 @@ def plan(
             memory.told[key] = set()
         told = memory.told[key]
         message = group.message()
-        memory.last_message[key] = message
         memory.names[key] = (group.group.name, group.group.pods)
         for pod in group.group.pods:
             if pod.uid not in told:
@@ -202,7 +200,6 @@ def plan(
         name, pods = memory.names.pop(key, (key, ()))
         del memory.announced[key]
         memory.told.pop(key, None)
-        memory.last_message.pop(key, None)
         recovered = f"{name}: no node of its UltraServer is unhealthy any more"
         events.extend(EventAction(key, pod, RECOVERED_REASON, recovered, False) for pod in pods)
     memory.evicted &= {p.uid for g in degraded.values() for p in g.group.pods} | set(live)  # forget gone pods
