@@ -30,6 +30,7 @@ from functools import cache
 from types import MappingProxyType
 
 from neuron_driver.kmsg import locate
+from neuron_model import node_health
 
 
 class Severity(enum.StrEnum):
@@ -49,7 +50,7 @@ class Severity(enum.StrEnum):
         return self is Severity.UNTIL_REBOOT
 
 
-CONDITION = "NeuronHealth"
+CONDITION = node_health.CONDITION
 HEALTHY_REASON = "NeuronHasNoError"
 HEALTHY_MESSAGE = "No Neuron hardware errors on this boot"
 

@@ -36,11 +36,12 @@ import aiohttp
 
 from neuron_common.backoff import Backoff
 from neuron_common.kube import ApiError
+from neuron_model import node_health
 from neuron_problem_detector.detector import ConditionStatus
 
 log = logging.getLogger(__name__)
 
-TAINT_KEY = "aws.amazon.com/neuron-unhealthy"
+TAINT_KEY = node_health.UNHEALTHY_TAINT
 CORDON_ANNOTATION = "neuron.aws/cordoned-by"
 SELF = "neuron-problem-detector"
 STRATEGIC = "application/strategic-merge-patch+json"

@@ -20,10 +20,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from neuron_model.node_health import CONDITION, UNHEALTHY_TAINT
 from neuron_model.report import NodeReport
 
-CONDITION = "NeuronHealth"  # neuron_health.faults.CONDITION, set by the problem detector
-TAINT_KEY = "aws.amazon.com/neuron-unhealthy"  # neuron_problem_detector.reporter.TAINT_KEY (its --taint)
+TAINT_KEY = UNHEALTHY_TAINT
 DEGRADED_REASON = "UltraServerGroupDegraded"
 RECOVERED_REASON = "UltraServerGroupRecovered"
 EVICTED_REASON = "UltraServerGroupEvicted"
