@@ -14,6 +14,7 @@ from neuron_model.allocator import Topology
 from neuron_model.instance_types import INSTANCE_TYPES
 from neuron_model.report import NodeReport
 from neuron_model.ultraserver import X4H_MAP, Mode, State, UltraServerIdentity, UltraServerReading
+from neuron_scheduler_extender.groups import LWS_EXCLUSIVE, LWS_GROUP_INDEX, LWS_GROUP_KEY, LWS_NAME, LWS_SIZE
 from neuron_scheduler_extender.pods import ResourceNames, pod_record
 from neuron_scheduler_extender.state import ClusterView, report_record
 
@@ -180,3 +181,21 @@ def view_of(*reports: dict[str, Any], pods: Iterable[dict[str, Any]] = (), max_a
 
 def trn1() -> Topology:
     return topology("trn1.32xlarge")
+
+
+A, B = "aaaaaaaaaaaaaaa0", "bbbbbbbbbbbbbbb0"  # server ids of two UltraServers
+SERVER_ID_4 = "neuron.amazonaws.com/ultraserver-server-id-4"
+
+
+def lws_pod(
+    name: str, group: str = "g1", *, size: int = 4, devices: int = 16, node: str = "", **kw: Any
+) -> dict[str, Any]:
+    """A pod of a LeaderWorkerSet group with an UltraServer exclusive topology, as LWS labels it."""
+    return pod_object(
+        name,
+        devices=devices,
+        node=node,
+        labels={LWS_NAME: "llama", LWS_GROUP_INDEX: group[-1], LWS_GROUP_KEY: f"hash-{group}"},
+        annotations={LWS_SIZE: str(size), LWS_EXCLUSIVE: kw.pop("topology", SERVER_ID_4)},
+        **kw,
+    )

@@ -7,7 +7,7 @@ import asyncio
 from typing import Any
 
 import pytest
-from extender_objects import NAMES, NOW, pod_object, report_object, trn2u_identity, view_of
+from extender_objects import NAMES, NOW, A, B, lws_pod, pod_object, report_object, trn2u_identity, view_of
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,30 +34,11 @@ from neuron_scheduler_extender.group_health import GroupHealthMonitor, NodeHealt
 from neuron_scheduler_extender.groups import (
     GROUP_LABEL,
     GROUP_SIZE_ANNOTATION,
-    LWS_EXCLUSIVE,
-    LWS_GROUP_INDEX,
-    LWS_GROUP_KEY,
-    LWS_NAME,
-    LWS_SIZE,
     group_request,
 )
 from neuron_scheduler_extender.metrics import Metrics
 from neuron_scheduler_extender.pods import neuron_request
 from neuron_scheduler_extender.state import ClusterView
-
-A, B = "aaaaaaaaaaaaaaa0", "bbbbbbbbbbbbbbb0"
-
-
-def lws_pod(name: str, node: str, group: str = "g1", size: int = 4, **kw: Any) -> dict[str, Any]:
-    return pod_object(
-        name,
-        devices=16,
-        node=node,
-        phase="Running",
-        labels={LWS_NAME: "llama", LWS_GROUP_INDEX: group[-1], LWS_GROUP_KEY: f"hash-{group}"},
-        annotations={LWS_SIZE: str(size), LWS_EXCLUSIVE: "neuron.amazonaws.com/ultraserver-server-id-4"},
-        **kw,
-    )
 
 
 def cluster(
@@ -74,7 +55,7 @@ def cluster(
     ]
     reports.append(report_object("plain", unhealthy=unhealthy.get("plain", ())))
     if pods is None:
-        pods = [lws_pod(f"llama-{i}", f"a-{i}") for i in range(4)]
+        pods = [lws_pod(f"llama-{i}", node=f"a-{i}", phase="Running") for i in range(4)]
     return view_of(*reports, pods=pods)
 
 
@@ -148,7 +129,7 @@ class TestDegradedGroups:
         )
 
     def test_a_node_of_its_ultraserver_without_a_pod_of_the_group_degrades_it_too(self) -> None:
-        pods = [lws_pod(f"llama-{i}", f"a-{i}", size=2) for i in range(2)]
+        pods = [lws_pod(f"llama-{i}", node=f"a-{i}", size=2, phase="Running") for i in range(2)]
         view = cluster(pods=pods)
         (group,) = degraded_groups(
             view.group_placements(), view.reports, health(node("a-3", condition="True"))
@@ -404,7 +385,7 @@ class TestPlacementAvoidsFailedUltraServers:
     evicted again: a loop)."""
 
     def filter_first(self, view: ClusterView) -> Any:
-        pod = lws_pod("new-0", "", group="g2")
+        pod = lws_pod("new-0", "g2", phase="Running")
         nodes = [f"{s}-{i}" for s in "ab" for i in range(4)]
         return decisions.filter_nodes(view, neuron_request(pod, NAMES), nodes, NOW, group_request(pod), "default/new-0")
 

@@ -6,7 +6,19 @@ import datetime as dt
 from typing import Any
 
 import pytest
-from extender_objects import NAMES, NOW, pod_object, report_object, trn2u_identity, ultraserver_reports, view_of
+from extender_objects import (
+    NAMES,
+    NOW,
+    SERVER_ID_4,
+    A,
+    B,
+    lws_pod,
+    pod_object,
+    report_object,
+    trn2u_identity,
+    ultraserver_reports,
+    view_of,
+)
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,7 +29,6 @@ from neuron_scheduler_extender.groups import (
     GROUP_NODES_ANNOTATION,
     GROUP_SIZE_ANNOTATION,
     LWS_EXCLUSIVE,
-    LWS_GROUP_INDEX,
     LWS_GROUP_KEY,
     LWS_NAME,
     LWS_SIZE,
@@ -27,23 +38,6 @@ from neuron_scheduler_extender.groups import (
 )
 from neuron_scheduler_extender.pods import neuron_request
 from neuron_scheduler_extender.state import ClusterView, RefusalKind
-
-A, B = "aaaaaaaaaaaaaaa0", "bbbbbbbbbbbbbbb0"  # server ids of two UltraServers
-SERVER_ID_4 = "neuron.amazonaws.com/ultraserver-server-id-4"
-
-
-def lws_pod(
-    name: str, group: str = "g1", *, size: int = 4, devices: int = 16, node: str = "", **kw: Any
-) -> dict[str, Any]:
-    """A pod of a LeaderWorkerSet group with an UltraServer exclusive topology, as LWS labels it."""
-    return pod_object(
-        name,
-        devices=devices,
-        node=node,
-        labels={LWS_NAME: "llama", LWS_GROUP_INDEX: group[-1], LWS_GROUP_KEY: f"hash-{group}"},
-        annotations={LWS_SIZE: str(size), LWS_EXCLUSIVE: kw.pop("topology", SERVER_ID_4)},
-        **kw,
-    )
 
 
 def fleet(*, busy_a: int = 0) -> list[dict[str, Any]]:
