@@ -23,6 +23,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,47 @@ def unreachable(kubeconfig: str | None, exc: BaseException) -> str:
     where = f"--kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
     hint = "" if kubeconfig else " (outside a pod, pass --kubeconfig)"
     return f"cannot reach the API server through {where}: {exc}{hint}"
+
+
+def rfc3339(ts: float) -> str:
+    """A Unix time as the API server writes its timestamps (UTC, whole seconds)."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def event_object(
+    *,
+    name: str,
+    namespace: str,
+    involved: Mapping[str, str],
+    reason: str,
+    message: str,
+    type: str,
+    count: int,
+    first: float,
+    last: float,
+    component: str,
+    instance: str,
+    host: str | None = None,
+) -> dict[str, Any]:
+    """A core/v1 Event as every service of this project writes one (the problem detector's on its
+    Node, the scheduler extender's on a group's pods): `involved` is its involvedObject, `first` and
+    `last` Unix times, `component`/`instance` who reports it."""
+    source = {"component": component} if host is None else {"component": component, "host": host}
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": namespace},
+        "involvedObject": dict(involved),
+        "reason": reason,
+        "message": message,
+        "type": type,
+        "count": count,
+        "firstTimestamp": rfc3339(first),
+        "lastTimestamp": rfc3339(last),
+        "source": source,
+        "reportingComponent": component,
+        "reportingInstance": instance,
+    }
 
 
 class ApiError(Exception):

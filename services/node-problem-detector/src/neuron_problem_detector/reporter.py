@@ -29,13 +29,12 @@ import time
 from collections import OrderedDict, deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import aiohttp
 
 from neuron_common.backoff import Backoff
-from neuron_common.kube import ApiError
+from neuron_common.kube import ApiError, event_object, rfc3339
 from neuron_model import node_health
 from neuron_problem_detector.detector import ConditionStatus
 
@@ -49,10 +48,6 @@ MERGE = "application/merge-patch+json"
 DEDUPE_WINDOW = 600.0
 DEDUPE_ENTRIES = 1000
 EVENT_ATTEMPTS = 5
-
-
-def rfc3339(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 @dataclass
@@ -220,21 +215,11 @@ class Reporter:
         involved = {"kind": "Node", "name": self.node, "apiVersion": "v1"}
         if self._node_uid:
             involved["uid"] = self._node_uid
-        event = {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {"name": name, "namespace": self.event_namespace},
-            "involvedObject": involved,
-            "reason": e.reason,
-            "message": e.message,
-            "type": e.type,
-            "count": e.count,
-            "firstTimestamp": rfc3339(e.first),
-            "lastTimestamp": rfc3339(e.last),
-            "source": {"component": self.source, "host": self.node},
-            "reportingComponent": self.source,
-            "reportingInstance": self.node,
-        }
+        event = event_object(
+            name=name, namespace=self.event_namespace, involved=involved, reason=e.reason, message=e.message,
+            type=e.type, count=e.count, first=e.first, last=e.last, component=self.source, instance=self.node,
+            host=self.node,
+        )  # fmt: skip
         try:
             await self.api.create(self._events_path, event)
         except ApiError as exc:

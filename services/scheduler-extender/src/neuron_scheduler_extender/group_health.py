@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from neuron_common.kube import ApiError
+from neuron_common.kube import ApiError, event_object
 from neuron_common.lifecycle import sleep_or_stop
 from neuron_scheduler_extender.failures import (
     EVICTED_REASON,
@@ -116,32 +116,14 @@ class GroupHealthMonitor:
                 log.warning("could not evict pod %s (trying again): %s", pod.key, exc)
 
     async def _event(self, pod: GroupPod, reason: str, message: str, *, warning: bool = True) -> None:
-        now = self.wall_clock().astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        name = f"{pod.name}.{uuid.uuid4().hex[:16]}"
-        await self.api.create(
-            f"/api/v1/namespaces/{pod.namespace}/events",
-            {
-                "apiVersion": "v1",
-                "kind": "Event",
-                "metadata": {"name": name, "namespace": pod.namespace},
-                "involvedObject": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "namespace": pod.namespace,
-                    "name": pod.name,
-                    "uid": pod.uid,
-                },
-                "reason": reason,
-                "message": message,
-                "type": "Warning" if warning else "Normal",
-                "count": 1,
-                "firstTimestamp": now,
-                "lastTimestamp": now,
-                "source": {"component": COMPONENT},
-                "reportingComponent": COMPONENT,
-                "reportingInstance": self.identity,
-            },
-        )
+        now = self.wall_clock().timestamp()
+        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid}
+        event = event_object(
+            name=f"{pod.name}.{uuid.uuid4().hex[:16]}", namespace=pod.namespace, involved=involved, reason=reason,
+            message=message, type="Warning" if warning else "Normal", count=1, first=now, last=now,
+            component=COMPONENT, instance=self.identity,
+        )  # fmt: skip
+        await self.api.create(f"/api/v1/namespaces/{pod.namespace}/events", event)
 
     async def _evict(self, pod: GroupPod) -> None:
         await self.api.create(
