@@ -101,7 +101,11 @@ class KmsgFollower:
         self.poll_interval = poll_interval
         self.format = format
         self.tz = tz
-        self._boot = boot_wall_time()
+        # Whole seconds: a syslog line's sequence number is its time since this boot, and must come
+        # out the same in a restarted reader, while time.time() - CLOCK_BOOTTIME differs by some
+        # microseconds between two processes (a line with a whole-second stamp was then numbered
+        # after the last one handled, and reported again).
+        self._boot = float(int(boot_wall_time()))
         self._last_usec = -1
         self._repeat = 0
 
