@@ -31,6 +31,8 @@ from simcluster.controlplane import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARDS = REPO / "charts/neuron-helm-chart/dashboards"
+# AWS's own published board for neuron-monitor-prometheus, vendored unchanged (see its README)
+AWS_DASHBOARD = REPO / "tests/integration/aws-dashboard/neuron-monitor-grafana.json"
 PROMETHEUS = shutil.which("prometheus")
 SCRAPE_INTERVAL = "1s"
 # What each test that checks panel queries scrapes, real processes all (add a set with its test).
@@ -188,3 +190,44 @@ async def check_panel_query(base: str, board: str, title: str, expr: str, at: fl
         for metric in metrics_read(expr):
             with_node = await query(base, f'count({metric}{{node!=""}})', at)
             assert not with_node["result"], f"{board} / {title}: {metric} has a node label the query does not filter"
+
+
+def awss_queries() -> list[tuple[str, str, frozenset[str]]]:
+    """(where, expr, shown) of every query of AWS's neuron-monitor board."""
+    return grafana_queries(json.loads(AWS_DASHBOARD.read_text()))
+
+
+def as_grafana_sends(expr: str) -> str:
+    """AWS's query as Grafana sends it: the interval variables at a 1 s scrape, and no ad hoc filter
+    (the board's only variable, `Filters`, empty by default) added."""
+    for variable, value in (("$__rate_interval", "20s"), ("$__interval", "1s"), ("$__range", "1m")):
+        expr = expr.replace(variable, value)
+    assert not re.search(r"\$\w|\$\{", expr), f"a Grafana variable this test does not know: {expr}"
+    return expr
+
+
+_GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
+_FUNCTIONS = {"sum", "avg", "count", "min", "max", "rate", "irate", "increase", "by", "without", "and", "or", "unless"}
+
+
+def series_read(expr: str) -> set[str]:
+    """The metric names of a PromQL expression as simple as AWS's: what is left once the matchers,
+    ranges, groupings and functions are taken out."""
+    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\b(?:by|without)\s*\([^)]*\)", " ", expr)
+    return {name for name in re.findall(r"\b[a-zA-Z_:][a-zA-Z0-9_:]*\b", bare) if name not in _FUNCTIONS}
+
+
+async def check_awss_query(base: str, where: str, expr: str, shown: frozenset[str]) -> None:
+    """One query of AWS's board, as Grafana sends it, answers with numbers from the Prometheus at
+    `base`; each series carries the labels the panel shows (its legend's, its table's columns), and
+    every label it groups by is on every series it reads (or the groups silently merge into one)."""
+    sent = as_grafana_sends(expr)
+    await check_returns_numbers(base, f"AWS's neuron-monitor board / {where}", sent)
+    for series in (await query(base, sent))["result"]:
+        missing = sorted(label for label in shown if not series["metric"].get(label))
+        assert not missing, f"{where}: {sent} gives {series['metric']}, without {missing}"
+    grouped = {label.strip() for labels in _GROUPING.findall(sent) for label in labels.split(",")}
+    for metric in series_read(sent):
+        for label in grouped:
+            without = await query(base, f'count({metric}{{{label}=""}})')
+            assert not without["result"], f"{where}: {metric} has series without {label}, which {sent} groups by"

@@ -19,7 +19,6 @@ import asyncio
 import contextlib
 import json
 import os
-import re
 import shlex
 import shutil
 import subprocess
@@ -36,18 +35,20 @@ import pytest
 import pytest_asyncio
 import yaml
 from prometheus_server import (
+    AWS_DASHBOARD,
     DASHBOARDS,
     PROMETHEUS,
     TESTED_SOURCES,
+    awss_queries,
+    check_awss_query,
     check_panel_query,
-    check_returns_numbers,
     concrete,
     generator,
-    grafana_queries,
     metrics_read,
     panel_queries,
     prometheus,
     query,
+    series_read,
     wait_for,
 )
 from simcluster.controlplane import free_port
@@ -62,8 +63,7 @@ RULES = REPO / "charts/neuron-helm-chart/rules/neuron-node-metrics.rules.yaml"
 NODE = "sim-node-1"
 SOURCE = "neuron-node-metrics"
 QUERIES = panel_queries(frozenset({SOURCE}))
-AWS_DASHBOARD = Path(__file__).parent / "aws-dashboard/neuron-monitor-grafana.json"
-AWS_QUERIES = grafana_queries(json.loads(AWS_DASHBOARD.read_text()))
+AWS_QUERIES = awss_queries()
 
 pytestmark = [
     pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is installed by make setup"),
@@ -342,40 +342,10 @@ def test_every_query_of_awss_dashboard_is_checked() -> None:
     }
 
 
-def as_grafana_sends(expr: str) -> str:
-    """AWS's query as Grafana sends it: the interval variables at a 1 s scrape, and no ad hoc filter
-    (the board's only variable, `Filters`, empty by default) added."""
-    for variable, value in (("$__rate_interval", "20s"), ("$__interval", "1s"), ("$__range", "1m")):
-        expr = expr.replace(variable, value)
-    assert not re.search(r"\$\w|\$\{", expr), f"a Grafana variable this test does not know: {expr}"
-    return expr
-
-
 @pytest.mark.parametrize(("where", "expr", "shown"), AWS_QUERIES, ids=[where for where, _, _ in AWS_QUERIES])
 @one_prometheus
 async def test_every_query_of_awss_dashboard_returns_data_in_drop_in_mode(
     stacks: Stacks, where: str, expr: str, shown: frozenset[str]
 ) -> None:
     """Series, and on each the labels the panel shows (its legend's, its table's columns)."""
-    sent = as_grafana_sends(expr)
-    await check_returns_numbers(stacks.drop_in, f"AWS's neuron-monitor board / {where}", sent)
-    for series in (await query(stacks.drop_in, sent))["result"]:
-        missing = sorted(label for label in shown if not series["metric"].get(label))
-        assert not missing, f"{where}: {sent} gives {series['metric']}, without {missing}"
-    # what a query groups by must be on the series it reads, or the groups silently merge into one
-    grouped = {label.strip() for labels in _GROUPING.findall(sent) for label in labels.split(",")}
-    for metric in series_read(sent):
-        for label in grouped:
-            without = await query(stacks.drop_in, f'count({metric}{{{label}=""}})')
-            assert not without["result"], f"{where}: {metric} has series without {label}, which {sent} groups by"
-
-
-_GROUPING = re.compile(r"\b(?:by|without)\s*\(([^)]*)\)")
-_FUNCTIONS = {"sum", "avg", "count", "min", "max", "rate", "irate", "increase", "by", "without", "and", "or", "unless"}
-
-
-def series_read(expr: str) -> set[str]:
-    """The metric names of a PromQL expression as simple as AWS's: what is left once the matchers,
-    ranges, groupings and functions are taken out."""
-    bare = re.sub(r"\{[^}]*\}|\[[^\]]*\]|\b(?:by|without)\s*\([^)]*\)", " ", expr)
-    return {name for name in re.findall(r"\b[a-zA-Z_:][a-zA-Z0-9_:]*\b", bare) if name not in _FUNCTIONS}
+    await check_awss_query(stacks.drop_in, where, expr, shown)
