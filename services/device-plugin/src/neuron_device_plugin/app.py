@@ -12,7 +12,6 @@ from typing import Any
 from kubelet_api.podresources_client import PodResourcesClient
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
-from neuron_common.metrics_auth import SecureMetrics
 from neuron_common.node_labels import NodeLabeler
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
 from neuron_common.runner import run_service
@@ -126,10 +125,8 @@ class Plugin:
                 on_write=lambda result: self.metrics.node_label_writes.labels(result).inc(),
             )
         self.supervisor = Supervisor(stop)
-        host, port = config.listen
-        secure = SecureMetrics.for_service(config.metrics_security, self.metrics.registry, api=self.kube)
-        self.http = HealthServer(
-            host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready, secure=secure
+        self.http = HealthServer.for_service(
+            config.listen, self.metrics.registry, self.supervisor, self.ready, config.metrics_security, api=self.kube
         )
 
     def _on_holdings(self, snapshot: PodResourcesSnapshot) -> None:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
-from neuron_common.metrics_auth import SecureMetrics
 from neuron_common.node_labels import NodeLabeler
 from neuron_common.runner import run_service
 from neuron_common.supervisor import Loop, Supervisor
@@ -98,10 +97,8 @@ class DraDriver:
                 on_write=lambda result: self.metrics.node_label_writes.labels(result).inc(),
             )
         self.supervisor = Supervisor(stop)
-        host, port = config.listen
-        secure = SecureMetrics.for_service(config.metrics_security, self.metrics.registry, api=self.api)
-        self.http = HealthServer(
-            host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready, secure=secure
+        self.http = HealthServer.for_service(
+            config.listen, self.metrics.registry, self.supervisor, self.ready, config.metrics_security, api=self.api
         )
 
     def model(self) -> slices.NodeDevices:
