@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
 import subprocess
@@ -13,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from grpc import aio
+from processes import run_module
 from standins.kubelet import FakeKubelet
 
 from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
@@ -22,14 +22,7 @@ from neuron_sim import node as sim
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "neuron_device_plugin", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=30,
-        check=False,
-    )
+    return run_module("neuron_device_plugin", *args, env=env)
 
 
 @pytest.mark.integration
