@@ -143,36 +143,26 @@ class _ViewCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         s = self._stats()
-        yield GaugeMetricFamily(f"{PREFIX}_reports", "NeuronNode reports known (readable)", value=s.reports)
-        yield GaugeMetricFamily(
-            f"{PREFIX}_reports_stale", "Known reports older than --report-max-age", value=s.stale_reports
+        view = (
+            ("reports", "NeuronNode reports known (readable)", s.reports),
+            ("reports_stale", "Known reports older than --report-max-age", s.stale_reports),
+            ("reports_invalid", "NeuronNode objects that cannot be read", s.invalid_reports),
+            ("pods_bound", "Bound, running pods asking for Neuron resources, from the watch", s.bound_pods),
+            (
+                "pods_in_flight",
+                "Pods bound to a node that its report does not list yet, counted as admitted",
+                s.in_flight_pods,
+            ),
+            ("pods_assumed", "Pods this extender bound that the watch has not shown yet", s.assumed_pods),
+            (
+                "group_reservations",
+                "UltraServer groups of nodes held for a group of pods until its pods are bound",
+                s.group_reservations,
+            ),
+            ("groups_partial", "UltraServer groups of pods with some pods bound and some not (yet)", s.groups_partial),
         )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_reports_invalid", "NeuronNode objects that cannot be read", value=s.invalid_reports
-        )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_pods_bound",
-            "Bound, running pods asking for Neuron resources, from the watch",
-            value=s.bound_pods,
-        )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_pods_in_flight",
-            "Pods bound to a node that its report does not list yet, counted as admitted",
-            value=s.in_flight_pods,
-        )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_pods_assumed", "Pods this extender bound that the watch has not shown yet", value=s.assumed_pods
-        )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_group_reservations",
-            "UltraServer groups of nodes held for a group of pods until its pods are bound",
-            value=s.group_reservations,
-        )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_groups_partial",
-            "UltraServer groups of pods with some pods bound and some not (yet)",
-            value=s.groups_partial,
-        )
+        for name, documentation, value in view:
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", documentation, value=value)
         age = GaugeMetricFamily(
             f"{PREFIX}_view_age_seconds",
             "Seconds since the API server last answered each source (list, event or bookmark); "
