@@ -12,7 +12,7 @@ from typing import Any
 from kubelet_api.podresources_client import PodResourcesClient
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
-from neuron_common.node_labels import NodeLabeler
+from neuron_common.node_labels import NodeLabeler, ultraserver_labeler
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
 from neuron_common.runner import run_service
 from neuron_common.supervisor import Loop, Supervisor
@@ -28,7 +28,6 @@ from neuron_driver.inventory import scan
 from neuron_driver.ultraserver import read_ultraserver
 from neuron_health.kernel_log import host_timezone
 from neuron_health.monitor import HealthMonitor, KmsgWatcher
-from neuron_model.ultraserver import LABELS_FIELD_MANAGER, node_labels
 
 log = logging.getLogger(__name__)
 
@@ -117,12 +116,8 @@ class Plugin:
             )
         self.labeler: NodeLabeler | None = None
         if config.ultraserver_labels and self.kube is not None:
-            self.labeler = NodeLabeler(
-                self.kube,
-                config.node_name,
-                lambda: node_labels(read_ultraserver(config.host_root)),
-                field_manager=LABELS_FIELD_MANAGER,
-                on_write=lambda result: self.metrics.node_label_writes.labels(result).inc(),
+            self.labeler = ultraserver_labeler(
+                self.kube, config.node_name, lambda: read_ultraserver(config.host_root), self.metrics.node_label_writes
             )
         self.supervisor = Supervisor(stop)
         self.http = HealthServer.for_service(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
-from neuron_common.node_labels import NodeLabeler
+from neuron_common.node_labels import NodeLabeler, ultraserver_labeler
 from neuron_common.runner import run_service
 from neuron_common.supervisor import Loop, Supervisor
 from neuron_dra_driver import servers, slices, taints
@@ -26,7 +26,6 @@ from neuron_driver.ultraserver import read_ultraserver
 from neuron_health.device_health import DeviceHealth
 from neuron_health.kernel_log import host_timezone
 from neuron_health.monitor import HealthMonitor, KmsgWatcher
-from neuron_model.ultraserver import LABELS_FIELD_MANAGER, node_labels
 
 log = logging.getLogger(__name__)
 
@@ -89,12 +88,8 @@ class DraDriver:
         self.registration = servers.RegistrationServicer(config.dra_socket, self.metrics, on_change=self.publisher.kick)
         self.labeler: NodeLabeler | None = None
         if config.ultraserver_labels:
-            self.labeler = NodeLabeler(
-                api,
-                config.node_name,
-                lambda: node_labels(read_ultraserver(config.host_root)),
-                field_manager=LABELS_FIELD_MANAGER,
-                on_write=lambda result: self.metrics.node_label_writes.labels(result).inc(),
+            self.labeler = ultraserver_labeler(
+                api, config.node_name, lambda: read_ultraserver(config.host_root), self.metrics.node_label_writes
             )
         self.supervisor = Supervisor(stop)
         self.http = HealthServer.for_service(
