@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,9 +20,7 @@ from kubelet_api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from neuron_device_plugin import config
 from neuron_sim import node as sim
 
-
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return run_module("neuron_device_plugin", *args, env=env)
+run = functools.partial(run_module, "neuron_device_plugin")
 
 
 @pytest.mark.integration

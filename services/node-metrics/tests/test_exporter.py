@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import re
-import subprocess
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -208,8 +208,7 @@ async def test_a_dead_loop_fails_the_probes_and_the_process(env, monkeypatch) ->
     assert probes == {"/healthz": (503, dead), "/readyz": (503, dead)}
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return run_module("neuron_node_metrics", *args, env=env)
+run_cli = functools.partial(run_module, "neuron_node_metrics")
 
 
 @pytest.mark.integration
