@@ -5,6 +5,7 @@ each node has free as the filter sees it) read at scrape time."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -132,17 +133,14 @@ class _GroupCollector(Collector):
         yield actions
 
 
+@dataclass(frozen=True, eq=False)  # a collector is registered as itself
 class _ViewCollector(Collector):
-    def __init__(
-        self,
-        stats: Callable[[], ViewStats],
-        source_ages: Callable[[], Mapping[str, float | None]],
-        leading: Callable[[], bool],
-    ) -> None:
-        self._stats, self._ages, self._leading = stats, source_ages, leading
+    stats: Callable[[], ViewStats]
+    source_ages: Callable[[], Mapping[str, float | None]]
+    leading: Callable[[], bool]
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        s = self._stats()
+        s = self.stats()
         view = (
             ("reports", "NeuronNode reports known (readable)", s.reports),
             ("reports_stale", "Known reports older than --report-max-age", s.stale_reports),
@@ -169,12 +167,12 @@ class _ViewCollector(Collector):
             "absent before the first answer",
             labels=["source"],
         )
-        for source, seconds in sorted(self._ages().items()):
+        for source, seconds in sorted(self.source_ages().items()):
             if seconds is not None:
                 age.add_metric([source], seconds)
         yield age
         yield GaugeMetricFamily(
-            f"{PREFIX}_leader", "1 while this replica holds the lease (and answers)", value=int(self._leading())
+            f"{PREFIX}_leader", "1 while this replica holds the lease (and answers)", value=int(self.leading())
         )
 
 
