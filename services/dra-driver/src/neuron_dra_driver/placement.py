@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from neuron_common.kube import ApiError
@@ -22,17 +23,15 @@ class NodeApi(Protocol):
     async def get(self, path: str) -> dict[str, Any]: ...
 
 
+@dataclass(eq=False)
 class NodePlacement:
-    def __init__(
-        self, api: NodeApi, node_name: str, interval: float, metrics: DriverMetrics, on_change: Callable[[], None]
-    ) -> None:
-        self.api = api
-        self.node_name = node_name
-        self.interval = interval
-        self.metrics = metrics
-        self.on_change = on_change
-        self.attributes: dict[str, str] = {}
-        self._failing = False
+    api: NodeApi
+    node_name: str
+    interval: float
+    metrics: DriverMetrics
+    on_change: Callable[[], None]
+    attributes: dict[str, str] = field(default_factory=dict, init=False)
+    _failing: bool = field(default=False, init=False)
 
     async def refresh(self) -> None:
         try:
