@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -92,6 +92,12 @@ def event_object(
         "reportingComponent": component,
         "reportingInstance": instance,
     }
+
+
+class ObjectReader(Protocol):
+    """What reads one object from the API server (`Api`; a test's stand-in)."""
+
+    async def get(self, path: str) -> dict[str, Any]: ...
 
 
 class ApiError(Exception):

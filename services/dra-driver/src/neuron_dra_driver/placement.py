@@ -9,9 +9,8 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
 
-from neuron_common.kube import ApiError
+from neuron_common.kube import ApiError, ObjectReader
 from neuron_common.lifecycle import wait_any
 from neuron_dra_driver.metrics import DriverMetrics
 from neuron_model.placement_labels import placement_attributes
@@ -19,13 +18,9 @@ from neuron_model.placement_labels import placement_attributes
 log = logging.getLogger(__name__)
 
 
-class NodeApi(Protocol):
-    async def get(self, path: str) -> dict[str, Any]: ...
-
-
 @dataclass(eq=False)
 class NodePlacement:
-    api: NodeApi
+    api: ObjectReader
     node_name: str
     interval: float
     metrics: DriverMetrics
