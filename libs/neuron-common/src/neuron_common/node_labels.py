@@ -20,7 +20,7 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from neuron_common.backoff import Backoff
 from neuron_common.kube import Api, ApiError
@@ -95,6 +95,16 @@ class NodeLabeler:
                 await self.wait(stop, timeout=self.backoff.next_delay())
                 continue
             await self.wait(stop, timeout=self.interval)
+
+
+def ultraserver_label_writes(prefix: str, registry: CollectorRegistry) -> Counter:
+    """`<prefix>_node_label_writes`, the counter `ultraserver_labeler` counts its applies in."""
+    return Counter(
+        f"{prefix}_node_label_writes",
+        "Applies of this node's UltraServer labels (--ultraserver-labels), by result (success or error)",
+        ["result"],
+        registry=registry,
+    )
 
 
 def ultraserver_labeler(api: Api, node: str, read: Callable[[], UltraServerReading], writes: Counter) -> NodeLabeler:
