@@ -24,7 +24,7 @@ from neuron_device_plugin.node_report import NodeReportPublisher, ServerSideAppl
 from neuron_device_plugin.registration import Registrar, ResourceServer
 from neuron_device_plugin.server import DevicePluginServicer
 from neuron_device_plugin.state import PluginState
-from neuron_driver.inventory import scan
+from neuron_driver.inventory import scan_at_start
 from neuron_driver.ultraserver import read_ultraserver
 from neuron_health.kernel_log import host_timezone
 from neuron_health.monitor import HealthMonitor, KmsgWatcher
@@ -50,17 +50,7 @@ class Plugin:
         self.kmsg_file_poll = kmsg_file_poll
         self.stop = stop
         self.metrics = PluginMetrics()
-        inventory = scan(config.host_root)
-        log.info(
-            "discovered %d Neuron device(s), %d logical core(s)",
-            len(inventory.devices),
-            len(inventory.cores),
-            extra={
-                "instance_type": inventory.instance_type_name,
-                "logical_nc_config": inventory.lnc.value,
-                "host_root": str(config.host_root),
-            },
-        )
+        inventory = scan_at_start(config.host_root, log, host_root=str(config.host_root))
         self.state = PluginState(
             inventory,
             config.resources,

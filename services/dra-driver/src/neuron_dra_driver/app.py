@@ -21,7 +21,7 @@ from neuron_dra_driver.metrics import DriverMetrics
 from neuron_dra_driver.placement import NodePlacement
 from neuron_dra_driver.publisher import SlicePublisher
 from neuron_driver import layout
-from neuron_driver.inventory import scan
+from neuron_driver.inventory import scan_at_start
 from neuron_driver.ultraserver import read_ultraserver
 from neuron_health.device_health import DeviceHealth
 from neuron_health.kernel_log import host_timezone
@@ -50,13 +50,7 @@ class DraDriver:
         self.stop = stop
         self.api = api
         self.metrics = DriverMetrics()
-        inventory = scan(config.host_root)
-        log.info(
-            "discovered %d Neuron device(s), %d logical core(s)",
-            len(inventory.devices),
-            len(inventory.cores),
-            extra={"instance_type": inventory.instance_type_name, "logical_nc_config": inventory.lnc.value},
-        )
+        inventory = scan_at_start(config.host_root, log)
         # Read by the slice publisher (an unhealthy device leaves the pool) and by
         # NodePrepareResources (a claim on an unhealthy device is refused with the reason).
         self.health = DeviceHealth(inventory, config.health_quiet_period, time.monotonic, logger=log)
