@@ -27,8 +27,10 @@ import contextlib
 import os
 import random
 import re
+import shutil
+import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +42,7 @@ from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
 from kubelet_api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from kubelet_api.podresources.v1 import api_pb2 as pr
 from kubelet_api.podresources.v1 import api_pb2_grpc as pr_grpc
+from neuron_sim import node as sim
 
 _QUALIFIED = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
 
@@ -89,6 +92,21 @@ class _TokenBucket:
 
 
 class FakeKubelet:
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def on_simulated_node(cls, instance_type: str, prefix: str) -> AsyncIterator[tuple[Path, FakeKubelet]]:
+        """A work directory (on tmpfs where there is one: socket paths stay short) holding a simulated
+        node of `instance_type` under `node/` and this kubelet's sockets under `dp/` and `pr/`; the
+        kubelet stopped and the directory removed afterwards."""
+        work = Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
+        sim.create(work / "node", instance_type)
+        kubelet = cls(work / "dp", work / "pr")
+        try:
+            yield work, kubelet
+        finally:
+            await kubelet.stop()
+            shutil.rmtree(work, ignore_errors=True)
+
     def __init__(self, plugin_dir: Path, pod_resources_dir: Path | None = None) -> None:
         self.plugin_dir = plugin_dir
         self.socket = plugin_dir / "kubelet.sock"

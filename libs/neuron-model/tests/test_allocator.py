@@ -48,6 +48,13 @@ def test_equal_topologies_hash_alike_so_results_can_be_memoized() -> None:
     assert topology_for(it, 2) != topology_for(it, 1)
 
 
+def draw_free_cores(topo: Topology, data: st.DataObject) -> tuple[set[int], int]:
+    """Some free cores of `topo` (at least one) and a number of cores to ask for that they can hold."""
+    total = topo.device_count * topo.cores_per_device
+    free = data.draw(st.sets(st.integers(0, total - 1), min_size=1))
+    return free, data.draw(st.integers(1, len(free)))
+
+
 def is_ring_arc(ids: tuple[int, ...], n: int) -> bool:
     s = set(ids)
     return any(s == {(start + i) % n for i in range(len(ids))} for start in range(n))
@@ -198,9 +205,7 @@ class TestCores:
     @given(st.sampled_from(sorted(TOPOLOGIES)), st.data())
     def test_properties_on_every_shape(self, name: str, data: st.DataObject) -> None:
         topo = TOPOLOGIES[name]
-        total = topo.device_count * topo.cores_per_device
-        available = data.draw(st.sets(st.integers(0, total - 1), min_size=1))
-        size = data.draw(st.integers(1, len(available)))
+        available, size = draw_free_cores(topo, data)
         choice = choose_cores(topo, available, (), size)
         assert len(choice.ids) == size
         assert set(choice.ids) <= available
@@ -312,9 +317,7 @@ class TestSwitch:
     @given(st.sampled_from(TRN3_TOPOLOGIES), st.data())
     def test_k_cores_always_fit_when_k_are_free(self, name: str, data: st.DataObject) -> None:
         topo = TOPOLOGIES[name]
-        total = topo.device_count * topo.cores_per_device
-        free = data.draw(st.sets(st.integers(0, total - 1), min_size=1))
-        size = data.draw(st.integers(1, len(free)))
+        free, size = draw_free_cores(topo, data)
         choice = choose_cores(topo, free, (), size)
         assert choice.valid, choice.reason
         assert len(choice.ids) == size

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import os
+import functools
 import re
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
 from grpc import aio
+from processes import run_module
 from standins.kubelet import FakeKubelet
 
 from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
@@ -20,16 +20,7 @@ from kubelet_api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
 from neuron_device_plugin import config
 from neuron_sim import node as sim
 
-
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "neuron_device_plugin", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=30,
-        check=False,
-    )
+run = functools.partial(run_module, "neuron_device_plugin")
 
 
 @pytest.mark.integration

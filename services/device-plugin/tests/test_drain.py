@@ -19,6 +19,10 @@ class Clock:
         self.slept.append(seconds)
         self.now += seconds
 
+    def drain(self, hold: float) -> Drain:
+        """A drain of `hold` seconds that reads and sleeps on this clock."""
+        return Drain(hold, clock=self, sleep=self.sleep)
+
 
 def settle(d: Drain) -> None:
     asyncio.run(d.settled())
@@ -26,14 +30,14 @@ def settle(d: Drain) -> None:
 
 def test_no_call_holds_for_the_hold() -> None:
     clock = Clock()
-    d = Drain(2.0, clock=clock, sleep=clock.sleep)
+    d = clock.drain(2.0)
     settle(d)
     assert clock.now == 102.0
 
 
 def test_an_early_call_does_not_extend_past_the_hold() -> None:
     clock = Clock()
-    d = Drain(2.0, clock=clock, sleep=clock.sleep)
+    d = clock.drain(2.0)
     d.call()  # before the stop, 2 s before the hold ends
     settle(d)
     assert clock.now == 102.0
@@ -41,7 +45,7 @@ def test_an_early_call_does_not_extend_past_the_hold() -> None:
 
 def test_a_late_call_extends_by_the_quiet_period() -> None:
     clock = Clock()
-    d = Drain(2.0, clock=clock, sleep=clock.sleep)
+    d = clock.drain(2.0)
     assert d.until() == 102.0  # the stop is seen now
     clock.now = 101.9
     d.call()
@@ -52,7 +56,7 @@ def test_a_late_call_extends_by_the_quiet_period() -> None:
 
 def test_calls_without_pause_are_cut_at_the_limit() -> None:
     clock = Clock()
-    d = Drain(2.0, clock=clock, sleep=clock.sleep)
+    d = clock.drain(2.0)
     d.until()
     for _ in range(100):
         clock.now += 0.25
@@ -66,7 +70,7 @@ def test_calls_without_pause_are_cut_at_the_limit() -> None:
 
 def test_zero_stops_at_once() -> None:
     clock = Clock()
-    d = Drain(0.0, clock=clock, sleep=clock.sleep)
+    d = clock.drain(0.0)
     d.call()
     settle(d)
     assert clock.now == 100.0

@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
+import functools
 import re
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -22,6 +18,7 @@ import aiohttp
 import pytest
 from broken_loop import break_loop_and_probe
 from polling import until_async
+from processes import run_module
 from prometheus_client.parser import text_string_to_metric_families
 from standins.kubelet import Allocation, FakeKubelet
 
@@ -37,12 +34,8 @@ REPO = Path(__file__).resolve().parents[3]
 
 @pytest.fixture
 async def env() -> AsyncIterator[tuple[Path, FakeKubelet]]:
-    work = Path(tempfile.mkdtemp(prefix="nm-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
-    sim.create(work / "node", "trn2.48xlarge")
-    kubelet = FakeKubelet(work / "dp", work / "pr")
-    yield work, kubelet
-    await kubelet.stop()
-    shutil.rmtree(work, ignore_errors=True)
+    async with FakeKubelet.on_simulated_node("trn2.48xlarge", "nm-") as work_and_kubelet:
+        yield work_and_kubelet
 
 
 def start(work: Path, kubelet: FakeKubelet, *args: str) -> tuple[Exporter, asyncio.Event, asyncio.Task[int]]:
@@ -215,15 +208,7 @@ async def test_a_dead_loop_fails_the_probes_and_the_process(env, monkeypatch) ->
     assert probes == {"/healthz": (503, dead), "/readyz": (503, dead)}
 
 
-def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "neuron_node_metrics", *args],
-        capture_output=True,
-        text=True,
-        env={**os.environ, **(env or {})},
-        timeout=30,
-        check=False,
-    )
+run_cli = functools.partial(run_module, "neuron_node_metrics")
 
 
 @pytest.mark.integration

@@ -13,11 +13,9 @@ import contextlib
 import logging
 import os
 import shlex
-import shutil
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from collections.abc import AsyncIterator
@@ -41,12 +39,8 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def env() -> AsyncIterator[tuple[Path, FakeKubelet]]:
-    work = Path(tempfile.mkdtemp(prefix="nmm-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
-    sim.create(work / "node", "trn1.32xlarge")
-    kubelet = FakeKubelet(work / "dp", work / "pr")
-    yield work, kubelet
-    await kubelet.stop()
-    shutil.rmtree(work, ignore_errors=True)
+    async with FakeKubelet.on_simulated_node("trn1.32xlarge", "nmm-") as work_and_kubelet:
+        yield work_and_kubelet
 
 
 def monitor_command(work: Path, *args: str) -> str:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
+from flag_errors import refusal
+from processes import run_module
 
 from neuron_scheduler_extender import config as config_mod
 
@@ -57,10 +56,7 @@ def test_flags_then_environment_then_defaults() -> None:
 def test_bad_values_stop_the_service_with_a_message(
     argv: list[str], env: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as caught:
-        config_mod.parse(argv, env=env)
-    assert caught.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message in refusal(lambda: config_mod.parse(argv, env=env), capsys)
 
 
 def test_timing_checks_do_not_apply_without_leader_election() -> None:
@@ -69,9 +65,7 @@ def test_timing_checks_do_not_apply_without_leader_election() -> None:
 
 @pytest.mark.integration
 def test_help_names_every_flag_and_its_variable() -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "neuron_scheduler_extender", "--help"], capture_output=True, text=True, check=False
-    )
+    result = run_module("neuron_scheduler_extender", "--help")
     assert result.returncode == 0
     for flag in ("--report-max-age", "--resource-prefix", "--leader-elect", "--lease-duration", "--listen"):
         assert flag in result.stdout

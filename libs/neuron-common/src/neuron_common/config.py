@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from neuron_common.duration import DurationError, parse_duration
 
@@ -139,6 +139,17 @@ def require_node_name(parser: argparse.ArgumentParser, name: str) -> None:
         parser.error(f"--node-name {name!r} is not a node name (a lowercase DNS subdomain)")
 
 
+def parse_flags(
+    parser: Callable[[Mapping[str, str] | None], EnvArgumentParser],
+    argv: Sequence[str] | None,
+    env: Mapping[str, str] | None,
+) -> tuple[EnvArgumentParser, argparse.Namespace, Mapping[str, str]]:
+    """The start of every service's `parse`: its parser (to stop at start, naming the flag), the
+    parsed flags, and the environment the fallbacks such as $NODE_NAME are read from."""
+    p = parser(env)
+    return p, p.parse_args(argv), os.environ if env is None else env
+
+
 # Flag groups: what several services take, declared once. Each service composes the groups it
 # needs, then adds its own flags; the resolvers below turn a group's raw values into the config's.
 
@@ -192,6 +203,22 @@ def resolve_metrics_security(
         p.error("--metrics-auth=kubernetes needs --tls-cert-file and --tls-key-file: callers send bearer tokens")
     require_files(p, ("--tls-cert-file", cert), ("--tls-key-file", key))
     return MetricsSecurity(cert, key)
+
+
+class Serving(TypedDict):
+    """The config's fields from `add_serving_flags` (with the service's own TLS pair)."""
+
+    listen: tuple[str, int]
+    log_level: str
+    metrics_security: MetricsSecurity | None
+
+
+def resolve_serving(p: argparse.ArgumentParser, a: argparse.Namespace) -> Serving:
+    return Serving(
+        listen=a.listen,
+        log_level=a.log_level,
+        metrics_security=resolve_metrics_security(p, a.metrics_auth, a.tls_cert_file, a.tls_key_file),
+    )
 
 
 def require_files(p: argparse.ArgumentParser, *flags: tuple[str, str]) -> None:
@@ -256,6 +283,28 @@ def add_health_source_flags(p: EnvArgumentParser) -> None:
         default="",
         help="directory of per-device verdicts from neuron-problem-detector (a device it marks unhealthy is "
         "taken out of service); '' disables",
+    )
+
+
+class HealthSources(TypedDict):
+    """The config's fields from `add_health_source_flags`."""
+
+    health_interval: float
+    health_quiet_period: float
+    kmsg_path: Path | None
+    kernel_log_format: str
+    verdict_dir: Path | None
+
+
+def resolve_health_sources(p: argparse.ArgumentParser, a: argparse.Namespace, host_kmsg: Path) -> HealthSources:
+    """Stops at start on periods that do not fit together or a kernel log that does not fit its format."""
+    resolve_health_periods(p, a.health_interval, a.health_quiet_period)
+    return HealthSources(
+        health_interval=a.health_interval,
+        health_quiet_period=a.health_quiet_period,
+        kmsg_path=resolve_kmsg(a.kmsg_path, host_kmsg, a.kernel_log_format, p),
+        kernel_log_format=a.kernel_log_format,
+        verdict_dir=optional_path(a.verdict_dir),
     )
 
 

@@ -10,7 +10,8 @@ from collections.abc import Awaitable, Callable
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from neuron_common.metrics_auth import SecureMetrics
+from neuron_common.config import MetricsSecurity
+from neuron_common.metrics_auth import ReviewApi, SecureMetrics
 from neuron_common.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -60,6 +61,36 @@ class HealthServer:
         self.app.router.add_get("/metrics", serve)
         self._runner: web.AppRunner | None = None
         self.bound_port: int | None = None
+
+    @classmethod
+    def for_service(
+        cls,
+        listen: tuple[str, int],
+        registry: CollectorRegistry,
+        supervisor: Supervisor,
+        ready: Check,
+        security: MetricsSecurity | None,
+        *,
+        api: ReviewApi | None = None,
+        kubeconfig: str = "",
+        review_registry: CollectorRegistry | None = None,
+        metrics_handler: Handler | None = None,
+    ) -> HealthServer:
+        """A node agent's server on its --listen: alive while `supervisor` is, ready by `ready`, and
+        /metrics as --metrics-auth says (`SecureMetrics.for_service`: reviews through `api`, or a client
+        of its own from `kubeconfig`), counting its reviews in `review_registry` (default `registry`)."""
+        reviews = registry if review_registry is None else review_registry
+        secure = SecureMetrics.for_service(security, reviews, kubeconfig=kubeconfig, api=api)
+        host, port = listen
+        return cls(
+            host,
+            port,
+            registry,
+            live=supervisor.healthy,
+            ready=ready,
+            metrics_handler=metrics_handler,
+            secure=secure,
+        )
 
     async def _healthz(self, _: web.Request) -> web.Response:
         ok, reason = self._live()

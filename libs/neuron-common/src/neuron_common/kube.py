@@ -19,13 +19,14 @@ import base64
 import json
 import os
 import ssl
+import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -40,6 +41,16 @@ def unreachable(kubeconfig: str | None, exc: BaseException) -> str:
     where = f"--kubeconfig {kubeconfig}" if kubeconfig else "the in-cluster service account"
     hint = "" if kubeconfig else " (outside a pod, pass --kubeconfig)"
     return f"cannot reach the API server through {where}: {exc}{hint}"
+
+
+def api_at_start(prog: str, kubeconfig: str | None, timeout: float, needed_by: str = "") -> Api:
+    """The API client a service needs from its start; without credentials, a clear error and exit
+    status 2 (`prog: error: <needed_by> cannot reach ...`), not a crash later."""
+    try:
+        return Api.from_kubeconfig(kubeconfig, timeout)
+    except (ApiError, OSError, ValueError) as exc:
+        print(f"{prog}: error: {needed_by}{' ' if needed_by else ''}{unreachable(kubeconfig, exc)}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def rfc3339(ts: float) -> str:
@@ -81,6 +92,12 @@ def event_object(
         "reportingComponent": component,
         "reportingInstance": instance,
     }
+
+
+class ObjectReader(Protocol):
+    """What reads one object from the API server (`Api`; a test's stand-in)."""
+
+    async def get(self, path: str) -> dict[str, Any]: ...
 
 
 class ApiError(Exception):

@@ -20,9 +20,12 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
+from prometheus_client import CollectorRegistry, Counter
+
 from neuron_common.backoff import Backoff
 from neuron_common.kube import Api, ApiError
 from neuron_common.lifecycle import wait_any
+from neuron_model.ultraserver import LABELS_FIELD_MANAGER, UltraServerReading, node_labels
 
 log = logging.getLogger(__name__)
 
@@ -92,3 +95,25 @@ class NodeLabeler:
                 await self.wait(stop, timeout=self.backoff.next_delay())
                 continue
             await self.wait(stop, timeout=self.interval)
+
+
+def ultraserver_label_writes(prefix: str, registry: CollectorRegistry) -> Counter:
+    """`<prefix>_node_label_writes`, the counter `ultraserver_labeler` counts its applies in."""
+    return Counter(
+        f"{prefix}_node_label_writes",
+        "Applies of this node's UltraServer labels (--ultraserver-labels), by result (success or error)",
+        ["result"],
+        registry=registry,
+    )
+
+
+def ultraserver_labeler(api: Api, node: str, read: Callable[[], UltraServerReading], writes: Counter) -> NodeLabeler:
+    """AWS's UltraServer labels on this node (--ultraserver-labels of the device plugin and the DRA
+    driver), from `read` (the driver's identity), each apply counted in `writes` by result."""
+    return NodeLabeler(
+        api,
+        node,
+        lambda: node_labels(read()),
+        field_manager=LABELS_FIELD_MANAGER,
+        on_write=lambda result: writes.labels(result).inc(),
+    )

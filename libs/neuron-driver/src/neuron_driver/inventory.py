@@ -8,6 +8,7 @@ plus a `ScanIssue`; a device whose directory vanishes mid-scan is left out with 
 from __future__ import annotations
 
 import enum
+import logging
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -174,6 +175,18 @@ def list_device_indices(root: Path) -> tuple[list[int], list[ScanIssue]]:
             IssueKind.MISSING, str(layout.HostLayout(root).class_dir), "no Neuron driver sysfs (is the driver loaded?)"
         )
     ]
+
+
+def scan_at_start(root: Path, logger: logging.Logger, **extra: str) -> NodeInventory:
+    """`scan(root)`, and what it found logged on `logger` (with `extra`), as a node agent starts."""
+    inventory = scan(root)
+    logger.info(
+        "discovered %d Neuron device(s), %d logical core(s)",
+        len(inventory.devices),
+        len(inventory.cores),
+        extra={"instance_type": inventory.instance_type_name, "logical_nc_config": inventory.lnc.value, **extra},
+    )
+    return inventory
 
 
 def scan(root: str | Path = "/", env: Mapping[str, str] | None = None) -> NodeInventory:

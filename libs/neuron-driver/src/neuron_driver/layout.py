@@ -50,47 +50,31 @@ DRA_REGISTRATION_SOCKET = f"{DRA_REGISTRY_DIR}/{DRA_DRIVER_NAME}-reg.sock"
 DRA_CHECKPOINT_FILE = f"{DRA_PLUGIN_DIR}/checkpoint.json"
 
 
+class _UnderRoot:
+    """A path of `HostLayout`: `relative` joined to the layout's root."""
+
+    def __init__(self, relative: str) -> None:
+        self.relative = relative
+
+    def __get__(self, layout: HostLayout, owner: type[HostLayout] | None = None) -> Path:
+        return layout.root / self.relative
+
+
 @dataclass(frozen=True)
 class HostLayout:
     """The paths under one host root (`/` on a node, a directory for a simulated node)."""
 
     root: Path
 
-    @property
-    def devices_dir(self) -> Path:
-        return self.root / DEVICES_DIR
-
-    @property
-    def class_dir(self) -> Path:
-        return self.root / CLASS_DIR
-
-    @property
-    def dev_dir(self) -> Path:
-        return self.root / DEV_DIR
-
-    @property
-    def lnc_config(self) -> Path:
-        return self.root / LNC_CONFIG_FILE
-
-    @property
-    def dmi_product_name(self) -> Path:
-        return self.root / DMI_PRODUCT_NAME
-
-    @property
-    def pci_devices_dir(self) -> Path:
-        return self.root / PCI_DEVICES_DIR
-
-    @property
-    def kmsg(self) -> Path:
-        return self.root / KMSG_FILE
-
-    @property
-    def boot_id(self) -> Path:
-        return self.root / BOOT_ID_FILE
-
-    @property
-    def driver_version(self) -> Path:
-        return self.root / DRIVER_VERSION_FILE
+    devices_dir = _UnderRoot(DEVICES_DIR)
+    class_dir = _UnderRoot(CLASS_DIR)
+    dev_dir = _UnderRoot(DEV_DIR)
+    lnc_config = _UnderRoot(LNC_CONFIG_FILE)
+    dmi_product_name = _UnderRoot(DMI_PRODUCT_NAME)
+    pci_devices_dir = _UnderRoot(PCI_DEVICES_DIR)
+    kmsg = _UnderRoot(KMSG_FILE)
+    boot_id = _UnderRoot(BOOT_ID_FILE)
+    driver_version = _UnderRoot(DRIVER_VERSION_FILE)
 
     def device_dir(self, index: int) -> Path:
         return self.devices_dir / f"neuron{index}"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Sequence
 
@@ -25,20 +24,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if on
     )
     if needed_by:
-        from neuron_common.kube import Api, ApiError, unreachable
+        from neuron_common.kube import api_at_start
 
-        try:  # no credentials is a clear error at start, not a crash later
-            api = Api.from_kubeconfig(config.kubeconfig, API_TIMEOUT)
-        except (ApiError, OSError, ValueError) as exc:
-            print(f"neuron-device-plugin: error: {needed_by} {unreachable(config.kubeconfig, exc)}", file=sys.stderr)
-            return 2
+        api = api_at_start("neuron-device-plugin", config.kubeconfig, API_TIMEOUT, needed_by)
+    from neuron_device_plugin.app import Plugin
 
-    async def run(stop: asyncio.Event) -> int:
-        from neuron_device_plugin.app import Plugin
-
-        return await Plugin(config, stop, api=api).run()
-
-    return lifecycle.run(run)
+    return lifecycle.run(lambda stop: Plugin(config, stop, api=api).run())
 
 
 if __name__ == "__main__":

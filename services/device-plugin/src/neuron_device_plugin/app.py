@@ -12,8 +12,7 @@ from typing import Any
 from kubelet_api.podresources_client import PodResourcesClient
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
-from neuron_common.metrics_auth import SecureMetrics
-from neuron_common.node_labels import NodeLabeler
+from neuron_common.node_labels import NodeLabeler, ultraserver_labeler
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
 from neuron_common.runner import run_service
 from neuron_common.supervisor import Loop, Supervisor
@@ -25,11 +24,10 @@ from neuron_device_plugin.node_report import NodeReportPublisher, ServerSideAppl
 from neuron_device_plugin.registration import Registrar, ResourceServer
 from neuron_device_plugin.server import DevicePluginServicer
 from neuron_device_plugin.state import PluginState
-from neuron_driver.inventory import scan
+from neuron_driver.inventory import scan_at_start
 from neuron_driver.ultraserver import read_ultraserver
 from neuron_health.kernel_log import host_timezone
 from neuron_health.monitor import HealthMonitor, KmsgWatcher
-from neuron_model.ultraserver import LABELS_FIELD_MANAGER, node_labels
 
 log = logging.getLogger(__name__)
 
@@ -52,17 +50,7 @@ class Plugin:
         self.kmsg_file_poll = kmsg_file_poll
         self.stop = stop
         self.metrics = PluginMetrics()
-        inventory = scan(config.host_root)
-        log.info(
-            "discovered %d Neuron device(s), %d logical core(s)",
-            len(inventory.devices),
-            len(inventory.cores),
-            extra={
-                "instance_type": inventory.instance_type_name,
-                "logical_nc_config": inventory.lnc.value,
-                "host_root": str(config.host_root),
-            },
-        )
+        inventory = scan_at_start(config.host_root, log, host_root=str(config.host_root))
         self.state = PluginState(
             inventory,
             config.resources,
@@ -118,18 +106,12 @@ class Plugin:
             )
         self.labeler: NodeLabeler | None = None
         if config.ultraserver_labels and self.kube is not None:
-            self.labeler = NodeLabeler(
-                self.kube,
-                config.node_name,
-                lambda: node_labels(read_ultraserver(config.host_root)),
-                field_manager=LABELS_FIELD_MANAGER,
-                on_write=lambda result: self.metrics.node_label_writes.labels(result).inc(),
+            self.labeler = ultraserver_labeler(
+                self.kube, config.node_name, lambda: read_ultraserver(config.host_root), self.metrics.node_label_writes
             )
         self.supervisor = Supervisor(stop)
-        host, port = config.listen
-        secure = SecureMetrics.for_service(config.metrics_security, self.metrics.registry, api=self.kube)
-        self.http = HealthServer(
-            host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready, secure=secure
+        self.http = HealthServer.for_service(
+            config.listen, self.metrics.registry, self.supervisor, self.ready, config.metrics_security, api=self.kube
         )
 
     def _on_holdings(self, snapshot: PodResourcesSnapshot) -> None:

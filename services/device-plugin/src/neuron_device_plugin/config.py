@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +17,12 @@ from neuron_common.config import (
     add_ultraserver_labels_flag,
     non_negative_duration,
     optional_path,
+    parse_flags,
     positive_duration,
     require_resource_prefix,
-    resolve_health_periods,
-    resolve_kmsg,
-    resolve_metrics_security,
+    resolve_health_sources,
     resolve_node_name,
+    resolve_serving,
 )
 from neuron_driver import layout
 from neuron_model import resources
@@ -165,11 +164,9 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
 
 
 def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
-    environ = os.environ if env is None else env
-    p = parser(env)
-    a = p.parse_args(argv)
+    p, a, environ = parse_flags(parser, argv, env)
     require_resource_prefix(p, a.resource_prefix)
-    resolve_health_periods(p, a.health_interval, a.health_quiet_period)
+    health = resolve_health_sources(p, a, layout.HostLayout(a.host_root).kmsg)
     wanted = (("--node-report", a.node_report), ("--ultraserver-labels", a.ultraserver_labels))
     needed_by = " and ".join(flag for flag, on in wanted if on)
     node = resolve_node_name(p, a.node_name, environ, needed_by=needed_by) if needed_by else ""
@@ -178,21 +175,15 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         host_dev_root=optional_path(a.host_dev_root) or a.host_root,
         device_plugin_path=a.device_plugin_path,
         pod_resources_socket=a.pod_resources_socket,
-        listen=a.listen,
-        log_level=a.log_level,
-        metrics_security=resolve_metrics_security(p, a.metrics_auth, a.tls_cert_file, a.tls_key_file),
+        **resolve_serving(p, a),
         resource_prefix=a.resource_prefix,
         neurondevice_alias=a.neurondevice_alias,
-        health_interval=a.health_interval,
-        health_quiet_period=a.health_quiet_period,
+        **health,
         holdings_interval=a.holdings_interval,
         shutdown_drain=a.shutdown_drain,
         pending_ttl=a.pending_ttl,
-        kmsg_path=resolve_kmsg(a.kmsg_path, layout.HostLayout(a.host_root).kmsg, a.kernel_log_format, p),
-        kernel_log_format=a.kernel_log_format,
         cdi=a.cdi,
         cdi_spec_dir=a.cdi_spec_dir,
-        verdict_dir=optional_path(a.verdict_dir),
         register_timeout=a.register_timeout,
         node_report=a.node_report,
         ultraserver_labels=a.ultraserver_labels,

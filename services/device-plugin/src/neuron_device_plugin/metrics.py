@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from neuron_common.node_labels import ultraserver_label_writes
+
 
 class PluginMetrics:
     def __init__(self) -> None:
@@ -52,12 +54,7 @@ class PluginMetrics:
             ["result"],
             registry=r,
         )
-        self.node_label_writes = Counter(
-            "neuron_device_plugin_node_label_writes",
-            "Applies of this node's UltraServer labels (--ultraserver-labels), by result (success or error)",
-            ["result"],
-            registry=r,
-        )
+        self.node_label_writes = ultraserver_label_writes("neuron_device_plugin", r)
         self.node_report_up = Gauge(
             "neuron_device_plugin_node_report_up",
             "1 when the last NeuronNode write succeeded (--node-report)",

@@ -16,6 +16,7 @@ import asyncio
 import logging
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
@@ -88,25 +89,19 @@ async def register(kubelet_socket: Path, resource: Resource, timeout: float) -> 
         await stub.Register(request, timeout=timeout, wait_for_ready=True)
 
 
+@dataclass(eq=False)
 class Registrar:
-    def __init__(
-        self,
-        server: ResourceServer,
-        kubelet_socket: Path,
-        metrics: PluginMetrics,
-        *,
-        register_timeout: float = 10.0,
-    ) -> None:
-        self.server = server
-        self.kubelet_socket = kubelet_socket
-        self.metrics = metrics
-        self.register_timeout = register_timeout
-        self.registered = False
-        self._kubelet_inode: int | None = None
-        self._backoff = Backoff(initial=0.05, maximum=10.0)
-        self._failures_logged = 0
-        self._started_once = False
-        self.registered_event = asyncio.Event()  # set at each successful registration (tests, benchmarks)
+    server: ResourceServer
+    kubelet_socket: Path
+    metrics: PluginMetrics
+    register_timeout: float = field(default=10.0, kw_only=True)
+    registered: bool = field(default=False, init=False)
+    _kubelet_inode: int | None = field(default=None, init=False)
+    _backoff: Backoff = field(default_factory=lambda: Backoff(initial=0.05, maximum=10.0), init=False)
+    _failures_logged: int = field(default=0, init=False)
+    _started_once: bool = field(default=False, init=False)
+    # set at each successful registration (tests, benchmarks)
+    registered_event: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
     @property
     def resource(self) -> Resource:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Sequence
 
@@ -21,12 +20,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"neuron-dra-driver: error: cannot load API server credentials: {exc}", file=sys.stderr)
         return 2
 
-    async def run(stop: asyncio.Event) -> int:
-        from neuron_dra_driver.app import DraDriver
+    from neuron_dra_driver.app import DraDriver
 
-        return await DraDriver(config, stop, api).run()
-
-    return lifecycle.run(run)
+    return lifecycle.run(lambda stop: DraDriver(config, stop, api).run())
 
 
 if __name__ == "__main__":

@@ -11,8 +11,7 @@ from pathlib import Path
 
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
-from neuron_common.metrics_auth import SecureMetrics
-from neuron_common.node_labels import NodeLabeler
+from neuron_common.node_labels import NodeLabeler, ultraserver_labeler
 from neuron_common.runner import run_service
 from neuron_common.supervisor import Loop, Supervisor
 from neuron_dra_driver import servers, slices, taints
@@ -22,12 +21,11 @@ from neuron_dra_driver.metrics import DriverMetrics
 from neuron_dra_driver.placement import NodePlacement
 from neuron_dra_driver.publisher import SlicePublisher
 from neuron_driver import layout
-from neuron_driver.inventory import scan
+from neuron_driver.inventory import scan_at_start
 from neuron_driver.ultraserver import read_ultraserver
 from neuron_health.device_health import DeviceHealth
 from neuron_health.kernel_log import host_timezone
 from neuron_health.monitor import HealthMonitor, KmsgWatcher
-from neuron_model.ultraserver import LABELS_FIELD_MANAGER, node_labels
 
 log = logging.getLogger(__name__)
 
@@ -52,13 +50,7 @@ class DraDriver:
         self.stop = stop
         self.api = api
         self.metrics = DriverMetrics()
-        inventory = scan(config.host_root)
-        log.info(
-            "discovered %d Neuron device(s), %d logical core(s)",
-            len(inventory.devices),
-            len(inventory.cores),
-            extra={"instance_type": inventory.instance_type_name, "logical_nc_config": inventory.lnc.value},
-        )
+        inventory = scan_at_start(config.host_root, log)
         # Read by the slice publisher (an unhealthy device leaves the pool) and by
         # NodePrepareResources (a claim on an unhealthy device is refused with the reason).
         self.health = DeviceHealth(inventory, config.health_quiet_period, time.monotonic, logger=log)
@@ -90,18 +82,12 @@ class DraDriver:
         self.registration = servers.RegistrationServicer(config.dra_socket, self.metrics, on_change=self.publisher.kick)
         self.labeler: NodeLabeler | None = None
         if config.ultraserver_labels:
-            self.labeler = NodeLabeler(
-                api,
-                config.node_name,
-                lambda: node_labels(read_ultraserver(config.host_root)),
-                field_manager=LABELS_FIELD_MANAGER,
-                on_write=lambda result: self.metrics.node_label_writes.labels(result).inc(),
+            self.labeler = ultraserver_labeler(
+                api, config.node_name, lambda: read_ultraserver(config.host_root), self.metrics.node_label_writes
             )
         self.supervisor = Supervisor(stop)
-        host, port = config.listen
-        secure = SecureMetrics.for_service(config.metrics_security, self.metrics.registry, api=self.api)
-        self.http = HealthServer(
-            host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready, secure=secure
+        self.http = HealthServer.for_service(
+            config.listen, self.metrics.registry, self.supervisor, self.ready, config.metrics_security, api=self.api
         )
 
     def model(self) -> slices.NodeDevices:

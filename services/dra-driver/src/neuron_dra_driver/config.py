@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,11 +16,11 @@ from neuron_common.config import (
     add_serving_flags,
     add_ultraserver_labels_flag,
     optional_path,
+    parse_flags,
     positive_duration,
-    resolve_health_periods,
-    resolve_kmsg,
-    resolve_metrics_security,
+    resolve_health_sources,
     resolve_node_name,
+    resolve_serving,
 )
 from neuron_dra_driver import slices
 from neuron_driver import layout
@@ -133,10 +132,8 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
 
 
 def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
-    environ = os.environ if env is None else env
-    p = parser(env)
-    a = p.parse_args(argv)
-    resolve_health_periods(p, a.health_interval, a.health_quiet_period)
+    p, a, environ = parse_flags(parser, argv, env)
+    health = resolve_health_sources(p, a, layout.HostLayout(a.host_root).kmsg)
     node = resolve_node_name(p, a.node_name, environ)
     return Config(
         node_name=node,
@@ -146,14 +143,8 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         registry_dir=a.registry_dir,
         cdi_spec_dir=a.cdi_spec_dir,
         kubeconfig=a.kubeconfig or None,
-        listen=a.listen,
-        log_level=a.log_level,
-        metrics_security=resolve_metrics_security(p, a.metrics_auth, a.tls_cert_file, a.tls_key_file),
-        health_interval=a.health_interval,
-        health_quiet_period=a.health_quiet_period,
-        kmsg_path=resolve_kmsg(a.kmsg_path, layout.HostLayout(a.host_root).kmsg, a.kernel_log_format, p),
-        kernel_log_format=a.kernel_log_format,
-        verdict_dir=optional_path(a.verdict_dir),
+        **resolve_serving(p, a),
+        **health,
         publish_cores=a.publish_cores,
         publish_groups=a.publish_groups,
         device_taints=a.device_taints,

@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
 
+from neuron_common.kube import ObjectReader
 from neuron_dra_driver import checkpoint
 from neuron_dra_driver.checkpoint import Checkpoint
 from neuron_dra_driver.claims import ClaimRefused, PreparedClaim, prepare, spec_file_name
@@ -27,10 +27,6 @@ from neuron_driver.inventory import NodeInventory
 from neuron_model.ultraserver import UltraServerReading
 
 log = logging.getLogger(__name__)
-
-
-class ClaimSource(Protocol):
-    async def get(self, path: str) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -49,7 +45,7 @@ class Driver:
         self,
         *,
         node_name: str,
-        api: ClaimSource,
+        api: ObjectReader,
         inventory: Callable[[], NodeInventory],
         unhealthy: Callable[[], Mapping[int, str]],
         checkpoint_file: Path,

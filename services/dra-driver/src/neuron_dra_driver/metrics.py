@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from neuron_common.node_labels import ultraserver_label_writes
+
 
 class DriverMetrics:
     def __init__(self) -> None:
@@ -61,11 +63,6 @@ class DriverMetrics:
             "and was written again from the checkpoint",
             registry=r,
         )
-        self.node_label_writes = Counter(
-            "neuron_dra_node_label_writes",
-            "Applies of this node's UltraServer labels (--ultraserver-labels), by result (success or error)",
-            ["result"],
-            registry=r,
-        )
+        self.node_label_writes = ultraserver_label_writes("neuron_dra", r)
         self.errors = Counter("neuron_dra_errors", "Internal errors by kind", ["kind"], registry=r)
         self.registered = Gauge("neuron_dra_registered", "1 while the kubelet has registered the driver", registry=r)

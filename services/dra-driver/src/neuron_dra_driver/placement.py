@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from dataclasses import dataclass, field
 
-from neuron_common.kube import ApiError
+from neuron_common.kube import ApiError, ObjectReader
 from neuron_common.lifecycle import wait_any
 from neuron_dra_driver.metrics import DriverMetrics
 from neuron_model.placement_labels import placement_attributes
@@ -18,21 +18,15 @@ from neuron_model.placement_labels import placement_attributes
 log = logging.getLogger(__name__)
 
 
-class NodeApi(Protocol):
-    async def get(self, path: str) -> dict[str, Any]: ...
-
-
+@dataclass(eq=False)
 class NodePlacement:
-    def __init__(
-        self, api: NodeApi, node_name: str, interval: float, metrics: DriverMetrics, on_change: Callable[[], None]
-    ) -> None:
-        self.api = api
-        self.node_name = node_name
-        self.interval = interval
-        self.metrics = metrics
-        self.on_change = on_change
-        self.attributes: dict[str, str] = {}
-        self._failing = False
+    api: ObjectReader
+    node_name: str
+    interval: float
+    metrics: DriverMetrics
+    on_change: Callable[[], None]
+    attributes: dict[str, str] = field(default_factory=dict, init=False)
+    _failing: bool = field(default=False, init=False)
 
     async def refresh(self) -> None:
         try:

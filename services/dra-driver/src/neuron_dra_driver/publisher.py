@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from neuron_common.backoff import Backoff
@@ -80,26 +80,18 @@ class SliceApi(Protocol):
     ) -> AsyncIterator[WatchEvent]: ...
 
 
+@dataclass(eq=False)
 class SlicePublisher:
-    def __init__(
-        self,
-        api: SliceApi,
-        node_name: str,
-        model: Callable[[], slices.NodeDevices],
-        metrics: DriverMetrics,
-        *,
-        resync: float,
-    ) -> None:
-        self.api = api
-        self.node_name = node_name
-        self.model = model
-        self.metrics = metrics
-        self.resync = resync
-        self.generation = 0
-        self.synced = False  # the API server has the current slices
-        self.taints_dropped = False  # the API server does not keep device taints
-        self.counters_dropped = False  # the API server does not keep shared counters
-        self._kick = asyncio.Event()
+    api: SliceApi
+    node_name: str
+    model: Callable[[], slices.NodeDevices]
+    metrics: DriverMetrics
+    resync: float = field(kw_only=True)
+    generation: int = field(default=0, init=False)
+    synced: bool = field(default=False, init=False)  # the API server has the current slices
+    taints_dropped: bool = field(default=False, init=False)  # the API server does not keep device taints
+    counters_dropped: bool = field(default=False, init=False)  # the API server does not keep shared counters
+    _kick: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
     def kick(self) -> None:
         """Check the API server now: the kubelet deletes a node's slices of a driver it has lost

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Sequence
 
@@ -19,12 +18,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     logs.configure("neuron-node-metrics", config.log_level)
 
-    async def run(stop: asyncio.Event) -> int:
-        from neuron_node_metrics.app import Exporter
+    from neuron_node_metrics.app import Exporter
 
-        return await Exporter(config, stop).run()
-
-    return lifecycle.run(run)
+    return lifecycle.run(lambda stop: Exporter(config, stop).run())
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from prometheus_client.samples import Sample
 
 from kubelet_api.podresources_client import PodResourcesClient
 from neuron_common.health_server import HealthServer
-from neuron_common.metrics_auth import SecureMetrics
 from neuron_common.podresources import PodResourcesPoller, PodResourcesSnapshot
 from neuron_common.runner import run_service
 from neuron_common.supervisor import Supervisor
@@ -73,16 +72,15 @@ class Exporter:
         self.registry.register(self.collector)
         self.registry.register(_SelfCollector(self))
         self.supervisor = Supervisor(stop)
-        host, port = config.listen
-        secure = SecureMetrics.for_service(config.metrics_security, self.self_registry, kubeconfig=config.kubeconfig)
-        self.http = HealthServer(
-            host,
-            port,
+        self.http = HealthServer.for_service(
+            config.listen,
             self.registry,
-            live=self.supervisor.healthy,
-            ready=self.ready,
+            self.supervisor,
+            self.ready,
+            config.metrics_security,
+            kubeconfig=config.kubeconfig,
+            review_registry=self.self_registry,
             metrics_handler=self.metrics,
-            secure=secure,
         )
 
     def _capacity(self, inv: NodeInventory) -> dict[str, int]:

@@ -13,10 +13,11 @@ from neuron_common.config import (
     add_api_flags,
     add_host_flags,
     add_serving_flags,
+    parse_flags,
     positive_duration,
     positive_int,
     require_resource_prefix,
-    resolve_metrics_security,
+    resolve_serving,
 )
 from neuron_driver import layout
 from neuron_model import resources
@@ -103,8 +104,7 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
 
 
 def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config | None:
-    p = parser(env)
-    a = p.parse_args(argv)
+    p, a, _ = parse_flags(parser, argv, env)
     if a.list_metrics:
         return None
     if a.metrics.strip() == "all":
@@ -125,10 +125,8 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
     return Config(
         host_root=a.host_root,
         pod_resources_socket=a.pod_resources_socket,
-        listen=a.listen,
+        **resolve_serving(p, a),
         attribution_interval=a.attribution_interval,
-        log_level=a.log_level,
-        metrics_security=resolve_metrics_security(p, a.metrics_auth, a.tls_cert_file, a.tls_key_file),
         kubeconfig=a.kubeconfig,
         resource_prefix=a.resource_prefix,
         metrics=metrics,

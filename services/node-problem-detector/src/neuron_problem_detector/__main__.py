@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Sequence
 
@@ -14,7 +13,7 @@ from neuron_problem_detector.config import API_TIMEOUT
 def main(argv: Sequence[str] | None = None) -> int:
     config = config_mod.parse(argv)
     logs.configure("neuron-problem-detector", config.log_level)
-    from neuron_common.kube import Api, ApiError, unreachable
+    from neuron_common.kube import api_at_start
     from neuron_problem_detector.rules import RulesError, load
 
     try:
@@ -22,18 +21,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except RulesError as exc:
         print(f"neuron-problem-detector: error: {exc}", file=sys.stderr)
         return 2
-    try:  # so is no credentials
-        api = Api.from_kubeconfig(config.kubeconfig, API_TIMEOUT)
-    except (ApiError, OSError, ValueError) as exc:
-        print(f"neuron-problem-detector: error: {unreachable(config.kubeconfig, exc)}", file=sys.stderr)
-        return 2
+    api = api_at_start("neuron-problem-detector", config.kubeconfig, API_TIMEOUT)  # so is no credentials
+    from neuron_problem_detector.app import Detector
 
-    async def run(stop: asyncio.Event) -> int:
-        from neuron_problem_detector.app import Detector
-
-        return await Detector(config, stop, api).run()
-
-    return lifecycle.run(run)
+    return lifecycle.run(lambda stop: Detector(config, stop, api).run())
 
 
 if __name__ == "__main__":

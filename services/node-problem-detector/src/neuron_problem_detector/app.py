@@ -10,7 +10,6 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
 from neuron_common.lifecycle import sleep_or_stop
-from neuron_common.metrics_auth import SecureMetrics
 from neuron_common.runner import run_service
 from neuron_common.supervisor import Loop, Supervisor
 from neuron_driver.kmsg import KmsgRecord
@@ -96,10 +95,8 @@ class Detector:
         )
         self._publish()
         self.supervisor = Supervisor(stop)
-        host, port = config.listen
-        secure = SecureMetrics.for_service(config.metrics_security, self.metrics.registry, api=self.kube)
-        self.http = HealthServer(
-            host, port, self.metrics.registry, live=self.supervisor.healthy, ready=self.ready, secure=secure
+        self.http = HealthServer.for_service(
+            config.listen, self.metrics.registry, self.supervisor, self.ready, config.metrics_security, api=self.kube
         )
         count = self.metrics.read_errors.labels
         # /dev/kmsg wakes the follower itself; a kernel-log *file* (a simulated node, syslog) is polled

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -19,10 +18,11 @@ from neuron_common.config import (
     check_kernel_log,
     non_negative_duration,
     optional_path,
+    parse_flags,
     positive_duration,
     positive_int,
-    resolve_metrics_security,
     resolve_node_name,
+    resolve_serving,
 )
 from neuron_driver import layout
 
@@ -109,9 +109,7 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
 
 
 def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
-    environ = os.environ if env is None else env
-    p = parser(env)
-    a = p.parse_args(argv)
+    p, a, environ = parse_flags(parser, argv, env)
     if a.print_default_rules:
         from neuron_problem_detector.rules import default_text
 
@@ -126,9 +124,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         node_name=node,
         kubeconfig=a.kubeconfig or None,
         rules=optional_path(a.rules),
-        listen=a.listen,
-        log_level=a.log_level,
-        metrics_security=resolve_metrics_security(p, a.metrics_auth, a.tls_cert_file, a.tls_key_file),
+        **resolve_serving(p, a),
         lookback=a.lookback,
         counter_interval=a.counter_interval,
         heartbeat=a.heartbeat,

@@ -17,7 +17,7 @@ The default rules are not a file of their own: they are made from the fault tabl
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -150,62 +150,53 @@ def parse(data: Any, where: str = "rules") -> Rules:
     def fail(field: str, problem: str) -> RulesError:
         return RulesError(f"{where}: {field}: {problem}")
 
+    def known_keys(at: str, mapping: Mapping[Any, Any], keys: set[str]) -> None:
+        unknown = set(mapping) - keys
+        if unknown:
+            raise fail(at, f"unknown key(s) {', '.join(sorted(unknown))}")
+
+    def entries(key: str, keys: set[str], shape: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+        """Each entry of the non-empty list under `key`, with where it stands: a mapping of `keys`."""
+        raw = data.get(key)
+        if not isinstance(raw, list) or not raw:
+            raise fail(key, "must be a non-empty list")
+        for i, entry in enumerate(raw):
+            at = f"{key}[{i}]"
+            if not isinstance(entry, Mapping):
+                raise fail(at, f"must be {shape}")
+            known_keys(at, entry, keys)
+            yield at, entry
+
+    def check_reason(at: str, reason: Any) -> str:
+        if not isinstance(reason, str) or not _REASON_RE.match(reason):
+            raise fail(f"{at}.reason", f"must be a CamelCase reason, got {reason!r}")
+        return reason
+
     if not isinstance(data, Mapping):
         raise fail("(top level)", "expected a mapping with 'conditions' and 'rules'")
-    unknown = set(data) - {"source", "conditions", "rules"}
-    if unknown:
-        raise fail("(top level)", f"unknown key(s) {', '.join(sorted(unknown))}")
+    known_keys("(top level)", data, {"source", "conditions", "rules"})
     source = data.get("source", "neuron-problem-detector")
     if not isinstance(source, str) or not source:
         raise fail("source", "must be a non-empty string")
 
-    raw_conditions = data.get("conditions")
-    if not isinstance(raw_conditions, list) or not raw_conditions:
-        raise fail("conditions", "must be a non-empty list")
     conditions: list[Condition] = []
-    for i, c in enumerate(raw_conditions):
-        at = f"conditions[{i}]"
-        if not isinstance(c, Mapping):
-            raise fail(at, "must be a mapping with type, reason and message")
-        extra = set(c) - {"type", "reason", "message"}
-        if extra:
-            raise fail(at, f"unknown key(s) {', '.join(sorted(extra))}")
-        ctype, reason = c.get("type"), c.get("reason")
+    for at, c in entries("conditions", {"type", "reason", "message"}, "a mapping with type, reason and message"):
+        ctype = c.get("type")
         if not isinstance(ctype, str) or not _TYPE_RE.match(ctype):
             raise fail(f"{at}.type", f"must be a condition type like NeuronHealth, got {ctype!r}")
-        if not isinstance(reason, str) or not _REASON_RE.match(reason):
-            raise fail(f"{at}.reason", f"must be a CamelCase reason, got {reason!r}")
+        reason = check_reason(at, c.get("reason"))
         conditions.append(Condition(ctype, reason, str(c.get("message", ""))))
     types = [c.type for c in conditions]
     if len(set(types)) != len(types):
         raise fail("conditions", "a condition type is listed twice")
 
-    raw_rules = data.get("rules")
-    if not isinstance(raw_rules, list) or not raw_rules:
-        raise fail("rules", "must be a non-empty list")
     rules: list[Rule] = []
-    for i, r in enumerate(raw_rules):
-        at = f"rules[{i}]"
-        if not isinstance(r, Mapping):
-            raise fail(at, "must be a mapping")
-        extra = set(r) - {
-            "type",
-            "condition",
-            "reason",
-            "pattern",
-            "counter",
-            "threshold",
-            "clearAfter",
-            "clearOnDriverReload",
-        }
-        if extra:
-            raise fail(at, f"unknown key(s) {', '.join(sorted(extra))}")
+    rule_keys = {"type", "condition", "reason", "pattern", "counter", "threshold", "clearAfter", "clearOnDriverReload"}
+    for i, (at, r) in enumerate(entries("rules", rule_keys, "a mapping")):
         kind = r.get("type")
         if kind not in ("permanent", "temporary"):
             raise fail(f"{at}.type", f"must be 'permanent' or 'temporary', got {kind!r}")
-        reason = r.get("reason")
-        if not isinstance(reason, str) or not _REASON_RE.match(reason):
-            raise fail(f"{at}.reason", f"must be a CamelCase reason, got {reason!r}")
+        reason = check_reason(at, r.get("reason"))
         condition = r.get("condition")
         if kind == "permanent":
             if condition not in types:

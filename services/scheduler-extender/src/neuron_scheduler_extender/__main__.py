@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from collections.abc import Sequence
 
@@ -14,12 +13,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = config_mod.parse(argv)
     logs.configure("neuron-scheduler-extender", config.log_level)
 
-    async def run(stop: asyncio.Event) -> int:
-        from neuron_scheduler_extender.app import Extender
+    from neuron_scheduler_extender.app import Extender
 
-        return await Extender(config, stop).run()
-
-    return lifecycle.run(run)
+    return lifecycle.run(lambda stop: Extender(config, stop).run())
 
 
 if __name__ == "__main__":

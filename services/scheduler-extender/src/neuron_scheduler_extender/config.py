@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import uuid
 from collections.abc import Mapping, Sequence
@@ -12,6 +11,7 @@ from neuron_common.config import (
     EnvArgumentParser,
     add_api_flags,
     add_serving_flags,
+    parse_flags,
     positive_duration,
     require_files,
     require_resource_prefix,
@@ -158,9 +158,7 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
 
 
 def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> Config:
-    environ = os.environ if env is None else env
-    p = parser(env)
-    a = p.parse_args(argv)
+    p, a, environ = parse_flags(parser, argv, env)
     require_resource_prefix(p, a.resource_prefix)
     if a.leader_elect and not a.renew_deadline < a.lease_duration:
         p.error(

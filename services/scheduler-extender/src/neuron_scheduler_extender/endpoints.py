@@ -177,15 +177,11 @@ class Endpoints:
     # --- filter ----------------------------------------------------------------------------------
     async def filter(self, request: web.Request) -> web.Response:
         with self.metrics.latency.labels("filter").time():
-            body = await self._read("filter", request)
+            body = await self._body_to_answer("filter", request)
             if isinstance(body, web.Response):
                 return body
-            if (relayed := await self._to_leader("filter", request, body)) is not None:
-                return relayed
             try:
-                args = protocol.extender_args(_json(body))
-                pod = self._request_of(args.pod)
-                group = group_request(args.pod)
+                args, pod, group = self._extender_args(body)
             except (ProtocolError, PodError, GroupError) as exc:
                 return self._error("filter", protocol.filter_error(f"neuron-scheduler-extender: {exc}"))
             if not self.synced():
@@ -218,15 +214,11 @@ class Endpoints:
     # --- prioritize ------------------------------------------------------------------------------
     async def prioritize(self, request: web.Request) -> web.Response:
         with self.metrics.latency.labels("prioritize").time():
-            body = await self._read("prioritize", request)
+            body = await self._body_to_answer("prioritize", request)
             if isinstance(body, web.Response):
                 return body
-            if (relayed := await self._to_leader("prioritize", request, body)) is not None:
-                return relayed
             try:
-                args = protocol.extender_args(_json(body))
-                pod = self._request_of(args.pod)
-                group = group_request(args.pod)
+                args, pod, group = self._extender_args(body)
             except (ProtocolError, PodError, GroupError) as exc:
                 # kube-scheduler ignores a failed prioritize: the other scores decide alone
                 self.metrics.errors.labels("prioritize").inc()
@@ -237,11 +229,9 @@ class Endpoints:
     # --- bind ------------------------------------------------------------------------------------
     async def bind(self, request: web.Request) -> web.Response:
         with self.metrics.latency.labels("bind").time():
-            body = await self._read("bind", request)
+            body = await self._body_to_answer("bind", request)
             if isinstance(body, web.Response):
                 return body
-            if (relayed := await self._to_leader("bind", request, body)) is not None:
-                return relayed
             try:
                 args = protocol.binding_args(_json(body))
             except ProtocolError as exc:
@@ -303,6 +293,21 @@ class Endpoints:
                 extra={"pod": args.key, "node": args.node, "devices": effective.devices, "cores": effective.cores},
             )
             return _reply(protocol.binding_result())
+
+    async def _body_to_answer(self, verb: str, request: web.Request) -> bytes | web.Response:
+        """The body of a verb this replica answers; else the response to send: the refusal of the
+        request (`_read`), or the leader's answer to it (`_to_leader`)."""
+        body = await self._read(verb, request)
+        if isinstance(body, web.Response):
+            return body
+        relayed = await self._to_leader(verb, request, body)
+        return body if relayed is None else relayed
+
+    def _extender_args(self, body: bytes) -> tuple[protocol.ExtenderArgs, PodRequest, GroupRequest | None]:
+        """What /filter and /prioritize are asked: the arguments, the pod's Neuron request and its
+        UltraServer group; raises ProtocolError, PodError or GroupError."""
+        args = protocol.extender_args(_json(body))
+        return args, self._request_of(args.pod), group_request(args.pod)
 
     async def _to_leader(self, verb: str, request: web.Request, body: bytes) -> web.Response | None:
         """The leader's answer, when this replica is not the leader; None: answer here."""

@@ -5,6 +5,7 @@ each node has free as the filter sees it) read at scrape time."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -132,59 +133,46 @@ class _GroupCollector(Collector):
         yield actions
 
 
+@dataclass(frozen=True, eq=False)  # a collector is registered as itself
 class _ViewCollector(Collector):
-    def __init__(
-        self,
-        stats: Callable[[], ViewStats],
-        source_ages: Callable[[], Mapping[str, float | None]],
-        leading: Callable[[], bool],
-    ) -> None:
-        self._stats, self._ages, self._leading = stats, source_ages, leading
+    stats: Callable[[], ViewStats]
+    source_ages: Callable[[], Mapping[str, float | None]]
+    leading: Callable[[], bool]
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        s = self._stats()
-        yield GaugeMetricFamily(f"{PREFIX}_reports", "NeuronNode reports known (readable)", value=s.reports)
-        yield GaugeMetricFamily(
-            f"{PREFIX}_reports_stale", "Known reports older than --report-max-age", value=s.stale_reports
+        s = self.stats()
+        view = (
+            ("reports", "NeuronNode reports known (readable)", s.reports),
+            ("reports_stale", "Known reports older than --report-max-age", s.stale_reports),
+            ("reports_invalid", "NeuronNode objects that cannot be read", s.invalid_reports),
+            ("pods_bound", "Bound, running pods asking for Neuron resources, from the watch", s.bound_pods),
+            (
+                "pods_in_flight",
+                "Pods bound to a node that its report does not list yet, counted as admitted",
+                s.in_flight_pods,
+            ),
+            ("pods_assumed", "Pods this extender bound that the watch has not shown yet", s.assumed_pods),
+            (
+                "group_reservations",
+                "UltraServer groups of nodes held for a group of pods until its pods are bound",
+                s.group_reservations,
+            ),
+            ("groups_partial", "UltraServer groups of pods with some pods bound and some not (yet)", s.groups_partial),
         )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_reports_invalid", "NeuronNode objects that cannot be read", value=s.invalid_reports
-        )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_pods_bound",
-            "Bound, running pods asking for Neuron resources, from the watch",
-            value=s.bound_pods,
-        )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_pods_in_flight",
-            "Pods bound to a node that its report does not list yet, counted as admitted",
-            value=s.in_flight_pods,
-        )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_pods_assumed", "Pods this extender bound that the watch has not shown yet", value=s.assumed_pods
-        )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_group_reservations",
-            "UltraServer groups of nodes held for a group of pods until its pods are bound",
-            value=s.group_reservations,
-        )
-        yield GaugeMetricFamily(
-            f"{PREFIX}_groups_partial",
-            "UltraServer groups of pods with some pods bound and some not (yet)",
-            value=s.groups_partial,
-        )
+        for name, documentation, value in view:
+            yield GaugeMetricFamily(f"{PREFIX}_{name}", documentation, value=value)
         age = GaugeMetricFamily(
             f"{PREFIX}_view_age_seconds",
             "Seconds since the API server last answered each source (list, event or bookmark); "
             "absent before the first answer",
             labels=["source"],
         )
-        for source, seconds in sorted(self._ages().items()):
+        for source, seconds in sorted(self.source_ages().items()):
             if seconds is not None:
                 age.add_metric([source], seconds)
         yield age
         yield GaugeMetricFamily(
-            f"{PREFIX}_leader", "1 while this replica holds the lease (and answers)", value=int(self._leading())
+            f"{PREFIX}_leader", "1 while this replica holds the lease (and answers)", value=int(self.leading())
         )
 
 
