@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from dra_harness import FAST_TMP
 from neuron_dra_driver import claims
 from neuron_dra_driver.checkpoint import Checkpoint, CheckpointError, annotate, claims_from_specs
 
@@ -23,7 +24,7 @@ UID = "0d9f3c1e-1111-2222-3333-444455556666"
 
 @cache
 def inventory(name: str, lnc: int | None = None) -> NodeInventory:
-    work = Path(tempfile.mkdtemp(prefix="dra-claims-"))
+    work = Path(tempfile.mkdtemp(prefix="dra-claims-", dir=FAST_TMP))
     atexit.register(shutil.rmtree, work, ignore_errors=True)  # a simulated node a call, kept for the run
     root = work / "node"
     sim.create(root, name, lnc=lnc)

@@ -12,6 +12,7 @@ from itertools import combinations
 from pathlib import Path
 
 import pytest
+from dra_harness import FAST_TMP
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from neuron_dra_driver import slices
@@ -27,7 +28,7 @@ SETTINGS = [(name, lnc) for name, it in INSTANCE_TYPES.items() for lnc in it.fam
 IDS = [f"{name}-lnc{lnc}" for name, lnc in SETTINGS]
 QUALIFIED = re.compile(r"^(?:[a-z0-9.-]{1,63}/)?[A-Za-z_][A-Za-z0-9_]{0,31}$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_ROOT = Path(tempfile.mkdtemp(prefix="dra-slices-"))
+_ROOT = Path(tempfile.mkdtemp(prefix="dra-slices-", dir=FAST_TMP))
 atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)  # 400 MB of simulated nodes a run otherwise
 
 
