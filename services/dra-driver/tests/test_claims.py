@@ -279,8 +279,8 @@ US = "00c0ffee12345678"
 
 
 def ultraserver_node(tmp_path: Path, node_id: int, nodes: int = 4) -> NodeInventory:
-    roots = sim.create_ultraserver(tmp_path, "trn2u.48xlarge", nodes=nodes, server_id=US)
-    return scan(roots[node_id], env={})
+    (root,) = sim.create_ultraserver(tmp_path, "trn2u.48xlarge", nodes=nodes, server_id=US, node_ids=[node_id])
+    return scan(root, env={})
 
 
 def test_ultraserver_config_gives_the_runtime_the_nodes_group_of_that_size(tmp_path: Path) -> None:
@@ -341,7 +341,7 @@ def test_the_whole_node_device_gets_every_device_and_the_ultraserver_variables(t
 def test_a_trainium3_whole_node_claim_gets_its_reservation_as_the_4_node_group(tmp_path: Path) -> None:
     """trn3.48xlarge (PDS): AWS's whole-node template gives every device and the reservation's identity;
     a 2-node UltraServerConfig is refused (a reservation groups node_cnt = 4 nodes)."""
-    inv = scan(sim.create_ultraserver(tmp_path, "trn3.48xlarge", server_id=US)[1], env={})
+    inv = scan(sim.create_ultraserver(tmp_path, "trn3.48xlarge", server_id=US, node_ids=[1])[0], env={})
     obj = configured(claim(("neurons", "neuronnode")), (ultra(4), ["neurons"], "FromClaim"))
     prepared = prepare(obj, inv)
     (device,) = prepared.spec["devices"]

@@ -434,8 +434,8 @@ def test_a_slice_the_api_server_stored_with_null_devices_reads_as_none() -> None
 
 
 def ultraserver_model(tmp: Path, **kw: object) -> slices.NodeDevices:
-    roots = sim.create_ultraserver(tmp, "trn2u.48xlarge", server_id="00c0ffee12345678")
-    inv = scan(roots[1], env={})
+    (root,) = sim.create_ultraserver(tmp, "trn2u.48xlarge", server_id="00c0ffee12345678", node_ids=[1])
+    inv = scan(root, env={})
     return slices.NodeDevices("node-a", inv, ultraserver=inv.ultraserver, **kw)  # type: ignore[arg-type]
 
 
@@ -478,8 +478,8 @@ def model_of(name: str) -> slices.NodeDevices:
 
 def test_a_trainium3_reservation_node_is_one_device_with_its_reservation_as_the_4_node_group(tmp_path: Path) -> None:
     """trn3.48xlarge (PDS): the driver's reservation_id and node_id are the 4-node group's ids."""
-    roots = sim.create_ultraserver(tmp_path, "trn3.48xlarge", server_id="00c0ffee12345678")
-    inv = scan(roots[2], env={})
+    (root,) = sim.create_ultraserver(tmp_path, "trn3.48xlarge", server_id="00c0ffee12345678", node_ids=[2])
+    inv = scan(root, env={})
     model = slices.NodeDevices("node-a", inv, ultraserver=inv.ultraserver)
     (node,) = whole_nodes(slices.build(model, 1))
     a = node["attributes"]

@@ -19,6 +19,7 @@ import shutil
 import stat
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,9 +121,16 @@ def write_ultraserver(
 
 
 def create_ultraserver(
-    base: Path, instance_type: str, nodes: int = 4, server_id: str | None = None, **create_args: Any
+    base: Path,
+    instance_type: str,
+    nodes: int = 4,
+    server_id: str | None = None,
+    node_ids: Iterable[int] | None = None,
+    **create_args: Any,
 ) -> list[Path]:
-    """Every node of one simulated UltraServer, under base/node-0 .. node-<nodes-1>, sharing its id."""
+    """Every node of one simulated UltraServer, under base/node-0 .. node-<nodes-1>, sharing its id.
+    With `node_ids`, only those of its nodes, exactly as they would be with the others (a trn2 node
+    is ~12,000 files: a test of one node's identity need not write four)."""
     it = get_instance_type(instance_type)
     if not it.ultraserver:
         raise SimError(f"{it.name} is not an UltraServer instance type")
@@ -132,8 +140,11 @@ def create_ultraserver(
     server_id = server_id or uuid.uuid4().hex[:16]
     if len(server_id) != 16 or server_id.strip("0123456789abcdef") or server_id == NO_SERVER:
         raise SimError(f"--server-id must be 16 lowercase hex digits, not all zero, got {server_id!r}")
+    chosen = list(range(nodes) if node_ids is None else node_ids)
+    if not set(chosen) <= set(range(nodes)):
+        raise SimError(f"node ids {chosen} are not all among the {nodes} nodes of the UltraServer")
     roots = []
-    for node_id in range(nodes):
+    for node_id in chosen:
         root = Path(base) / f"node-{node_id}"
         create(root, instance_type, **create_args)
         spec = pds_spec(node_id, server_id, nodes) if reservation else UltraServerSpec(node_id, server_id, nodes)
