@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import atexit
-import shutil
-import tempfile
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
-from dra_harness import FAST_TMP
+import sim_nodes
 from neuron_dra_driver import claims
 from neuron_dra_driver.checkpoint import Checkpoint, CheckpointError, annotate, claims_from_specs
 
@@ -22,13 +18,8 @@ from neuron_sim import node as sim
 UID = "0d9f3c1e-1111-2222-3333-444455556666"
 
 
-@cache
 def inventory(name: str, lnc: int | None = None) -> NodeInventory:
-    work = Path(tempfile.mkdtemp(prefix="dra-claims-", dir=FAST_TMP))
-    atexit.register(shutil.rmtree, work, ignore_errors=True)  # a simulated node a call, kept for the run
-    root = work / "node"
-    sim.create(root, name, lnc=lnc)
-    return scan(root, env={})
+    return sim_nodes.inventory(name, lnc)  # written once a run, shared with other modules
 
 
 def claim(*results: tuple[str, str], uid: str = UID, pool: str = "node-a", allocated: bool = True) -> dict[str, Any]:

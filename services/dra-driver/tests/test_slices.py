@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
-import atexit
 import re
-import shutil
-import tempfile
 from dataclasses import replace
-from functools import cache
 from itertools import combinations
 from pathlib import Path
 
 import pytest
-from dra_harness import FAST_TMP
+import sim_nodes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from neuron_dra_driver import slices
@@ -28,15 +24,10 @@ SETTINGS = [(name, lnc) for name, it in INSTANCE_TYPES.items() for lnc in it.fam
 IDS = [f"{name}-lnc{lnc}" for name, lnc in SETTINGS]
 QUALIFIED = re.compile(r"^(?:[a-z0-9.-]{1,63}/)?[A-Za-z_][A-Za-z0-9_]{0,31}$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_ROOT = Path(tempfile.mkdtemp(prefix="dra-slices-", dir=FAST_TMP))
-atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)  # 400 MB of simulated nodes a run otherwise
 
 
-@cache
 def inventory(name: str, lnc: int) -> NodeInventory:
-    root = _ROOT / f"{name}-{lnc}"
-    sim.create(root, name, lnc=lnc)
-    return scan(root, env={})
+    return sim_nodes.inventory(name, lnc)  # written once a run, shared with other modules
 
 
 def model(name: str, lnc: int, unhealthy: frozenset[int] = frozenset(), **kw: object) -> slices.NodeDevices:
