@@ -26,6 +26,18 @@ from neuron_sim import node as sim
 SERVER = "00c0ffee12345678"
 
 
+@pytest.fixture(scope="module")
+def trn2u_server(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    """One simulated 4-node trn2u UltraServer for the tests that only read it (~50,000 files)."""
+    return sim.create_ultraserver(tmp_path_factory.mktemp("trn2u"), "trn2u.48xlarge", server_id=SERVER)
+
+
+def first_node(root: Path, instance_type: str, nodes: int = 4) -> Path:
+    """Node 0 of a simulated UltraServer of `nodes`, without the others' trees: for a test that
+    rewrites node 0's attributes and reads nothing else."""
+    return sim.create_ultraserver(root, instance_type, nodes, server_id=SERVER, node_ids=[0])[0]
+
+
 @given(st.lists(st.integers(1, 4), min_size=1, max_size=4, unique=True))
 def test_modes_are_the_driver_comma_list(modes: list[int]) -> None:
     assert parse_ultraserver_modes(",".join(map(str, modes)) + "\n") == tuple(modes)
@@ -75,8 +87,8 @@ def test_the_driver_remaps_node_ids_for_two_node_groups() -> None:
     assert modal_node_id(1, 2, Mode.X2H) == 1
 
 
-def test_a_simulated_ultraserver_is_four_nodes_that_agree(tmp_path: Path) -> None:
-    roots = sim.create_ultraserver(tmp_path, "trn2u.48xlarge", server_id=SERVER)
+def test_a_simulated_ultraserver_is_four_nodes_that_agree(trn2u_server: list[Path]) -> None:
+    roots = trn2u_server
     readings = [read_ultraserver(root) for root in roots]
     assert {r.state for r in readings} == {State.IDENTIFIED}
     identities = [r.identity for r in readings]
@@ -96,7 +108,7 @@ def test_a_simulated_ultraserver_is_four_nodes_that_agree(tmp_path: Path) -> Non
 
 
 def test_while_the_election_runs_the_identity_is_pending_never_guessed(tmp_path: Path) -> None:
-    (root,) = sim.create_ultraserver(tmp_path, "trn2u.48xlarge", nodes=2, server_id=SERVER)[:1]
+    root = first_node(tmp_path, "trn2u.48xlarge", nodes=2)
     sim.write_ultraserver(root, None, busy=True)
     reading = read_ultraserver(root)
     assert (reading.state, reading.identity) == (State.PENDING, None)
@@ -128,7 +140,7 @@ def test_a_node_outside_any_ultraserver_and_a_driver_without_support(tmp_path: P
     ],
 )
 def test_garbage_is_invalid_naming_the_attribute(tmp_path: Path, attribute: str, text: str, says: str) -> None:
-    root = sim.create_ultraserver(tmp_path, "trn2u.48xlarge", server_id=SERVER)[0]
+    root = first_node(tmp_path, "trn2u.48xlarge")
     (layout.HostLayout(root).class_dir / attribute).write_text(text)
     reading = read_ultraserver(root)
     assert reading.state is State.INVALID
@@ -162,10 +174,10 @@ def test_the_simulator_refuses_shapes_that_are_not_ultraservers(tmp_path: Path) 
         sim.create_ultraserver(tmp_path, "trn2u.48xlarge", server_id=NO_SERVER)
 
 
-def test_aws_labels_of_each_node_of_a_simulated_ultraserver(tmp_path: Path) -> None:
+def test_aws_labels_of_each_node_of_a_simulated_ultraserver(tmp_path: Path, trn2u_server: list[Path]) -> None:
     """The labels AWS's LeaderWorkerSet examples key on: one 4-node server id for all four nodes, one
     2-node server id per pair, each node's id in both groups, and the group sizes it can run in."""
-    roots = sim.create_ultraserver(tmp_path, "trn2u.48xlarge", server_id=SERVER)
+    roots = trn2u_server
     labels = [node_labels(read_ultraserver(root)) for root in roots]
     prefix = "neuron.amazonaws.com/ultraserver-"
     assert {k for one in labels for k in one} == {
@@ -188,7 +200,7 @@ def test_aws_labels_of_each_node_of_a_simulated_ultraserver(tmp_path: Path) -> N
 
 def test_no_labels_without_an_identity(tmp_path: Path) -> None:
     """Pending, invalid and none carry no labels: one from an earlier identity would be a guess."""
-    (root,) = sim.create_ultraserver(tmp_path, "trn2u.48xlarge", nodes=2, server_id=SERVER)[:1]
+    root = first_node(tmp_path, "trn2u.48xlarge", nodes=2)
     assert node_labels(read_ultraserver(root))
     sim.write_ultraserver(root, None, busy=True)
     assert node_labels(read_ultraserver(root)) == {}
@@ -225,7 +237,7 @@ def test_a_simulated_trainium3_reservation_is_four_nodes_read_back(tmp_path: Pat
 
 
 def test_a_trainium3_node_while_the_election_runs_and_outside_any_reservation(tmp_path: Path) -> None:
-    root = sim.create_ultraserver(tmp_path, "trn3.48xlarge", server_id=SERVER)[0]
+    root = first_node(tmp_path, "trn3.48xlarge")
     sim.write_ultraserver(root, None, busy=True, reservation=True)
     reading = read_ultraserver(root)
     assert (reading.state, reading.identity) == (State.PENDING, None)

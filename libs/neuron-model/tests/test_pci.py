@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import sim_nodes
 
 from neuron_driver import layout
 from neuron_driver.inventory import scan
@@ -41,9 +42,9 @@ def test_a_neuron_function_needs_the_vendor_and_a_neuron_device_id() -> None:
 
 
 @pytest.mark.parametrize("name", sorted(INSTANCE_TYPES))
-def test_each_type_shows_its_neuron_functions_as_nfd_reads_them(tmp_path: Path, name: str) -> None:
-    it = sim.create(tmp_path, name)
-    functions = read_functions(tmp_path)
+def test_each_type_shows_its_neuron_functions_as_nfd_reads_them(name: str) -> None:
+    it = INSTANCE_TYPES[name]
+    functions = read_functions(sim_nodes.node_root(name))  # sim.create(root, name), shared with other modules
     neuron = {a: f for a, f in functions.items() if pci.is_neuron_function(f["vendor"], f["device"])}
     assert len(neuron) == it.devices
     for attributes in neuron.values():

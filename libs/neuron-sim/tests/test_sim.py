@@ -114,3 +114,20 @@ def test_the_driver_version_is_told_only_when_given(tmp_path: Path) -> None:
     assert not layout.HostLayout(tmp_path / "plain").driver_version.exists()
     sim.create(tmp_path / "versioned", "trn1.2xlarge", driver_version="2.25.4.0")
     assert layout.HostLayout(tmp_path / "versioned").driver_version.read_text() == "2.25.4.0\n"
+
+
+def test_some_nodes_of_an_ultraserver_are_those_nodes_of_the_whole_one(tmp_path: Path) -> None:
+    """create_ultraserver(node_ids=...) writes those nodes' UltraServer attributes exactly as the whole
+    UltraServer's, and refuses a node id the UltraServer has not."""
+    whole = sim.create_ultraserver(tmp_path / "whole", "trn2u.48xlarge", nodes=2, server_id="00c0ffee12345678")
+    (some,) = sim.create_ultraserver(tmp_path / "some", "trn2u.48xlarge", 2, "00c0ffee12345678", node_ids=[1])
+    assert some.name == whole[1].name == "node-1"
+    assert not (tmp_path / "some" / "node-0").exists()
+
+    def attributes(root: Path) -> dict[str, str]:
+        return {p.name: p.read_text() for p in layout.HostLayout(root).class_dir.iterdir() if p.is_file()}
+
+    assert attributes(some) == attributes(whole[1])
+    assert scan(some).ultraserver == scan(whole[1]).ultraserver
+    with pytest.raises(sim.SimError, match="not all among the 2 nodes"):
+        sim.create_ultraserver(tmp_path / "bad", "trn2u.48xlarge", nodes=2, node_ids=[2])

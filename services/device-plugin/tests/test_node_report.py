@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import sim_nodes
 from flag_errors import refusal
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -49,17 +50,8 @@ NOW = dt.datetime(2026, 11, 24, 8, 0, 0, tzinfo=dt.UTC)
 
 
 @pytest.fixture(scope="module")
-def inventory(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., NodeInventory]:
-    made: dict[tuple[str, int | None], NodeInventory] = {}
-
-    def make(instance_type: str, lnc: int | None = None) -> NodeInventory:
-        if (instance_type, lnc) not in made:
-            root = tmp_path_factory.mktemp(instance_type.replace(".", "-"))
-            sim.create(root, instance_type, lnc)
-            made[(instance_type, lnc)] = scan(root, env={})
-        return made[(instance_type, lnc)]
-
-    return make
+def inventory() -> Callable[..., NodeInventory]:
+    return sim_nodes.inventory  # written once a run, shared with other modules
 
 
 def plugin_state(inventory: NodeInventory, clock: Callable[[], float] = lambda: 100.0) -> PluginState:

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import atexit
-import shutil
-import tempfile
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import pytest
+import sim_nodes
 from neuron_dra_driver import claims
 from neuron_dra_driver.checkpoint import Checkpoint, CheckpointError, annotate, claims_from_specs
 
@@ -21,13 +18,8 @@ from neuron_sim import node as sim
 UID = "0d9f3c1e-1111-2222-3333-444455556666"
 
 
-@cache
 def inventory(name: str, lnc: int | None = None) -> NodeInventory:
-    work = Path(tempfile.mkdtemp(prefix="dra-claims-"))
-    atexit.register(shutil.rmtree, work, ignore_errors=True)  # a simulated node a call, kept for the run
-    root = work / "node"
-    sim.create(root, name, lnc=lnc)
-    return scan(root, env={})
+    return sim_nodes.inventory(name, lnc)  # written once a run, shared with other modules
 
 
 def claim(*results: tuple[str, str], uid: str = UID, pool: str = "node-a", allocated: bool = True) -> dict[str, Any]:
@@ -278,8 +270,8 @@ US = "00c0ffee12345678"
 
 
 def ultraserver_node(tmp_path: Path, node_id: int, nodes: int = 4) -> NodeInventory:
-    roots = sim.create_ultraserver(tmp_path, "trn2u.48xlarge", nodes=nodes, server_id=US)
-    return scan(roots[node_id], env={})
+    (root,) = sim.create_ultraserver(tmp_path, "trn2u.48xlarge", nodes=nodes, server_id=US, node_ids=[node_id])
+    return scan(root, env={})
 
 
 def test_ultraserver_config_gives_the_runtime_the_nodes_group_of_that_size(tmp_path: Path) -> None:
@@ -340,7 +332,7 @@ def test_the_whole_node_device_gets_every_device_and_the_ultraserver_variables(t
 def test_a_trainium3_whole_node_claim_gets_its_reservation_as_the_4_node_group(tmp_path: Path) -> None:
     """trn3.48xlarge (PDS): AWS's whole-node template gives every device and the reservation's identity;
     a 2-node UltraServerConfig is refused (a reservation groups node_cnt = 4 nodes)."""
-    inv = scan(sim.create_ultraserver(tmp_path, "trn3.48xlarge", server_id=US)[1], env={})
+    inv = scan(sim.create_ultraserver(tmp_path, "trn3.48xlarge", server_id=US, node_ids=[1])[0], env={})
     obj = configured(claim(("neurons", "neuronnode")), (ultra(4), ["neurons"], "FromClaim"))
     prepared = prepare(obj, inv)
     (device,) = prepared.spec["devices"]

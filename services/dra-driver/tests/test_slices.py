@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import atexit
 import re
-import shutil
-import tempfile
 from dataclasses import replace
-from functools import cache
 from itertools import combinations
 from pathlib import Path
 
 import pytest
+import sim_nodes
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from neuron_dra_driver import slices
@@ -27,15 +24,10 @@ SETTINGS = [(name, lnc) for name, it in INSTANCE_TYPES.items() for lnc in it.fam
 IDS = [f"{name}-lnc{lnc}" for name, lnc in SETTINGS]
 QUALIFIED = re.compile(r"^(?:[a-z0-9.-]{1,63}/)?[A-Za-z_][A-Za-z0-9_]{0,31}$")
 DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_ROOT = Path(tempfile.mkdtemp(prefix="dra-slices-"))
-atexit.register(shutil.rmtree, _ROOT, ignore_errors=True)  # 400 MB of simulated nodes a run otherwise
 
 
-@cache
 def inventory(name: str, lnc: int) -> NodeInventory:
-    root = _ROOT / f"{name}-{lnc}"
-    sim.create(root, name, lnc=lnc)
-    return scan(root, env={})
+    return sim_nodes.inventory(name, lnc)  # written once a run, shared with other modules
 
 
 def model(name: str, lnc: int, unhealthy: frozenset[int] = frozenset(), **kw: object) -> slices.NodeDevices:
@@ -433,8 +425,8 @@ def test_a_slice_the_api_server_stored_with_null_devices_reads_as_none() -> None
 
 
 def ultraserver_model(tmp: Path, **kw: object) -> slices.NodeDevices:
-    roots = sim.create_ultraserver(tmp, "trn2u.48xlarge", server_id="00c0ffee12345678")
-    inv = scan(roots[1], env={})
+    (root,) = sim.create_ultraserver(tmp, "trn2u.48xlarge", server_id="00c0ffee12345678", node_ids=[1])
+    inv = scan(root, env={})
     return slices.NodeDevices("node-a", inv, ultraserver=inv.ultraserver, **kw)  # type: ignore[arg-type]
 
 
@@ -477,8 +469,8 @@ def model_of(name: str) -> slices.NodeDevices:
 
 def test_a_trainium3_reservation_node_is_one_device_with_its_reservation_as_the_4_node_group(tmp_path: Path) -> None:
     """trn3.48xlarge (PDS): the driver's reservation_id and node_id are the 4-node group's ids."""
-    roots = sim.create_ultraserver(tmp_path, "trn3.48xlarge", server_id="00c0ffee12345678")
-    inv = scan(roots[2], env={})
+    (root,) = sim.create_ultraserver(tmp_path, "trn3.48xlarge", server_id="00c0ffee12345678", node_ids=[2])
+    inv = scan(root, env={})
     model = slices.NodeDevices("node-a", inv, ultraserver=inv.ultraserver)
     (node,) = whole_nodes(slices.build(model, 1))
     a = node["attributes"]

@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import sim_nodes
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -33,6 +34,12 @@ def node(tmp_path: Path) -> Path:
     return tmp_path
 
 
+@pytest.fixture
+def unchanged_node() -> Path:
+    """The same node, for a test that only reads it: written once a run, shared with other modules."""
+    return sim_nodes.node_root("trn2.48xlarge", 2)
+
+
 def collector(root: Path, attribution: Attribution | None = None, **kw: object) -> NeuronCollector:
     return NeuronCollector(root, kw.pop("families", ALL), lambda: attribution or Attribution(), **kw)  # type: ignore[arg-type]
 
@@ -55,7 +62,8 @@ def test_logical_cores_sum_their_physical_cores(node: Path) -> None:
     assert len(find(text, "neuron_core_execution_status_total", status="success")) == 64
 
 
-def test_attribution_labels(node: Path) -> None:
+def test_attribution_labels(unchanged_node: Path) -> None:
+    node = unchanged_node
     owner = Owner("ml", "trainer-0", "main")
     c = collector(node, Attribution({8: owner}, {}, {"aws.amazon.com/neuroncore": 1}))
     text = c.render()
@@ -99,7 +107,8 @@ def test_garbage_and_vanishing_files_skip_series_not_the_scrape(node: Path) -> N
     assert find(text, "neuron_device_info", device="6") == [1]
 
 
-def test_allowlist_prunes_reading(node: Path) -> None:
+def test_allowlist_prunes_reading(unchanged_node: Path) -> None:
+    node = unchanged_node
     full = collector(node)
     lean = collector(node, families=frozenset({"neuron_device_ecc_errors_total", "neuron_device_info"}))
     assert lean.reader.file_count < full.reader.file_count / 50
@@ -120,7 +129,8 @@ def test_neuron_monitor_naming(node: Path) -> None:
     assert ("logical_neuroncore_config", "2") in hw
 
 
-def test_resource_counts(node: Path) -> None:
+def test_resource_counts(unchanged_node: Path) -> None:
+    node = unchanged_node
     c = collector(
         node,
         Attribution({}, {}, {"aws.amazon.com/neuron": 2}),

@@ -12,6 +12,7 @@ runtime can pass them into containers; without it, /dev/neuronN are empty regula
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -19,6 +20,7 @@ import shutil
 import stat
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,9 +122,16 @@ def write_ultraserver(
 
 
 def create_ultraserver(
-    base: Path, instance_type: str, nodes: int = 4, server_id: str | None = None, **create_args: Any
+    base: Path,
+    instance_type: str,
+    nodes: int = 4,
+    server_id: str | None = None,
+    node_ids: Iterable[int] | None = None,
+    **create_args: Any,
 ) -> list[Path]:
-    """Every node of one simulated UltraServer, under base/node-0 .. node-<nodes-1>, sharing its id."""
+    """Every node of one simulated UltraServer, under base/node-0 .. node-<nodes-1>, sharing its id.
+    With `node_ids`, only those of its nodes, exactly as they would be with the others (a trn2 node
+    is ~12,000 files: a test of one node's identity need not write four)."""
     it = get_instance_type(instance_type)
     if not it.ultraserver:
         raise SimError(f"{it.name} is not an UltraServer instance type")
@@ -132,8 +141,11 @@ def create_ultraserver(
     server_id = server_id or uuid.uuid4().hex[:16]
     if len(server_id) != 16 or server_id.strip("0123456789abcdef") or server_id == NO_SERVER:
         raise SimError(f"--server-id must be 16 lowercase hex digits, not all zero, got {server_id!r}")
+    chosen = list(range(nodes) if node_ids is None else node_ids)
+    if not set(chosen) <= set(range(nodes)):
+        raise SimError(f"node ids {chosen} are not all among the {nodes} nodes of the UltraServer")
     roots = []
-    for node_id in range(nodes):
+    for node_id in chosen:
         root = Path(base) / f"node-{node_id}"
         create(root, instance_type, **create_args)
         spec = pds_spec(node_id, server_id, nodes) if reservation else UltraServerSpec(node_id, server_id, nodes)
@@ -210,15 +222,16 @@ def _write_pci_functions(root: Path, it: InstanceType | None) -> None:
 
 
 class _FreshWriter:
-    """Writes a tree nobody reads yet: no temporary files, each directory made once."""
+    """Writes a tree nobody reads yet: no temporary files, each directory made once. Paths are
+    strings: a trn2 node is ~12,000 files, and building a Path for each took a third of the time."""
 
     def __init__(self) -> None:
-        self._made: set[Path] = set()
+        self._made: set[str] = set()
 
-    def __call__(self, path: Path, text: str) -> None:
-        parent = path.parent
+    def __call__(self, path: str, text: str) -> None:
+        parent = os.path.dirname(path)
         if parent not in self._made:
-            parent.mkdir(parents=True, exist_ok=True)
+            os.makedirs(parent, exist_ok=True)
             self._made.add(parent)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
@@ -227,9 +240,38 @@ class _FreshWriter:
             os.close(fd)
 
 
+@functools.cache
+def _core_files(it: InstanceType) -> tuple[tuple[str, str], ...]:
+    """Each core directory's files, relative to it, and their first contents: the same for every
+    core of a family, so worked out (through `layout`, which readers use too) once."""
+    fam = it.family
+    c = Path()
+    files = [(c / "info" / "architecture" / "arch_type", fam.core_arch + "\n")]
+    legacy = fam.name == "inf1"  # older driver builds, as on many inf1 AMIs, use infer_* names
+    for status in layout.STATUS_NAMES:
+        name = _legacy(status) if legacy else status
+        for fld in layout.STATUS_FIELDS:
+            files.append((layout.status_file(c, name, fld), "0\n"))
+    core_mem = fam.memory_bytes_per_device // fam.physical_cores_per_device
+    for location in ("host_mem", "device_mem"):
+        for fld in layout.MEM_FIELDS:
+            value = core_mem if (location, fld) == ("device_mem", "total") else 0
+            files.append((layout.core_mem_total_file(c, location, fld), f"{value}\n"))
+    for cat in layout.DEVICE_MEM_CATEGORIES:
+        for fld in layout.MEM_FIELDS:
+            files.append((layout.core_device_mem_file(c, cat, fld), "0\n"))
+    for name in layout.OTHER_INFO:
+        files.append((layout.core_other_info_file(c, name), "0\n"))
+    return tuple((str(path), text) for path, text in files)
+
+
 def _write_device(root: Path, it: InstanceType, index: int, connected: tuple[int, ...]) -> None:
-    write_attr = _FreshWriter()
+    write = _FreshWriter()
     d = layout.HostLayout(root).device_dir(index)
+
+    def write_attr(path: Path, text: str) -> None:
+        write(str(path), text)
+
     fam = it.family
     write_attr(d / "core_count", str(fam.physical_cores_per_device))  # the driver writes no newline
     write_attr(d / "connected_devices", ", ".join(map(str, connected)) + "\n")
@@ -247,24 +289,11 @@ def _write_device(root: Path, it: InstanceType, index: int, connected: tuple[int
     for cat in layout.HOST_MEM_CATEGORIES:
         for fld in layout.MEM_FIELDS:
             write_attr(layout.device_host_mem_file(d, cat, fld), "0\n")
-    core_mem = fam.memory_bytes_per_device // fam.physical_cores_per_device
-    legacy = fam.name == "inf1"  # older driver builds, as on many inf1 AMIs, use infer_* names
+    core_files = _core_files(it)
     for core in range(fam.physical_cores_per_device):
-        c = layout.core_dir(d, core)
-        write_attr(c / "info" / "architecture" / "arch_type", fam.core_arch + "\n")
-        for status in layout.STATUS_NAMES:
-            name = _legacy(status) if legacy else status
-            for fld in layout.STATUS_FIELDS:
-                write_attr(layout.status_file(c, name, fld), "0\n")
-        for location in ("host_mem", "device_mem"):
-            for fld in layout.MEM_FIELDS:
-                value = core_mem if (location, fld) == ("device_mem", "total") else 0
-                write_attr(layout.core_mem_total_file(c, location, fld), f"{value}\n")
-        for cat in layout.DEVICE_MEM_CATEGORIES:
-            for fld in layout.MEM_FIELDS:
-                write_attr(layout.core_device_mem_file(c, cat, fld), "0\n")
-        for name in layout.OTHER_INFO:
-            write_attr(layout.core_other_info_file(c, name), "0\n")
+        c = str(layout.core_dir(d, core))
+        for relative, text in core_files:
+            write(os.path.join(c, relative), text)
     link = layout.HostLayout(root).class_link(index)
     if link.is_symlink() or link.exists():
         link.unlink()
