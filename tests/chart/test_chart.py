@@ -349,6 +349,16 @@ def test_only_the_detector_the_label_writer_and_the_tests_are_bound_to_roles() -
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list"]}
     ]
     (role,) = of_kind(docs, "Role")
+    monitors = {
+        "apiGroups": ["monitoring.coreos.com"],
+        "resources": ["servicemonitors", "podmonitors", "prometheusrules"],
+    }
+    # the monitoring check reads the release's own monitor and rules; nothing else, and only reads
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        monitors | {"verbs": ["get"]},
+    ]
+    (role,) = of_kind(render(*sets(nodeMetrics__monitoring__kind="none")), "Role")
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]
 
 

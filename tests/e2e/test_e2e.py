@@ -14,6 +14,7 @@ import subprocess
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -207,35 +208,6 @@ def cluster_prepared(kube_cluster: Cluster, namespace_factory: Callable[..., Any
     kubectl("label", "node", NODE, "feature.node.kubernetes.io/aws-neuron-", check=False)
     kubectl("taint", "node", NODE, "aws.amazon.com/neuron-unhealthy-", check=False)
     kubectl("delete", "-f", paths["CRDS"], "--ignore-not-found", "--wait=false", check=False)
-
-
-# --- install with every ci values file -------------------------------------------------------
-
-
-@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
-def test_install_with_each_ci_values_file(kube_cluster: Cluster, values: Path) -> None:
-    expected = install(kube_cluster, values=values)
-    enabled = {key for key, name in DAEMONSETS.items() if name in expected}
-    if "devicePlugin" in enabled:
-        eventually(lambda: allocatable() == ("16", "32"), "allocatable 16 neuron / 32 neuroncore")
-    if "npd" in enabled:
-        eventually(lambda: neuron_health() is not None, "the NeuronHealth condition")
-    if "nodeMetrics" in enabled:
-        eventually(
-            lambda: "neuron_device_info{" in exporter_metrics(NAMESPACE), "the exporter serving neuron_device_info"
-        )
-    objects = {
-        kind: kubectl("get", kind, "-n", NAMESPACE, "-l", f"app.kubernetes.io/instance={RELEASE}", "-o", "name")
-        for kind in ("servicemonitors", "podmonitors", "prometheusrules")
-    }
-    forced = yaml.safe_load(values.read_text()).get("nodeMetrics", {}).get("monitoring", {})
-    if forced.get("kind") == "PodMonitor":
-        assert objects["podmonitors"]
-        assert not objects["servicemonitors"]
-    elif "nodeMetrics" in enabled:
-        # the CRDs are installed, so the ServiceMonitor renders from the API check alone
-        assert objects["servicemonitors"]
-        assert objects["prometheusrules"]
 
 
 # --- KMM and NFD objects against the API server's own validation ------------------------------
@@ -611,10 +583,35 @@ def test_uninstall_leaves_no_object_behind() -> None:
     eventually(lambda: allocatable() in (("0", "0"), (None, None)), "no Neuron resource advertised")
 
 
-@pytest.mark.timeout(1800)
-def test_ct_install_passes() -> None:
-    """The real chart-testing install: every ci values file installed, waited on, helm-tested and removed.
-    `--upgrade` joins once main holds an earlier chart version to upgrade from."""
+# --- every ci values file, through chart-testing ---------------------------------------------
+#
+# `ct install` installs the chart with each ci values file, waits for it (helm --wait), runs
+# `helm test` and removes it. The chart's test pods are the checks each install must pass: the
+# device plugin's capacity (16 neuron / 32 neuroncore on this trn1.32xlarge) and an allocation, the
+# NeuronHealth condition, the exporter serving neuron_device_info, its ServiceMonitor or PodMonitor
+# and PrometheusRule where the API server serves the Prometheus operator's API (this module installed
+# its CRDs) or monitoring is forced, the DRA driver's slices, a pod placed by neuron-scheduler. One ct
+# run serves both tests below: installing each file a second time with helm alone checked the same.
+
+
+@dataclass(frozen=True)
+class CtRun:
+    returncode: int
+    output: str
+
+    def section(self, values: Path) -> str:
+        """What ct printed for one values file: from its "Installing chart with values file" line to
+        the next one's."""
+        parts = re.split(r'(?m)^Installing chart with values file "charts/neuron-helm-chart/ci/([^"]+)"', self.output)
+        sections = dict(zip(parts[1::2], parts[2::2], strict=True))
+        assert values.name in sections, f"ct printed nothing for {values.name}"
+        return sections[values.name]
+
+
+@pytest.fixture(scope="module")
+def ct_install() -> CtRun:
+    """One `ct install` of the chart with every ci values file (`--upgrade` once main holds an earlier
+    chart version to upgrade from)."""
     paths = chart_tools()
     version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
     previous = run("git", "-C", REPO, "show", "origin/main:charts/neuron-helm-chart/Chart.yaml", check=False)
@@ -623,9 +620,52 @@ def test_ct_install_passes() -> None:
         paths["CT"], "install", "--config", REPO / "ct.yaml", "--charts", "charts/neuron-helm-chart",
         "--helm-extra-set-args", f"--set=simulation.enabled=true --set=simulation.hostRoot={SIM_ROOT}",
         *(["--upgrade"] if upgrade else []),
-        timeout=1700,
+        timeout=1700, check=False,
     )  # fmt: skip
-    output = result.stdout + result.stderr
+    return CtRun(result.returncode, result.stdout + result.stderr)
+
+
+@pytest.mark.timeout(1800)
+def test_ct_install_passes(ct_install: CtRun) -> None:
+    """The real chart-testing install: every ci values file installed, waited on, helm-tested and removed."""
+    assert ct_install.returncode == 0, ct_install.output[-6000:]
     for values in CI_VALUES:
-        assert f'Installing chart with values file "charts/neuron-helm-chart/ci/{values.name}"' in output
-    assert "✔︎ neuron-helm-chart" in output
+        assert f'Installing chart with values file "charts/neuron-helm-chart/ci/{values.name}"' in ct_install.output
+    assert "✔︎ neuron-helm-chart" in ct_install.output
+
+
+def merged_values(values: Path) -> dict[str, Any]:
+    """The chart's values with a ci values file over them, as Helm merges them."""
+
+    def merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+        out = dict(base)
+        for key, value in over.items():
+            out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        return out
+
+    return merge(yaml.safe_load((CHART / "values.yaml").read_text()), yaml.safe_load(values.read_text()) or {})
+
+
+@pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
+def test_each_ci_values_file_installs_and_passes_its_checks(ct_install: CtRun, values: Path) -> None:
+    """The install with this file rendered a DaemonSet for each enabled node agent and no other, and
+    every check its components call for ran in `helm test` and succeeded."""
+    merged = merged_values(values)
+    enabled = {key for key in DAEMONSETS | OPTIONAL_DAEMONSETS if merged[key]["enabled"]}
+    rendered = helm("template", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(values), "--set", "objectNames=release",
+                    "--set", "simulation.enabled=true", "--set", f"simulation.hostRoot={SIM_ROOT}").stdout  # fmt: skip
+    daemonsets = {d["metadata"]["name"] for d in yaml.safe_load_all(rendered) if d and d["kind"] == "DaemonSet"}
+    assert daemonsets == {(DAEMONSETS | OPTIONAL_DAEMONSETS)[key] for key in enabled}
+    checks = {
+        "devicePlugin": {"capacity", "allocation"},
+        "draDriver": {"slices"},
+        "nodeMetrics": {"metrics"}
+        | ({"monitoring"} if merged["nodeMetrics"]["monitoring"]["kind"] != "none" else set()),
+        "npd": {"health"},
+    }
+    wanted = set().union(*(checks[key] for key in enabled))
+    assert wanted, f"{values.name} enables no node agent"
+    section = ct_install.section(values)
+    ran = dict(re.findall(r"(?m)^TEST SUITE:\s+\S+-tests-([a-z]+)\n(?:.*\n){0,3}?Phase:\s+(\w+)", section))
+    assert wanted <= set(ran), f"{values.name}: helm test ran {sorted(ran)}, not all of {sorted(wanted)}"
+    assert all(phase == "Succeeded" for phase in ran.values()), f"{values.name}: {ran}"

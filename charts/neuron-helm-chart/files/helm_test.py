@@ -4,7 +4,10 @@ client and neuron_model's instance table). One mode per test pod; exit 0 passes.
   capacity    every node running the device plugin advertises the neuron/neuroncore counts its
               instance type implies
   allocation  run in a pod holding one neuroncore: exactly one /dev/neuronN and one visible core
-  metrics     every node-metrics pod serves neuron_ samples
+  metrics     every node-metrics pod serves a neuron_device_info sample (it found the node's devices)
+  monitoring  where the API server serves the Prometheus operator's API (or monitoring is forced), the
+              release has its ServiceMonitor or PodMonitor and, when enabled, its PrometheusRule:
+              the exporter will be scraped and its alerts loaded
   health      every node running the problem detector carries the NeuronHealth condition
   scheduling  run in a pod that neuron-scheduler placed (only it binds a pod naming it), holding one
               whole device: exactly one /dev/neuronN, and the runtime told to use that device's cores
@@ -162,6 +165,10 @@ def test_scheduling() -> None:
     log(f"ok: placed by the Neuron-aware scheduler, holding {devices[0]} (NEURON_RT_VISIBLE_CORES={visible})")
 
 
+# a device the exporter found, under its native name or neuron-monitor's (nodeMetrics.naming)
+DEVICE_INFO = ("neuron_device_info{", "neuron_hardware_info{")
+
+
 def test_metrics() -> None:
     api = core_api()
     selector = os.environ["NODE_METRICS_SELECTOR"]
@@ -195,10 +202,43 @@ def test_metrics() -> None:
                     body = response.read().decode()
             except OSError as e:
                 return with_stuck(f"GET {url} failed: {e}", api, selector)
-            samples = [line for line in body.splitlines() if line.startswith("neuron_")]
-            return None if samples else "the response holds no neuron_ sample"
+            info = [
+                line for line in body.splitlines() if line.startswith(("neuron_device_info{", "neuron_hardware_info{"))
+            ]
+            return None if info else "the response holds no neuron_device_info (or neuron_hardware_info) sample"
 
-        eventually(serves, f"{pod} ({ip}:{port}) serves neuron_ metrics")
+        eventually(serves, f"{pod} ({ip}:{port}) serves the node's devices' metrics")
+
+
+def test_monitoring() -> None:
+    from kubernetes import client, config
+
+    config.load_incluster_config()
+    kind = os.environ["MONITOR_KIND"]
+    expected = [(kind, os.environ["MONITOR_NAME"])]
+    if os.environ.get("PROMETHEUS_RULE") == "true":
+        expected.append(("PrometheusRule", os.environ["MONITOR_NAME"]))
+    served = any(
+        g.name == "monitoring.coreos.com" and any(v.version == "v1" for v in g.versions)
+        for g in client.ApisApi().get_api_versions().groups
+    )
+    if not served and os.environ.get("MONITORING_FORCED") != "true":
+        log("ok: the API server serves no monitoring.coreos.com/v1 (no Prometheus operator): nothing to scrape with")
+        return
+    objects = client.CustomObjectsApi()
+    plural = {"ServiceMonitor": "servicemonitors", "PodMonitor": "podmonitors", "PrometheusRule": "prometheusrules"}
+    for kind, name in expected:
+
+        def exists(kind: str = kind, name: str = name) -> str | None:
+            try:
+                objects.get_namespaced_custom_object(
+                    "monitoring.coreos.com", "v1", os.environ["RELEASE_NAMESPACE"], plural[kind], name
+                )
+            except client.ApiException as e:
+                return f"{kind} {name}: {e.status} {e.reason}"
+            return None
+
+        eventually(exists, f"the {kind} {name} exists")
 
 
 def test_health() -> None:
@@ -252,6 +292,7 @@ MODES = {
     "capacity": test_capacity,
     "allocation": test_allocation,
     "metrics": test_metrics,
+    "monitoring": test_monitoring,
     "health": test_health,
     "scheduling": test_scheduling,
     "slices": test_slices,
