@@ -1149,6 +1149,18 @@ def test_service_monitor_keeps_pod_labels_and_adds_node_and_job() -> None:
     assert rule["metadata"]["labels"]["release"] == "kps"
 
 
+def test_the_exporters_service_takes_container_insights_label() -> None:
+    """CloudWatch Container Insights' Neuron receiver finds its target by this Service label."""
+    docs = render(*sets(nodeMetrics__service__labels={"k8s-app": "neuron-monitor-service"}))
+    (svc,) = of_kind(docs, "Service")
+    assert svc["metadata"]["labels"]["k8s-app"] == "neuron-monitor-service"
+    assert svc["metadata"]["labels"]["app.kubernetes.io/component"] == "node-metrics"
+    # the selector stays the chart's: an extra label on the Service selects no other pod
+    assert "k8s-app" not in svc["spec"]["selector"]
+    (plain,) = of_kind(render(), "Service")
+    assert "k8s-app" not in plain["metadata"]["labels"]
+
+
 def test_pod_monitor_variant() -> None:
     docs = render("-f", str(CHART / "ci" / "podmonitor-forced-values.yaml"))
     assert of_kind(docs, "ServiceMonitor") == of_kind(docs, "Service") == []
