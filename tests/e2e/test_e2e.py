@@ -441,7 +441,7 @@ def test_protected_metrics_serve_readers_only(kube_cluster: Cluster) -> None:
         result = helm(
             "test", RELEASE, "-n", NAMESPACE, "--filter", f"name={RELEASE}-tests-metrics", "--logs", "--timeout", "300s"
         )
-        assert "serves neuron_ metrics" in result.stdout
+        assert "serves the node's devices' metrics" in result.stdout
     finally:
         install(kube_cluster, values=CHART / "ci" / "all-on-values.yaml")
         kubectl("delete", "namespace", "monitoring", "--wait=false", check=False)
