@@ -293,9 +293,12 @@ def test_four_devices_form_a_torus_row_and_too_many_stay_pending() -> None:
 
 def test_helm_test_passes() -> None:
     result = helm("test", RELEASE, "-n", NAMESPACE, "--logs", "--timeout", "300s")
-    for check in ("capacity", "allocation", "metrics", "health"):
+    for check in ("capacity", "allocation", "metrics", "monitoring", "health"):
         assert re.search(rf"TEST SUITE:\s+{RELEASE}-tests-{check}\n.*\n.*\nPhase:\s+Succeeded", result.stdout), check
     assert "advertises 16 neuron and 32 neuroncore" in result.stdout
+    # this module installed the Prometheus operator's CRDs: the monitoring check found the objects
+    assert f"ok: the ServiceMonitor {RELEASE}-node-metrics exists" in result.stdout
+    assert f"ok: the PrometheusRule {RELEASE}-node-metrics exists" in result.stdout
 
 
 def test_a_hardware_error_becomes_condition_event_and_unhealthy_device(kube_cluster: Cluster) -> None:
