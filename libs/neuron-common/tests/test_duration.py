@@ -5,6 +5,7 @@ The accepted and rejected tables were checked against Go's own ParseDuration."""
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 from hypothesis import given
@@ -160,3 +161,24 @@ def test_any_text_is_a_duration_or_a_duration_error(text: str) -> None:
     except DurationError:
         return
     assert abs(seconds) <= (LONGEST_NS + 1) / 1e9
+
+
+_digits = st.text(alphabet="0123456789", max_size=25)
+
+
+@given(_digits, _digits, st.sampled_from(sorted(NANOSECONDS_PER_UNIT)), st.integers(-30, 30))
+def test_decimals_count_the_whole_nanoseconds_exactly(whole: str, fraction: str, unit: str, exponent: int) -> None:
+    """Against exact rational arithmetic: a term is its whole nanoseconds, the rest dropped (as Go
+    does), and bare seconds with an exponent likewise."""
+    if not whole and not fraction:
+        return
+    value = Fraction(int(whole or "0")) + (Fraction(int(fraction), 10 ** len(fraction)) if fraction else 0)
+    for text, nanoseconds in (
+        (f"{whole}.{fraction}{unit}", int(value * NANOSECONDS_PER_UNIT[unit])),
+        (f"{whole}.{fraction}e{exponent}", int(value * Fraction(10) ** exponent * NANOSECONDS_PER_UNIT["s"])),
+    ):
+        if nanoseconds > 2**63 - 1:
+            with pytest.raises(DurationError, match="longest duration"):
+                parse_duration(text)
+        else:
+            assert parse_duration(text) == nanoseconds / NANOSECONDS_PER_UNIT["s"], text
