@@ -387,17 +387,21 @@ class NeuronCollector(Collector):
 
     # -- outputs ------------------------------------------------------------------------------
     def render(self) -> str:
-        out: list[str] = []
+        return b"".join(self.render_families()).decode()
+
+    def render_families(self) -> Iterator[bytes]:
+        """The text exposition, one family at a time, so /metrics can send each as it is made: the
+        whole page of a trn2.48xlarge (about 600 kB) is never held, nor its lines all at once."""
         for rows in self.rows():
             base = rows.name.removesuffix("_total") if rows.type == "counter" else rows.name
             help_text = rows.help.replace("\\", "\\\\").replace("\n", "\\n")
-            out.append(f"# HELP {base} {help_text}\n# TYPE {base} {rows.type}\n")
             name = rows.name
-            out.extend(
+            lines = [f"# HELP {base} {help_text}\n# TYPE {base} {rows.type}\n"]
+            lines.extend(
                 f"{name}{{{labels}}} {number(value)}\n" if labels else f"{name} {number(value)}\n"
                 for labels, value in rows.samples
             )
-        return "".join(out)
+            yield "".join(lines).encode()
 
     def collect(self) -> Iterator[Metric]:
         for rows in self.rows():
