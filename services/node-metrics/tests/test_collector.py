@@ -53,6 +53,19 @@ def test_render_and_collect_agree(node: Path) -> None:
     assert samples(c.render()) == samples(generate_latest(registry).decode())
 
 
+def test_the_page_sent_in_pieces_is_the_page(unchanged_node: Path) -> None:
+    """/metrics sends render_pieces as they are made: whatever the piece size, they join to the same
+    page, and each piece but the last is at least that size and ends a line."""
+    c = collector(unchanged_node, Attribution({4: Owner("ml", "pod", "main")}, {}))
+    whole = c.render()
+    for piece_size in (1, 1000, 64 * 1024, 10**9):
+        pieces = list(c.render_pieces(piece_size))
+        assert b"".join(pieces).decode() == whole
+        assert all(p.endswith(b"\n") for p in pieces)
+        assert all(len(p) >= piece_size for p in pieces[:-1])
+    assert len(list(c.render_pieces(64 * 1024))) > 1  # a trn2.48xlarge's page is several pieces
+
+
 def test_logical_cores_sum_their_physical_cores(node: Path) -> None:
     c = collector(node)
     sim.bump_counter(node, 1, "success", core=2, by=3)  # physical cores 2 and 3 form logical core 1 of device 1

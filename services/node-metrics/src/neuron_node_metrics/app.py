@@ -128,13 +128,13 @@ class Exporter:
         return True, f"exporting {devices} device(s); PodResources {pr}; neuron-monitor {self.monitor.state}"
 
     async def metrics(self, request: web.Request) -> web.StreamResponse:
-        # Sent a family at a time (chunked): building the whole page first held three copies of it
+        # Sent in pieces as made (chunked): building the whole page first held three copies of it
         # at the peak, and the allocator kept that peak as the exporter's resident memory.
         started = time.perf_counter()
         response = web.StreamResponse(headers={"Content-Type": CONTENT_TYPE_LATEST})
         await response.prepare(request)
-        for family in self.collector.render_families():
-            await response.write(family)
+        for piece in self.collector.render_pieces():
+            await response.write(piece)
         await response.write(generate_latest(self.self_registry))
         await response.write_eof()
         self.last_scrape_seconds = time.perf_counter() - started

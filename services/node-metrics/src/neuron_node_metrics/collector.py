@@ -387,21 +387,28 @@ class NeuronCollector(Collector):
 
     # -- outputs ------------------------------------------------------------------------------
     def render(self) -> str:
-        return b"".join(self.render_families()).decode()
+        return b"".join(self.render_pieces()).decode()
 
-    def render_families(self) -> Iterator[bytes]:
-        """The text exposition, one family at a time, so /metrics can send each as it is made: the
-        whole page of a trn2.48xlarge (about 600 kB) is never held, nor its lines all at once."""
+    def render_pieces(self, piece_size: int = 64 * 1024) -> Iterator[bytes]:
+        """The text exposition in pieces of about `piece_size` bytes, so /metrics can send each as
+        it is made: the page of a trn2.48xlarge (about 600 kB) is never held whole, nor its lines."""
+        pending: list[str] = []
+        size = 0
         for rows in self.rows():
             base = rows.name.removesuffix("_total") if rows.type == "counter" else rows.name
             help_text = rows.help.replace("\\", "\\\\").replace("\n", "\\n")
             name = rows.name
-            lines = [f"# HELP {base} {help_text}\n# TYPE {base} {rows.type}\n"]
-            lines.extend(
-                f"{name}{{{labels}}} {number(value)}\n" if labels else f"{name} {number(value)}\n"
-                for labels, value in rows.samples
-            )
-            yield "".join(lines).encode()
+            pending.append(f"# HELP {base} {help_text}\n# TYPE {base} {rows.type}\n")
+            for labels, value in rows.samples:
+                line = f"{name}{{{labels}}} {number(value)}\n" if labels else f"{name} {number(value)}\n"
+                pending.append(line)
+                size += len(line)
+                if size >= piece_size:
+                    yield "".join(pending).encode()
+                    pending.clear()
+                    size = 0
+        if pending:
+            yield "".join(pending).encode()
 
     def collect(self) -> Iterator[Metric]:
         for rows in self.rows():
