@@ -1161,6 +1161,22 @@ def test_the_exporters_service_takes_container_insights_label() -> None:
     assert "k8s-app" not in plain["metadata"]["labels"]
 
 
+@pytest.mark.parametrize("naming", ["native", "neuron-monitor", "both"])
+def test_the_exporters_naming_is_any_of_its_own(naming: str) -> None:
+    """The schema's choices are the exporter's --naming choices, and each reaches its flag."""
+    from neuron_node_metrics.config import parser
+
+    (flag,) = [a for a in parser()._actions if "--naming" in a.option_strings]
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    assert schema["properties"]["nodeMetrics"]["properties"]["naming"]["enum"] == list(flag.choices or ())
+    (ds,) = [
+        d
+        for d in of_kind(render(*sets(nodeMetrics__naming=naming)), "DaemonSet")
+        if "node-metrics" in d["metadata"]["name"]
+    ]
+    assert f"--naming={naming}" in ds["spec"]["template"]["spec"]["containers"][0]["args"]
+
+
 def test_pod_monitor_variant() -> None:
     docs = render("-f", str(CHART / "ci" / "podmonitor-forced-values.yaml"))
     assert of_kind(docs, "ServiceMonitor") == of_kind(docs, "Service") == []

@@ -10,7 +10,9 @@ so the runtime panels and alerts read the exporter's real runtime series.
 AWS's own published dashboard (tests/integration/aws-dashboard/, vendored unchanged) is checked
 the same way against a second exporter over the same node in drop-in mode (`--naming
 neuron-monitor`), scraped by a Prometheus of its own: its queries select no job or node, so any
-series of the native exporter would answer them too.
+series of the native exporter would answer them too. A third exporter serves both namings
+(`--naming both`), with a third Prometheus: AWS's board and this project's boards must both answer
+on it.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ one_prometheus = pytest.mark.asyncio(loop_scope="module")  # the async tests sha
 class Stacks:
     native: str  # the Prometheus scraping the exporter with its own names
     drop_in: str  # the one scraping the exporter with neuron-monitor-prometheus's names
+    both: str  # the one scraping the exporter serving both (--naming both)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
@@ -113,7 +116,7 @@ async def stacks() -> AsyncIterator[Stacks]:
     )  # fmt: skip
     exporters = []
     scrapes = []
-    for naming in ("native", "neuron-monitor"):
+    for naming in ("native", "neuron-monitor", "both"):
         metrics_port = free_port()
         exporters.append(subprocess.Popen(
             [sys.executable, "-m", "neuron_node_metrics", "--host-root", str(root),
@@ -132,10 +135,13 @@ async def stacks() -> AsyncIterator[Stacks]:
         with contextlib.ExitStack() as running:
             base = running.enter_context(prometheus(work / "prometheus", [scrapes[0]], [RULES]))
             drop_in = running.enter_context(prometheus(work / "prometheus-drop-in", [scrapes[1]]))
+            both = running.enter_context(prometheus(work / "prometheus-both", [scrapes[2]]))
             # counters must be seen before they move, or increase() sees nothing
             await wait_for(base, f'neuron_exporter_podresources_up{{job="{SOURCE}"}} == 1', "attribution up")
             await wait_for(base, 'neuron_core_utilization_ratio{pod="trainer-0"}', "neuron-monitor's runtimes")
             await wait_for(drop_in, 'neuroncore_utilization_ratio{pod="trainer-0"}', "the drop-in's runtimes")
+            await wait_for(both, 'neuroncore_utilization_ratio{pod="trainer-0"}', "both namings' runtimes")
+            await wait_for(both, f'neuron_exporter_podresources_up{{job="{SOURCE}"}} == 1', "attribution up (both)")
             # Activity over time, so rates and increases have something to show.
             for step in range(8):
                 for device in range(16):
@@ -152,7 +158,7 @@ async def stacks() -> AsyncIterator[Stacks]:
                     sim.set_counter_raw(root, 9, "timeout", "garbage\n", core=0)
                 await asyncio.sleep(1)
             await asyncio.sleep(3)
-            yield Stacks(base, drop_in)
+            yield Stacks(base, drop_in, both)
     finally:
         for exporter in exporters:
             processes.stop(exporter)
@@ -349,3 +355,22 @@ async def test_every_query_of_awss_dashboard_returns_data_in_drop_in_mode(
 ) -> None:
     """Series, and on each the labels the panel shows (its legend's, its table's columns)."""
     await check_awss_query(stacks.drop_in, where, expr, shown)
+
+
+@pytest.mark.parametrize(("where", "expr", "shown"), AWS_QUERIES, ids=[where for where, _, _ in AWS_QUERIES])
+@one_prometheus
+async def test_every_query_of_awss_dashboard_returns_data_with_both_namings(
+    stacks: Stacks, where: str, expr: str, shown: frozenset[str]
+) -> None:
+    """`--naming both`: AWS's board works as in drop-in mode (including its two families whose names
+    the native ones share, served once with both label sets)..."""
+    await check_awss_query(stacks.both, where, expr, shown)
+
+
+@pytest.mark.parametrize(("board", "title", "expr"), QUERIES, ids=[f"{b}:{t}" for b, t, _ in QUERIES])
+@one_prometheus
+async def test_every_panel_query_returns_data_with_both_namings(
+    stacks: Stacks, board: str, title: str, expr: str
+) -> None:
+    """...and so do this project's boards, on the same exporter."""
+    await check_panel_query(stacks.both, board, title, expr)

@@ -142,6 +142,38 @@ def test_neuron_monitor_naming(node: Path) -> None:
     assert ("logical_neuroncore_config", "2") in hw
 
 
+def test_both_namings_serve_the_native_families_and_neuron_monitors_beside_them(node: Path) -> None:
+    sim.set_memory(node, 0, "model_code", 4096, core=0)
+    sim.bump_counter(node, 0, "success", core=0, by=2)
+    sim.bump_counter(node, 3, "mem_ecc_uncorrected", by=5)
+    native, both = collector(node).render(), collector(node, naming="both").render()
+    declared = [line.split()[2] for line in both.splitlines() if line.startswith("# TYPE ")]
+    assert len(declared) == len(set(declared)), "a family declared twice"
+    # every native sample as it is without neuron-monitor's names...
+    assert set(samples(native).items()) <= set(samples(both).items())
+    # ...and neuron-monitor's, with its labels, for the same figures
+    assert find(both, "neuroncore_memory_usage_model_code", neuroncore="0", memory_location="device") == [4096]
+    assert find(both, "execution_status_total", neuroncore="0", status_type="completed") == [2]
+    assert find(both, "neuron_core_execution_status_total", device="0", core="0", status="success") == [2]
+    assert find(both, "hardware_ecc_events_total", neuron_device_index="3", event_type="mem_ecc_uncorrected") == [5]
+    assert find(both, "neuron_device_ecc_errors_total", device="3", type="mem_uncorrected") == [5]
+    assert [n for (n, _), _ in samples(both).items() if n == "neuron_hardware_info"] == ["neuron_hardware_info"]
+    # the families neuron-monitor does not have keep the native labels
+    assert find(both, "neuron_device_host_memory_used_bytes", device="3")
+    assert not find(both, "neuron_device_host_memory_used_bytes", neuron_device_index="3")
+
+
+def test_with_neuron_monitor_its_names_for_status_and_core_memory_are_the_runtimes(node: Path) -> None:
+    """The runtime's execution_status_total and neuroncore_memory_usage_* take those names (see
+    runtime_metrics); the driver's figures are then served under the native names only."""
+    for naming in ("neuron-monitor", "both"):
+        text = collector(node, naming=naming, runtime_rows=lambda _: iter(())).render()
+        names = {n for (n, _), _ in samples(text).items()}
+        assert "execution_status_total" not in names
+        assert not [n for n in names if n.startswith("neuroncore_memory_usage_")]
+        assert ("neuron_core_execution_status_total" in names) is (naming == "both")
+
+
 def test_resource_counts(unchanged_node: Path) -> None:
     node = unchanged_node
     c = collector(

@@ -22,7 +22,7 @@ from neuron_node_metrics.catalogue import FAMILIES, RUNTIME_FAMILIES
 from neuron_node_metrics.collector import Rows
 from neuron_node_metrics.monitor_report import Report, Runtime, System, parse_document
 from neuron_node_metrics.monitor_source import MonitorSource
-from neuron_node_metrics.runtime_metrics import RuntimeState, quantile, runtime_owner, runtime_rows
+from neuron_node_metrics.runtime_metrics import SHARED_NAMES, RuntimeState, quantile, runtime_owner, runtime_rows
 from neuron_sim import monitor as standin
 from neuron_sim import node as sim
 
@@ -101,9 +101,9 @@ def series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
-def scrape(state: RuntimeState, attribution: Attribution, *, compat: bool = False, families: frozenset[str] = ALL):
+def scrape(state: RuntimeState, attribution: Attribution, *, naming: str = "native", families: frozenset[str] = ALL):
     device_of = {c: c // 2 for c in range(32)}  # trn1.32xlarge: two cores a device
-    return series(render(list(runtime_rows(state, families, attribution, device_of, compat=compat))))
+    return series(render(list(runtime_rows(state, families, attribution, device_of, naming=naming))))
 
 
 def state_of(*reports: Report) -> RuntimeState:
@@ -172,8 +172,29 @@ def test_native_label_names_are_the_catalogues() -> None:
             assert tuple(labels) == f.labels, f.name
 
 
+def test_both_namings_side_by_side() -> None:
+    """Every native series as it is, neuron-monitor-prometheus's beside them; the two families both
+    name alike are served once, each series with both label sets (AWS's board selects
+    memory_location and usage_type, this project's location and mode)."""
+    state = state_of(report(rt(7, "job", (2, 3))))
+    native, theirs, both = (scrape(state, ATTRIBUTION, naming=n) for n in ("native", "neuron-monitor", "both"))
+    for name in set(native) | set(theirs):
+        if name in SHARED_NAMES:
+            continue
+        expected = native.get(name, []) + theirs.get(name, [])
+        assert sorted(both[name], key=repr) == sorted(expected, key=repr), name
+    for name in SHARED_NAMES:
+        assert len(both[name]) == len(native[name]) == len(theirs[name]) > 0
+        ours_names, their_names = set(native[name][0][0]), set(theirs[name][0][0])
+        for labels, value in both[name]:
+            assert set(labels) == ours_names | their_names
+            assert ({k: labels[k] for k in native[name][0][0]}, value) in native[name]
+            assert ({k: labels[k] for k in theirs[name][0][0]}, value) in theirs[name]
+    assert set(both) == set(native) | set(theirs)
+
+
 def test_neuron_monitor_prometheus_names_and_labels() -> None:
-    s = scrape(state_of(report(rt(7, "job", (2, 3)))), ATTRIBUTION, compat=True)
+    s = scrape(state_of(report(rt(7, "job", (2, 3)))), ATTRIBUTION, naming="neuron-monitor")
     head = {**COMPAT_INSTANCE, "runtime_tag": "job"}
     assert s["neuroncore_utilization_ratio"][0] == ({**head, "neuroncore": "2", **owner(SERVER)}, 0.52)
     assert ({**head, "status_type": "completed", **owner(SERVER)}, 10) in s["execution_status_total"]
@@ -234,7 +255,7 @@ def test_two_runtimes_of_one_tag_are_one_series_each_under_neuron_monitor_names(
     state = state_of(report(rt(7, "job", (0,), completed=4), rt(8, "job", (1,), completed=6)))
     native = scrape(state, ATTRIBUTION)
     assert sorted(v for lb, v in native["neuron_runtime_executions_total"] if lb["status"] == "completed") == [4, 6]
-    text = render(list(runtime_rows(state, ALL, ATTRIBUTION, {}, compat=True)))
+    text = render(list(runtime_rows(state, ALL, ATTRIBUTION, {}, naming="neuron-monitor")))
     names = [line.rsplit(" ", 1)[0] for line in text.splitlines() if not line.startswith("#")]
     assert len(names) == len(set(names))
     compat = series(text)
@@ -261,7 +282,7 @@ def test_metrics_flag_selects_runtime_families() -> None:
     families = frozenset({"neuron_core_utilization_ratio", "neuron_system_vcpu_count"})
     s = scrape(state_of(report(rt(7, "job", (0,)))), Attribution(), families=families)
     assert set(s) == {"neuron_core_utilization_ratio", "neuron_system_vcpu_count"}
-    s = scrape(state_of(report(rt(7, "job", (0,)))), Attribution(), families=families, compat=True)
+    s = scrape(state_of(report(rt(7, "job", (0,)))), Attribution(), families=families, naming="neuron-monitor")
     assert set(s) == {"neuroncore_utilization_ratio", "system_vcpu_count"}
 
 
@@ -407,17 +428,20 @@ runtimes = st.builds(
 holders = st.dictionaries(cores, st.sampled_from([TRAINER, SERVER]), max_size=6)
 
 
-@given(st.lists(runtimes, max_size=5), st.booleans(), holders)
+@given(st.lists(runtimes, max_size=5), st.sampled_from(["native", "neuron-monitor", "both"]), holders)
 @settings(max_examples=300, deadline=None)
 def test_any_report_is_valid_exposition_with_one_sample_a_series(
-    listed: list[Runtime], compat: bool, held: dict[int, Owner]
+    listed: list[Runtime], naming: str, held: dict[int, Owner]
 ) -> None:
     state = state_of(report(*listed))
-    text = render(list(runtime_rows(state, ALL, Attribution(held), {c: c // 2 for c in range(32)}, compat=compat)))
+    text = render(list(runtime_rows(state, ALL, Attribution(held), {c: c // 2 for c in range(32)}, naming=naming)))
     parsed = [
         (s.name, tuple(sorted(s.labels.items()))) for f in text_string_to_metric_families(text) for s in f.samples
     ]
     assert len(parsed) == len(set(parsed))
+    declared = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(declared) == len(set(declared)), "a family declared twice"
+    compat = naming == "neuron-monitor"
     util = series(text).get("neuroncore_utilization_ratio" if compat else "neuron_core_utilization_ratio", [])
     for rt_ in state.report.runtimes if state.report else ():
         for core in rt_.utilization:

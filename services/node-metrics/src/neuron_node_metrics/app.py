@@ -110,8 +110,9 @@ class Exporter:
 
     def _runtime_rows(self, attribution: Attribution) -> Iterator[Rows]:
         device_of = {c.index: c.device for c in self.collector.inventory.cores}
-        compat = self.config.naming == "neuron-monitor"
-        return runtime_rows(self.monitor.runtime, self.config.metrics, attribution, device_of, compat=compat)
+        return runtime_rows(
+            self.monitor.runtime, self.config.metrics, attribution, device_of, naming=self.config.naming
+        )
 
     def _ring(self) -> int | None:
         """The ring's length when this node's devices are a ring (its DRA arcs name their first device)."""

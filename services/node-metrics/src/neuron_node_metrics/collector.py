@@ -142,7 +142,9 @@ class NeuronCollector(Collector):
         self.host_root = host_root
         self.families = families
         self.attribution = attribution
-        self.compat = naming == "neuron-monitor"
+        # which names are served: the native ones, neuron-monitor-prometheus's, or both side by side
+        self.native = naming in ("native", "both")
+        self.compat = naming in ("neuron-monitor", "both")
         self.resources_capacity = resources_capacity
         self.allocatable = allocatable
         # neuron-monitor's families (see runtime_metrics.py), served after the driver's. Under --naming
@@ -170,12 +172,25 @@ class NeuronCollector(Collector):
         self.cores_of_device = {d.index: d.logical_cores for d in inv.devices}
         self._lnc = inv.lnc.value
         self._physical = {d.index: d.physical_cores for d in inv.devices}
-        if self.compat:
-            self._dev = {d.index: pair("neuron_device_index", str(d.index)) for d in inv.devices}
-            self._core = {c.index: pair("neuroncore", str(c.index)) for c in inv.cores}
-        else:
-            self._dev = {d.index: pair("device", str(d.index)) for d in inv.devices}
-            self._core = {c.index: f"{pair('device', str(c.device))},{pair('core', str(c.index))}" for c in inv.cores}
+        # device and core labels by naming (True: neuron-monitor's); families neuron-monitor does not
+        # have take neuron-monitor's labels only when its names replace the native ones
+        self._devs = {
+            True: {d.index: pair("neuron_device_index", str(d.index)) for d in inv.devices},
+            False: {d.index: pair("device", str(d.index)) for d in inv.devices},
+        }
+        self._cores = {
+            True: {c.index: pair("neuroncore", str(c.index)) for c in inv.cores},
+            False: {c.index: f"{pair('device', str(c.device))},{pair('core', str(c.index))}" for c in inv.cores},
+        }
+        self._dev, self._core = self._devs[not self.native], self._cores[not self.native]
+
+    def _namings(self, *, runtime_has_it: bool = False) -> list[bool]:
+        """The namings a family with a neuron-monitor name is served in (True: neuron-monitor's);
+        `runtime_has_it`: neuron-monitor's name is the runtime's figure when neuron-monitor runs."""
+        namings = [False] if self.native else []
+        if self.compat and not (runtime_has_it and self.runtime_rows):
+            namings.append(True)
+        return namings
 
     def refresh_inventory(self) -> None:
         if self._tracker.refresh():
@@ -201,8 +216,8 @@ class NeuronCollector(Collector):
         attribution = self.attribution()
         core_owner, device_owner = self._owners(attribution)
         nobody = owner_labels(None)
-        families, values, compat = self.families, snapshot.values, self.compat
-        dev, core_labels = self._dev, self._core
+        families, values = self.families, snapshot.values
+        dev = self._dev
 
         by_kind: dict[CounterKind, list[tuple[CounterKey, int]]] = {k: [] for k in CounterKind}
         for key, value in values.items():
@@ -221,16 +236,18 @@ class NeuronCollector(Collector):
                     hw.add((key.device, key.name), value)
             per_core = per_core.complete(lambda k: self._lnc)
             hw = hw.complete(lambda k: self._physical[k[0]])
-            if "neuron_core_execution_status_total" in families and not (compat and self.runtime_rows):
+            if "neuron_core_execution_status_total" in families:
                 f = FAMILIES["neuron_core_execution_status_total"]
-                rows = Rows("execution_status_total" if compat else f.name, "counter", f.help)
-                label, names = ("status_type", NEURON_MONITOR_STATUS) if compat else ("status", {})
-                status_label = {s: pair(label, names.get(s, s)) for _, s in per_core.sums}
-                rows.samples = [
-                    (f"{core_labels[c]},{status_label[s]},{core_owner.get(c, nobody)}", v)
-                    for (c, s), v in per_core.sums.items()
-                ]
-                yield rows
+                for compat in self._namings(runtime_has_it=True):
+                    rows = Rows("execution_status_total" if compat else f.name, "counter", f.help)
+                    label, names = ("status_type", NEURON_MONITOR_STATUS) if compat else ("status", {})
+                    status_label = {s: pair(label, names.get(s, s)) for _, s in per_core.sums}
+                    core_labels = self._cores[compat]
+                    rows.samples = [
+                        (f"{core_labels[c]},{status_label[s]},{core_owner.get(c, nobody)}", v)
+                        for (c, s), v in per_core.sums.items()
+                    ]
+                    yield rows
             if "neuron_device_hardware_errors_total" in families:
                 f = FAMILIES["neuron_device_hardware_errors_total"]
                 rows = Rows(f.name, f.type, f.help)
@@ -242,15 +259,20 @@ class NeuronCollector(Collector):
 
         if "neuron_device_ecc_errors_total" in families:
             f = FAMILIES["neuron_device_ecc_errors_total"]
-            rows = Rows("hardware_ecc_events_total" if compat else f.name, "counter", f.help)
-            for key, value in by_kind[CounterKind.HARDWARE]:
-                kind = pair("event_type", key.name) if compat else pair("type", ECC_TYPES.get(key.name, key.name))
-                labels = f"{dev[key.device]},{kind},{fault_labels(key.name)},{device_owner.get(key.device, nobody)}"
-                rows.samples.append((labels, value))
-            yield rows
+            for compat in self._namings():
+                rows = Rows("hardware_ecc_events_total" if compat else f.name, "counter", f.help)
+                devs = self._devs[compat]
+                for key, value in by_kind[CounterKind.HARDWARE]:
+                    kind = pair("event_type", key.name) if compat else pair("type", ECC_TYPES.get(key.name, key.name))
+                    labels = (
+                        f"{devs[key.device]},{kind},{fault_labels(key.name)},{device_owner.get(key.device, nobody)}"
+                    )
+                    rows.samples.append((labels, value))
+                yield rows
 
-        if "neuron_core_memory_used_bytes" in families and not (compat and self.runtime_rows):
-            yield from self._memory(by_kind[CounterKind.CORE_DEVICE_MEM], core_owner, nobody)
+        if "neuron_core_memory_used_bytes" in families:
+            for compat in self._namings(runtime_has_it=True):
+                yield from self._memory(by_kind[CounterKind.CORE_DEVICE_MEM], core_owner, nobody, compat)
 
         if "neuron_device_memory_total_bytes" in families:
             f = FAMILIES["neuron_device_memory_total_bytes"]
@@ -286,7 +308,9 @@ class NeuronCollector(Collector):
         if self.runtime_rows is not None:
             yield from self.runtime_rows(attribution)
 
-    def _memory(self, entries: list[tuple[CounterKey, int]], core_owner: dict[int, str], nobody: str) -> Iterator[Rows]:
+    def _memory(
+        self, entries: list[tuple[CounterKey, int]], core_owner: dict[int, str], nobody: str, compat: bool
+    ) -> Iterator[Rows]:
         f = FAMILIES["neuron_core_memory_used_bytes"]
         partial = _Sums()
         logical = self._logical
@@ -295,8 +319,8 @@ class NeuronCollector(Collector):
             if core is not None:
                 partial.add((core, key.name), value)
         sums = partial.complete(lambda k: self._lnc).sums
-        core_labels = self._core
-        if self.compat:  # neuron-monitor has one family per category
+        core_labels = self._cores[compat]
+        if compat:  # neuron-monitor has one family per category
             by_category: dict[str, Rows] = {}
             for (core, category), value in sums.items():
                 rows = by_category.setdefault(category, Rows(f"neuroncore_memory_usage_{category}", "gauge", f.help))

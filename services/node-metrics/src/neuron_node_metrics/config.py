@@ -36,7 +36,7 @@ class Config:
     log_level: str
     resource_prefix: str
     metrics: frozenset[str]  # native family names to export
-    naming: str  # "native" or "neuron-monitor"
+    naming: str  # "native", "neuron-monitor" or "both"
     max_attributed_containers: int
     max_label_length: int
     metrics_security: MetricsSecurity | None = None  # --metrics-auth=kubernetes
@@ -81,8 +81,11 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
     p.add_flag(
         "--naming",
         default="native",
-        choices=("native", "neuron-monitor"),
-        help="'neuron-monitor' renames the families neuron-monitor also has, for migrating dashboards",
+        choices=("native", "neuron-monitor", "both"),
+        help="'neuron-monitor': neuron-monitor-prometheus's names and labels instead of the native ones "
+        "for the families it also has (AWS's dashboard and Container Insights work unchanged); 'both': "
+        "the native families and neuron-monitor's beside them, so the native boards and alerts keep "
+        "working while dashboards migrate",
     )
     p.add_flag(
         "--neuron-monitor-command",

@@ -1,4 +1,4 @@
-"""neuron-monitor's reports as metric families, in either naming. Pure.
+"""neuron-monitor's reports as metric families, in either naming or both. Pure.
 
 `RuntimeState` keeps the latest report and each runtime's execution counts summed over the
 documents it appeared in (neuron-monitor reports counts per period, as neuron-monitor-prometheus
@@ -10,20 +10,24 @@ reported on (none when its cores have different holders, or none).
 
 `--naming neuron-monitor` gives neuron-monitor-prometheus's names and labels (the instance
 labels, `runtime_tag`, `neuroncore`, ...; `shared/reference/neuron-monitor.md` section 3), with
-the pod labels added.
+the pod labels added. `--naming both` serves the native families and neuron-monitor-prometheus's
+beside them; the two families both name alike (SHARED_NAMES) are served once, with both label sets.
 """
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from neuron_node_metrics.attribution import Attribution, Owner
-from neuron_node_metrics.catalogue import FAMILIES
+from neuron_node_metrics.catalogue import ALL_FAMILIES, FAMILIES
 from neuron_node_metrics.collector import Rows, owner_labels, pair
 from neuron_node_metrics.monitor_report import Report, Runtime
 
+# families neuron-monitor-prometheus names as this exporter does (with other labels)
+SHARED_NAMES = frozenset(name for name, f in ALL_FAMILIES.items() if f.neuron_monitor_name == name)
 CORE_MEMORY = ("constants", "model_code", "model_shared_scratchpad", "runtime_memory", "tensors")
 # neuron-monitor-prometheus's instance labels, from instance_info's fields
 INSTANCE_LABELS = (
@@ -97,9 +101,17 @@ def runtime_rows(
     attribution: Attribution,
     device_of: Mapping[int, int],
     *,
-    compat: bool = False,
+    naming: str = "native",
 ) -> Iterator[Rows]:
-    for rows in _rows(state, families, attribution, device_of, compat):
+    """`naming`: native, neuron-monitor or both. Under both, the two families of one name in both
+    namings (SHARED_NAMES) are served once, each series with both namings' labels."""
+    if naming == "both":
+        native = _rows(state, families, attribution, device_of, compat=False, both=True)
+        theirs = (r for r in _rows(state, families, attribution, device_of, compat=True) if r.name not in SHARED_NAMES)
+        for rows in itertools.chain(native, theirs):
+            yield _first_of_each(rows)
+        return
+    for rows in _rows(state, families, attribution, device_of, compat=naming == "neuron-monitor"):
         yield _first_of_each(rows)
 
 
@@ -120,8 +132,11 @@ def _rows(
     families: frozenset[str],
     attribution: Attribution,
     device_of: Mapping[int, int],
+    *,
     compat: bool,
+    both: bool = False,
 ) -> Iterator[Rows]:
+    """`both` (native names only): SHARED_NAMES' series carry neuron-monitor's labels as well."""
     instance = ",".join(pair(name, state.instance.get(src, "")) for name, src in INSTANCE_LABELS)
     report = state.report
     if report is None:
@@ -198,11 +213,11 @@ def _rows(
         for rt in runtimes:
             head, owner = who(rt), owners[rt.key]
             for where, used in rt.memory.items():
-                location = (
-                    pair("memory_location", where)
-                    if compat
-                    else pair("location", "device" if where == "neuron_device" else where)
+                theirs, ours = (
+                    pair("memory_location", where),
+                    pair("location", "device" if where == "neuron_device" else where),
                 )
+                location = theirs if compat else f"{instance},{ours},{theirs}" if both else ours
                 rows.samples.append((f"{head},{location},{owner}", used))
         yield rows
 
@@ -243,7 +258,9 @@ def _rows(
         for rt in runtimes:
             head, owner = who(rt), owners[rt.key]
             for mode, percent in sorted(rt.vcpu.items()):
-                rows.samples.append((f"{head},{pair('usage_type' if compat else 'mode', mode)},{owner}", percent / 100))
+                theirs, ours = pair("usage_type", mode), pair("mode", mode)
+                labels = theirs if compat else f"{instance},{ours},{theirs}" if both else ours
+                rows.samples.append((f"{head},{labels},{owner}", percent / 100))
         yield rows
 
     yield from _system(report, families, compat, instance)
