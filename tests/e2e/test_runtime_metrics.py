@@ -45,6 +45,8 @@ from cluster_access import (
 )
 from prometheus_server import awss_queries, check_awss_query, prometheus, query, wait_for
 
+from neuron_driver import layout
+
 CHART = REPO / "charts" / "neuron-helm-chart"
 RELEASE = "neuron-e2e-runtime"
 NAMESPACE = "neuron-e2e-runtime"
@@ -52,7 +54,7 @@ WORKLOADS = "neuron-e2e-runtime-workloads"
 VERSION = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
 WORKLOAD_IMAGE = f"localhost/neuron-helm-chart/node-metrics:{VERSION}"  # any project image: it has Python
 # where the node's neuron-monitor would be; under the simulated root, which the chart mounts
-STANDIN = SIM_ROOT / "opt/aws/neuron/standin"
+STANDIN = SIM_ROOT / layout.NEURON_DIR / "standin"
 RUNTIMES = STANDIN / "runtimes.json"
 MONITOR = shlex.join([
     WORKLOAD_PYTHON, "-m", "neuron_sim.cli", "monitor", "--root", str(SIM_ROOT), "--period", "1",

@@ -24,7 +24,8 @@ from neuron_model import resources
 DEVICES_DIR = "sys/devices/virtual/neuron_device"
 CLASS_DIR = "sys/class/neuron_device"
 DEV_DIR = "dev"
-LNC_CONFIG_FILE = "opt/aws/neuron/logical_nc_config"
+NEURON_DIR = "opt/aws/neuron"  # where the Neuron SDK installs on a host: logical_nc_config, bin/neuron-monitor
+LNC_CONFIG_FILE = f"{NEURON_DIR}/logical_nc_config"
 DMI_PRODUCT_NAME = "sys/class/dmi/id/product_name"
 PCI_DEVICES_DIR = "sys/bus/pci/devices"
 KMSG_FILE = "dev/kmsg"
@@ -69,6 +70,7 @@ class HostLayout:
     devices_dir = _UnderRoot(DEVICES_DIR)
     class_dir = _UnderRoot(CLASS_DIR)
     dev_dir = _UnderRoot(DEV_DIR)
+    neuron_dir = _UnderRoot(NEURON_DIR)
     lnc_config = _UnderRoot(LNC_CONFIG_FILE)
     dmi_product_name = _UnderRoot(DMI_PRODUCT_NAME)
     pci_devices_dir = _UnderRoot(PCI_DEVICES_DIR)

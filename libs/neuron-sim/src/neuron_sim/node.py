@@ -36,7 +36,7 @@ SIM_CHAR_MAJOR = 241
 STATE_DIR = ".neuron-sim"
 VANISHED_DIR = ".neuron-sim/vanished"
 
-_OWNED = ("sys", "dev", "opt/aws/neuron", "proc/sys/kernel/random", STATE_DIR)
+_OWNED = ("sys", "dev", layout.NEURON_DIR, "proc/sys/kernel/random", STATE_DIR)
 
 
 class SimError(Exception):
