@@ -175,6 +175,20 @@ class TestGroupFilter:
         outcome = filter_pod(view, lws_pod("llama-2"))
         assert outcome.passed == ["b-2", "b-3"]
 
+    def test_a_leader_asking_for_no_neuron_resource_counts_as_placed(self) -> None:
+        """A LeaderWorkerSet leader without a Neuron request is never filtered here (kube-scheduler
+        calls an extender only for its managed resources), but it is bound, on the UltraServer its
+        injected affinity chose: its workers follow it there and need room for size - 1, not size."""
+        leader = lws_pod("llama-0", devices=0, node="a-1", phase="Running")
+        view = view_of(*fleet(busy_a=1), pods=[leader])  # A: room for 3 whole nodes, the leader on a-1
+        on_a = [f"a-{i}" for i in range(4)]  # the nodes LeaderWorkerSet's affinity leaves the workers
+        for i in (1, 2, 3):
+            outcome = filter_pod(view, lws_pod(f"llama-{i}"), on_a)
+            assert outcome.passed, outcome.unresolvable
+            bind(view, lws_pod(f"llama-{i}"), outcome.passed[0])
+        assert sorted(p.node for p in view.members(f"default/{LWS_GROUP_KEY}=hash-g1")) == ["a-1", "a-1", "a-2", "a-3"]
+        assert view.stats(NOW).in_flight_pods == 3  # the workers, until the plugin reports them; never the leader
+
     def test_a_reservation_lapses_after_its_ttl_while_none_of_the_group_is_bound(self) -> None:
         view = view_of(*fleet())
         view.group_ttl = 60.0

@@ -179,8 +179,10 @@ class PodRecord:
 
 
 def pod_record(pod: Mapping[str, Any], names: ResourceNames) -> PodRecord | None:
-    """The record of a pod that asks for Neuron resources; None for any other pod, and for an
-    object without a name (the API server never sends one)."""
+    """The record of a pod that asks for Neuron resources or is one of an UltraServer group's; None
+    for any other pod, and for an object without a name (the API server never sends one). A group's
+    pod that asks for none (a LeaderWorkerSet leader that only coordinates) holds nothing, but where it
+    is bound is where its group is, and it is one of the group's pods placed."""
     try:
         key = pod_key(pod)
     except PodError:
@@ -190,12 +192,12 @@ def pod_record(pod: Mapping[str, Any], names: ResourceNames) -> PodRecord | None
         error = ""
     except PodError as exc:
         request, error = None, str(exc)
-    if request is not None and not asks_for_neuron(request):
-        return None
     try:
         group = group_request(pod)
     except GroupError:
         group = None  # counted on its node all the same; its filter said what is wrong
+    if request is not None and not asks_for_neuron(request) and group is None:
+        return None
     return PodRecord(key, pod_uid(pod), node_name(pod), is_terminal(pod), request, error, _scheduled_at(pod), group)
 
 

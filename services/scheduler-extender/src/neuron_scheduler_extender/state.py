@@ -33,7 +33,7 @@ from neuron_model.report import NodeReport, ReportError
 from neuron_model.ultraserver import domain
 from neuron_scheduler_extender.failures import GroupPlacement, GroupPod, NodeHealth, node_failure
 from neuron_scheduler_extender.groups import GroupRequest
-from neuron_scheduler_extender.pods import PodRecord
+from neuron_scheduler_extender.pods import PodRecord, asks_for_neuron
 
 
 class RefusalKind(enum.StrEnum):
@@ -577,7 +577,9 @@ class ClusterView:
         in_flight = 0
         for node, keys in self._by_node.items():
             report = self.reports.get(node)
-            in_flight += len(keys - report.pods) if report is not None else len(keys)
+            unreported = keys - report.pods if report is not None else keys
+            # a group's pod that holds nothing (a LeaderWorkerSet leader) is never in a report
+            in_flight += sum(1 for k in unreported if (p := self._pod(k)) is not None and asks_for_neuron(p.request))
         return ViewStats(
             reports=len(self.reports),
             invalid_reports=len(self.invalid_reports),
