@@ -5,7 +5,9 @@ extender and the device plugin's NeuronNode report, over a simulated trn1.32xlar
 The node loses one device in each torus row (1, 5, 9, 13: twelve free, no free row of four): an
 8-device and a 4-device pod naming `neuron-scheduler` stay Pending with the reason in their
 FailedScheduling event while 1-device pods run; once the devices recover (a simulated reboot), the
-8-device pod runs on an aligned group of eight. The tests run in file order and share one release.
+8-device pod runs on an aligned group of eight. Last, four Node objects of a simulated trn2u
+UltraServer (no kubelet behind them) join the cluster, and a 4-pod group is bound one pod to each
+while a second waits with the reason. The tests run in file order and share one release.
 
 Runs with `-m e2e` (make cluster-test) against $KUBECONFIG, which defaults to the test cluster's. It
 needs the images `make images` builds (the extender's among them) and the second scheduler's image
@@ -14,9 +16,11 @@ needs the images `make images` builds (the extender's among them) and the second
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 import ssl
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -38,6 +42,11 @@ from cluster_access import (
     pod_phase,
     sim,
 )
+from simcluster.fleet import ULTRASERVER_NODES, ULTRASERVER_TYPE, GroupSpec, NodeSpec, PodSpec, UltraServerSeat
+from simcluster.nodes import SimNode, whole_node
+
+from neuron_device_plugin.node_report import FIELD_MANAGER
+from neuron_model.instance_types import get_instance_type
 
 CHART = REPO / "charts" / "neuron-helm-chart"
 RELEASE = "neuron-helm-chart"
@@ -461,3 +470,130 @@ def test_the_second_scheduler_runs_the_clusters_own_version() -> None:
     assert container["image"] == f"registry.k8s.io/kube-scheduler:{server}"
     lease = json.loads(kubectl("get", "lease", "-n", NAMESPACE, SCHEDULER, "-o", "json"))
     assert lease["spec"]["holderIdentity"]
+
+
+# --- UltraServer groups: four more nodes, Node objects without a kubelet -----------------------
+#
+# The cluster has one real node, and a group spans nodes. These four are Node objects of a simulated
+# trn2u UltraServer, as simcluster makes them (the identity neuron_sim writes and neuron_driver reads,
+# AWS's labels, the NeuronNode report the device plugin would publish), registered in this cluster so
+# the chart's neuron-scheduler and extender place onto them as onto any node. STAND-IN, plainly: no
+# kubelet runs there, so a pod bound to one never runs; what is checked is where the scheduler binds.
+# The test keeps their node leases renewed (the controller manager would mark them NotReady), and a
+# taint of its own keeps the chart's DaemonSets off them.
+
+US_SERVER = "00c0ffee0badf00d"
+US_TAINT = {"key": "neuron-e2e/no-kubelet", "value": "true", "effect": "NoSchedule"}
+
+
+def ultraserver_specs() -> list[NodeSpec]:
+    lnc = get_instance_type(ULTRASERVER_TYPE).family.default_lnc
+    return [
+        NodeSpec(f"neuron-e2e-us-{i}", ULTRASERVER_TYPE, lnc, UltraServerSeat(US_SERVER, i))
+        for i in range(ULTRASERVER_NODES)
+    ]
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
+
+
+def _lease(name: str) -> str:
+    return json.dumps({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": "kube-node-lease"},
+        "spec": {"holderIdentity": name, "leaseDurationSeconds": 40,
+                 "renewTime": _now().strftime("%Y-%m-%dT%H:%M:%S.%fZ")},
+    })  # fmt: skip
+
+
+def _remove_ultraserver_nodes(names: list[str]) -> None:
+    """Pods bound there cannot end on their own (no kubelet confirms it): deleted at once, then the rest."""
+    pods = json.loads(kubectl("get", "pods", "-n", WORKLOADS, "-o", "json"))["items"]
+    stuck = [p["metadata"]["name"] for p in pods if p["metadata"]["name"].startswith("us-")]
+    if stuck:
+        kubectl("delete", "pod", "-n", WORKLOADS, *stuck, "--grace-period=0", "--force", "--ignore-not-found",
+                check=False)  # fmt: skip
+    kubectl("delete", "node", *names, "--ignore-not-found", "--wait=true", "--timeout=60s", check=False)
+    kubectl("delete", "lease", "-n", "kube-node-lease", *names, "--ignore-not-found", check=False)
+    kubectl("delete", "neuronnodes", *names, "--ignore-not-found", check=False)
+
+
+@pytest.fixture
+def ultraserver_nodes() -> Iterator[list[NodeSpec]]:
+    specs = ultraserver_specs()
+    names = [s.name for s in specs]
+    _remove_ultraserver_nodes(names)  # a run stopped half-way left them
+    nodes = []
+    for spec in specs:
+        obj = spec.node_object()
+        obj["spec"] = {"taints": [US_TAINT]}
+        for condition in obj["status"]["conditions"]:
+            condition["lastHeartbeatTime"] = condition["lastTransitionTime"] = _now().strftime("%Y-%m-%dT%H:%M:%SZ")
+        nodes.append(obj)
+    stop = threading.Event()
+
+    def renew_leases() -> None:
+        while not stop.wait(10):
+            for name in names:
+                kubectl("apply", "-f", "-", stdin=_lease(name), check=False)
+
+    heartbeats = threading.Thread(target=renew_leases, daemon=True)
+    try:
+        kubectl("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
+        for spec in specs:
+            kubectl("apply", "-f", "-", stdin=_lease(spec.name))
+            sim_node = SimNode(spec, spec.topology, whole_node(spec.topology))
+            kubectl("apply", "--server-side", "--force-conflicts", f"--field-manager={FIELD_MANAGER}", "-f", "-",
+                    stdin=json.dumps(sim_node.report(_now())))  # fmt: skip
+        heartbeats.start()
+        yield specs
+    finally:
+        stop.set()
+        _remove_ultraserver_nodes(names)
+
+
+def group_pods(prefix: str, index: int) -> list[dict[str, Any]]:
+    """A LeaderWorkerSet group of four pods of a whole trn2u node each (16 devices), sharing the
+    UltraServer's 4-node server id as LeaderWorkerSet's exclusive topology; as its webhook labels them."""
+    group = GroupSpec(index, ULTRASERVER_NODES, ULTRASERVER_NODES)
+    pods = []
+    for i in range(group.size):
+        pod = PodSpec(f"{prefix}-{i}", 16, 0, group).pod_object(SCHEDULER)
+        pod["metadata"]["namespace"] = WORKLOADS
+        pod["spec"]["tolerations"] = [{"key": US_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}]
+        pods.append(pod)
+    return pods
+
+
+def bound_nodes(names: list[str]) -> dict[str, str]:
+    return {n: pod(n)["spec"].get("nodeName", "") for n in names}
+
+
+def test_a_four_pod_group_lands_whole_on_one_ultraserver_or_waits_whole_with_the_reason(
+    ultraserver_nodes: list[NodeSpec],
+) -> None:
+    """Issue 26 on the real cluster: neuron-scheduler binds a 4-pod group to the four nodes of one
+    UltraServer, one pod a node; a second such group finds no UltraServer with room and waits with
+    none of its pods bound, saying why."""
+    names = {s.name for s in ultraserver_nodes}
+    assert all(s.reading is not None and s.domain(ULTRASERVER_NODES) == US_SERVER for s in ultraserver_nodes)
+    first = group_pods("us-a", 1)
+    kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": first}))
+    first_names = [p["metadata"]["name"] for p in first]
+    eventually(lambda: all(bound_nodes(first_names).values()), "the first group bound", timeout=120)
+    assert sorted(bound_nodes(first_names).values()) == sorted(names), "one pod on each node of the UltraServer"
+
+    second = group_pods("us-b", 2)
+    kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": second}))
+    second_names = [p["metadata"]["name"] for p in second]
+    reason = "must share one UltraServer group of 4 nodes"
+    eventually(
+        lambda: all(reason in unschedulable_reason(n) for n in second_names),
+        "the second group waiting with the extender's reason",
+        timeout=120,
+    )
+    assert "waiting, with none of its pods placed" in unschedulable_reason(second_names[0])
+    assert set(bound_nodes(second_names).values()) == {""}, "no pod of a group that does not fit is bound"
+    assert sorted(bound_nodes(first_names).values()) == sorted(names)
