@@ -1,8 +1,8 @@
 """End to end (issue 25): the Neuron runtime's metrics, from neuron-monitor through the chart's
 exporter, carry the pod, namespace, container (and claim) of the workload holding the cores, on the
 real single-node cluster, through the device plugin and through the DRA driver; and AWS's published
-neuron-monitor dashboard, run by a real Prometheus scraping the exporter pod in drop-in mode
-(`nodeMetrics.naming=neuron-monitor`), shows data on every query.
+neuron-monitor dashboard, run by a real Prometheus scraping the exporter pod with neuron-monitor's
+names beside the native ones (`nodeMetrics.naming=both`), shows data on every query.
 
 STAND-IN: AWS's neuron-monitor needs Neuron hardware and a Neuron runtime, and aws-neuronx-tools is
 not served to this machine. Where a real node would have neuron-monitor under /opt/aws/neuron, the
@@ -167,9 +167,11 @@ def test_a_runtimes_utilization_and_latency_carry_its_pod_through_the_device_plu
 
 
 def test_awss_neuron_monitor_dashboard_shows_the_exporters_data() -> None:
-    """AWS's board (vendored unchanged) over a real Prometheus scraping the exporter pod in drop-in
-    mode: every query answers with numbers and the labels its panel shows; the pod label comes too."""
-    install("--set", "nodeMetrics.naming=neuron-monitor")
+    """AWS's board (vendored unchanged) over a real Prometheus scraping the exporter pod with both
+    namings (`nodeMetrics.naming=both`; the integration tests run drop-in mode alone too): every query
+    answers with numbers and the labels its panel shows; the pod label comes too, and the native
+    series this chart's boards read are there beside them."""
+    install("--set", "nodeMetrics.naming=both")
     pods = json.loads(kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=node-metrics",
                               "-o", "json"))["items"]  # fmt: skip
     (exporter,) = [p for p in pods if p["metadata"].get("deletionTimestamp") is None]
@@ -185,6 +187,12 @@ def test_awss_neuron_monitor_dashboard_shows_the_exporters_data() -> None:
             await check_awss_query(base, where, expr, shown)
         held = (await query(base, 'neuroncore_utilization_ratio{pod="plugin-job"}'))["result"]
         assert {s["metric"]["namespace"] for s in held} == {WORKLOADS}
+        native = (await query(base, 'neuron_core_utilization_ratio{pod="plugin-job"}'))["result"]
+        assert {s["metric"]["core"] for s in native} == {s["metric"]["neuroncore"] for s in held}
+        # the family both namings call alike, served once with both label sets
+        memory = (await query(base, 'neuron_runtime_memory_used_bytes{pod="plugin-job"}'))["result"]
+        assert memory
+        assert all({"location", "memory_location", "pid", "instance_type"} <= set(s["metric"]) for s in memory)
 
     with tempfile.TemporaryDirectory(prefix="prom-e2e-") as work, prometheus(Path(work), [scrape]) as base:
         asyncio.run(check(base))
