@@ -35,6 +35,11 @@ WORKLOADS = "neuron-migration-workloads"
 AWS_POD_SELECTOR = "name=neuron-device-plugin-ds"  # AWS's DaemonSet selects its pods by this label
 OURS_SELECTOR = "app.kubernetes.io/part-of=neuron-helm-chart,app.kubernetes.io/component=device-plugin"
 HELD = "held-through-migration"
+# One node status period as the gap between two of the kubelet's status writes can be: it waits its
+# nodeStatusUpdateFrequency (10 s) plus up to 4 % jitter after each write ends
+# (`wait.JitterUntil(kl.syncNodeStatus, kl.nodeStatusUpdateFrequency, 0.04, true, ...)` in
+# pkg/kubelet/kubelet.go), and the write itself and the sampler's own kubectl calls add under a second.
+ONE_NODE_STATUS_PERIOD = 10.0 * 1.04 + 1.0
 SHOW_CORES = (
     "import os, time\nprint('cores=' + os.environ.get('NEURON_RT_VISIBLE_CORES', ''), flush=True)\ntime.sleep(3600)\n"
 )
@@ -234,9 +239,10 @@ def test_the_handover_from_awss_chart_keeps_a_running_pods_devices_and_the_node_
         time.sleep(12)  # as for the restart: a gap published with the next node status counts
     check_after_handover(aws_release, str(uid), output, release, namespace)
     # At most one plugin restart's worth of the node advertising fewer devices, measured against a
-    # restart of AWS's own plugin pod in the same run (plus one node status period of 10 s).
+    # restart of AWS's own plugin pod in the same run (plus one node status period: a restart that
+    # falls between two status writes shows no gap at all, one that straddles a write shows one period).
     print(f"longest gap: plugin restart {restart.longest_gap():.1f} s, handover {moving.longest_gap():.1f} s")
-    assert moving.longest_gap() <= restart.longest_gap() + 10.0
+    assert moving.longest_gap() <= restart.longest_gap() + ONE_NODE_STATUS_PERIOD
 
 
 def test_the_handover_refuses_a_release_that_is_not_awss() -> None:
