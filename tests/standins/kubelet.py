@@ -10,6 +10,11 @@ benchmarks). It speaks the real v1beta1 and podresources/v1 gRPC, built from the
   `GetDevicePluginOptions`, and only after answering opens `ListAndWatch`;
 - every ListAndWatch message replaces the resource's device set; a stream that ends marks
   every device unhealthy;
+- a second registration of a resource replaces its client without stopping the first, whose
+  stream goes on feeding the resource; when any of its streams ends, the client registered under
+  the name *now* is disconnected (`runClient`'s `getClient(name)` in the device manager's
+  plugin/v1beta1/handler.go, 1.34 to 1.36): a plugin that replaced another is dropped when the
+  other goes away, and must register again;
 - per container and resource: candidates = healthy - allocated; `GetPreferredAllocation`
   (when advertised) with available/must-include/size; the answer intersected with the
   candidates and topped up; then one `Allocate` RPC with the IDs in a different order;
@@ -114,6 +119,9 @@ class FakeKubelet:
         self.endpoints: dict[str, Endpoint] = {}
         self.allocations: list[Allocation] = []
         self.registrations: list[str] = []
+        self.superseded: list[Endpoint] = []  # replaced by a later registration, still streaming
+        self.disconnects: list[str] = []  # resources whose current client runClient disconnected
+        self._closing: set[asyncio.Task[None]] = set()
         self.register_errors: list[str] = []
         self.registered = asyncio.Event()
         self._server: aio.Server | None = None
@@ -151,9 +159,11 @@ class FakeKubelet:
             self.socket.unlink()
 
     async def stop(self) -> None:
-        for endpoint in list(self.endpoints.values()):
+        for endpoint in [*self.superseded, *self.endpoints.values()]:
             await self._drop(endpoint)
+        self.superseded.clear()
         self.endpoints.clear()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         for server in (self._server, self._pr_server):
             if server is not None:
                 await server.stop(0)
@@ -199,8 +209,8 @@ class FakeKubelet:
             self.register_errors.append(msg)
             await context.abort(grpc.StatusCode.UNKNOWN, msg)
         previous = self.endpoints.pop(request.resource_name, None)
-        if previous is not None:
-            await self._drop(previous)
+        if previous is not None and not previous.stopped:
+            self.superseded.append(previous)  # registerClient replaces it; its stream runs on
         endpoint = Endpoint(request.resource_name, socket, options, channel, stub)
         self.endpoints[request.resource_name] = endpoint
         self.registrations.append(request.resource_name)
@@ -213,9 +223,11 @@ class FakeKubelet:
         await asyncio.sleep(0)
         try:
             async for message in endpoint.stub.ListAndWatch(dp.Empty()):
-                endpoint.devices = {d.ID: d for d in message.devices}
-                endpoint.updates += 1
-                event, endpoint.updated = endpoint.updated, asyncio.Event()
+                # a superseded client's messages still set the resource's devices
+                target = self.endpoints.get(endpoint.resource, endpoint)
+                target.devices = {d.ID: d for d in message.devices}
+                target.updates += 1
+                event, target.updated = target.updated, asyncio.Event()
                 event.set()
         except (grpc.RpcError, asyncio.CancelledError):
             pass
@@ -225,11 +237,33 @@ class FakeKubelet:
                 device.health = UNHEALTHY
             event, endpoint.updated = endpoint.updated, asyncio.Event()
             event.set()
+            if not endpoint.stopped:
+                self._disconnect_current(endpoint.resource)
+
+    def _disconnect_current(self, resource: str) -> None:
+        """runClient after a client's Run returned: the client registered under the name now, which
+        may be a newer plugin's, is disconnected (its devices unhealthy, its connection closed)."""
+        current = self.endpoints.get(resource)
+        if current is None or current.stopped:
+            return
+        current.stopped = True
+        self.disconnects.append(resource)
+        for device in current.devices.values():
+            device.health = UNHEALTHY
+        event, current.updated = current.updated, asyncio.Event()
+        event.set()
+        if current.stream_task is not None and current.stream_task is not asyncio.current_task():
+            current.stream_task.cancel()
+        closing = asyncio.get_running_loop().create_task(current.channel.close())
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
 
     async def wait_registered(self, resources: Iterable[str], timeout: float = 10.0) -> None:
         wanted = set(resources)
         deadline = time.monotonic() + timeout
-        while not all(r in self.endpoints and self.endpoints[r].updates > 0 for r in wanted):
+        while not all(
+            r in self.endpoints and self.endpoints[r].updates > 0 and not self.endpoints[r].stopped for r in wanted
+        ):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"plugins not registered: {sorted(wanted - set(self.endpoints))}")
             await asyncio.sleep(0.01)

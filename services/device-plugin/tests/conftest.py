@@ -6,7 +6,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +64,7 @@ async def start_plugin(short_tmp: Path) -> AsyncIterator[Callable[..., object]]:
         lnc: int | None = None,
         kubelet: bool = True,
         wait: bool = True,
+        before_plugin: Callable[[FakeKubelet], Awaitable[object]] | None = None,
     ) -> Harness:
         root = short_tmp / f"node{len(harnesses)}"
         sim.create(root, instance_type, lnc)
@@ -71,6 +72,8 @@ async def start_plugin(short_tmp: Path) -> AsyncIterator[Callable[..., object]]:
         fake = FakeKubelet(plugin_dir, short_tmp / f"pr{len(harnesses)}")
         if kubelet:
             await fake.start()
+            if before_plugin is not None:
+                await before_plugin(fake)
         cfg = config_mod.parse(
             [
                 "--host-root",

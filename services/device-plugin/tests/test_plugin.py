@@ -333,6 +333,45 @@ async def test_kubelet_restarts_100_times(start_plugin) -> None:  # type: ignore
     assert h.kubelet.registrations.count(NEURON) >= 101
 
 
+class _OtherPlugin(dp_grpc.DevicePluginServicer):
+    """Another chart's plugin of the same resource: one device, a stream open until it stops."""
+
+    async def GetDevicePluginOptions(self, request, context):  # type: ignore[no-untyped-def]
+        return dp.DevicePluginOptions()
+
+    async def ListAndWatch(self, request, context):  # type: ignore[no-untyped-def]
+        yield dp.ListAndWatchResponse(devices=[dp.Device(ID="other0", health=HEALTHY)])
+        await asyncio.Event().wait()
+
+
+async def test_a_plugin_that_replaced_another_registers_again_when_the_other_goes(start_plugin, short_tmp) -> None:  # type: ignore[no-untyped-def]
+    """The handover from AWS's chart: its plugin registered the resource first, this one replaced it,
+    then its pod went. The device manager then disconnects the client registered under the name,
+    this plugin's (the stand-in copies runClient); the plugin registers again, its devices healthy."""
+    other = aio.server()
+    dp_grpc.add_DevicePluginServicer_to_server(_OtherPlugin(), other)
+
+    async def register_the_other_first(kubelet) -> None:  # type: ignore[no-untyped-def]
+        other.add_insecure_port(f"unix://{kubelet.plugin_dir / 'other.sock'}")
+        await other.start()
+        async with aio.insecure_channel(f"unix://{kubelet.socket}") as ch:
+            request = dp.RegisterRequest(version="v1beta1", endpoint="other.sock", resource_name=NEURON)
+            await dp_grpc.RegistrationStub(ch).Register(request)
+        await kubelet.wait_registered([NEURON])
+        assert kubelet.healthy(NEURON) == {"other0"}
+
+    h = await start_plugin("trn1.2xlarge", before_plugin=register_the_other_first)
+    assert h.kubelet.registrations.count(NEURON) == 2
+    assert h.kubelet.healthy(NEURON) == {"neuron0"}
+    await other.stop(0)  # the other plugin's pod goes
+    await eventually(lambda: NEURON in h.kubelet.disconnects)
+    await eventually(lambda: h.kubelet.registrations.count(NEURON) == 3, timeout=10)
+    await h.kubelet.wait_registered([NEURON])
+    assert h.kubelet.healthy(NEURON) == {"neuron0"}
+    assert h.kubelet.disconnects == [NEURON]  # its new client was not dropped again
+    assert h.plugin.metrics.registered.labels(NEURON)._value.get() == 1
+
+
 async def test_socket_removed_by_a_late_cleanup(start_plugin) -> None:  # type: ignore[no-untyped-def]
     """The kubelet's start-up cleanup deletes a socket the plugin registered in its first seconds."""
     h = await start_plugin("trn1.2xlarge")

@@ -67,8 +67,9 @@ class Plugin:
         self.registrars: list[Registrar] = []
         self.drain = Drain(config.shutdown_drain)
         for resource in config.resources:
+            registrar: list[Registrar] = []  # the factory's servicer reports a lost stream to it
 
-            def factory(resource=resource) -> DevicePluginServicer:  # type: ignore[no-untyped-def]
+            def factory(resource=resource, registrar=registrar) -> DevicePluginServicer:  # type: ignore[no-untyped-def]
                 return DevicePluginServicer(
                     resource,
                     self.state,
@@ -79,12 +80,14 @@ class Plugin:
                     ultraserver_nodes=config.ultraserver_env,
                     ultraserver=lambda: read_ultraserver(config.host_root),
                     drain=self.drain,
+                    on_stream_lost=registrar[0].stream_lost,  # made by the time the server starts
                 )
 
             server = ResourceServer(resource, config.device_plugin_path, factory)
-            self.registrars.append(
+            registrar.append(
                 Registrar(server, config.kubelet_socket, self.metrics, register_timeout=config.register_timeout)
             )
+            self.registrars.append(registrar[0])
         # The monitors feed the device health the state holds (which wakes the streams on a change);
         # a new inventory goes through the state, which keeps its device list from it.
         self.monitor = HealthMonitor(

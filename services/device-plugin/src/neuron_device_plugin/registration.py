@@ -8,6 +8,13 @@ its socket to that cleanup after registering. So the watcher checks, whenever th
 changes (inotify), that the plugin's socket is still the one it created and that
 `kubelet.sock` is the one it registered with; otherwise it restarts the server and registers
 again, with back-off while no kubelet answers. It never exits for that.
+
+The kubelet can also drop a plugin without restarting: when two plugins register one resource
+(a handover from another chart's plugin), the device manager keeps the first one's stream, and
+when that ends it disconnects whichever client holds the name now, the second. So a stream the
+kubelet closes while the plugin runs counts as lost registration too (`stream_lost`), once
+`STREAM_LOST_GRACE` has passed without a new `kubelet.sock`: a restarting kubelet closes the
+stream too, and registering with the one that is going away would wait out the timeout.
 """
 
 from __future__ import annotations
@@ -31,6 +38,8 @@ from neuron_device_plugin.metrics import PluginMetrics
 from neuron_model.resources import Resource
 
 log = logging.getLogger(__name__)
+
+STREAM_LOST_GRACE = 1.0  # seconds
 
 
 def _inode(path: Path) -> int | None:
@@ -100,6 +109,10 @@ class Registrar:
     _backoff: Backoff = field(default_factory=lambda: Backoff(initial=0.05, maximum=10.0), init=False)
     _failures_logged: int = field(default=0, init=False)
     _started_once: bool = field(default=False, init=False)
+    _stream_lost_at: float | None = field(default=None, init=False)  # the loop's time
+    stream_lost_grace: float = field(default=STREAM_LOST_GRACE, kw_only=True)
+    # set when something outside the directory's changes needs a step (a lost stream)
+    attention: asyncio.Event = field(default_factory=asyncio.Event, init=False)
     # set at each successful registration (tests, benchmarks)
     registered_event: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
@@ -107,11 +120,24 @@ class Registrar:
     def resource(self) -> Resource:
         return self.server.resource
 
+    def stream_lost(self) -> None:
+        """The kubelet closed this resource's last ListAndWatch, and the plugin is not stopping."""
+        if self.registered and self._stream_lost_at is None:
+            self._stream_lost_at = asyncio.get_running_loop().time()
+            self.attention.set()
+
+    def stream_lost_due(self) -> float | None:
+        """The loop's time at which a lost stream calls for registering again, if one was lost."""
+        return None if self._stream_lost_at is None else self._stream_lost_at + self.stream_lost_grace
+
     def _needs_work(self) -> str | None:
         if not self.server.intact():
             return "plugin socket missing or replaced"
         if not self.registered:
             return "not registered"
+        due = self.stream_lost_due()
+        if due is not None and asyncio.get_running_loop().time() >= due:
+            return "the kubelet closed ListAndWatch (another plugin of this resource went away, or the kubelet stops)"
         if _inode(self.kubelet_socket) != self._kubelet_inode:
             return "kubelet.sock was recreated (kubelet restarted)"
         return None
@@ -127,6 +153,7 @@ class Registrar:
         if self.registered:
             log.warning("re-registering %s: %s", name, why, extra={"resource": name})
             self.registered = False
+            self._stream_lost_at = None
             self.metrics.registered.labels(name).set(0)
         if not directory.is_dir():
             if self._failures_logged == 0:
@@ -191,12 +218,16 @@ async def watch(
             for r, delay in zip(due, delays, strict=True):
                 retry_at[id(r)] = now + delay if delay is not None else 0.0
             pending = [t - loop.time() for t in retry_at.values() if t > now]
+            pending += [t - loop.time() for r in registrars if (t := r.stream_lost_due()) is not None]
             timeout = max(min([resync, *pending]), 0.01)
             changed = asyncio.ensure_future(directory.wait(timeout))
             stopped = asyncio.ensure_future(stop.wait())
-            await asyncio.wait([changed, stopped], return_when=asyncio.FIRST_COMPLETED)
-            changed.cancel()
-            stopped.cancel()
+            attention = [asyncio.ensure_future(r.attention.wait()) for r in registrars]
+            await asyncio.wait([changed, stopped, *attention], return_when=asyncio.FIRST_COMPLETED)
+            for waiter in (changed, stopped, *attention):
+                waiter.cancel()
+            for r in registrars:
+                r.attention.clear()
     finally:
         directory.close()
         if drain is not None and stop.is_set():

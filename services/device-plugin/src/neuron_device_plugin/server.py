@@ -46,11 +46,16 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         ultraserver_nodes: int | None = None,
         ultraserver: Callable[[], UltraServerReading] | None = None,
         drain: Drain | None = None,
+        on_stream_lost: Callable[[], None] | None = None,
     ) -> None:
         """`ultraserver_nodes` (--ultraserver-env): give a container holding all of the node's devices
         the runtime's UltraServer variables for a job of that many nodes; `ultraserver`: the node's
         identity as the driver tells it now (default: the inventory's, as last scanned); `drain`: how
-        long ListAndWatch stays open after the stop (None: it ends at once)."""
+        long ListAndWatch stays open after the stop (None: it ends at once); `on_stream_lost`: called
+        when the kubelet closes the last ListAndWatch while the plugin runs, which it does without
+        restarting when another plugin that registered the same resource before this one goes away
+        (the device manager then disconnects whichever client holds the name): the plugin must
+        register again, or its devices stay unhealthy."""
         self.resource = resource
         self.state = state
         self.metrics = metrics
@@ -60,6 +65,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.ultraserver_nodes = ultraserver_nodes
         self.ultraserver = ultraserver or (lambda: state.inventory.ultraserver)
         self.drain = drain
+        self.on_stream_lost = on_stream_lost
         self.streams = 0
 
     async def GetDevicePluginOptions(  # the gRPC method name
@@ -86,6 +92,8 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         finally:
             self.streams -= 1
             log.info("ListAndWatch ended", extra={"resource": self.resource.full_name})
+            if self.streams == 0 and not self.stop.is_set() and self.on_stream_lost is not None:
+                self.on_stream_lost()
 
     async def GetPreferredAllocation(
         self,
