@@ -21,6 +21,8 @@ import pytest
 import yaml
 from chart_tools import DRIVER, KMM_API, NFD_API, NODE_ENABLEMENT_GROUPS, NODE_ENABLEMENT_VARIANTS, chart_tools, sets
 
+from neuron_node_metrics.catalogue import Naming
+
 pytestmark = pytest.mark.integration  # starts external processes: make integration
 
 REPO = Path(__file__).resolve().parents[2]
@@ -1161,7 +1163,7 @@ def test_the_exporters_service_takes_container_insights_label() -> None:
     assert "k8s-app" not in plain["metadata"]["labels"]
 
 
-@pytest.mark.parametrize("naming", ["native", "neuron-monitor", "both"])
+@pytest.mark.parametrize("naming", [n.value for n in Naming])
 def test_the_exporters_naming_is_any_of_its_own(naming: str) -> None:
     """The schema's choices are the exporter's --naming choices, and each reaches its flag."""
     from neuron_node_metrics.config import parser

@@ -7,8 +7,26 @@ a test keeps the two equal.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 ATTRIBUTION = ("namespace", "pod", "container", "claim")
+
+
+class Naming(StrEnum):
+    """Which names the exporter serves (--naming): its own, neuron-monitor-prometheus's (the drop-in
+    for AWS's dashboards and CloudWatch), or both side by side."""
+
+    NATIVE = "native"
+    NEURON_MONITOR = "neuron-monitor"
+    BOTH = "both"
+
+    @property
+    def serves_native(self) -> bool:
+        return self in (Naming.NATIVE, Naming.BOTH)
+
+    @property
+    def serves_neuron_monitor(self) -> bool:
+        return self in (Naming.NEURON_MONITOR, Naming.BOTH)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from neuron_driver.counters import CounterKey, CounterKind, CounterReader
 from neuron_driver.inventory import InventoryTracker, NodeInventory
 from neuron_health import faults
 from neuron_node_metrics.attribution import Attribution, Owner
-from neuron_node_metrics.catalogue import FAMILIES, NEURON_MONITOR_STATUS
+from neuron_node_metrics.catalogue import FAMILIES, NEURON_MONITOR_STATUS, Naming
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +133,7 @@ class NeuronCollector(Collector):
         families: frozenset[str],
         attribution: Callable[[], Attribution],
         *,
-        naming: str = "native",
+        naming: Naming = Naming.NATIVE,
         resources_capacity: Callable[[NodeInventory], dict[str, int]] | None = None,
         allocatable: Callable[[], dict[str, int] | None] | None = None,
         runtime_rows: Callable[[Attribution], Iterable[Rows]] | None = None,
@@ -143,8 +143,9 @@ class NeuronCollector(Collector):
         self.families = families
         self.attribution = attribution
         # which names are served: the native ones, neuron-monitor-prometheus's, or both side by side
-        self.native = naming in ("native", "both")
-        self.compat = naming in ("neuron-monitor", "both")
+        naming = Naming(naming)  # a plain string names one too
+        self.native = naming.serves_native
+        self.compat = naming.serves_neuron_monitor
         self.resources_capacity = resources_capacity
         self.allocatable = allocatable
         # neuron-monitor's families (see runtime_metrics.py), served after the driver's. Under --naming

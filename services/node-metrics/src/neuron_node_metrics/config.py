@@ -21,7 +21,7 @@ from neuron_common.config import (
 )
 from neuron_driver import layout
 from neuron_model import resources
-from neuron_node_metrics.catalogue import FAMILIES
+from neuron_node_metrics.catalogue import FAMILIES, Naming
 
 DEFAULT_PORT = 9840
 DEFAULT_LISTEN = f"0.0.0.0:{DEFAULT_PORT}"
@@ -36,7 +36,7 @@ class Config:
     log_level: str
     resource_prefix: str
     metrics: frozenset[str]  # native family names to export
-    naming: str  # "native", "neuron-monitor" or "both"
+    naming: Naming
     max_attributed_containers: int
     max_label_length: int
     metrics_security: MetricsSecurity | None = None  # --metrics-auth=kubernetes
@@ -80,8 +80,8 @@ def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:
     )
     p.add_flag(
         "--naming",
-        default="native",
-        choices=("native", "neuron-monitor", "both"),
+        default=Naming.NATIVE.value,
+        choices=[n.value for n in Naming],
         help="'neuron-monitor': neuron-monitor-prometheus's names and labels instead of the native ones "
         "for the families it also has (AWS's dashboard and Container Insights work unchanged); 'both': "
         "the native families and neuron-monitor's beside them, so the native boards and alerts keep "
@@ -133,7 +133,7 @@ def parse(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = Non
         kubeconfig=a.kubeconfig,
         resource_prefix=a.resource_prefix,
         metrics=metrics,
-        naming=a.naming,
+        naming=Naming(a.naming),
         max_attributed_containers=a.max_attributed_containers,
         max_label_length=a.max_label_length,
         neuron_monitor_command=monitor_command,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from neuron_node_metrics.attribution import Attribution, Owner
-from neuron_node_metrics.catalogue import ALL_FAMILIES, FAMILIES
+from neuron_node_metrics.catalogue import ALL_FAMILIES, FAMILIES, Naming
 from neuron_node_metrics.collector import Rows, owner_labels, pair
 from neuron_node_metrics.monitor_report import Report, Runtime
 
@@ -101,17 +101,18 @@ def runtime_rows(
     attribution: Attribution,
     device_of: Mapping[int, int],
     *,
-    naming: str = "native",
+    naming: Naming = Naming.NATIVE,
 ) -> Iterator[Rows]:
-    """`naming`: native, neuron-monitor or both. Under both, the two families of one name in both
+    """Under Naming.BOTH, the two families of one name in both
     namings (SHARED_NAMES) are served once, each series with both namings' labels."""
-    if naming == "both":
+    naming = Naming(naming)  # a plain string names one too
+    if naming is Naming.BOTH:
         native = _rows(state, families, attribution, device_of, compat=False, both=True)
         theirs = (r for r in _rows(state, families, attribution, device_of, compat=True) if r.name not in SHARED_NAMES)
         for rows in itertools.chain(native, theirs):
             yield _first_of_each(rows)
         return
-    for rows in _rows(state, families, attribution, device_of, compat=naming == "neuron-monitor"):
+    for rows in _rows(state, families, attribution, device_of, compat=naming is Naming.NEURON_MONITOR):
         yield _first_of_each(rows)
 
 
