@@ -9,7 +9,11 @@ The real device returns one record per ``read()``; a file (the simulated node's
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+T = TypeVar("T")
 
 KERN_ERR = 3
 KERN_INFO = 6
@@ -142,6 +146,17 @@ def locate(message: str, match: re.Match[str]) -> tuple[int | None, int | None, 
         value = match.group("device")
         device = int(value) if value is not None and value.isdigit() else None
     return device, (hw.core if hw else None), (hw.serial if hw else None)
+
+
+def search(
+    patterns: Iterable[tuple[T, re.Pattern[str]]], message: str
+) -> Iterator[tuple[T, int | None, int | None, str | None]]:
+    """Each (key, pattern) whose pattern a kernel message holds, with the device, core and serial the
+    line names: the one matcher behind the fault table's kernel rules and the detector's rules file."""
+    for key, pattern in patterns:
+        match = pattern.search(message)
+        if match is not None:
+            yield (key, *locate(message, match))
 
 
 def format_hw_error(

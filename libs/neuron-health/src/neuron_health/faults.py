@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from functools import cache
 from types import MappingProxyType
 
-from neuron_driver.kmsg import locate
+from neuron_driver.kmsg import search
 from neuron_model import node_health
 
 
@@ -223,13 +223,7 @@ def _compiled() -> tuple[tuple[Fault, re.Pattern[str]], ...]:
 
 def match_kernel_line(message: str) -> list[KernelFault]:
     """The faults a kernel log message shows (usually none, at most one)."""
-    found: list[KernelFault] = []
-    for fault, pattern in _compiled():
-        m = pattern.search(message)
-        if m is None:
-            continue
-        found.append(KernelFault(fault, *locate(message, m)))
-    return found
+    return [KernelFault(*hit) for hit in search(_compiled(), message)]
 
 
 def markdown_table() -> str:

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from neuron_driver import layout
-from neuron_driver.kmsg import locate
+from neuron_driver.kmsg import search
 from neuron_health import faults
 from neuron_health.pipeline import growth
 
@@ -254,13 +254,8 @@ KNOWN_COUNTERS = frozenset(layout.HARDWARE_COUNTERS) | frozenset(layout.STATUS_N
 
 
 def match_message(rules: Rules, message: str) -> list[Match]:
-    found: list[Match] = []
-    for rule in rules.pattern_rules:
-        assert rule.pattern is not None
-        m = rule.pattern.search(message)
-        if m is not None:
-            found.append(Match(rule, *locate(message, m), message[:512]))
-    return found
+    patterns = ((rule, rule.pattern) for rule in rules.pattern_rules if rule.pattern is not None)
+    return [Match(*hit, message[:512]) for hit in search(patterns, message)]
 
 
 def match_counters(
