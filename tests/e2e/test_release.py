@@ -125,8 +125,8 @@ def test_a_wrong_digest_fails_the_install_and_helm_test_shows_the_kubelets_pull_
     wrong = released["nodeMetrics"].rsplit("@", 1)[0] + "@" + MISSING_DIGEST
     failed = helm(
         "upgrade", RELEASE, OCI_CHART, "--version", VERSION, "--plain-http", "--namespace", NAMESPACE,
-        *SIMULATED_NODE, "--set", f"nodeMetrics.image.digest={MISSING_DIGEST}", "--set", "tests.timeoutSeconds=30",
-        "--wait", "--timeout", "90s", check=False,
+        *SIMULATED_NODE, "--set", f"nodeMetrics.image.digest={MISSING_DIGEST}", "--set", "tests.timeoutSeconds=15",
+        "--wait", "--timeout", "20s", check=False,  # it can never be ready: the kubelet reports the pull in seconds
     )  # fmt: skip
     assert failed.returncode != 0, f"an install whose image cannot be pulled succeeded:\n{failed.stdout}"
     selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=node-metrics"
