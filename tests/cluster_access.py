@@ -106,6 +106,30 @@ SHOW_DEVICES = (
 )
 
 
+def workload_pod(
+    name: str, namespace: str, image: str, resources: dict[str, Any], script: str = SHOW_DEVICES, **spec: Any
+) -> str:
+    """The e2e workload: a pod running `script` with a project image's own Python, given `resources`
+    (limits or claims); `spec` adds to the pod's spec (schedulerName, resourceClaims, restartPolicy)."""
+    return json.dumps({
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "restartPolicy": "Never",
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "main",
+                "image": image,
+                "imagePullPolicy": "Never",
+                "command": [WORKLOAD_PYTHON, "-c", script],
+                "resources": resources,
+            }],
+            **spec,
+        },
+    })  # fmt: skip
+
+
 # --- the project's command-line tools, with the venv's bin first on PATH ----------------------
 
 

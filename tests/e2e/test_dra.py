@@ -35,6 +35,7 @@ from cluster_access import (
     pod_phase,
     run,
     sim,
+    workload_pod,
 )
 
 from neuron_driver.ultraserver import read_ultraserver
@@ -111,23 +112,9 @@ def create_pod(name: str, template: str | None, restart: str = "Never", limits: 
     """A workload that prints what it was given; through a claim from `template`, or, with
     `limits`, through the device plugin's extended resource names (no claim in the pod)."""
     resources: dict[str, Any] = {"claims": [{"name": "neuron"}]} if template else {"limits": limits or {}}
-    kubectl("apply", "-f", "-", stdin=json.dumps({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": WORKLOADS},
-        "spec": {
-            "restartPolicy": restart,
-            "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "neuron", "resourceClaimTemplateName": template}] if template else [],
-            "containers": [{
-                "name": "main",
-                "image": WORKLOAD_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": [WORKLOAD_PYTHON, "-c", SHOW_DEVICES],
-                "resources": resources,
-            }],
-        },
-    }))  # fmt: skip
+    claims = [{"name": "neuron", "resourceClaimTemplateName": template}] if template else []
+    manifest = workload_pod(name, WORKLOADS, WORKLOAD_IMAGE, resources, restartPolicy=restart, resourceClaims=claims)
+    kubectl("apply", "-f", "-", stdin=manifest)
 
 
 def create_template(

@@ -30,7 +30,6 @@ from cluster_access import (
     REPO,
     SHOW_DEVICES,
     SIM_ROOT,
-    WORKLOAD_PYTHON,
     eventually,
     exporter_metrics,
     helm,
@@ -42,6 +41,7 @@ from cluster_access import (
     run,
     secret_value,
     sim,
+    workload_pod,
 )
 from nfd_tools import nfd_bin, worker_env
 from pytest_helm_charts.clusters import Cluster
@@ -124,22 +124,7 @@ def install(kube_cluster: Cluster, *args: str, values: Path | None = None) -> li
 
 def pod_manifest(name: str, limits: dict[str, int], script: str) -> str:
     """A workload pod running `script` (Python) with the project's image."""
-    return json.dumps({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": WORKLOADS},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main",
-                "image": WORKLOAD_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": [WORKLOAD_PYTHON, "-c", script],
-                "resources": {"limits": limits},
-            }],
-        },
-    })  # fmt: skip
+    return workload_pod(name, WORKLOADS, WORKLOAD_IMAGE, {"limits": limits}, script)
 
 
 def start_pod(name: str, limits: dict[str, int]) -> dict[str, list[str]]:

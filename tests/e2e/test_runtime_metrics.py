@@ -33,7 +33,6 @@ import yaml
 from cluster_access import (
     NODE,
     REPO,
-    SHOW_DEVICES,
     SIM_ROOT,
     WORKLOAD_PYTHON,
     eventually,
@@ -42,6 +41,7 @@ from cluster_access import (
     kubectl,
     pod_phase,
     sim,
+    workload_pod,
 )
 from prometheus_server import awss_queries, check_awss_query, prometheus, query, wait_for
 
@@ -80,23 +80,8 @@ def install(*args: str) -> None:
 def run_on_cores(name: str, runtime_pid: int, **pod_spec: Any) -> list[int]:
     """A workload pod given Neuron cores; once it runs, a Neuron runtime reports on exactly the cores
     the kubelet gave it (NEURON_RT_VISIBLE_CORES). Returns those cores."""
-    kubectl("apply", "-f", "-", stdin=json.dumps({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": WORKLOADS},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main",
-                "image": WORKLOAD_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": [WORKLOAD_PYTHON, "-c", SHOW_DEVICES],
-                "resources": pod_spec.pop("resources"),
-            }],
-            **pod_spec,
-        },
-    }))  # fmt: skip
+    resources = pod_spec.pop("resources")
+    kubectl("apply", "-f", "-", stdin=workload_pod(name, WORKLOADS, WORKLOAD_IMAGE, resources, **pod_spec))
     eventually(lambda: pod_phase(name, WORKLOADS) == "Running", f"pod {name} running", timeout=180)
     shown: list[str] = []
 

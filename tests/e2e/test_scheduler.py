@@ -32,7 +32,6 @@ import yaml
 from cluster_access import (
     NODE,
     REPO,
-    SHOW_DEVICES,
     SIM_ROOT,
     WORKLOAD_PYTHON,
     eventually,
@@ -41,6 +40,7 @@ from cluster_access import (
     node,
     pod_phase,
     sim,
+    workload_pod,
 )
 from simcluster.fleet import ULTRASERVER_NODES, ULTRASERVER_TYPE, GroupSpec, NodeSpec, PodSpec, UltraServerSeat
 from simcluster.nodes import SimNode, whole_node
@@ -89,23 +89,8 @@ def report() -> dict[str, Any]:
 
 
 def pod_manifest(name: str, devices: int, scheduler: str = SCHEDULER) -> str:
-    return json.dumps({
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "namespace": WORKLOADS},
-        "spec": {
-            "schedulerName": scheduler,
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main",
-                "image": WORKLOAD_IMAGE,
-                "imagePullPolicy": "Never",
-                "command": [WORKLOAD_PYTHON, "-c", SHOW_DEVICES],
-                "resources": {"limits": {f"{RESOURCE}/neuron": devices}},
-            }],
-        },
-    })  # fmt: skip
+    limits = {"limits": {f"{RESOURCE}/neuron": devices}}
+    return workload_pod(name, WORKLOADS, WORKLOAD_IMAGE, limits, schedulerName=scheduler)
 
 
 def create_pod(name: str, devices: int) -> None:
