@@ -61,12 +61,12 @@ from common import SMALL, Figure, percentile, work_dir
 from simcluster.controlplane import k8s_release, missing_prerequisites, next_k8s_version
 from simcluster.fleet import DEFAULT_SCHEDULER
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command
-from simcluster.simulation import DRA_CLAIMS, DRA_EXTENDED, FULL, REDUCED, Outcome, simulate
+from simcluster.simulation import DRA_CLAIMS, DRA_EXTENDED, FULL, REDUCED, SMOKE, Outcome, simulate
 
-SIZE = REDUCED if SMALL or os.environ.get("NEURON_BENCH_SIM_SIZE") == "reduced" else FULL
+SIZE = SMOKE if SMALL else REDUCED if os.environ.get("NEURON_BENCH_SIM_SIZE") == "reduced" else FULL
 # On Kubernetes 1.36 a DRA run at 1,000 nodes places a few dozen pods in 15 minutes (docs/benchmarks.md):
 # its pace is taken over 5 minutes, and the figures say the run was cut short.
-DRA_SIZE = SIZE if SIZE is REDUCED else dataclasses.replace(SIZE, deadline=300.0)
+DRA_SIZE = SIZE if SIZE is not FULL else dataclasses.replace(SIZE, deadline=300.0)
 TITLE = (
     f"Neuron-aware scheduling: default kube-scheduler vs neuron-scheduler, "
     f"{SIZE.nodes} simulated nodes, {SIZE.pods} pods"

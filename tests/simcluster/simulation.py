@@ -62,6 +62,9 @@ FULL = Size(nodes=1000, pods=5000, deadline=900.0, quiet=15.0, probes=200, ultra
 # The reduced run's deadline only ends a run that cannot settle; its pace is the bench's to measure.
 # DRA with extended resource names settles in about 40 s on a quiet 2-core machine, past 60 s under load.
 REDUCED = Size(nodes=40, pods=300, deadline=150.0, quiet=5.0, probes=20, ultraservers=3, groups=4)
+# `make bench` at the size tests/test_bench.py runs it (NEURON_BENCH_SMALL=1): only that every run
+# ends and prints its figures. What the reduced run shows is held by tests/test_scheduling_simulation.py.
+SMOKE = Size(nodes=16, pods=60, deadline=60.0, quiet=3.0, probes=5, ultraservers=2, groups=2)
 
 
 @dataclass(frozen=True)
