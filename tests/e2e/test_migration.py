@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import yaml
-from cluster_access import REPO, SIM_ROOT, eventually, helm, kubectl, node, pod_phase, run, sim
+from cluster_access import REPO, SIM_ROOT, eventually, helm, kubectl, node, pod_phase, run, sim, workload_pod
 
 AWS_CHART = REPO / "tests" / "e2e" / "aws-chart" / "neuron-helm-chart"
 CHART = REPO / "charts" / "neuron-helm-chart"
@@ -128,21 +128,8 @@ def held_pod() -> dict[str, object]:
 
 
 def start_held_pod() -> str:
-    manifest = {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": HELD, "namespace": WORKLOADS},
-        "spec": {
-            "restartPolicy": "Never",
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{
-                "name": "main", "image": f"{PLUGIN_IMAGE}:{VERSION}", "imagePullPolicy": "Never",
-                "command": ["/opt/neuron/bin/python3", "-c", SHOW_CORES],
-                "resources": {"limits": {"aws.amazon.com/neuron": 2}},
-            }],
-        },
-    }  # fmt: skip
-    kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+    limits = {"limits": {"aws.amazon.com/neuron": 2}}
+    kubectl("apply", "-f", "-", stdin=workload_pod(HELD, WORKLOADS, f"{PLUGIN_IMAGE}:{VERSION}", limits, SHOW_CORES))
     eventually(lambda: pod_phase(HELD, WORKLOADS) == "Running", "the pod holding 2 devices running", 120)
     eventually(lambda: bool(logged_cores()), "the pod printed its cores")
     return logged_cores()[0]
