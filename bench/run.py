@@ -9,6 +9,7 @@ mean nothing, only that each bench runs to its end.
 from __future__ import annotations
 
 import importlib
+import signal
 import sys
 import time
 import traceback
@@ -20,7 +21,14 @@ sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))  # the protocol 
 from common import BenchError, print_figures
 
 
+def _stop(signum: int, _frame: object) -> None:
+    # SIGTERM would end the process without running the benches' `finally`: the services and
+    # stand-ins a bench started would live on (one such device plugin failed a later cluster-down)
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str]) -> int:
+    signal.signal(signal.SIGTERM, _stop)
     wanted = set(argv)
     missed: list[str] = []
     failed: list[str] = []

@@ -5,10 +5,13 @@ this size they mean nothing, and speed belongs in `make bench`."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +68,50 @@ def test_a_bench_that_fails_is_reported_and_the_rest_still_run(tmp_path: Path) -
     assert "FAILED: gave up after 0.1 s waiting for something that never happens" in done.stdout
     assert "== a bench that works" in done.stdout
     assert re.search(r"^  x\s+1\.000 ms\s+target <= 2 ms  ok$", done.stdout, re.MULTILINE), done.stdout
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is `pid` (from /proc)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_sigterm_stops_the_bench_and_what_it_started() -> None:
+    env = dict(os.environ, NEURON_BENCH_SMALL="1", PYTHONUNBUFFERED="1")
+    bench = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "device_plugin"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    started: set[int] = set()
+    try:
+        deadline = time.monotonic() + 120
+        while not (started := _children(bench.pid)) and time.monotonic() < deadline:
+            assert bench.poll() is None, "the bench ended before it started a process"
+            time.sleep(0.1)
+        assert started, "the device-plugin bench started no process within 2 minutes"
+        bench.send_signal(signal.SIGTERM)
+        assert bench.wait(timeout=60) == 128 + signal.SIGTERM
+        left = {pid for pid in started if _alive(pid)}
+        assert not left, f"processes the bench started outlived it: {left}"
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+            bench.wait()
+        for pid in _children(bench.pid) | started:  # what a failure left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
