@@ -6,14 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 import pytest
 from prometheus_client import CollectorRegistry
 
-from neuron_common.config import EnvArgumentParser, add_serving_flags, resolve_metrics_security
+from neuron_common.config import ServiceConfig, Serving, config_parser, parse_config
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api, ApiError
 from neuron_common.metrics_auth import ACCESS_REVIEWS, TOKEN_REVIEWS, MetricsAuthorizer, Verdict
@@ -198,11 +200,16 @@ async def test_the_guard_stands_before_metrics_only() -> None:
         await server.stop()
 
 
+@dataclass(frozen=True, kw_only=True)
+class ServiceWithMetrics(Serving, ServiceConfig):
+    PROG: ClassVar[str] = "svc"
+    DESCRIPTION: ClassVar[str] = "a service serving /metrics"
+    ENV_PREFIX: ClassVar[str] = "SVC_"
+    FLAGS: ClassVar[Mapping[str, Mapping[str, Any]]] = {"listen": {"default": "0.0.0.0:1"}}
+
+
 def parse_security(argv: list[str], tmp: Path) -> Any:
-    p = EnvArgumentParser(prog="svc", env_prefix="SVC_", env={})
-    add_serving_flags(p, "0.0.0.0:1")
-    a = p.parse_args(argv)
-    return resolve_metrics_security(p, a.metrics_auth, a.tls_cert_file, a.tls_key_file)
+    return parse_config(ServiceWithMetrics, argv, {}).metrics_security
 
 
 def test_authentication_needs_tls_and_both_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -226,6 +233,5 @@ def test_authentication_needs_tls_and_both_files(tmp_path: Path, capsys: pytest.
 
 
 def test_the_variable_twin_switches_it_on(tmp_path: Path) -> None:
-    p = EnvArgumentParser(prog="svc", env_prefix="SVC_", env={"SVC_METRICS_AUTH": "kubernetes"})
-    add_serving_flags(p, "0.0.0.0:1")
+    p = config_parser(ServiceWithMetrics, {"SVC_METRICS_AUTH": "kubernetes"})
     assert p.parse_args([]).metrics_auth == "kubernetes"

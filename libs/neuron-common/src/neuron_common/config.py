@@ -12,11 +12,13 @@ import argparse
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, ClassVar, TypeVar
 
 from neuron_common.duration import DurationError, parse_duration
+from neuron_model.resources import DEFAULT_PREFIX as DEFAULT_RESOURCE_PREFIX
+from neuron_model.resources import is_valid_prefix
 
 DURATION_HELP = "A DURATION is written as in Go and Kubernetes, e.g. 500ms, 2s, 5m or 1h30m; a bare number is seconds."
 
@@ -41,10 +43,11 @@ class EnvArgumentParser(argparse.ArgumentParser):
         type: Callable[[str], Any] = str,
         choices: Any = None,
         env_name: str | None = None,
+        dest: str | None = None,
     ) -> None:
         """A flag whose default comes from its environment variable when that is set."""
         name = env_name or self.env_name(flag)
-        dest = flag.lstrip("-").replace("-", "_")
+        dest = dest or flag.lstrip("-").replace("-", "_")
         if name in self.env:
             raw = self.env[name]
             try:
@@ -60,17 +63,19 @@ class EnvArgumentParser(argparse.ArgumentParser):
             metavar = "DURATION"
             self.epilog = DURATION_HELP
         self.add_argument(
-            flag, default=default, type=type, choices=choices, metavar=metavar, help=f"{help} [env {name}]"
+            flag, default=default, type=type, choices=choices, metavar=metavar, dest=dest, help=f"{help} [env {name}]"
         )
 
-    def add_bool_flag(self, flag: str, *, default: bool, help: str) -> None:
+    def add_bool_flag(self, flag: str, *, default: bool, help: str, dest: str | None = None) -> None:
         name = self.env_name(flag)
         if name in self.env:
             raw = self.env[name].strip().lower()
             if raw not in ("1", "0", "true", "false", "yes", "no"):
                 self.error(f"environment variable {name}={self.env[name]!r} must be true or false")
             default = raw in ("1", "true", "yes")
-        self.add_argument(flag, default=default, action=argparse.BooleanOptionalAction, help=f"{help} [env {name}]")
+        self.add_argument(
+            flag, default=default, action=argparse.BooleanOptionalAction, dest=dest, help=f"{help} [env {name}]"
+        )
 
 
 def _duration(text: str) -> float:
@@ -121,12 +126,19 @@ def log_level(text: str) -> str:
     return value
 
 
-def require_resource_prefix(parser: argparse.ArgumentParser, prefix: str) -> None:
-    """Stop at start, naming the flag, when `--resource-prefix` cannot prefix an extended resource."""
-    from neuron_model import resources
+def resource_prefix(text: str) -> str:
+    """A `--resource-prefix`: a DNS subdomain outside kubernetes.io, or no extended resource can carry it."""
+    if not is_valid_prefix(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid DNS subdomain outside kubernetes.io")
+    return text
 
-    if not resources.is_valid_prefix(prefix):
-        parser.error(f"--resource-prefix {prefix!r} is not a valid DNS subdomain outside kubernetes.io")
+
+def optional_path(text: str) -> Path | None:
+    return Path(text) if text else None
+
+
+def optional_text(text: str) -> str | None:
+    return text or None
 
 
 # A Node's name is a DNS subdomain (RFC 1123).
@@ -139,29 +151,115 @@ def require_node_name(parser: argparse.ArgumentParser, name: str) -> None:
         parser.error(f"--node-name {name!r} is not a node name (a lowercase DNS subdomain)")
 
 
-def parse_flags(
-    parser: Callable[[Mapping[str, str] | None], EnvArgumentParser],
-    argv: Sequence[str] | None,
-    env: Mapping[str, str] | None,
-) -> tuple[EnvArgumentParser, argparse.Namespace, Mapping[str, str]]:
-    """The start of every service's `parse`: its parser (to stop at start, naming the flag), the
-    parsed flags, and the environment the fallbacks such as $NODE_NAME are read from."""
-    p = parser(env)
-    return p, p.parse_args(argv), os.environ if env is None else env
+# A service's config is a frozen dataclass whose fields carry their flags: each field is written
+# once, with its flag's default, help and type beside it. Groups that several services take
+# (serving, host, node, API server, health sources) are dataclasses too, and a service's config
+# inherits the groups it needs. A group or config may define `resolve(cls, p, values, environ)`, a
+# class method that checks values that belong together and fills what comes from several flags or
+# the environment; each class's own runs, bases first, with `cls` the service's config.
+
+_FLAG = "neuron_common.config.flag"
 
 
-# Flag groups: what several services take, declared once. Each service composes the groups it
-# needs, then adds its own flags; the resolvers below turn a group's raw values into the config's.
+@dataclass(frozen=True)
+class Flag:
+    default: Any
+    help: str
+    type: Callable[[str], Any] = str
+    choices: Sequence[Any] | None = None
+    convert: Callable[[Any], Any] | None = None  # applied after `choices`: the field's value from the flag's
+    name: str = ""  # default: the field's name, as --kebab-case
+    switch: bool = False  # --x/--no-x
 
 
-def add_serving_flags(
-    p: EnvArgumentParser, default_listen: str, what: str = "/healthz, /readyz, /metrics", *, tls: bool = True
-) -> None:
-    """--listen, --log-level and the /metrics protection (`tls=False`: the service has its own TLS flags)."""
-    p.add_flag("--listen", default=default_listen, type=listen_address, help=f"address of {what}")
-    p.add_flag("--log-level", default="info", type=log_level, help="debug, info, warning or error")
-    add_metrics_auth_flags(p, tls=tls)
+def flag(
+    default: Any,
+    help: str,
+    *,
+    type: Callable[[str], Any] = str,
+    choices: Sequence[Any] | None = None,
+    convert: Callable[[Any], Any] | None = None,
+    name: str = "",
+) -> Any:
+    """A config field set by its flag (or the flag's environment twin)."""
+    return field(metadata={_FLAG: Flag(default, help, type, choices, convert, name)})
 
+
+def switch(default: bool, help: str) -> Any:
+    """A boolean config field set by --x / --no-x."""
+    return field(metadata={_FLAG: Flag(default, help, switch=True)})
+
+
+def derived(default: Any = None) -> Any:
+    """A config field with no flag of its own, filled by a `resolve` from other flags."""
+    return field(default=default)
+
+
+class ServiceConfig:
+    """The base of a service's config: its docstring is the command's description; `FLAGS` words or
+    defaults a group's flag as this service needs it (`{"listen": {"default": "0.0.0.0:9840"}}`)."""
+
+    PROG: ClassVar[str]
+    ENV_PREFIX: ClassVar[str]
+    FLAGS: ClassVar[Mapping[str, Mapping[str, Any]]] = {}
+
+
+C = TypeVar("C", bound=ServiceConfig)
+
+
+def _flags(cls: type[ServiceConfig]) -> list[tuple[str, Flag]]:
+    return [
+        (f.name, replace(f.metadata[_FLAG], **cls.FLAGS.get(f.name, {})))
+        for f in fields(cls)  # type: ignore[arg-type]
+        if _FLAG in f.metadata
+    ]
+
+
+def _flag_name(field_name: str, spec: Flag) -> str:
+    return spec.name or "--" + field_name.replace("_", "-")
+
+
+def config_parser(cls: type[ServiceConfig], env: Mapping[str, str] | None = None) -> EnvArgumentParser:
+    """The service's parser: one flag per flag field of `cls`, in field order."""
+    description = " ".join((cls.__doc__ or "").split())
+    p = EnvArgumentParser(prog=cls.PROG, description=description, env_prefix=cls.ENV_PREFIX, env=env)
+    for field_name, spec in _flags(cls):
+        name = _flag_name(field_name, spec)
+        if spec.switch:
+            p.add_bool_flag(name, default=spec.default, help=spec.help, dest=field_name)
+        else:
+            p.add_flag(
+                name, default=spec.default, help=spec.help, type=spec.type, choices=spec.choices, dest=field_name
+            )
+    return p
+
+
+def config_from_args(
+    cls: type[C], p: argparse.ArgumentParser, args: argparse.Namespace, env: Mapping[str, str] | None = None
+) -> C:
+    """The config from parsed flags: each field's converted value, then each class's `resolve`."""
+    environ = os.environ if env is None else env
+    values: dict[str, Any] = {
+        f.name: f.default
+        for f in fields(cls)  # type: ignore[arg-type]
+        if _FLAG not in f.metadata and f.default is not MISSING
+    }
+    for field_name, spec in _flags(cls):
+        value = getattr(args, field_name)
+        values[field_name] = spec.convert(value) if spec.convert is not None else value
+    for klass in reversed(cls.__mro__):
+        hook = klass.__dict__.get("resolve")
+        if isinstance(hook, classmethod):
+            hook.__func__(cls, p, values, environ)
+    return cls(**values)
+
+
+def parse_config(cls: type[C], argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None) -> C:
+    p = config_parser(cls, env)
+    return config_from_args(cls, p, p.parse_args(argv), env)
+
+
+# The groups several services take.
 
 METRICS_AUTH = ("none", "kubernetes")
 
@@ -175,29 +273,43 @@ class MetricsSecurity:
     key: str
 
 
-def add_metrics_auth_flags(p: EnvArgumentParser, *, tls: bool = True) -> None:
-    """--metrics-auth, and the serving certificate it needs (`tls=False`: the service has its own)."""
-    p.add_flag(
-        "--metrics-auth",
-        default="none",
-        choices=METRICS_AUTH,
-        help="'kubernetes': serve over TLS and answer /metrics only to a bearer token the API server authenticates "
+@dataclass(frozen=True, kw_only=True)
+class Listening:
+    """--listen and --log-level, which every service takes; the service sets --listen's default."""
+
+    listen: tuple[str, int] = flag("", "address of /healthz, /readyz, /metrics", type=listen_address)
+    log_level: str = flag("info", "debug, info, warning or error", type=log_level)
+    metrics_auth: bool = flag(
+        "none",
+        "'kubernetes': serve over TLS and answer /metrics only to a bearer token the API server authenticates "
         "(TokenReview) whose user may get the non-resource path /metrics (SubjectAccessReview); /healthz and "
         "/readyz stay open to the kubelet's probes. 'none': plain HTTP, /metrics open to whoever reaches the port",
+        choices=METRICS_AUTH,
+        convert=lambda value: value == "kubernetes",
     )
-    if tls:
-        p.add_flag("--tls-cert-file", default="", help="serving certificate (PEM), needed by --metrics-auth=kubernetes")
-        p.add_flag("--tls-key-file", default="", help="private key of --tls-cert-file (PEM)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Serving(Listening):
+    """Listening, with the serving certificate --metrics-auth=kubernetes needs."""
+
+    tls_cert_file: str = flag("", "serving certificate (PEM), needed by --metrics-auth=kubernetes")
+    tls_key_file: str = flag("", "private key of --tls-cert-file (PEM)")
+    metrics_security: MetricsSecurity | None = derived()
+
+    @classmethod
+    def resolve(cls, p: argparse.ArgumentParser, v: dict[str, Any], environ: Mapping[str, str]) -> None:
+        v["metrics_security"] = resolve_metrics_security(p, v["metrics_auth"], v["tls_cert_file"], v["tls_key_file"])
 
 
 def resolve_metrics_security(
-    p: argparse.ArgumentParser, metrics_auth: str, cert: str, key: str
+    p: argparse.ArgumentParser, metrics_auth: bool, cert: str, key: str
 ) -> MetricsSecurity | None:
     """Stops at start when authentication is asked for without TLS: a bearer token must not cross
     the network in clear, nor a certificate be half given."""
     if (cert or key) and not (cert and key):
         p.error("--tls-cert-file and --tls-key-file go together: pass both or neither")
-    if metrics_auth == "none":
+    if not metrics_auth:
         return None
     if not cert:
         p.error("--metrics-auth=kubernetes needs --tls-cert-file and --tls-key-file: callers send bearer tokens")
@@ -205,106 +317,73 @@ def resolve_metrics_security(
     return MetricsSecurity(cert, key)
 
 
-class Serving(TypedDict):
-    """The config's fields from `add_serving_flags` (with the service's own TLS pair)."""
-
-    listen: tuple[str, int]
-    log_level: str
-    metrics_security: MetricsSecurity | None
+@dataclass(frozen=True, kw_only=True)
+class Host:
+    host_root: Path = flag("/", "host root where sys/, dev/ and opt/aws/ are found", type=Path)
 
 
-def resolve_serving(p: argparse.ArgumentParser, a: argparse.Namespace) -> Serving:
-    return Serving(
-        listen=a.listen,
-        log_level=a.log_level,
-        metrics_security=resolve_metrics_security(p, a.metrics_auth, a.tls_cert_file, a.tls_key_file),
+@dataclass(frozen=True, kw_only=True)
+class HostDevices(Host):
+    """For services that hand device paths to the container runtime."""
+
+    host_dev_root: Path = flag(
+        "",
+        "root the container runtime resolves /dev/neuronN against, when the service sees the host under "
+        "another path (e.g. --host-root=/host, --host-dev-root=/); default: --host-root",
+        type=optional_path,
     )
 
-
-def require_files(p: argparse.ArgumentParser, *flags: tuple[str, str]) -> None:
-    """Stop at start, naming the flag, when a (flag, path) names no file."""
-    for flag, path in flags:
-        if not Path(path).is_file():
-            p.error(f"{flag} {path}: no such file")
+    @classmethod
+    def resolve(cls, p: argparse.ArgumentParser, v: dict[str, Any], environ: Mapping[str, str]) -> None:
+        v["host_dev_root"] = v["host_dev_root"] or v["host_root"]
 
 
-def add_host_flags(p: EnvArgumentParser, *, found: str = "sys/, dev/ and opt/aws/", dev_root: bool = False) -> None:
-    """--host-root (and --host-dev-root for services that hand device paths to the container runtime)."""
-    p.add_flag("--host-root", default="/", type=Path, help=f"host root where {found} are found")
-    if dev_root:
-        p.add_flag(
-            "--host-dev-root",
-            default="",
-            help="root the container runtime resolves /dev/neuronN against, when the service sees the host under "
-            "another path (e.g. --host-root=/host, --host-dev-root=/); default: --host-root",
-        )
-
-
-def add_node_flag(p: EnvArgumentParser, purpose: str = "") -> None:
+@dataclass(frozen=True, kw_only=True)
+class Node:
     """--node-name, which falls back to $NODE_NAME (the chart sets it from the downward API)."""
-    p.add_flag("--node-name", default="", help=f"this node's name{purpose} (default $NODE_NAME)")
+
+    node_name: str = flag("", "this node's name (default $NODE_NAME)")
+    # the switches (field: flag) that need the node's name, for a service that runs without it
+    # while they are off; empty: always needed
+    NODE_NAME_NEEDED_BY: ClassVar[Mapping[str, str]] = {}
+
+    @classmethod
+    def resolve(cls, p: argparse.ArgumentParser, v: dict[str, Any], environ: Mapping[str, str]) -> None:
+        needed_by = " and ".join(flag for name, flag in cls.NODE_NAME_NEEDED_BY.items() if v[name])
+        if cls.NODE_NAME_NEEDED_BY and not needed_by:
+            v["node_name"] = ""
+        else:
+            v["node_name"] = resolve_node_name(p, v["node_name"], environ, needed_by=needed_by)
 
 
-def add_api_flags(p: EnvArgumentParser, *, purpose: str = "", timeout: str | None = None) -> None:
-    """--kubeconfig, and --api-timeout where the service bounds its requests."""
-    p.add_flag("--kubeconfig", default="", help=f"kubeconfig file{purpose}; default: the in-cluster service account")
-    if timeout is not None:
-        p.add_flag("--api-timeout", default=timeout, type=positive_duration, help="timeout of one API server request")
+@dataclass(frozen=True, kw_only=True)
+class ApiServer:
+    kubeconfig: str | None = flag(
+        "", "kubeconfig file; default: the in-cluster service account", type=optional_text
+    )  # None: the in-cluster service account
 
 
-def add_ultraserver_labels_flag(p: EnvArgumentParser) -> None:
-    """--ultraserver-labels, for the node agents that know the node's UltraServer identity."""
-    p.add_bool_flag(
-        "--ultraserver-labels",
-        default=False,
-        help="keep AWS's UltraServer labels (neuron.amazonaws.com/ultraserver-*) on this node's Node, from the "
+@dataclass(frozen=True, kw_only=True)
+class ApiRequests(ApiServer):
+    """For services that bound their API-server requests; the service sets the default."""
+
+    api_timeout: float = flag("10s", "timeout of one API server request", type=positive_duration)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResourcePrefix:
+    resource_prefix: str = flag(DEFAULT_RESOURCE_PREFIX, "extended resource prefix", type=resource_prefix)
+
+
+@dataclass(frozen=True, kw_only=True)
+class UltraServerLabels:
+    """For the node agents that know the node's UltraServer identity."""
+
+    ultraserver_labels: bool = switch(
+        False,
+        "keep AWS's UltraServer labels (neuron.amazonaws.com/ultraserver-*) on this node's Node, from the "
         "driver's identity; needs patch on nodes (the chart's admission policy holds it to its own node and "
         "to those labels)",
-    )
-
-
-def add_health_source_flags(p: EnvArgumentParser) -> None:
-    """The device-health sources of the plugin and the DRA driver: counters, the kernel log, verdicts."""
-    p.add_flag(
-        "--health-interval",
-        default="500ms",
-        type=positive_duration,
-        help="time between reads of the error counters and device presence",
-    )
-    p.add_flag(
-        "--health-quiet-period",
-        default="5m",
-        type=positive_duration,
-        help="time without a new error before a device with a recoverable error is healthy again",
-    )
-    add_kernel_log_flags(p, "kernel log to watch for NEURON_HW_ERR lines", none_disables=True)
-    p.add_flag(
-        "--verdict-dir",
-        default="",
-        help="directory of per-device verdicts from neuron-problem-detector (a device it marks unhealthy is "
-        "taken out of service); '' disables",
-    )
-
-
-class HealthSources(TypedDict):
-    """The config's fields from `add_health_source_flags`."""
-
-    health_interval: float
-    health_quiet_period: float
-    kmsg_path: Path | None
-    kernel_log_format: str
-    verdict_dir: Path | None
-
-
-def resolve_health_sources(p: argparse.ArgumentParser, a: argparse.Namespace, host_kmsg: Path) -> HealthSources:
-    """Stops at start on periods that do not fit together or a kernel log that does not fit its format."""
-    resolve_health_periods(p, a.health_interval, a.health_quiet_period)
-    return HealthSources(
-        health_interval=a.health_interval,
-        health_quiet_period=a.health_quiet_period,
-        kmsg_path=resolve_kmsg(a.kmsg_path, host_kmsg, a.kernel_log_format, p),
-        kernel_log_format=a.kernel_log_format,
-        verdict_dir=optional_path(a.verdict_dir),
     )
 
 
@@ -321,65 +400,8 @@ def resolve_node_name(
     return node
 
 
-KERNEL_LOG_FORMATS = ("kmsg", "syslog")
-
-
-def add_kernel_log_flags(p: EnvArgumentParser, what: str, *, none_disables: bool = False) -> None:
-    """--kmsg-path and --kernel-log-format, of every service that reads the kernel log."""
-    p.add_flag(
-        "--kmsg-path",
-        default="",
-        help=f"{what}; default <host-root>/dev/kmsg" + ("; 'none' disables" if none_disables else ""),
-    )
-    p.add_flag(
-        "--kernel-log-format",
-        default="kmsg",
-        choices=KERNEL_LOG_FORMATS,
-        help="'kmsg': --kmsg-path is /dev/kmsg, or a file of its records (a simulated node); reading the host's "
-        "/dev/kmsg takes CAP_SYSLOG and, in a container, privilege. 'syslog': --kmsg-path is a text file the "
-        "host's syslog daemon writes (/var/log/kern.log on Ubuntu and Debian, /var/log/messages on Amazon "
-        "Linux 2 and RHEL under <host-root>), read as an ordinary file and followed through log rotation",
-    )
-
-
-def resolve_kmsg(
-    kmsg_path: str, host_kmsg: Path, fmt: str = "kmsg", p: argparse.ArgumentParser | None = None
-) -> Path | None:
-    """--kmsg-path of the health sources: '' is the host's kernel log (`host_kmsg`, from the host
-    layout); 'none' disables watching it. With `p`, stops at start when --kernel-log-format does not
-    fit the path (`check_kernel_log`)."""
-    if kmsg_path == "none":
-        return None
-    if p is not None:
-        check_kernel_log(p, kmsg_path, fmt)
-    return Path(kmsg_path) if kmsg_path else host_kmsg
-
-
-def check_kernel_log(p: argparse.ArgumentParser, kmsg_path: str, fmt: str) -> None:
-    """Stop at start when --kernel-log-format=syslog has no file to read: it has no default (hosts
-    keep it under different names, and some have none), and /dev/kmsg or a directory is not one. A
-    file that is not there yet is waited for (rotation can leave the path empty for a moment)."""
-    if fmt != "syslog":
-        return
-    if not kmsg_path:
-        p.error(
-            "--kernel-log-format=syslog needs --kmsg-path naming the host's syslog file of kernel messages, "
-            "e.g. <host-root>/var/log/kern.log (Ubuntu, Debian) or <host-root>/var/log/messages (Amazon Linux 2)"
-        )
-    path = Path(kmsg_path)
-    if path.is_char_device():
-        p.error(
-            f"--kmsg-path {kmsg_path} is a character device (/dev/kmsg): --kernel-log-format=syslog reads a "
-            "syslog text file; use --kernel-log-format=kmsg for the device"
-        )
-    if path.is_dir():
-        p.error(f"--kmsg-path {kmsg_path} is a directory: --kernel-log-format=syslog reads one syslog text file")
-
-
-def resolve_health_periods(p: argparse.ArgumentParser, interval: float, quiet_period: float) -> None:
-    if quiet_period < interval:
-        p.error("--health-quiet-period must be at least --health-interval")
-
-
-def optional_path(text: str) -> Path | None:
-    return Path(text) if text else None
+def require_files(p: argparse.ArgumentParser, *flags: tuple[str, str]) -> None:
+    """Stop at start, naming the flag, when a (flag, path) names no file."""
+    for flag_name, path in flags:
+        if not Path(path).is_file():
+            p.error(f"{flag_name} {path}: no such file")

@@ -72,7 +72,7 @@ class HealthServer:
         security: MetricsSecurity | None,
         *,
         api: ReviewApi | None = None,
-        kubeconfig: str = "",
+        kubeconfig: str | None = None,
         review_registry: CollectorRegistry | None = None,
         metrics_handler: Handler | None = None,
     ) -> HealthServer:

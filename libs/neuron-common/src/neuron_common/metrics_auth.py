@@ -190,7 +190,7 @@ class SecureMetrics:
         security: MetricsSecurity | None,
         registry: CollectorRegistry,
         *,
-        kubeconfig: str = "",
+        kubeconfig: str | None = None,
         api: ReviewApi | None = None,
     ) -> SecureMetrics | None:
         """None without --metrics-auth; else reviews through `api`, or a client of its own from
@@ -199,7 +199,7 @@ class SecureMetrics:
             return None
         if api is not None:
             return cls(security, api, registry)
-        own = Api.from_kubeconfig(kubeconfig or None, REVIEW_TIMEOUT)
+        own = Api.from_kubeconfig(kubeconfig, REVIEW_TIMEOUT)
         secure = cls(security, own, registry)
         secure._own_api = own
         return secure

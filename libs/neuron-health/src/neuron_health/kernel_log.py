@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import IO
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from neuron_common.config import KERNEL_LOG_FORMATS
 from neuron_common.lifecycle import sleep_or_stop, wait_any
 from neuron_driver.kmsg import KmsgRecord, parse_record, split_records
 from neuron_driver.syslog import parse_syslog_line
@@ -42,6 +41,7 @@ from neuron_driver.syslog import parse_syslog_line
 log = logging.getLogger(__name__)
 
 _READ_CHUNK = 64 * 1024
+KERNEL_LOG_FORMATS = ("kmsg", "syslog")
 
 
 # A syslog stamp has whole seconds (traditional form) and the daemon may stamp this boot's first
