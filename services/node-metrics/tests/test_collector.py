@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from neuron_driver import layout
 from neuron_node_metrics.attribution import Attribution, Owner
-from neuron_node_metrics.catalogue import FAMILIES
+from neuron_node_metrics.catalogue import FAMILIES, Naming
 from neuron_node_metrics.collector import NeuronCollector
 from neuron_sim import node as sim
 
@@ -130,7 +130,7 @@ def test_allowlist_prunes_reading(unchanged_node: Path) -> None:
 
 
 def test_neuron_monitor_naming(node: Path) -> None:
-    c = collector(node, naming="neuron-monitor")
+    c = collector(node, naming=Naming.NEURON_MONITOR)
     sim.set_memory(node, 0, "model_code", 4096, core=0)
     sim.bump_counter(node, 0, "success", core=0, by=2)
     text = c.render()
@@ -146,7 +146,7 @@ def test_both_namings_serve_the_native_families_and_neuron_monitors_beside_them(
     sim.set_memory(node, 0, "model_code", 4096, core=0)
     sim.bump_counter(node, 0, "success", core=0, by=2)
     sim.bump_counter(node, 3, "mem_ecc_uncorrected", by=5)
-    native, both = collector(node).render(), collector(node, naming="both").render()
+    native, both = collector(node).render(), collector(node, naming=Naming.BOTH).render()
     declared = [line.split()[2] for line in both.splitlines() if line.startswith("# TYPE ")]
     assert len(declared) == len(set(declared)), "a family declared twice"
     # every native sample as it is without neuron-monitor's names...
@@ -166,7 +166,7 @@ def test_both_namings_serve_the_native_families_and_neuron_monitors_beside_them(
 def test_with_neuron_monitor_its_names_for_status_and_core_memory_are_the_runtimes(node: Path) -> None:
     """The runtime's execution_status_total and neuroncore_memory_usage_* take those names (see
     runtime_metrics); the driver's figures are then served under the native names only."""
-    for naming in ("neuron-monitor", "both"):
+    for naming in (Naming.NEURON_MONITOR, Naming.BOTH):
         text = collector(node, naming=naming, runtime_rows=lambda _: iter(())).render()
         names = {n for (n, _), _ in samples(text).items()}
         assert "execution_status_total" not in names

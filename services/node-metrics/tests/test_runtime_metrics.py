@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from neuron_node_metrics import config as config_mod
 from neuron_node_metrics.app import Exporter
 from neuron_node_metrics.attribution import Attribution, Owner
-from neuron_node_metrics.catalogue import FAMILIES, RUNTIME_FAMILIES
+from neuron_node_metrics.catalogue import FAMILIES, RUNTIME_FAMILIES, Naming
 from neuron_node_metrics.collector import Rows
 from neuron_node_metrics.monitor_report import Report, Runtime, System, parse_document
 from neuron_node_metrics.monitor_source import MonitorSource
@@ -101,7 +101,9 @@ def series(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     return out
 
 
-def scrape(state: RuntimeState, attribution: Attribution, *, naming: str = "native", families: frozenset[str] = ALL):
+def scrape(
+    state: RuntimeState, attribution: Attribution, *, naming: Naming = Naming.NATIVE, families: frozenset[str] = ALL
+):
     device_of = {c: c // 2 for c in range(32)}  # trn1.32xlarge: two cores a device
     return series(render(list(runtime_rows(state, families, attribution, device_of, naming=naming))))
 
@@ -177,7 +179,9 @@ def test_both_namings_side_by_side() -> None:
     name alike are served once, each series with both label sets (AWS's board selects
     memory_location and usage_type, this project's location and mode)."""
     state = state_of(report(rt(7, "job", (2, 3))))
-    native, theirs, both = (scrape(state, ATTRIBUTION, naming=n) for n in ("native", "neuron-monitor", "both"))
+    native, theirs, both = (
+        scrape(state, ATTRIBUTION, naming=n) for n in (Naming.NATIVE, Naming.NEURON_MONITOR, Naming.BOTH)
+    )
     for name in set(native) | set(theirs):
         if name in SHARED_NAMES:
             continue
@@ -194,7 +198,7 @@ def test_both_namings_side_by_side() -> None:
 
 
 def test_neuron_monitor_prometheus_names_and_labels() -> None:
-    s = scrape(state_of(report(rt(7, "job", (2, 3)))), ATTRIBUTION, naming="neuron-monitor")
+    s = scrape(state_of(report(rt(7, "job", (2, 3)))), ATTRIBUTION, naming=Naming.NEURON_MONITOR)
     head = {**COMPAT_INSTANCE, "runtime_tag": "job"}
     assert s["neuroncore_utilization_ratio"][0] == ({**head, "neuroncore": "2", **owner(SERVER)}, 0.52)
     assert ({**head, "status_type": "completed", **owner(SERVER)}, 10) in s["execution_status_total"]
@@ -255,7 +259,7 @@ def test_two_runtimes_of_one_tag_are_one_series_each_under_neuron_monitor_names(
     state = state_of(report(rt(7, "job", (0,), completed=4), rt(8, "job", (1,), completed=6)))
     native = scrape(state, ATTRIBUTION)
     assert sorted(v for lb, v in native["neuron_runtime_executions_total"] if lb["status"] == "completed") == [4, 6]
-    text = render(list(runtime_rows(state, ALL, ATTRIBUTION, {}, naming="neuron-monitor")))
+    text = render(list(runtime_rows(state, ALL, ATTRIBUTION, {}, naming=Naming.NEURON_MONITOR)))
     names = [line.rsplit(" ", 1)[0] for line in text.splitlines() if not line.startswith("#")]
     assert len(names) == len(set(names))
     compat = series(text)
@@ -282,7 +286,7 @@ def test_metrics_flag_selects_runtime_families() -> None:
     families = frozenset({"neuron_core_utilization_ratio", "neuron_system_vcpu_count"})
     s = scrape(state_of(report(rt(7, "job", (0,)))), Attribution(), families=families)
     assert set(s) == {"neuron_core_utilization_ratio", "neuron_system_vcpu_count"}
-    s = scrape(state_of(report(rt(7, "job", (0,)))), Attribution(), families=families, naming="neuron-monitor")
+    s = scrape(state_of(report(rt(7, "job", (0,)))), Attribution(), families=families, naming=Naming.NEURON_MONITOR)
     assert set(s) == {"neuroncore_utilization_ratio", "system_vcpu_count"}
 
 
@@ -428,10 +432,10 @@ runtimes = st.builds(
 holders = st.dictionaries(cores, st.sampled_from([TRAINER, SERVER]), max_size=6)
 
 
-@given(st.lists(runtimes, max_size=5), st.sampled_from(["native", "neuron-monitor", "both"]), holders)
+@given(st.lists(runtimes, max_size=5), st.sampled_from([Naming.NATIVE, Naming.NEURON_MONITOR, Naming.BOTH]), holders)
 @settings(max_examples=300, deadline=None)
 def test_any_report_is_valid_exposition_with_one_sample_a_series(
-    listed: list[Runtime], naming: str, held: dict[int, Owner]
+    listed: list[Runtime], naming: Naming, held: dict[int, Owner]
 ) -> None:
     state = state_of(report(*listed))
     text = render(list(runtime_rows(state, ALL, Attribution(held), {c: c // 2 for c in range(32)}, naming=naming)))
@@ -441,7 +445,7 @@ def test_any_report_is_valid_exposition_with_one_sample_a_series(
     assert len(parsed) == len(set(parsed))
     declared = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
     assert len(declared) == len(set(declared)), "a family declared twice"
-    compat = naming == "neuron-monitor"
+    compat = naming is Naming.NEURON_MONITOR
     util = series(text).get("neuroncore_utilization_ratio" if compat else "neuron_core_utilization_ratio", [])
     for rt_ in state.report.runtimes if state.report else ():
         for core in rt_.utilization:

@@ -143,7 +143,6 @@ class NeuronCollector(Collector):
         self.families = families
         self.attribution = attribution
         # which names are served: the native ones, neuron-monitor-prometheus's, or both side by side
-        naming = Naming(naming)  # a plain string names one too
         self.native = naming.serves_native
         self.compat = naming.serves_neuron_monitor
         self.resources_capacity = resources_capacity

@@ -105,7 +105,6 @@ def runtime_rows(
 ) -> Iterator[Rows]:
     """Under Naming.BOTH, the two families of one name in both
     namings (SHARED_NAMES) are served once, each series with both namings' labels."""
-    naming = Naming(naming)  # a plain string names one too
     if naming is Naming.BOTH:
         native = _rows(state, families, attribution, device_of, compat=False, both=True)
         theirs = (r for r in _rows(state, families, attribution, device_of, compat=True) if r.name not in SHARED_NAMES)
