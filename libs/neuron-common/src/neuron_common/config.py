@@ -208,11 +208,11 @@ C = TypeVar("C", bound=ServiceConfig)
 
 
 def _flags(cls: type[ServiceConfig]) -> list[tuple[str, Flag]]:
-    return [
-        (f.name, replace(f.metadata[_FLAG], **cls.FLAGS.get(f.name, {})))
-        for f in fields(cls)  # type: ignore[arg-type]
-        if _FLAG in f.metadata
-    ]
+    flagged = [f for f in fields(cls) if _FLAG in f.metadata]  # type: ignore[arg-type]
+    unknown = set(cls.FLAGS) - {f.name for f in flagged}
+    if unknown:
+        raise TypeError(f"{cls.__name__}.FLAGS names fields without a flag: {', '.join(sorted(unknown))}")
+    return [(f.name, replace(f.metadata[_FLAG], **cls.FLAGS.get(f.name, {}))) for f in flagged]
 
 
 def _flag_name(field_name: str, spec: Flag) -> str:
