@@ -21,13 +21,12 @@ help: ## list the targets
 setup: ## install everything the project needs (idempotent; seconds when nothing changed)
 	@tools/setup.sh
 
-test: ## ruff, mypy --strict on src/, the unit and integration tests, then the real-cluster tests; prints each stage's time
+test: ## ruff, mypy --strict on src/, the unit tests, then the real-cluster tests with the integration tests beside them; prints each stage's time
 	@tools/stage.sh --reset
 	@tools/stage.sh lint $(MAKE) --no-print-directory lint
 	@tools/stage.sh typecheck $(MAKE) --no-print-directory typecheck
 	@tools/stage.sh unit $(MAKE) --no-print-directory unit
-	@tools/stage.sh integration $(MAKE) --no-print-directory integration
-	@tools/stage.sh cluster-test $(MAKE) --no-print-directory cluster-test
+	@tools/stage.sh cluster-test tools/cluster_stage.sh --beside integration
 	@tools/stage.sh --summary
 
 lint: ## ruff lint and format check
@@ -62,12 +61,7 @@ images-build: ## build the service images from services/Dockerfile with podman, 
 	tests/cluster/images.sh
 
 cluster-test: ## bring the cluster up, build and import the images, run the cluster and e2e tests, then make demo and a cluster-down that must leave nothing
-	tests/cluster/up.sh
-	tests/cluster/images.sh --import
-	status=0; KUBECONFIG=$(CURDIR)/.run/cluster/admin.kubeconfig $(BIN)/pytest -q -m cluster tests/cluster || status=$$?; \
-	  if [ $$status -eq 0 ]; then KUBECONFIG=$(CURDIR)/.run/cluster/admin.kubeconfig $(BIN)/pytest -q -m e2e tests/e2e || status=$$?; fi; \
-	  if [ $$status -eq 0 ]; then KUBECONFIG=$(CURDIR)/.run/cluster/admin.kubeconfig $(BIN)/pytest -q -m cluster_down tests/cluster/test_down.py || status=$$?; fi; \
-	  tests/cluster/down.sh || status=$$?; exit $$status
+	tools/cluster_stage.sh
 
 e2e: ## the chart end to end (install, helm test, faults, ct install) on a running cluster: $$KUBECONFIG or make cluster-up's
 	KUBECONFIG=$${KUBECONFIG:-$(CURDIR)/.run/cluster/admin.kubeconfig} $(BIN)/pytest -q -m e2e tests/e2e

@@ -45,6 +45,10 @@ if [ "$import" = 1 ] && [ ! -S "$CTR_SOCK" ]; then
   exit 1
 fi
 mkdir -p "$CACHE" build/wheels
+# one build at a time: `make test` runs the integration stage (whose release test builds through
+# this script) beside the cluster stage (whose release e2e does too); both write build/ and the tags
+exec 9>build/.images.lock
+flock 9
 
 # --- base image --------------------------------------------------------------------------------
 base_tar="$CACHE/neuron-base-bookworm-$BASE_KEY.tar"
