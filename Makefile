@@ -21,12 +21,11 @@ help: ## list the targets
 setup: ## install everything the project needs (idempotent; seconds when nothing changed)
 	@tools/setup.sh
 
-test: ## ruff, mypy --strict on src/, the unit tests, then the real-cluster tests with the integration tests beside them; prints each stage's time
+test: ## ruff, mypy --strict on src/, then the real-cluster tests with the unit and integration tests beside them; prints each stage's time
 	@tools/stage.sh --reset
 	@tools/stage.sh lint $(MAKE) --no-print-directory lint
 	@tools/stage.sh typecheck $(MAKE) --no-print-directory typecheck
-	@tools/stage.sh unit $(MAKE) --no-print-directory unit
-	@tools/stage.sh cluster-test tools/cluster_stage.sh --beside integration
+	@tools/stage.sh cluster-test tools/cluster_stage.sh --beside "unit integration"
 	@tools/stage.sh --summary
 
 lint: ## ruff lint and format check
