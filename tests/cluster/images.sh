@@ -97,8 +97,9 @@ smoke_serves() {  # image url-path pattern [service flags...]: the pattern shows
   shift 3
   [ -e "$SIM/.neuron-sim/state.json" ] \
     || .venv/bin/neuron-sim create --instance-type trn1.32xlarge --root "$SIM" --force >/dev/null
+  # 9>&-: the container's conmon outlives this call and must not hold the build lock
   "${PODMAN[@]}" run -d --rm --name "$name" "${LIMITS[@]}" --network host --read-only -v "$SIM:$SIM:ro" --tmpfs /run \
-    "$image" --host-root "$SIM" --listen "127.0.0.1:$port" --pod-resources-socket /nonexistent "$@" >/dev/null
+    "$image" --host-root "$SIM" --listen "127.0.0.1:$port" --pod-resources-socket /nonexistent "$@" >/dev/null 9>&-
   for _ in $(seq 1 50); do
     if curl -sf "127.0.0.1:$port$path" | grep "$pattern" >/dev/null; then ok=0; break; fi
     sleep 0.2
