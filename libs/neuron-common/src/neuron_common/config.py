@@ -275,7 +275,8 @@ class MetricsSecurity:
 
 @dataclass(frozen=True, kw_only=True)
 class Listening:
-    """--listen and --log-level, which every service takes; the service sets --listen's default."""
+    """--listen, --log-level and --metrics-auth, which every service takes; the service sets --listen's
+    default."""
 
     listen: tuple[str, int] = flag("", "address of /healthz, /readyz, /metrics", type=listen_address)
     log_level: str = flag("info", "debug, info, warning or error", type=log_level)

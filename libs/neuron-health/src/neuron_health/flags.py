@@ -34,7 +34,7 @@ class KernelLog(KernelLogFormat):
 
     @classmethod
     def resolve(cls, p: argparse.ArgumentParser, v: dict[str, Any], environ: Mapping[str, str]) -> None:
-        v["kmsg_path"] = resolve_kmsg(v["kmsg_path"], HostLayout(v["host_root"]).kmsg, v["kernel_log_format"], p)
+        v["kmsg_path"] = kernel_log_path(p, v)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,19 +61,17 @@ class HealthSources(KernelLogFormat):
 
     @classmethod
     def resolve(cls, p: argparse.ArgumentParser, v: dict[str, Any], environ: Mapping[str, str]) -> None:
-        given = v["kmsg_path"]
-        host_kmsg = HostLayout(v["host_root"]).kmsg
-        v["kmsg_path"] = None if given == "none" else resolve_kmsg(given, host_kmsg, v["kernel_log_format"], p)
+        v["kmsg_path"] = None if v["kmsg_path"] == "none" else kernel_log_path(p, v)
         if v["health_quiet_period"] < v["health_interval"]:
             p.error("--health-quiet-period must be at least --health-interval")
 
 
-def resolve_kmsg(kmsg_path: str, host_kmsg: Path, fmt: str = "kmsg", p: argparse.ArgumentParser | None = None) -> Path:
-    """--kmsg-path: '' is the host's kernel log (`host_kmsg`, from the host layout). With `p`, stops
-    at start when --kernel-log-format does not fit the path (`check_kernel_log`)."""
-    if p is not None:
-        check_kernel_log(p, kmsg_path, fmt)
-    return Path(kmsg_path) if kmsg_path else host_kmsg
+def kernel_log_path(p: argparse.ArgumentParser, v: Mapping[str, Any]) -> Path:
+    """--kmsg-path as given, or the host's kernel log (from the host layout) for ''; stops at start
+    when --kernel-log-format does not fit it (`check_kernel_log`)."""
+    given, fmt = v["kmsg_path"], v["kernel_log_format"]
+    check_kernel_log(p, given, fmt)
+    return Path(given) if given else HostLayout(v["host_root"]).kmsg
 
 
 def check_kernel_log(p: argparse.ArgumentParser, kmsg_path: str, fmt: str) -> None:
