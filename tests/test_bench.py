@@ -70,25 +70,26 @@ def test_a_bench_that_fails_is_reported_and_the_rest_still_run(tmp_path: Path) -
     assert re.search(r"^  x\s+1\.000 ms\s+target <= 2 ms  ok$", done.stdout, re.MULTILINE), done.stdout
 
 
+def _stat(stat: Path) -> list[str] | None:
+    """The fields of a /proc/<pid>/stat after the command name (state, ppid, ...); None once gone."""
+    try:
+        return stat.read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def _children(pid: int) -> set[int]:
-    """The processes whose parent is `pid` (from /proc)."""
-    found = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            found.add(int(stat.parent.name))
-    return found
+    """The processes whose parent is `pid`."""
+    return {
+        int(stat.parent.name)
+        for stat in Path("/proc").glob("[0-9]*/stat")
+        if (fields := _stat(stat)) is not None and int(fields[1]) == pid
+    }
 
 
 def _alive(pid: int) -> bool:
-    try:
-        state = (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
+    fields = _stat(Path("/proc") / str(pid) / "stat")
+    return fields is not None and fields[0] != "Z"
 
 
 def test_sigterm_stops_the_bench_and_what_it_started() -> None:
