@@ -12,6 +12,7 @@ import contextlib
 import http.client
 import json
 import os
+import re
 import signal
 import ssl
 import subprocess
@@ -22,6 +23,8 @@ import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = REPO / ".venv" / "bin"
@@ -60,6 +63,23 @@ def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> str:
 
 def node() -> dict[str, Any]:
     return json.loads(kubectl("get", "node", NODE, "-o", "json"))  # type: ignore[no-any-return]
+
+
+def node_status_update_period() -> float:
+    """The kubelet's nodeStatusUpdateFrequency in seconds, from the configuration up.sh started it with
+    (the API server will not proxy /configz to a loopback node): how long a change to allocatable can
+    wait before it reaches the Node. The kubelet's default, 10 s, when the file does not set it."""
+    config = yaml.safe_load((CLUSTER_DIR / "kubelet" / "config.yaml").read_text())
+    return go_duration(config.get("nodeStatusUpdateFrequency", "10s"))
+
+
+def go_duration(text: str) -> float:
+    """A Go time.Duration as the kubelet prints it ("2s", "1m0s", "500ms") in seconds."""
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 0.001, "us": 1e-6, "µs": 1e-6, "ns": 1e-9}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(h|ms|us|µs|ns|m|s)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"not a Go duration: {text!r}")
+    return sum(float(n) * units[u] for n, u in parts)
 
 
 def pod_phase(name: str, namespace: str = "default") -> str:

@@ -265,6 +265,10 @@ resolvConf: /etc/resolv.conf
 evictionHard: {memory.available: "100Mi", nodefs.available: "1%", imagefs.available: "1%"}
 imageGCHighThresholdPercent: 100
 serializeImagePulls: false
+# A change to allocatable (a device plugin's update) reaches the Node with the next status sync: 10 s
+# by default. The tests wait on such changes often, and 2 s makes each wait shorter, not different;
+# tests that reason about the period read it from the running kubelet (cluster_access).
+nodeStatusUpdateFrequency: 2s
 localStorageCapacityIsolation: false
 podPidsLimit: -1
 EOF

@@ -23,7 +23,19 @@ from dataclasses import dataclass, field
 
 import pytest
 import yaml
-from cluster_access import REPO, SIM_ROOT, eventually, helm, kubectl, node, pod_phase, run, sim, workload_pod
+from cluster_access import (
+    REPO,
+    SIM_ROOT,
+    eventually,
+    helm,
+    kubectl,
+    node,
+    node_status_update_period,
+    pod_phase,
+    run,
+    sim,
+    workload_pod,
+)
 
 AWS_CHART = REPO / "tests" / "e2e" / "aws-chart" / "neuron-helm-chart"
 CHART = REPO / "charts" / "neuron-helm-chart"
@@ -35,11 +47,16 @@ WORKLOADS = "neuron-migration-workloads"
 AWS_POD_SELECTOR = "name=neuron-device-plugin-ds"  # AWS's DaemonSet selects its pods by this label
 OURS_SELECTOR = "app.kubernetes.io/part-of=neuron-helm-chart,app.kubernetes.io/component=device-plugin"
 HELD = "held-through-migration"
-# One node status period as the gap between two of the kubelet's status writes can be: it waits its
-# nodeStatusUpdateFrequency (10 s) plus up to 4 % jitter after each write ends
-# (`wait.JitterUntil(kl.syncNodeStatus, kl.nodeStatusUpdateFrequency, 0.04, true, ...)` in
-# pkg/kubelet/kubelet.go), and the write itself and the sampler's own kubectl calls add under a second.
-ONE_NODE_STATUS_PERIOD = 10.0 * 1.04 + 1.0
+
+
+def one_node_status_period() -> float:
+    """The longest gap between two of the kubelet's status writes: it waits its nodeStatusUpdateFrequency
+    plus up to 4 % jitter after each write ends (`wait.JitterUntil(kl.syncNodeStatus,
+    kl.nodeStatusUpdateFrequency, 0.04, true, ...)` in pkg/kubelet/kubelet.go), and the write itself and
+    the sampler's own kubectl calls add under a second."""
+    return node_status_update_period() * 1.04 + 1.0
+
+
 SHOW_CORES = (
     "import os, time\nprint('cores=' + os.environ.get('NEURON_RT_VISIBLE_CORES', ''), flush=True)\ntime.sleep(3600)\n"
 )
@@ -145,7 +162,7 @@ def restart_old_plugin() -> None:
     assert before, "no pod of AWS's device plugin"
     kubectl("delete", "-n", "kube-system", *before, "--wait=true", "--timeout=60s")
     wait_aws_plugin_registered()
-    time.sleep(12)  # one more node status period, so a gap after the pod was back is counted too
+    time.sleep(one_node_status_period())  # so a gap published with the next node status is counted too
 
 
 def handover(from_namespace: str, release: str, namespace: str, *values: str) -> str:
@@ -223,13 +240,13 @@ def test_the_handover_from_awss_chart_keeps_a_running_pods_devices_and_the_node_
     with AllocatableWatch() as moving:
         output = handover("default", release, namespace, *values)
         eventually(lambda: neuron_allocatable() == "16", "the node advertising 16 devices after the handover", 120)
-        time.sleep(12)  # as for the restart: a gap published with the next node status counts
+        time.sleep(one_node_status_period())  # as for the restart
     check_after_handover(aws_release, str(uid), output, release, namespace)
     # At most one plugin restart's worth of the node advertising fewer devices, measured against a
     # restart of AWS's own plugin pod in the same run (plus one node status period: a restart that
     # falls between two status writes shows no gap at all, one that straddles a write shows one period).
     print(f"longest gap: plugin restart {restart.longest_gap():.1f} s, handover {moving.longest_gap():.1f} s")
-    assert moving.longest_gap() <= restart.longest_gap() + ONE_NODE_STATUS_PERIOD
+    assert moving.longest_gap() <= restart.longest_gap() + one_node_status_period()
 
 
 def test_the_handover_refuses_a_release_that_is_not_awss() -> None:
