@@ -117,28 +117,12 @@ project = tomllib.load(open(sys.argv[1], "rb"))["project"]
 print(functools.reduce(lambda table, key: table[key], sys.argv[2].split("."), project))
 ' "services/$1/pyproject.toml" "$2"
 }
-revision=$(git rev-parse HEAD)
-[ -z "$(git status --porcelain --untracked-files=no)" ] || revision="$revision-dirty"
-commit_time=$(git log -1 --format=%ct HEAD)
-source_url=$(git remote get-url origin 2>/dev/null | sed -E 's#//[^/@]*@#//#' || true)
-declare -A sizes
-: > build/images.tsv.tmp
-for svc in "${SERVICES[@]}"; do
-  version=$(package_field "$svc" version)
-  image="localhost/neuron-helm-chart/$svc:$version"
-  log "building $image"
-  # --timestamp: the commit's time, not the build's, so that a commit builds the same image
-  if ! "${PODMAN[@]}" build "${LIMITS[@]}" --network none --timestamp "$commit_time" \
-      --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "SERVICE=$svc" --target "$svc" \
-      --build-arg "TITLE=$(package_field "$svc" name)" --build-arg "DESCRIPTION=$(package_field "$svc" description)" \
-      --build-arg "VERSION=$version" --build-arg "LICENSES=$(package_field "$svc" license.text)" \
-      --build-arg "REVISION=$revision" --build-arg "SOURCE=$source_url" \
-      --build-arg "CREATED=$(date -u -d "@$commit_time" +%Y-%m-%dT%H:%M:%SZ)" \
-      --iidfile "build/image-$svc.iid" -f services/Dockerfile -t "$image" . >"build/image-$svc.log" 2>&1; then
-    tail -40 "build/image-$svc.log" >&2
-    echo "$image: build failed (whole log: build/image-$svc.log)" >&2
-    exit 1
-  fi
+# An image that passed its smoke run in this clone (build/smoked/<image ID>) is not run again: the
+# same ID is the same content, and `make demo` or a release after `make images` rebuilds from cache.
+smoke() {  # service image
+  local svc=$1 image=$2 iid command
+  iid=$(cat "build/image-$svc.iid")
+  if [ -f "build/smoked/$iid" ]; then log "$image: smoke-run already passed (image ID ${iid:7:12})"; return; fi
   command=$("${PODMAN[@]}" image inspect "$image" --format '{{index .Config.Entrypoint 0}}')
   "${PODMAN[@]}" run --rm "${LIMITS[@]}" --network none --read-only "$image" --help >/dev/null \
     || { echo "$image: '$command --help' failed" >&2; exit 1; }
@@ -179,6 +163,32 @@ asyncio.run(main())' \
         -c 'import neuron_dra_driver.app, neuron_common.kube, yaml, kubelet_api.dra.v1.api_pb2_grpc' \
         || { echo "$image: the driver's imports failed" >&2; exit 1; } ;;
   esac
+  mkdir -p build/smoked
+  touch "build/smoked/$iid"
+}
+revision=$(git rev-parse HEAD)
+[ -z "$(git status --porcelain --untracked-files=no)" ] || revision="$revision-dirty"
+commit_time=$(git log -1 --format=%ct HEAD)
+source_url=$(git remote get-url origin 2>/dev/null | sed -E 's#//[^/@]*@#//#' || true)
+declare -A sizes
+: > build/images.tsv.tmp
+for svc in "${SERVICES[@]}"; do
+  version=$(package_field "$svc" version)
+  image="localhost/neuron-helm-chart/$svc:$version"
+  log "building $image"
+  # --timestamp: the commit's time, not the build's, so that a commit builds the same image
+  if ! "${PODMAN[@]}" build "${LIMITS[@]}" --network none --timestamp "$commit_time" \
+      --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "SERVICE=$svc" --target "$svc" \
+      --build-arg "TITLE=$(package_field "$svc" name)" --build-arg "DESCRIPTION=$(package_field "$svc" description)" \
+      --build-arg "VERSION=$version" --build-arg "LICENSES=$(package_field "$svc" license.text)" \
+      --build-arg "REVISION=$revision" --build-arg "SOURCE=$source_url" \
+      --build-arg "CREATED=$(date -u -d "@$commit_time" +%Y-%m-%dT%H:%M:%SZ)" \
+      --iidfile "build/image-$svc.iid" -f services/Dockerfile -t "$image" . >"build/image-$svc.log" 2>&1; then
+    tail -40 "build/image-$svc.log" >&2
+    echo "$image: build failed (whole log: build/image-$svc.log)" >&2
+    exit 1
+  fi
+  smoke "$svc" "$image"
   sizes[$image]=$("${PODMAN[@]}" image inspect "$image" --format '{{.Size}}')
   printf '%s\t%s\t%s\n' "$svc" "$image" "$(cat "build/image-$svc.iid")" >> build/images.tsv.tmp
   log "$image ok"
@@ -186,12 +196,22 @@ done
 mv build/images.tsv.tmp build/images.tsv
 
 if [ "$import" = 1 ]; then
+  # $CLUSTER_DIR/imported/<service>: the image ID last imported into this cluster's containerd (whose
+  # image store, like this record, outlives cluster-down); the same ID, still listed, is not imported again
+  mkdir -p "$CLUSTER_DIR/imported"
   for svc in "${SERVICES[@]}"; do
     image="localhost/neuron-helm-chart/$svc:$(package_field "$svc" version)"
+    iid=$(cat "build/image-$svc.iid")
+    if [ "$(cat "$CLUSTER_DIR/imported/$svc" 2>/dev/null)" = "$iid" ] \
+        && "$CTR" --address "$CTR_SOCK" -n k8s.io images ls -q | grep -qxF "$image"; then
+      log "$image already in the cluster's containerd (image ID ${iid:7:12})"
+      continue
+    fi
     archive="$CLUSTER_DIR/$svc.tar"
     "${PODMAN[@]}" save -q --format docker-archive -o "$archive" "$image"
     "$CTR" --address "$CTR_SOCK" -n k8s.io images import "$archive" >/dev/null
     rm -f "$archive"
+    echo "$iid" > "$CLUSTER_DIR/imported/$svc"
     log "$image imported into the cluster's containerd"
   done
   # the chart's second scheduler (scheduler.enabled): the cluster cannot pull registry.k8s.io
