@@ -18,8 +18,10 @@ BIN=.venv/bin
 run_beside() {
   local stage
   for stage in $beside; do
-    # as `make STAGE` alone would run: never pointed at the test cluster
-    env -u KUBECONFIG STAGE_QUIET_FAILURE=1 tools/stage.sh "$stage" make --no-print-directory "$stage" \
+    # as `make STAGE` alone would run: never pointed at the test cluster. At a lower CPU priority:
+    # the cluster stage is the longer one and waits on the cluster's own processes (kubelet, API
+    # server, pods), which should not queue behind these stages' test processes.
+    nice -n 10 env -u KUBECONFIG STAGE_QUIET_FAILURE=1 tools/stage.sh "$stage" make --no-print-directory "$stage" \
       > ".run/$stage.log" 2>&1 || return
   done
 }
