@@ -119,9 +119,8 @@ print(functools.reduce(lambda table, key: table[key], sys.argv[2].split("."), pr
 }
 # An image that passed its smoke run in this clone (build/smoked/<image ID>) is not run again: the
 # same ID is the same content, and `make demo` or a release after `make images` rebuilds from cache.
-smoke() {  # service image
-  local svc=$1 image=$2 iid command
-  iid=$(cat "build/image-$svc.iid")
+smoke() {  # service image image-ID
+  local svc=$1 image=$2 iid=$3 command
   if [ -f "build/smoked/$iid" ]; then log "$image: smoke-run already passed (image ID ${iid:7:12})"; return; fi
   command=$("${PODMAN[@]}" image inspect "$image" --format '{{index .Config.Entrypoint 0}}')
   "${PODMAN[@]}" run --rm "${LIMITS[@]}" --network none --read-only "$image" --help >/dev/null \
@@ -188,9 +187,10 @@ for svc in "${SERVICES[@]}"; do
     echo "$image: build failed (whole log: build/image-$svc.log)" >&2
     exit 1
   fi
-  smoke "$svc" "$image"
+  iid=$(cat "build/image-$svc.iid")
+  smoke "$svc" "$image" "$iid"
   sizes[$image]=$("${PODMAN[@]}" image inspect "$image" --format '{{.Size}}')
-  printf '%s\t%s\t%s\n' "$svc" "$image" "$(cat "build/image-$svc.iid")" >> build/images.tsv.tmp
+  printf '%s\t%s\t%s\n' "$svc" "$image" "$iid" >> build/images.tsv.tmp
   log "$image ok"
 done
 mv build/images.tsv.tmp build/images.tsv
@@ -199,11 +199,9 @@ if [ "$import" = 1 ]; then
   # $CLUSTER_DIR/imported/<service>: the image ID last imported into this cluster's containerd (whose
   # image store, like this record, outlives cluster-down); the same ID, still listed, is not imported again
   mkdir -p "$CLUSTER_DIR/imported"
-  for svc in "${SERVICES[@]}"; do
-    image="localhost/neuron-helm-chart/$svc:$(package_field "$svc" version)"
-    iid=$(cat "build/image-$svc.iid")
-    if [ "$(cat "$CLUSTER_DIR/imported/$svc" 2>/dev/null)" = "$iid" ] \
-        && "$CTR" --address "$CTR_SOCK" -n k8s.io images ls -q | grep -qxF "$image"; then
+  listed=$("$CTR" --address "$CTR_SOCK" -n k8s.io images ls -q)
+  while IFS=$'\t' read -r -u 3 svc image iid; do  # the build's list; on fd 3, which podman and ctr cannot read
+    if [ "$(cat "$CLUSTER_DIR/imported/$svc" 2>/dev/null)" = "$iid" ] && grep -qxF "$image" <<<"$listed"; then
       log "$image already in the cluster's containerd (image ID ${iid:7:12})"
       continue
     fi
@@ -213,7 +211,7 @@ if [ "$import" = 1 ]; then
     rm -f "$archive"
     echo "$iid" > "$CLUSTER_DIR/imported/$svc"
     log "$image imported into the cluster's containerd"
-  done
+  done 3< build/images.tsv
   # the chart's second scheduler (scheduler.enabled): the cluster cannot pull registry.k8s.io
   tests/cluster/kube-scheduler-image.sh
 fi

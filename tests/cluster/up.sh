@@ -267,7 +267,7 @@ imageGCHighThresholdPercent: 100
 serializeImagePulls: false
 # A change to allocatable (a device plugin's update) reaches the Node with the next status sync: 10 s
 # by default. The tests wait on such changes often, and 2 s makes each wait shorter, not different;
-# tests that reason about the period read it from the running kubelet (cluster_access).
+# tests that reason about the period read it from this file (cluster_access.node_status_update_period).
 nodeStatusUpdateFrequency: 2s
 localStorageCapacityIsolation: false
 podPidsLimit: -1
