@@ -50,7 +50,8 @@ release: ## publish, sign and attest the images and the chart: make release REGI
 cluster-up: ## start the real single-node cluster (etcd, API server, kubelet, containerd) on this machine
 	tests/cluster/up.sh
 
-cluster-down: ## stop it and remove what it mounted and made
+cluster-down: ## stop it (and make cluster-test's second cluster, if one is left) and remove what they mounted and made
+	tests/cluster/isolated.sh down .run/isolated-cluster
 	tests/cluster/down.sh
 
 images: ## images-build, then import the images into the running cluster's containerd

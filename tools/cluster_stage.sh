@@ -2,6 +2,11 @@
 # The real-cluster stage (`make cluster-test`): bring the cluster up, build and import the images, run
 # the cluster and e2e tests, then `make demo` and a cluster-down that must leave nothing (test_down).
 #
+# The e2e tests marked `isolated` (chart-testing's installs) run on a second cluster, in network and
+# mount namespaces of its own (tests/cluster/isolated.sh), at the same time as the cluster tests and
+# the rest of the e2e suite on the first: both mostly wait on pods. That cluster goes down when its
+# tests end; its output goes to .run/isolated.log and is printed then.
+#
 # `--beside "STAGE..."` (`make test`: unit, then integration) runs `make STAGE` for each, one after
 # the other, at the same time as all of it. The cluster stage mostly waits (on pods, probes, helm)
 # and those stages mostly compute: on two cores they take little longer together than the cluster
@@ -35,11 +40,32 @@ if [ -n "$beside" ]; then
   beside_pid=$!
 fi
 export KUBECONFIG=$PWD/.run/cluster/admin.kubeconfig
+ISOLATED_DIR=$PWD/.run/isolated-cluster
 status=0
 tests/cluster/up.sh && tests/cluster/images.sh --import || status=$?
 # --durations: where the stage's time goes, in every run's log, for whoever next makes it shorter
+isolated_pid=""
+if [ $status -eq 0 ]; then
+  mkdir -p .run
+  echo "[make test] e2e -m isolated: on a second cluster beside the rest; the output follows when it ends (.run/isolated.log)"
+  # setsid: its own process group, which a failure here stops at once
+  setsid bash -c 'tests/cluster/isolated.sh up "$1" && tests/cluster/isolated.sh exec "$1" \
+      .venv/bin/pytest -q -p no:cacheprovider -m "e2e and isolated" --durations=10 tests/e2e' _ "$ISOLATED_DIR" \
+    > .run/isolated.log 2>&1 < /dev/null &
+  isolated_pid=$!
+fi
 if [ $status -eq 0 ]; then $BIN/pytest -q -m cluster --durations=10 tests/cluster || status=$?; fi
-if [ $status -eq 0 ]; then $BIN/pytest -q -m e2e --durations=25 tests/e2e || status=$?; fi
+if [ $status -eq 0 ]; then $BIN/pytest -q -m "e2e and not isolated" --durations=25 tests/e2e || status=$?; fi
+if [ -n "$isolated_pid" ]; then
+  [ $status -eq 0 ] || kill -TERM -- "-$isolated_pid" 2>/dev/null
+  isolated_status=0
+  wait "$isolated_pid" || isolated_status=$?
+  echo "[make test] --- e2e -m isolated (ran on the second cluster) ---"
+  cat .run/isolated.log
+  echo "[make test] --- end of e2e -m isolated ---"
+  tests/cluster/isolated.sh down "$ISOLATED_DIR" || isolated_status=$?
+  [ $status -ne 0 ] || status=$isolated_status
+fi
 downed=0
 if [ $status -ne 0 ]; then  # test_down will not run: stop the cluster now, not after the stages beside
   tests/cluster/down.sh || true

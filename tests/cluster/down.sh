@@ -25,10 +25,13 @@ stop_named() {  # name: a process cluster-up started, by its pid file
   stop_pid "$1" "$(cat "$pidfile")"
   rm -f "$pidfile"
 }
-# The pods' cgroups (cgroupfs driver: kubepods under each v1 controller, or the v2 root)
+# The pods' cgroups (cgroupfs driver: kubepods under each v1 controller, or the v2 root; under
+# up.sh's KUBELET_CGROUP_ROOT there when it set one)
+KUBELET_CGROUP_ROOT="${KUBELET_CGROUP_ROOT:-}"
+POD_CGROUPS="${KUBELET_CGROUP_ROOT:+$KUBELET_CGROUP_ROOT/}kubepods"
 pod_cgroups() {
   local base
-  for base in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
+  for base in /sys/fs/cgroup/*/$POD_CGROUPS /sys/fs/cgroup/$POD_CGROUPS; do
     [ -d "$base" ] && find "$base" -name cgroup.procs 2>/dev/null
   done
 }
@@ -80,9 +83,14 @@ if [ -n "$leftover" ]; then
   log "still in the pods' cgroups after everything stopped: $(echo $leftover)"
   status=1
 fi
-for base in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do  # the empty pod cgroups; the kubelet makes them again
+for base in /sys/fs/cgroup/*/$POD_CGROUPS /sys/fs/cgroup/$POD_CGROUPS; do  # the empty pod cgroups; the kubelet makes them again
   [ -d "$base" ] && find "$base" -depth -type d -exec rmdir {} + 2>/dev/null
 done
+if [ -n "$KUBELET_CGROUP_ROOT" ]; then
+  for base in /sys/fs/cgroup/*/$KUBELET_CGROUP_ROOT /sys/fs/cgroup/$KUBELET_CGROUP_ROOT; do
+    [ -d "$base" ] && find "$base" -depth -type d -exec rmdir {} + 2>/dev/null
+  done
+fi
 # what the runtime and kubelet mounted under the cluster directory and /var/lib/kubelet
 for mnt in $(awk -v d="$CLUSTER_DIR" -v k=/var/lib/kubelet '$2 ~ "^"d || $2 ~ "^"k {print $2}' /proc/mounts | sort -r); do
   umount -l "$mnt" 2>/dev/null || true
@@ -105,7 +113,9 @@ for chain in $(iptables -S 2>/dev/null | awk '/^-N KUBE-(ROUTER|NWPLCY|POD-FW)-/
   iptables -X "$chain" 2>/dev/null || true
 done
 for set in $(ipset list -n 2>/dev/null | grep '^KUBE-'); do ipset destroy "$set" 2>/dev/null || true; done
-sed -i "/# neuron-helm-chart test cluster$/d" /etc/hosts
+# written in place, not renamed over: a second cluster's /etc/hosts is a file mounted over the host's
+hosts=$(grep -v "# neuron-helm-chart test cluster$" /etc/hosts || true)
+printf '%s\n' "$hosts" > /etc/hosts
 # the kubelet's records of the images it pulled (image_manager) go with the cluster they were pulled
 # in: a record naming an image ID makes the kubelet refuse an imported image of that ID (pull policy Never)
 rm -rf "$CLUSTER_DIR/containerd/state" "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/kubelet" /var/lib/kubelet/pods /var/lib/kubelet/image_manager

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# tests/cluster/images.sh [--import]: builds every service image from services/Dockerfile with
-# podman (rootful, runc), smoke-runs each and prints their sizes (`make images-build`). With
+# tests/cluster/images.sh [--import|--import-only]: builds every service image from services/Dockerfile
+# with podman (rootful, runc), smoke-runs each and prints their sizes (`make images-build`). With
 # --import (`make images`, `make cluster-test`, `make demo`) it then imports them into the test
 # cluster's containerd (k8s.io namespace), and fails at once when that cluster is not running.
+# --import-only imports the last build's images (build/images.tsv) without building: a second
+# cluster's containerd (tests/cluster/isolated.sh) gets the images the first one has.
 # It is the one image build: `make release` (tools/release.py) runs it too, then pushes the images
 # it lists in build/images.tsv (service, local name, image ID: the ID, since other builds on this
 # machine may retag the local name meanwhile).
@@ -32,11 +34,12 @@ PODMAN=(podman --runtime "$(command -v runc)" --cgroup-manager cgroupfs)
 LIMITS=(--ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
 log() { printf '[images] %s\n' "$*"; }
 
-import=0
+import=0 build=1
 case "${1:-}" in
   --import) import=1 ;;
+  --import-only) import=1 build=0 ;;
   "") ;;
-  *) echo "usage: $0 [--import]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--import|--import-only]" >&2; exit 2 ;;
 esac
 [ "$(id -u)" -eq 0 ] || { echo "building the images needs root (rootful podman)" >&2; exit 1; }
 if [ "$import" = 1 ] && [ ! -S "$CTR_SOCK" ]; then
@@ -49,6 +52,32 @@ mkdir -p "$CACHE" build/wheels
 # this script) beside the cluster stage (whose release e2e does too); both write build/ and the tags
 exec 9>build/.images.lock
 flock 9
+
+import_images() {  # what build/images.tsv lists, into $CLUSTER_DIR's containerd
+  # $CLUSTER_DIR/imported/<service>: the image ID last imported into this cluster's containerd (whose
+  # image store, like this record, outlives cluster-down); the same ID, still listed, is not imported again
+  mkdir -p "$CLUSTER_DIR/imported"
+  listed=$("$CTR" --address "$CTR_SOCK" -n k8s.io images ls -q)
+  while IFS=$'\t' read -r -u 3 svc image iid; do  # the build's list; on fd 3, which podman and ctr cannot read
+    if [ "$(cat "$CLUSTER_DIR/imported/$svc" 2>/dev/null)" = "$iid" ] && grep -qxF "$image" <<<"$listed"; then
+      log "$image already in the cluster's containerd (image ID ${iid:7:12})"
+      continue
+    fi
+    archive="$CLUSTER_DIR/$svc.tar"
+    "${PODMAN[@]}" save -q --format docker-archive -o "$archive" "$image"
+    "$CTR" --address "$CTR_SOCK" -n k8s.io images import "$archive" >/dev/null
+    rm -f "$archive"
+    echo "$iid" > "$CLUSTER_DIR/imported/$svc"
+    log "$image imported into the cluster's containerd"
+  done 3< build/images.tsv
+  # the chart's second scheduler (scheduler.enabled): the cluster cannot pull registry.k8s.io
+  tests/cluster/kube-scheduler-image.sh
+}
+if [ "$build" = 0 ]; then
+  [ -f build/images.tsv ] || { echo "no build to import (build/images.tsv): run make images-build first" >&2; exit 1; }
+  import_images
+  exit 0
+fi
 
 # --- base image --------------------------------------------------------------------------------
 base_tar="$CACHE/neuron-base-bookworm-$BASE_KEY.tar"
@@ -195,26 +224,7 @@ for svc in "${SERVICES[@]}"; do
 done
 mv build/images.tsv.tmp build/images.tsv
 
-if [ "$import" = 1 ]; then
-  # $CLUSTER_DIR/imported/<service>: the image ID last imported into this cluster's containerd (whose
-  # image store, like this record, outlives cluster-down); the same ID, still listed, is not imported again
-  mkdir -p "$CLUSTER_DIR/imported"
-  listed=$("$CTR" --address "$CTR_SOCK" -n k8s.io images ls -q)
-  while IFS=$'\t' read -r -u 3 svc image iid; do  # the build's list; on fd 3, which podman and ctr cannot read
-    if [ "$(cat "$CLUSTER_DIR/imported/$svc" 2>/dev/null)" = "$iid" ] && grep -qxF "$image" <<<"$listed"; then
-      log "$image already in the cluster's containerd (image ID ${iid:7:12})"
-      continue
-    fi
-    archive="$CLUSTER_DIR/$svc.tar"
-    "${PODMAN[@]}" save -q --format docker-archive -o "$archive" "$image"
-    "$CTR" --address "$CTR_SOCK" -n k8s.io images import "$archive" >/dev/null
-    rm -f "$archive"
-    echo "$iid" > "$CLUSTER_DIR/imported/$svc"
-    log "$image imported into the cluster's containerd"
-  done 3< build/images.tsv
-  # the chart's second scheduler (scheduler.enabled): the cluster cannot pull registry.k8s.io
-  tests/cluster/kube-scheduler-image.sh
-fi
+[ "$import" = 0 ] || import_images
 
 # MB as podman images counts them (10^6 bytes), uncompressed
 printf '\n%-56s %8s  %s\n' IMAGE "SIZE MB" USER

@@ -22,6 +22,9 @@ APICHECK_IMAGE=localhost/neuron-test/apicheck:2
 # loopback only. tests/cluster_access.py's REGISTRY names it too.
 REGISTRY_ADDR=127.0.0.1:5000
 PY="$REPO/.venv/bin/python"
+# The cgroup the kubelet puts its kubepods under ("" for the root): a second cluster on this machine
+# (tests/cluster/isolated.sh) gets its own, so that neither kubelet's cleanup sees the other's pods.
+KUBELET_CGROUP_ROOT="${KUBELET_CGROUP_ROOT:-}"
 
 log() { printf '[cluster-up] %s\n' "$*"; }
 die() { printf '[cluster-up] error: %s\n' "$*" >&2; exit 1; }
@@ -272,6 +275,12 @@ nodeStatusUpdateFrequency: 2s
 localStorageCapacityIsolation: false
 podPidsLimit: -1
 EOF
+if [ -n "$KUBELET_CGROUP_ROOT" ]; then  # the kubelet refuses a cgroup root that does not exist
+  for hierarchy in /sys/fs/cgroup/*/ /sys/fs/cgroup/; do
+    [ -f "$hierarchy/cgroup.procs" ] && mkdir -p "$hierarchy/$KUBELET_CGROUP_ROOT"
+  done
+  echo "cgroupRoot: /$KUBELET_CGROUP_ROOT" >> "$CLUSTER_DIR/kubelet/config.yaml"
+fi
 start kubelet "$BIN/kubelet" --config="$CLUSTER_DIR/kubelet/config.yaml" --kubeconfig="$CLUSTER_DIR/kubelet.kubeconfig" \
   --hostname-override="$NODE_NAME" \
   --node-labels="node.kubernetes.io/instance-type=$INSTANCE_TYPE" --v=1

@@ -613,6 +613,7 @@ def ct_install() -> CtRun:
     return CtRun(result.returncode, result.stdout + result.stderr)
 
 
+@pytest.mark.isolated
 @pytest.mark.timeout(1800)
 def test_ct_install_passes(ct_install: CtRun) -> None:
     """The real chart-testing install: every ci values file installed, waited on, helm-tested and removed."""
@@ -634,6 +635,7 @@ def merged_values(values: Path) -> dict[str, Any]:
     return merge(yaml.safe_load((CHART / "values.yaml").read_text()), yaml.safe_load(values.read_text()) or {})
 
 
+@pytest.mark.isolated
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
 def test_each_ci_values_file_installs_and_passes_its_checks(ct_install: CtRun, values: Path) -> None:
     """The install with this file rendered a DaemonSet for each enabled node agent and no other, and
