@@ -55,7 +55,8 @@ ULTRASERVER = "00c0ffee12345678"
 CDI_DIR = Path("/var/run/cdi")
 GROUP4 = "resource.aws.com/devicegroup4_id"
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+# isolated: make cluster-test runs this module on its second cluster, beside the rest of the e2e suite
+pytestmark = [pytest.mark.e2e, pytest.mark.isolated, pytest.mark.timeout(900)]
 
 
 # --- helpers ---------------------------------------------------------------------------------
