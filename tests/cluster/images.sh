@@ -204,13 +204,16 @@ for svc in "${SERVICES[@]}"; do
   version=$(package_field "$svc" version)
   image="localhost/neuron-helm-chart/$svc:$version"
   log "building $image"
-  # --timestamp: the commit's time, not the build's, so that a commit builds the same image
+  # --timestamp: the commit's time, not the build's, so that a commit builds the same image. --label,
+  # not build arguments for a LABEL in the Dockerfile, whose cached layer kept an earlier commit's labels.
   if ! "${PODMAN[@]}" build "${LIMITS[@]}" --network none --timestamp "$commit_time" \
       --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "SERVICE=$svc" --target "$svc" \
-      --build-arg "TITLE=$(package_field "$svc" name)" --build-arg "DESCRIPTION=$(package_field "$svc" description)" \
-      --build-arg "VERSION=$version" --build-arg "LICENSES=$(package_field "$svc" license.text)" \
-      --build-arg "REVISION=$revision" --build-arg "SOURCE=$source_url" \
-      --build-arg "CREATED=$(date -u -d "@$commit_time" +%Y-%m-%dT%H:%M:%SZ)" \
+      --label "org.opencontainers.image.title=$(package_field "$svc" name)" \
+      --label "org.opencontainers.image.description=$(package_field "$svc" description)" \
+      --label "org.opencontainers.image.version=$version" \
+      --label "org.opencontainers.image.licenses=$(package_field "$svc" license.text)" \
+      --label "org.opencontainers.image.revision=$revision" --label "org.opencontainers.image.source=$source_url" \
+      --label "org.opencontainers.image.created=$(date -u -d "@$commit_time" +%Y-%m-%dT%H:%M:%SZ)" \
       --iidfile "build/image-$svc.iid" -f services/Dockerfile -t "$image" . >"build/image-$svc.log" 2>&1; then
     tail -40 "build/image-$svc.log" >&2
     echo "$image: build failed (whole log: build/image-$svc.log)" >&2

@@ -7,6 +7,7 @@ REGISTRY, a dirty tree, a version already released) are checked without building
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import shutil
@@ -372,6 +373,22 @@ def test_the_pushed_images_are_labelled_with_the_release_version_so_their_ids_ar
         config = image_config(registry, f"neuron/{svc}", TAG)
         assert config["config"]["Labels"]["org.opencontainers.image.version"] == VERSION, svc
         assert config["id"] != local_builds[svc], svc
+
+
+def test_the_pushed_images_name_the_commit_they_were_built_from(
+    registry: str, released: subprocess.CompletedProcess[str]
+) -> None:
+    """The revision and created labels are this tree's commit and its date, even when podman's layer
+    cache holds a build of an earlier commit (its cached LABEL layer once kept that commit's labels)."""
+    head = run("git", "rev-parse", "HEAD").stdout.strip()
+    dirty = run("git", "status", "--porcelain", "--untracked-files=no").stdout.strip() != ""
+    commit_time = int(run("git", "log", "-1", "--format=%ct", "HEAD").stdout)
+    created = datetime.datetime.fromtimestamp(commit_time, datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for svc in services():
+        labels = image_config(registry, f"neuron/{svc}", TAG)["config"]["Labels"]
+        assert labels["org.opencontainers.image.revision"] == head + ("-dirty" if dirty else ""), svc
+        assert labels["org.opencontainers.image.created"] == created, svc
+        assert labels["org.opencontainers.image.title"], svc
 
 
 def test_helm_show_values_and_readme_from_the_oci_reference_are_the_documentation(registry: str) -> None:
