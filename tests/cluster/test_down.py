@@ -1,7 +1,8 @@
 """`make cluster-down` leaves nothing of the cluster running (issue 28): after `make demo`, with
 the kubelet in the middle of restarting the release's containers, no process is left in the
 pods' cgroups, no `neuron-*` process runs, no port of the release is still held, and the
-NetworkPolicy enforcer's chains and address sets are gone.
+NetworkPolicy enforcer's chains and address sets are gone; nor is anything left of the second
+cluster `make cluster-test` ran beside it.
 
 Runs only with `-m cluster_down`, last in `make cluster-test`: it brings the cluster down.
 """
@@ -66,6 +67,23 @@ def enforcer_state() -> list[str]:
         *(line for line in chains.splitlines() if re.match(r"-N KUBE-(ROUTER|NWPLCY|POD-FW)-", line)),
         *(f"ipset {name}" for name in sets.split() if name.startswith("KUBE-")),
     ]
+
+
+# make cluster-test's second cluster (tools/cluster_stage.sh, tests/cluster/isolated.sh), down before this module runs
+ISOLATED_DIR = REPO / ".run/isolated-cluster"
+
+
+def test_the_second_cluster_left_no_process_mount_or_cgroup() -> None:
+    """Its kubelet's cgroup root is neuron-<its directory's name> under each controller; its namespaces
+    are kept by bind mounts under its directory; down.sh removes the pid file of each process it stops."""
+    mounts = Path("/proc/self/mountinfo").read_text()
+    assert str(ISOLATED_DIR) not in mounts, "the second cluster's namespaces are still mounted"
+    assert sorted(Path("/sys/fs/cgroup").glob("*/neuron-*")) == [], "the second cluster's kubelet cgroups are left"
+    alive = []
+    for pidfile in ISOLATED_DIR.glob("*.pid"):
+        if Path(f"/proc/{pidfile.read_text().strip()}").exists():
+            alive.append(pidfile.stem)
+    assert alive == [], f"processes of the second cluster still run: {alive}"
 
 
 def test_cluster_down_after_the_demo_leaves_no_process_even_while_the_kubelet_restarts_containers() -> None:
