@@ -323,8 +323,8 @@ def labelled(image_id: str, version: str) -> str:
 
     A release's images must differ from the local builds of the same commit: a kubelet that pulled an
     image keeps a record per image ID, and then refuses a local image of that ID under pull policy
-    Never (ErrImageNeverPull) until it can verify it in the registry. A derived image rather than a
-    build argument, because the build cache keeps the label of an earlier build."""
+    Never (ErrImageNeverPull) until it can verify it in the registry. A derived image of the one build
+    (tests/cluster/images.sh, which labels it with the package's version), not a second build."""
     with tempfile.TemporaryDirectory() as context:
         iid = Path(context) / "iid"
         subprocess.run(
