@@ -325,10 +325,16 @@ def labelled(image_id: str, version: str) -> str:
     image keeps a record per image ID, and then refuses a local image of that ID under pull policy
     Never (ErrImageNeverPull) until it can verify it in the registry. A derived image of the one build
     (tests/cluster/images.sh, which labels it with the package's version), not a second build."""
+    inspected = run("podman", "image", "inspect", "--format", "{{.Created.Unix}}", image_id).stdout
+    created = int(inspected.strip())
     with tempfile.TemporaryDirectory() as context:
         iid = Path(context) / "iid"
         subprocess.run(
-            ["podman", "build", "-q", "--network", "none", "--iidfile", str(iid), "-f", "-", context],
+            # --no-cache: podman 4.3 would take a cached image of the same layers and LABEL line, whose
+            # base had other labels (another commit's revision). --timestamp: the build's own (the
+            # commit's), so that a release of a commit is still the same image ID each time.
+            ["podman", "build", "-q", "--no-cache", "--timestamp", str(created), "--network", "none",
+             "--iidfile", str(iid), "-f", "-", context],
             input=f"FROM {image_id}\nLABEL org.opencontainers.image.version={json.dumps(version)}\n",
             capture_output=True, text=True, check=True,
         )  # fmt: skip

@@ -146,9 +146,10 @@ project = tomllib.load(open(sys.argv[1], "rb"))["project"]
 print(functools.reduce(lambda table, key: table[key], sys.argv[2].split("."), project))
 ' "services/$1/pyproject.toml" "$2"
 }
-# An image that passed its smoke run in this clone (build/smoked/<image ID>) is not run again: the
-# same ID is the same content, and `make demo` or a release after `make images` rebuilds from cache.
-smoke() {  # service image image-ID
+# An image that passed its smoke run in this clone (build/smoked/<ID of the unlabelled build>) is not
+# run again: the same ID is the same content, and `make demo` or a release after `make images`
+# rebuilds from cache.
+smoke() {  # service image content-ID
   local svc=$1 image=$2 iid=$3 command
   if [ -f "build/smoked/$iid" ]; then log "$image: smoke-run already passed (image ID ${iid:7:12})"; return; fi
   command=$("${PODMAN[@]}" image inspect "$image" --format '{{index .Config.Entrypoint 0}}')
@@ -200,27 +201,39 @@ commit_time=$(git log -1 --format=%ct HEAD)
 source_url=$(git remote get-url origin 2>/dev/null | sed -E 's#//[^/@]*@#//#' || true)
 declare -A sizes
 : > build/images.tsv.tmp
+EMPTY_CONTEXT=$(mktemp -d)  # the labelling step's build context: it copies nothing
+trap 'rm -rf "$SIM" "$EMPTY_CONTEXT"' EXIT
 for svc in "${SERVICES[@]}"; do
   version=$(package_field "$svc" version)
   image="localhost/neuron-helm-chart/$svc:$version"
   log "building $image"
-  # --timestamp: the commit's time, not the build's, so that a commit builds the same image. --label,
-  # not build arguments for a LABEL in the Dockerfile, whose cached layer kept an earlier commit's labels.
+  # --timestamp: the commit's time, not the build's, so that a commit builds the same image
   if ! "${PODMAN[@]}" build "${LIMITS[@]}" --network none --timestamp "$commit_time" \
       --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "SERVICE=$svc" --target "$svc" \
+      --iidfile "build/image-$svc.content.iid" -f services/Dockerfile . >"build/image-$svc.log" 2>&1; then
+    tail -40 "build/image-$svc.log" >&2
+    echo "$image: build failed (whole log: build/image-$svc.log)" >&2
+    exit 1
+  fi
+  content=$(cat "build/image-$svc.content.iid")
+  # The OCI labels in a step of their own, on the built image's layers, never from the cache: podman
+  # 4.3 reused a cached image whatever its labels (LABEL with build arguments, or --label flags, on
+  # the same layers), so an image built at one commit said another's revision and date. Without
+  # the cache, --timestamp still makes the same commit's labelled image the same image ID.
+  if ! printf 'FROM %s\n' "$content" | "${PODMAN[@]}" build --no-cache --network none --timestamp "$commit_time" \
       --label "org.opencontainers.image.title=$(package_field "$svc" name)" \
       --label "org.opencontainers.image.description=$(package_field "$svc" description)" \
       --label "org.opencontainers.image.version=$version" \
       --label "org.opencontainers.image.licenses=$(package_field "$svc" license.text)" \
       --label "org.opencontainers.image.revision=$revision" --label "org.opencontainers.image.source=$source_url" \
       --label "org.opencontainers.image.created=$(date -u -d "@$commit_time" +%Y-%m-%dT%H:%M:%SZ)" \
-      --iidfile "build/image-$svc.iid" -f services/Dockerfile -t "$image" . >"build/image-$svc.log" 2>&1; then
-    tail -40 "build/image-$svc.log" >&2
-    echo "$image: build failed (whole log: build/image-$svc.log)" >&2
+      --iidfile "build/image-$svc.iid" -t "$image" -f - "$EMPTY_CONTEXT" >>"build/image-$svc.log" 2>&1; then
+    tail -20 "build/image-$svc.log" >&2
+    echo "$image: labelling failed (whole log: build/image-$svc.log)" >&2
     exit 1
   fi
   iid=$(cat "build/image-$svc.iid")
-  smoke "$svc" "$image" "$iid"
+  smoke "$svc" "$image" "$content"  # the labels change nothing it runs
   sizes[$image]=$("${PODMAN[@]}" image inspect "$image" --format '{{.Size}}')
   printf '%s\t%s\t%s\n' "$svc" "$image" "$iid" >> build/images.tsv.tmp
   log "$image ok"

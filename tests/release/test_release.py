@@ -379,7 +379,7 @@ def test_the_pushed_images_name_the_commit_they_were_built_from(
     registry: str, released: subprocess.CompletedProcess[str]
 ) -> None:
     """The revision and created labels are this tree's commit and its date, even when podman's layer
-    cache holds a build of an earlier commit (its cached LABEL layer once kept that commit's labels)."""
+    cache holds a build of an earlier commit on the same layers (podman 4.3 reused it, labels and all)."""
     head = run("git", "rev-parse", "HEAD").stdout.strip()
     dirty = run("git", "status", "--porcelain", "--untracked-files=no").stdout.strip() != ""
     commit_time = int(run("git", "log", "-1", "--format=%ct", "HEAD").stdout)
