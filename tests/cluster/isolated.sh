@@ -55,7 +55,7 @@ create() {
       for path in "$@"; do mount --bind "$dir/host$path" "$path"; done
       mount --bind "$dir/host/hosts" /etc/hosts
       ip link set lo up
-      # a default route: the kubelet takes the node address from its interface, kube-router the node address
+      # a default route: the kubelet takes the node address from its interface, and kube-router needs one
       ip link add host0 type veth peer name host0-peer
       ip link set host0-peer up
       ip addr add 10.89.0.1/24 dev host0
