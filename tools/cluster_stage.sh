@@ -2,7 +2,7 @@
 # The real-cluster stage (`make cluster-test`): bring the cluster up, build and import the images, run
 # the cluster and e2e tests, then `make demo` and a cluster-down that must leave nothing (test_down).
 #
-# The e2e tests marked `isolated` (chart-testing's installs) run on a second cluster, in network and
+# The e2e tests marked `isolated` (chart-testing's installs, the DRA module) run on a second cluster, in network and
 # mount namespaces of its own (tests/cluster/isolated.sh), at the same time as the cluster tests and
 # the rest of the e2e suite on the first: both mostly wait on pods. That cluster goes down when its
 # tests end; its output goes to .run/isolated.log and is printed then.
@@ -43,7 +43,6 @@ export KUBECONFIG=$PWD/.run/cluster/admin.kubeconfig
 ISOLATED_DIR=$PWD/.run/isolated-cluster
 status=0
 tests/cluster/up.sh && tests/cluster/images.sh --import || status=$?
-# --durations: where the stage's time goes, in every run's log, for whoever next makes it shorter
 isolated_pid=""
 if [ $status -eq 0 ]; then
   mkdir -p .run
@@ -54,6 +53,7 @@ if [ $status -eq 0 ]; then
     > .run/isolated.log 2>&1 < /dev/null &
   isolated_pid=$!
 fi
+# --durations: where the stage's time goes, in every run's log, for whoever next makes it shorter
 if [ $status -eq 0 ]; then $BIN/pytest -q -m cluster --durations=10 tests/cluster || status=$?; fi
 if [ $status -eq 0 ]; then $BIN/pytest -q -m "e2e and not isolated" --durations=25 tests/e2e || status=$?; fi
 if [ -n "$isolated_pid" ]; then
