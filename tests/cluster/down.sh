@@ -83,14 +83,11 @@ if [ -n "$leftover" ]; then
   log "still in the pods' cgroups after everything stopped: $(echo $leftover)"
   status=1
 fi
-for base in /sys/fs/cgroup/*/$POD_CGROUPS /sys/fs/cgroup/$POD_CGROUPS; do  # the empty pod cgroups; the kubelet makes them again
+# the empty cgroups the kubelet made (the pod cgroups, or the whole cgroup root up.sh gave it); it makes them again
+own_cgroups=${KUBELET_CGROUP_ROOT:-kubepods}
+for base in /sys/fs/cgroup/*/$own_cgroups /sys/fs/cgroup/$own_cgroups; do
   [ -d "$base" ] && find "$base" -depth -type d -exec rmdir {} + 2>/dev/null
 done
-if [ -n "$KUBELET_CGROUP_ROOT" ]; then
-  for base in /sys/fs/cgroup/*/$KUBELET_CGROUP_ROOT /sys/fs/cgroup/$KUBELET_CGROUP_ROOT; do
-    [ -d "$base" ] && find "$base" -depth -type d -exec rmdir {} + 2>/dev/null
-  done
-fi
 # what the runtime and kubelet mounted under the cluster directory and /var/lib/kubelet
 for mnt in $(awk -v d="$CLUSTER_DIR" -v k=/var/lib/kubelet '$2 ~ "^"d || $2 ~ "^"k {print $2}' /proc/mounts | sort -r); do
   umount -l "$mnt" 2>/dev/null || true
