@@ -168,6 +168,22 @@ async def wait_for(base: str, expr: str, what: str, timeout: float = 60) -> None
     raise TimeoutError(f"Prometheus never saw {what}: {expr}")
 
 
+async def scraped_instant(base: str, timeout: float = 30) -> float:
+    """A recent instant (Unix seconds) at which the last scrape of every target succeeded. A scrape
+    that times out on a loaded machine marks all its target's series stale until the next one, so a
+    gauge read just then has no value although the exporter serves it: a query checked at this
+    instant fails only on what it asks. Three scrape intervals back, so that a scrape begun before
+    it has been stored by the time it is read."""
+    deadline = time.monotonic() + timeout
+    while True:
+        at = time.time() - 3 * float(SCRAPE_INTERVAL.removesuffix("s"))
+        if numbers(await query(base, "min(up)", at)) == [1.0]:
+            return at
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{base}: no instant in {timeout} s at which every scrape succeeded")
+        await asyncio.sleep(0.5)
+
+
 def numbers(data: dict[str, Any]) -> list[float]:
     """The values of an instant query's vector (or scalar) result."""
     if data["resultType"] == "scalar":
@@ -185,6 +201,8 @@ async def check_returns_numbers(base: str, where: str, sent: str, at: float | No
 async def check_panel_query(base: str, board: str, title: str, expr: str, at: float | None = None, **kw: str) -> None:
     """The query returns numbers, and it filters by `$node` wherever the series it reads carry a
     `node` label."""
+    if at is None:
+        at = await scraped_instant(base)
     await check_returns_numbers(base, f"{board} / {title}", concrete(expr, **kw), at)
     if "$node" not in expr:
         for metric in metrics_read(expr):
@@ -222,12 +240,13 @@ async def check_awss_query(base: str, where: str, expr: str, shown: frozenset[st
     `base`; each series carries the labels the panel shows (its legend's, its table's columns), and
     every label it groups by is on every series it reads (or the groups silently merge into one)."""
     sent = as_grafana_sends(expr)
-    await check_returns_numbers(base, f"AWS's neuron-monitor board / {where}", sent)
-    for series in (await query(base, sent))["result"]:
+    at = await scraped_instant(base)
+    await check_returns_numbers(base, f"AWS's neuron-monitor board / {where}", sent, at)
+    for series in (await query(base, sent, at))["result"]:
         missing = sorted(label for label in shown if not series["metric"].get(label))
         assert not missing, f"{where}: {sent} gives {series['metric']}, without {missing}"
     grouped = {label.strip() for labels in _GROUPING.findall(sent) for label in labels.split(",")}
     for metric in series_read(sent):
         for label in grouped:
-            without = await query(base, f'count({metric}{{{label}=""}})')
+            without = await query(base, f'count({metric}{{{label}=""}})', at)
             assert not without["result"], f"{where}: {metric} has series without {label}, which {sent} groups by"

@@ -167,7 +167,7 @@ def test_awss_neuron_monitor_dashboard_shows_the_exporters_data() -> None:
 
     async def check(base: str) -> None:
         await wait_for(base, 'neuroncore_utilization_ratio{pod="plugin-job"}', "the pod's utilization", timeout=120)
-        await asyncio.sleep(5)  # rates over a few scrapes
+        await asyncio.sleep(8)  # rates over a few scrapes, before the instant checked (3 s back)
         for where, expr, shown in awss_queries():
             await check_awss_query(base, where, expr, shown)
         held = (await query(base, 'neuroncore_utilization_ratio{pod="plugin-job"}'))["result"]
