@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -13,11 +15,19 @@ from neuron_driver.parse import (
     parse_serial_number,
 )
 
+GARBAGE: list[tuple[Callable[[str], object], str, str]] = [
+    *(
+        (parse_int, text, "expected an integer")
+        for text in ["", "\n", "abc", "1.5", "0x10", "1 2", "--1", "1e3", "\x00"]
+    ),
+    *((parse_connected_devices, text, "list of device indices") for text in ["1, x", "1;2", "1,,2", "-1", "1, 2, "]),
+]
 
-@pytest.mark.parametrize("text", ["", "\n", "abc", "1.5", "0x10", "1 2", "--1", "1e3", "\x00"])
-def test_int_rejects_garbage_quoting_it(text: str) -> None:
-    with pytest.raises(ValueError, match="expected an integer"):
-        parse_int(text)
+
+@pytest.mark.parametrize(("parse", "text", "error"), GARBAGE, ids=[f"{p.__name__}:{t!r}" for p, t, _ in GARBAGE])
+def test_garbage_is_rejected_saying_what_was_expected(parse: Callable[[str], object], text: str, error: str) -> None:
+    with pytest.raises(ValueError, match=error):
+        parse(text)
 
 
 def test_core_count_has_no_trailing_newline_and_must_be_positive() -> None:
@@ -30,12 +40,6 @@ def test_core_count_has_no_trailing_newline_and_must_be_positive() -> None:
 def test_connected_devices_in_driver_format(devices: list[int]) -> None:
     text = ", ".join(map(str, devices)) + "\n"
     assert parse_connected_devices(text) == tuple(devices)
-
-
-@pytest.mark.parametrize("text", ["1, x", "1;2", "1,,2", "-1", "1, 2, "])
-def test_connected_devices_rejects_garbage(text: str) -> None:
-    with pytest.raises(ValueError, match="list of device indices"):
-        parse_connected_devices(text)
 
 
 def test_lnc_only_one_or_two() -> None:

@@ -83,25 +83,25 @@ def test_garbage_is_an_error(line: str) -> None:
         parse_syslog_line(line, now=NOW)
 
 
-def test_a_traditional_stamp_takes_the_latest_year_not_in_the_future() -> None:
-    new_year = at(2027, 1, 1, 0, 10, 0)
-    record = parse_syslog_line("Dec 31 23:59:00 ip kernel: x", now=new_year, tz=UTC)
-    assert record is not None
-    assert record.wall == at(2026, 12, 31, 23, 59, 0)
-    record = parse_syslog_line("Jan  1 00:09:00 ip kernel: x", now=new_year, tz=UTC)
-    assert record is not None
-    assert record.wall == at(2027, 1, 1, 0, 9, 0)
+PLUS2 = dt.timezone(dt.timedelta(hours=2))
 
 
-def test_a_traditional_stamp_is_read_in_the_hosts_zone() -> None:
-    plus2 = dt.timezone(dt.timedelta(hours=2))
-    record = parse_syslog_line("Nov 26 12:00:00 ip kernel: x", now=NOW, tz=plus2)
+@pytest.mark.parametrize(
+    ("line", "now", "tz", "wall"),
+    [
+        # a traditional stamp takes the latest year not in the future
+        ("Dec 31 23:59:00 ip kernel: x", at(2027, 1, 1, 0, 10, 0), UTC, at(2026, 12, 31, 23, 59, 0)),
+        ("Jan  1 00:09:00 ip kernel: x", at(2027, 1, 1, 0, 10, 0), UTC, at(2027, 1, 1, 0, 9, 0)),
+        # and is read in the host's zone
+        ("Nov 26 12:00:00 ip kernel: x", NOW, PLUS2, at(2026, 11, 26, 10, 0, 0)),
+        # an ISO stamp says its own offset, whatever the zone
+        ("2026-11-26T12:00:00+02:00 ip kernel: x", NOW, UTC, at(2026, 11, 26, 10, 0, 0)),
+    ],
+)
+def test_a_stamp_is_read_as_the_time_it_means(line: str, now: float, tz: dt.tzinfo, wall: float) -> None:
+    record = parse_syslog_line(line, now=now, tz=tz)
     assert record is not None
-    assert record.wall == at(2026, 11, 26, 10, 0, 0)
-    # an ISO stamp says its own offset, whatever the zone
-    record = parse_syslog_line("2026-11-26T12:00:00+02:00 ip kernel: x", now=NOW, tz=UTC)
-    assert record is not None
-    assert record.wall == at(2026, 11, 26, 10, 0, 0)
+    assert record.wall == wall
 
 
 @given(st.text(max_size=300))

@@ -72,6 +72,11 @@ async def reading(path: Path, lookback: float | None = 0.0, format: str = "syslo
         await asyncio.wait_for(reader.task, 5)
 
 
+def empty(path: Path) -> Path:
+    path.write_text("")
+    return path
+
+
 def append(path: Path, text: str) -> None:
     with path.open("a") as f:
         f.write(text)
@@ -113,8 +118,7 @@ async def test_follows_from_the_end_and_joins_a_line_written_in_pieces(tmp_path:
 
 
 async def test_lines_are_numbered_in_order_through_the_boot(tmp_path: Path) -> None:
-    log = tmp_path / "kern.log"
-    log.write_text("")
+    log = empty(tmp_path / "kern.log")
     async with reading(log) as r:
         same = dt.datetime.fromtimestamp(int(time.time()) - 1, dt.UTC).isoformat()
         append(log, "".join(f"{same} ip kernel: line {n}\n" for n in range(5)) + line("later", printk=BOOT_AGO))
@@ -125,8 +129,7 @@ async def test_lines_are_numbered_in_order_through_the_boot(tmp_path: Path) -> N
 
 
 async def test_rotation_by_rename_loses_and_repeats_nothing(tmp_path: Path) -> None:
-    log = tmp_path / "messages"
-    log.write_text("")
+    log = empty(tmp_path / "messages")
     async with reading(log) as r:
         append(log, line("one"))
         await r.until(lambda: r.messages == ["one"])
@@ -154,8 +157,7 @@ async def test_rotation_by_rename_loses_and_repeats_nothing(tmp_path: Path) -> N
 
 
 async def test_copytruncate_is_read_again_from_the_start(tmp_path: Path) -> None:
-    log = tmp_path / "kern.log"
-    log.write_text("")
+    log = empty(tmp_path / "kern.log")
     async with reading(log) as r:
         append(log, line("one") + line("two"))
         await r.until(lambda: len(r.messages) == 2)
@@ -169,8 +171,7 @@ async def test_copytruncate_is_read_again_from_the_start(tmp_path: Path) -> None
 
 
 async def test_copytruncate_then_more_than_was_read_before_the_next_look(tmp_path: Path) -> None:
-    log = tmp_path / "kern.log"
-    log.write_text("")
+    log = empty(tmp_path / "kern.log")
     async with reading(log) as r:
         append(log, line("one"))
         await r.until(lambda: r.messages == ["one"])
@@ -185,8 +186,7 @@ async def test_copytruncate_then_more_than_was_read_before_the_next_look(tmp_pat
 
 
 async def test_a_file_that_appears_later_is_read_from_its_start(tmp_path: Path) -> None:
-    log = tmp_path / "kern.log"
-    log.write_text("")
+    log = empty(tmp_path / "kern.log")
     async with reading(log) as r:
         os.unlink(log)
         await r.settle()

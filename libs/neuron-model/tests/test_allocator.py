@@ -21,14 +21,12 @@ from oracles.neuron_sets import (
     valid_core_sets,
 )
 
+from neuron_model import allocator
 from neuron_model.allocator import (
     Choice,
     Topology,
     choose_cores,
     choose_devices,
-    core_refusal,
-    device_refusal,
-    leftover_score,
     topology_for,
 )
 from neuron_model.instance_types import INSTANCE_TYPES, TopologyKind
@@ -142,7 +140,7 @@ class TestDevices:
         if choice.valid:
             assert choice.ids in valid_options
         if not must:  # the same answer without choosing
-            assert device_refusal(topo, available, size) == ("" if choice.valid else choice.reason)
+            assert allocator.device_refusal(topo, available, size) == ("" if choice.valid else choice.reason)
 
 
 class TestCores:
@@ -212,7 +210,7 @@ class TestCores:
         assert len(choice.ids) == size
         assert set(choice.ids) <= available
         chosen = devices_of(topo, choice.ids)
-        assert core_refusal(topo, available, size) == ("" if choice.valid else choice.reason)
+        assert allocator.core_refusal(topo, available, size) == ("" if choice.valid else choice.reason)
         # valid exactly when one connected piece of the devices with free cores holds enough of them
         assert choice.valid == any(
             sum(1 for c in available if topo.device_of(c) in piece) >= size
@@ -322,7 +320,7 @@ class TestSwitch:
         # all free devices are alike: the must devices, then the lowest
         rest = sorted(free - must)[: size - len(must)]
         assert choice.ids == tuple(sorted(must | set(rest)))
-        assert device_refusal(topo, free, size) == ""
+        assert allocator.device_refusal(topo, free, size) == ""
 
     @settings(max_examples=200, deadline=None)
     @given(st.sampled_from(TRN3_TOPOLOGIES), st.data())
@@ -333,7 +331,7 @@ class TestSwitch:
         assert choice.valid, choice.reason
         assert len(choice.ids) == size
         assert set(choice.ids) <= free
-        assert core_refusal(topo, free, size) == ""
+        assert allocator.core_refusal(topo, free, size) == ""
 
     def test_the_listed_links_do_not_matter_on_a_switch(self) -> None:
         it = INSTANCE_TYPES["trn3.48xlarge"]
@@ -348,10 +346,10 @@ class TestSwitch:
         choice = choose_devices(topo, [1, 2], (), 3)
         assert not choice.valid
         assert choice.reason == "3 devices requested, only 2 devices free (free: 1,2)"
-        assert device_refusal(topo, [1, 2], 3) == choice.reason
+        assert allocator.device_refusal(topo, [1, 2], 3) == choice.reason
 
     def test_leftover_counts_the_groups_the_free_devices_make(self) -> None:
         topo = TOPOLOGIES["trn3e.24xlarge"]  # 4 devices, 4 logical cores each at LNC=2
-        score = leftover_score(topo, range(4, 16))  # device 0 taken
+        score = allocator.leftover_score(topo, range(4, 16))  # device 0 taken
         assert score.groups == ((3, 1), (2, 3), (1, 3))
         assert score.reach == 12

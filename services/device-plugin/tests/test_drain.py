@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from neuron_device_plugin.drain import Drain
 
 
@@ -24,27 +26,29 @@ class Clock:
         return Drain(hold, clock=self, sleep=self.sleep)
 
 
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
 def settle(d: Drain) -> None:
     asyncio.run(d.settled())
 
 
-def test_no_call_holds_for_the_hold() -> None:
-    clock = Clock()
+def test_no_call_holds_for_the_hold(clock: Clock) -> None:
     d = clock.drain(2.0)
     settle(d)
     assert clock.now == 102.0
 
 
-def test_an_early_call_does_not_extend_past_the_hold() -> None:
-    clock = Clock()
+def test_an_early_call_does_not_extend_past_the_hold(clock: Clock) -> None:
     d = clock.drain(2.0)
     d.call()  # before the stop, 2 s before the hold ends
     settle(d)
     assert clock.now == 102.0
 
 
-def test_a_late_call_extends_by_the_quiet_period() -> None:
-    clock = Clock()
+def test_a_late_call_extends_by_the_quiet_period(clock: Clock) -> None:
     d = clock.drain(2.0)
     assert d.until() == 102.0  # the stop is seen now
     clock.now = 101.9
@@ -54,8 +58,7 @@ def test_a_late_call_extends_by_the_quiet_period() -> None:
     assert clock.now == 102.4
 
 
-def test_calls_without_pause_are_cut_at_the_limit() -> None:
-    clock = Clock()
+def test_calls_without_pause_are_cut_at_the_limit(clock: Clock) -> None:
     d = clock.drain(2.0)
     d.until()
     for _ in range(100):
@@ -68,8 +71,7 @@ def test_calls_without_pause_are_cut_at_the_limit() -> None:
     assert clock.now == 108.0
 
 
-def test_zero_stops_at_once() -> None:
-    clock = Clock()
+def test_zero_stops_at_once(clock: Clock) -> None:
     d = clock.drain(0.0)
     d.call()
     settle(d)
