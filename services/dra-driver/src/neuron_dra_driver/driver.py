@@ -36,6 +36,11 @@ class ClaimRef:
     name: str
 
 
+def _log(level: int, claim: ClaimRef | PreparedClaim, message: str, *args: object) -> None:
+    """A line about one claim: named as its user knows it, with its UID to search the logs by."""
+    log.log(level, f"claim %s/%s: {message}", claim.namespace, claim.name, *args, extra={"claim_uid": claim.uid})
+
+
 def claim_path(namespace: str, name: str) -> str:
     return f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
 
@@ -96,26 +101,20 @@ class Driver:
         if self._spec_path(claim.uid).exists():
             return True
         if not claim.spec:
-            log.warning(
-                "claim %s/%s: its CDI spec is gone and the checkpoint has no copy; it is prepared again when asked",
-                claim.namespace,
-                claim.name,
-                extra={"claim_uid": claim.uid},
+            _log(
+                logging.WARNING,
+                claim,
+                "its CDI spec is gone and the checkpoint has no copy; it is prepared again when asked",
             )
             return False
         try:
             self._write_spec(claim)
         except OSError as exc:
             self.metrics.errors.labels("write").inc()
-            log.error("claim %s/%s: cannot write its CDI spec again: %s", claim.namespace, claim.name, exc)
+            _log(logging.ERROR, claim, "cannot write its CDI spec again: %s", exc)
             return False
         self.metrics.cdi_specs_restored.inc()
-        log.info(
-            "claim %s/%s: CDI spec written again from the checkpoint (gone, as after a reboot)",
-            claim.namespace,
-            claim.name,
-            extra={"claim_uid": claim.uid},
-        )
+        _log(logging.INFO, claim, "CDI spec written again from the checkpoint (gone, as after a reboot)")
         return True
 
     async def prepare(self, refs: Iterable[ClaimRef]) -> dict[str, PreparedClaim | str]:
@@ -148,11 +147,11 @@ class Driver:
             )
         except ClaimRefused as exc:
             self.metrics.refusals.labels("refused").inc()
-            log.warning("refused claim %s/%s: %s", ref.namespace, ref.name, exc, extra={"claim_uid": ref.uid})
+            _log(logging.WARNING, ref, "refused: %s", exc)
             return f"claim {ref.namespace}/{ref.name}: {exc}"
         except Exception as exc:  # the API server's answer, or none: the kubelet retries
             self.metrics.refusals.labels("error").inc()
-            log.warning("cannot prepare claim %s/%s: %s", ref.namespace, ref.name, exc, extra={"claim_uid": ref.uid})
+            _log(logging.WARNING, ref, "cannot prepare it: %s", exc)
             return f"claim {ref.namespace}/{ref.name}: {exc}"
         try:
             self._write_spec(prepared)
@@ -163,13 +162,7 @@ class Driver:
             cdi.remove_spec(self.cdi_dir, spec_file_name(ref.uid))
             self.metrics.errors.labels("write").inc()
             return f"claim {ref.namespace}/{ref.name}: cannot write its CDI spec or the checkpoint: {exc}"
-        log.info(
-            "prepared claim %s/%s: %s",
-            ref.namespace,
-            ref.name,
-            ",".join(d.device for d in prepared.devices),
-            extra={"claim_uid": ref.uid},
-        )
+        _log(logging.INFO, ref, "prepared: %s", ",".join(d.device for d in prepared.devices))
         return prepared
 
     async def unprepare(self, refs: Iterable[ClaimRef]) -> dict[str, str]:
@@ -188,7 +181,7 @@ class Driver:
             cdi.remove_spec(self.cdi_dir, spec_file_name(ref.uid))
             if self.prepared.pop(ref.uid, None) is not None:
                 self.checkpoint.save(self.prepared)
-                log.info("unprepared claim %s/%s", ref.namespace, ref.name, extra={"claim_uid": ref.uid})
+                _log(logging.INFO, ref, "unprepared")
         except OSError as exc:
             self.metrics.errors.labels("write").inc()
             return f"claim {ref.namespace}/{ref.name}: {exc}"
