@@ -170,129 +170,126 @@ class Endpoints:
     _in_order: InOrder = field(default_factory=InOrder)
 
     def add_routes(self, app: web.Application) -> None:
-        app.router.add_post("/filter", self.filter)
-        app.router.add_post("/prioritize", self.prioritize)
-        app.router.add_post("/bind", self.bind)
+        for verb, answer in (("filter", self.filter), ("prioritize", self.prioritize), ("bind", self.bind)):
+            app.router.add_post(f"/{verb}", self._handler(verb, answer))
+
+    def _handler(
+        self, verb: str, answer: Callable[[bytes], Awaitable[web.Response]]
+    ) -> Callable[[web.Request], Awaitable[web.Response]]:
+        """The verb's route: timed, and handing `answer` the body only when this replica answers it."""
+
+        async def handle(request: web.Request) -> web.Response:
+            with self.metrics.latency.labels(verb).time():
+                body = await self._body_to_answer(verb, request)
+                return body if isinstance(body, web.Response) else await answer(body)
+
+        return handle
 
     # --- filter ----------------------------------------------------------------------------------
-    async def filter(self, request: web.Request) -> web.Response:
-        with self.metrics.latency.labels("filter").time():
-            body = await self._body_to_answer("filter", request)
-            if isinstance(body, web.Response):
-                return body
-            try:
-                args, pod, group = self._extender_args(body)
-            except (ProtocolError, PodError, GroupError) as exc:
-                return self._error("filter", protocol.filter_error(f"neuron-scheduler-extender: {exc}"))
-            if not self.synced():
-                return self._error(
-                    "filter",
-                    protocol.filter_error(
-                        "neuron-scheduler-extender has not read the cluster's NeuronNodes and pods yet; retrying"
-                    ),
-                )
-            key = pod_key(args.pod) if group is not None else ""
-            outcome = decisions.filter_nodes(self.view, pod, args.node_names, self.now(), group, key)
-            refused_by_kind = Counter(r.kind for r in outcome.unresolvable.values())
-            for kind, count in refused_by_kind.items():
-                self.metrics.nodes_refused.labels(str(kind)).inc(count)
-            log.debug(
-                "filter %s: %d of %d nodes pass",
-                args.pod_label,
-                len(outcome.passed),
-                len(args.node_names),
-                extra={"pod": args.pod_label, "passed": len(outcome.passed), "nodes": len(args.node_names)},
+    async def filter(self, body: bytes) -> web.Response:
+        try:
+            args, pod, group = self._extender_args(body)
+        except (ProtocolError, PodError, GroupError) as exc:
+            return self._error("filter", protocol.filter_error(f"neuron-scheduler-extender: {exc}"))
+        if not self.synced():
+            return self._error(
+                "filter",
+                protocol.filter_error(
+                    "neuron-scheduler-extender has not read the cluster's NeuronNodes and pods yet; retrying"
+                ),
             )
-            return _reply(
-                protocol.filter_result(
-                    args,
-                    outcome.passed,
-                    {n: r.reason for n, r in outcome.unresolvable.items()},
-                )
+        key = pod_key(args.pod) if group is not None else ""
+        outcome = decisions.filter_nodes(self.view, pod, args.node_names, self.now(), group, key)
+        refused_by_kind = Counter(r.kind for r in outcome.unresolvable.values())
+        for kind, count in refused_by_kind.items():
+            self.metrics.nodes_refused.labels(str(kind)).inc(count)
+        log.debug(
+            "filter %s: %d of %d nodes pass",
+            args.pod_label,
+            len(outcome.passed),
+            len(args.node_names),
+            extra={"pod": args.pod_label, "passed": len(outcome.passed), "nodes": len(args.node_names)},
+        )
+        return _reply(
+            protocol.filter_result(
+                args,
+                outcome.passed,
+                {n: r.reason for n, r in outcome.unresolvable.items()},
             )
+        )
 
     # --- prioritize ------------------------------------------------------------------------------
-    async def prioritize(self, request: web.Request) -> web.Response:
-        with self.metrics.latency.labels("prioritize").time():
-            body = await self._body_to_answer("prioritize", request)
-            if isinstance(body, web.Response):
-                return body
-            try:
-                args, pod, group = self._extender_args(body)
-            except (ProtocolError, PodError, GroupError) as exc:
-                # kube-scheduler ignores a failed prioritize: the other scores decide alone
-                self.metrics.errors.labels("prioritize").inc()
-                return _reply({"error": str(exc)}, status=400)
-            scores = decisions.prioritize(self.view, pod, args.node_names, self.now(), group)
-            return _reply(protocol.priority_list(scores))
+    async def prioritize(self, body: bytes) -> web.Response:
+        try:
+            args, pod, group = self._extender_args(body)
+        except (ProtocolError, PodError, GroupError) as exc:
+            # kube-scheduler ignores a failed prioritize: the other scores decide alone
+            self.metrics.errors.labels("prioritize").inc()
+            return _reply({"error": str(exc)}, status=400)
+        scores = decisions.prioritize(self.view, pod, args.node_names, self.now(), group)
+        return _reply(protocol.priority_list(scores))
 
     # --- bind ------------------------------------------------------------------------------------
-    async def bind(self, request: web.Request) -> web.Response:
-        with self.metrics.latency.labels("bind").time():
-            body = await self._body_to_answer("bind", request)
-            if isinstance(body, web.Response):
-                return body
-            try:
-                args = protocol.binding_args(_json(body))
-            except ProtocolError as exc:
-                return self._bind_failure("malformed", f"neuron-scheduler-extender: {exc}")
-            if not self.leadership.leading:
-                leader = self.leadership.leader_url
-                return self._bind_failure(
-                    "not_leader",
-                    "this neuron-scheduler-extender replica is not the leader and "
-                    + (f"the leader at {leader} did not answer" if leader else "no leader is elected")
-                    + "; retrying",
-                )
-            if not self.synced():
-                return self._bind_failure(
-                    "not_ready", "neuron-scheduler-extender has not read the cluster yet; retrying"
-                )
-            if not args.pod_uid:
-                return self._bind_failure("malformed", "neuron-scheduler-extender: ExtenderBindingArgs.PodUID: missing")
-            found = await self._pod_request(args)
-            if isinstance(found, str):
-                return self._bind_failure("unknown_pod", found)
-            pod, pod_scheduler, group = found
-            if pod_scheduler not in self.scheduler_names:
-                names = " or ".join(repr(n) for n in sorted(self.scheduler_names))
-                return self._bind_failure(
-                    "foreign_scheduler",
-                    f"pod {args.key} is scheduled by {pod_scheduler!r}, "
-                    f"not {names}: this extender binds only its scheduler's pods",
-                )
-            if not (pod.effective.devices or pod.effective.cores):
-                return self._bind_failure(
-                    "no_neuron_request", f"pod {args.key} asks for no Neuron resource: not this extender's to bind"
-                )
-            # No await from the check to `assume`: no other bind can slip in between.
-            refused = decisions.bind_refusal(self.view, pod, args.key, args.node, self.now(), group)
-            if refused is not None:
-                log.info(
-                    "refusing to bind %s to %s: %s",
-                    args.key,
-                    args.node,
-                    refused.reason,
-                    extra={"pod": args.key, "node": args.node, "reason": str(refused.kind)},
-                )
-                return self._bind_failure(
-                    "no_longer_fits", f"pod {args.key} no longer fits node {args.node}: {refused.reason}"
-                )
-            self.view.assume(args.key, args.pod_uid, args.node, pod, self.monotonic(), group)
-            try:
-                await self._in_order.run(args.node, lambda: self.bind_pod(args), pod)
-            except ApiError as exc:
-                self.view.forget(args.key, args.pod_uid)
-                return self._bind_failure("api_error", f"binding {args.key} to {args.node} failed: {exc}")
-            self.metrics.pods_bound.inc()
-            effective = pod.effective
+    async def bind(self, body: bytes) -> web.Response:
+        try:
+            args = protocol.binding_args(_json(body))
+        except ProtocolError as exc:
+            return self._bind_failure("malformed", f"neuron-scheduler-extender: {exc}")
+        if not self.leadership.leading:
+            leader = self.leadership.leader_url
+            return self._bind_failure(
+                "not_leader",
+                "this neuron-scheduler-extender replica is not the leader and "
+                + (f"the leader at {leader} did not answer" if leader else "no leader is elected")
+                + "; retrying",
+            )
+        if not self.synced():
+            return self._bind_failure("not_ready", "neuron-scheduler-extender has not read the cluster yet; retrying")
+        if not args.pod_uid:
+            return self._bind_failure("malformed", "neuron-scheduler-extender: ExtenderBindingArgs.PodUID: missing")
+        found = await self._pod_request(args)
+        if isinstance(found, str):
+            return self._bind_failure("unknown_pod", found)
+        pod, pod_scheduler, group = found
+        if pod_scheduler not in self.scheduler_names:
+            names = " or ".join(repr(n) for n in sorted(self.scheduler_names))
+            return self._bind_failure(
+                "foreign_scheduler",
+                f"pod {args.key} is scheduled by {pod_scheduler!r}, "
+                f"not {names}: this extender binds only its scheduler's pods",
+            )
+        if not (pod.effective.devices or pod.effective.cores):
+            return self._bind_failure(
+                "no_neuron_request", f"pod {args.key} asks for no Neuron resource: not this extender's to bind"
+            )
+        # No await from the check to `assume`: no other bind can slip in between.
+        refused = decisions.bind_refusal(self.view, pod, args.key, args.node, self.now(), group)
+        if refused is not None:
             log.info(
-                "bound %s to %s",
+                "refusing to bind %s to %s: %s",
                 args.key,
                 args.node,
-                extra={"pod": args.key, "node": args.node, "devices": effective.devices, "cores": effective.cores},
+                refused.reason,
+                extra={"pod": args.key, "node": args.node, "reason": str(refused.kind)},
             )
-            return _reply(protocol.binding_result())
+            return self._bind_failure(
+                "no_longer_fits", f"pod {args.key} no longer fits node {args.node}: {refused.reason}"
+            )
+        self.view.assume(args.key, args.pod_uid, args.node, pod, self.monotonic(), group)
+        try:
+            await self._in_order.run(args.node, lambda: self.bind_pod(args), pod)
+        except ApiError as exc:
+            self.view.forget(args.key, args.pod_uid)
+            return self._bind_failure("api_error", f"binding {args.key} to {args.node} failed: {exc}")
+        self.metrics.pods_bound.inc()
+        effective = pod.effective
+        log.info(
+            "bound %s to %s",
+            args.key,
+            args.node,
+            extra={"pod": args.key, "node": args.node, "devices": effective.devices, "cores": effective.cores},
+        )
+        return _reply(protocol.binding_result())
 
     async def _body_to_answer(self, verb: str, request: web.Request) -> bytes | web.Response:
         """The body of a verb this replica answers; else the response to send: the refusal of the
