@@ -1638,3 +1638,38 @@ def test_node_metrics_runs_neuron_monitor_only_when_a_command_is_given() -> None
     args = container(daemonset(render(*sets(nodeMetrics__neuronMonitorCommand=command)), "node-metrics"))["args"]
     assert f"--neuron-monitor-command={command}" in args  # one argument, quotes and spaces intact
     assert args.index(f"--neuron-monitor-command={command}") < args.index("--log-level=info")
+
+
+def _isolated_private_paths() -> list[str]:
+    """tests/cluster/isolated.sh's PRIVATE: the host paths the second test cluster has of its own."""
+    script = (REPO / "tests/cluster/isolated.sh").read_text()
+    found = re.search(r"^PRIVATE=\(([^)]*)\)", script, re.MULTILINE)
+    assert found, "isolated.sh has no PRIVATE=(...) list"
+    return found.group(1).split()
+
+
+@pytest.mark.parametrize("values", [None, *CI_VALUES], ids=["defaults", *(v.name for v in CI_VALUES)])
+def test_every_host_path_the_chart_writes_is_its_own_on_the_second_test_cluster(values: Path | None) -> None:
+    """ct installs every ci/ values file on the second test cluster beside the first one's releases:
+    a host path the chart writes, outside isolated.sh's private list, would be shared by both
+    clusters' pods (a chart default moved, and the list not with it)."""
+
+    def canonical(path: str) -> str:
+        return re.sub(r"^/var/run(?=/|$)", "/run", path.rstrip("/"))
+
+    private = [canonical(p) for p in _isolated_private_paths()]
+    docs = render(*(["--values", str(values)] if values else []))
+    written = set()
+    for doc in docs:
+        spec = doc.get("spec", {}).get("template", {}).get("spec")
+        if not spec:
+            continue
+        host = {v["name"]: v["hostPath"]["path"] for v in spec.get("volumes", []) if "hostPath" in v}
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            for mount in container.get("volumeMounts", []):
+                if mount["name"] in host and not mount.get("readOnly"):
+                    written.add(canonical(host[mount["name"]]))
+    if values is None:  # the default install writes the kubelet's sockets and the verdicts
+        assert written, "no writable host path rendered: the walk is wrong"
+    shared = sorted(p for p in written if not any(p == q or p.startswith(q + "/") for q in private))
+    assert not shared, f"host paths the chart writes that isolated.sh does not make private: {shared}"
