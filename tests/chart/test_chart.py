@@ -476,7 +476,7 @@ def _crd(docs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
 
 
 def _reports() -> list[dict[str, Any]]:
-    """A NeuronNode of every instance type, idle and busy (holdings, unhealthy devices, pods)."""
+    """A NeuronNode of every instance type, idle and busy (holdings, unhealthy devices, pods, pending cores)."""
     import datetime as dt
 
     from neuron_model.instance_types import INSTANCE_TYPES
@@ -498,7 +498,8 @@ def _reports() -> list[dict[str, Any]]:
                 ultraserver = UltraServerReading(State.IDENTIFIED, identity, "")
             busy = NodeReport(f"{name}-busy", None, it.topology, it.devices, it.torus_shape, it.adjacency(),
                               cores_per_device, 2, frozenset(range(1, total, 3)), frozenset({it.devices - 1}),
-                              frozenset({"ml/train-0", "default/infer"}), now, ultraserver)  # fmt: skip
+                              frozenset({"ml/train-0", "default/infer"}), now, ultraserver,
+                              pending_cores=frozenset({0}))  # fmt: skip
             objects += [idle.to_object(), busy.to_object()]
     return objects
 
@@ -567,7 +568,9 @@ def test_the_crd_types_every_field_of_the_report_and_its_columns_read_it() -> No
     status_schema = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     (busy,) = [r for r in _reports() if r["metadata"]["name"] == "trn2u-48xlarge-2-busy"]
     status = busy["status"]  # every optional field present
-    assert set(status_schema["properties"]) == set(status) == {*status_schema["required"], "ultraServer"}
+    assert (
+        set(status_schema["properties"]) == set(status) == {*status_schema["required"], "ultraServer", "pendingCores"}
+    )
     ultra = status_schema["properties"]["ultraServer"]
     assert set(ultra["properties"]) == {*status["ultraServer"], "reason"}  # reason: pending and invalid only
     assert set(ultra["properties"]["groups"]["items"]["properties"]) == set(status["ultraServer"]["groups"][0])

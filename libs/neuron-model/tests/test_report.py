@@ -35,10 +35,17 @@ def trn1(free: set[int], unhealthy: set[int] = frozenset()) -> NodeReport:  # ty
     )
 
 
-@given(st.sets(st.integers(0, 31)), st.sets(st.integers(0, 15)))
-def test_round_trip(free: set[int], unhealthy: set[int]) -> None:
-    report = trn1(free, unhealthy)
+@given(st.sets(st.integers(0, 31)), st.sets(st.integers(0, 15)), st.sets(st.integers(0, 31)))
+def test_round_trip(free: set[int], unhealthy: set[int], pending: set[int]) -> None:
+    report = dataclasses.replace(trn1(free, unhealthy), pending_cores=frozenset(pending))
     assert NodeReport.from_object(report.to_object()) == report
+
+
+def test_a_report_from_a_plugin_older_than_pending_cores_has_none_pending() -> None:
+    # during a rolling upgrade the extender reads reports of plugins that do not write the field yet
+    obj = trn1({0, 1}).to_object()
+    del obj["status"]["pendingCores"]
+    assert NodeReport.from_object(obj).pending_cores == frozenset()
 
 
 def test_free_devices_are_those_with_every_core_free_and_columns_read_at_a_glance() -> None:
@@ -73,6 +80,8 @@ def mutate(path: list[str], value: Any) -> dict[str, Any]:
         (["status", "freeCores"], [0, 32], "indices below 32"),
         (["status", "freeCores"], [True], "indices below 32"),
         (["status", "unhealthyDevices"], [-1], "indices below 16"),
+        (["status", "pendingCores"], [32], "pendingCores: expected indices below 32"),
+        (["status", "pendingCores"], "0", "pendingCores: expected list"),
         (["status", "pods"], ["nonamespace"], "namespace/name"),
         (["status", "heartbeatTime"], "yesterday", "not RFC 3339"),
         (["status", "topology", "torusShape"], [4], "[rows, columns]"),

@@ -65,7 +65,8 @@ def held(resource: resources.Resource, index: int, pod: str, namespace: str = "m
 
 def report_of(state: PluginState) -> NodeReport:
     report = build_report(state, "node-a", NOW)
-    assert NodeReport.from_object(report.to_object()).free_cores == report.free_cores  # a valid object
+    read = NodeReport.from_object(report.to_object())  # a valid object
+    assert (read.free_cores, read.pending_cores) == (report.free_cores, report.pending_cores)
     return report
 
 
@@ -183,6 +184,24 @@ def test_free_is_what_no_resource_holds_on_healthy_devices_and_matches_the_kubel
     healthy_devices = {int(a.id.removeprefix("neuron")) for a in state.advertised(NEURON) if a.healthy}
     own = {d for d, r in held_devices.items() if r is NEURON} | pending
     assert report.free_devices == healthy_devices - own
+    # pending: held through own hand-outs alone, on healthy devices, so by no pod the report names
+    listed = set(held_devices) | unhealthy
+    assert report.pending_cores == {c for d in pending - listed for c in (2 * d, 2 * d + 1) if c not in held_cores}
+    assert not report.pending_cores & report.free_cores
+
+
+def test_a_hand_out_is_pending_until_the_kubelets_list_names_its_pod(inventory: Callable[..., NodeInventory]) -> None:
+    """Between Allocate and the next List the silicon is held but its pod unnamed: the report says
+    which cores those are, so the extender can tell that pod's silicon from that of a pod not admitted yet."""
+    state = plugin_state(inventory("trn1.32xlarge"))  # its clock: 100.0
+    state.record_allocation(NEURON, [3])
+    report = report_of(state)
+    assert (report.pods, report.pending_cores) == (frozenset(), {6, 7})
+    assert not report.free_cores & {6, 7}
+    state.set_kubelet_holdings([held(NEURON, 3, "one-a")], started_at=101.0)
+    report = report_of(state)
+    assert (report.pods, report.pending_cores) == ({"ml/one-a"}, frozenset())
+    assert not report.free_cores & {6, 7}
 
 
 # --- the publisher: when it writes -------------------------------------------------------------

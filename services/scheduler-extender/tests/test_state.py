@@ -7,14 +7,21 @@ import datetime as dt
 from extender_objects import NAMES, NOW, pod_object, report_object, trn1, view_of
 
 from neuron_model.placement import ContainerRequest, FreeState, PodRequest, place
+from neuron_scheduler_extender.decisions import judge
 from neuron_scheduler_extender.pods import pod_record
-from neuron_scheduler_extender.state import ClusterView, RefusalKind, report_record
+from neuron_scheduler_extender.state import ClusterView, RefusalKind, ReportRecord, report_record
 
 EIGHT = PodRequest((), (ContainerRequest(devices=8),))
 
 
 def record(pod: dict) -> object:  # type: ignore[type-arg]
     r = pod_record(pod, NAMES)
+    assert r is not None
+    return r
+
+
+def record_of(report: dict) -> ReportRecord:  # type: ignore[type-arg]
+    r = report_record(report)
     assert r is not None
     return r
 
@@ -147,6 +154,66 @@ class TestPodsInFlight:
         view = view_of(report_object("n1"), report_object("n2"), pods=[pod_object("a", node="n2", devices=16)])
         assert len(free_devices(view, "n1")) == 16
         assert free_devices(view, "n2") == []
+
+
+ONE = PodRequest((), (ContainerRequest(devices=1),))
+ONE_PER_ROW = (1, 5, 9, 13)  # no free row of four: an 8-device pod never fits, the reason names what is free
+
+
+def report_while_handed_out(handed_out: list[int]) -> dict:  # type: ignore[type-arg]
+    """The report between the plugin's Allocate of `handed_out` and its next PodResources List: the
+    devices are held, but by no pod it lists yet; it says which cores that is."""
+    obj = report_object("n1", free_devices=set(range(16)) - set(handed_out), unhealthy=ONE_PER_ROW)
+    obj["status"]["pendingCores"] = [c for d in handed_out for c in trn1().cores_of(d)]
+    return obj
+
+
+class TestHandOutsTheReportHoldsButDoesNotListYet:
+    """The e2e run where an 8-device pod was refused naming 8 free devices of 10: two 1-device pods
+    were admitted (devices 0 and 2), and the report held their devices before it listed them."""
+
+    FREE = [3, 4, 6, 7, 8, 10, 11, 12, 14, 15]  # 12 healthy, less 0 and 2
+
+    def test_pods_bound_there_are_counted_once(self) -> None:
+        pods = [
+            pod_object("one-a", node="n1", devices=1, scheduled_at="2026-03-01T11:59:01Z"),
+            pod_object("one-b", node="n1", devices=1, scheduled_at="2026-03-01T11:59:02Z"),
+        ]
+        view = view_of(report_while_handed_out([0, 2]), pods=pods)
+        assert free_devices(view) == self.FREE
+        refusal = judge(view.node("n1", NOW), EIGHT)
+        assert refusal is not None
+        assert "no connected set of 8 free devices (free: 3,4,6,7,8,10,11,12,14,15)" in refusal.reason
+
+    def test_pods_this_extender_bound_are_counted_once(self) -> None:
+        view = view_of(report_while_handed_out([0, 2]))
+        view.assume("default/one-a", "uid-a", "n1", ONE, now=10.0)
+        view.assume("default/one-b", "uid-b", "n1", ONE, now=11.0)
+        assert free_devices(view) == self.FREE
+
+    def test_a_pod_handed_out_to_and_one_not_admitted_yet_each_hold_their_own(self) -> None:
+        view = view_of(report_while_handed_out([0]))
+        view.assume("default/one-a", "uid-a", "n1", ONE, now=10.0)  # admitted: device 0
+        view.assume("default/one-b", "uid-b", "n1", ONE, now=11.0)  # not yet: the plugin will give it 2
+        assert free_devices(view) == self.FREE
+
+    def test_silicon_handed_out_to_a_pod_not_known_here_stays_held(self) -> None:
+        # its binding not seen yet, or a pod the view cannot read: the report's word holds
+        view = view_of(report_while_handed_out([0, 2]))
+        assert free_devices(view) == self.FREE
+        view.assume("default/one-a", "uid-a", "n1", ONE, now=10.0)  # one of the two
+        assert free_devices(view) == self.FREE
+
+    def test_once_the_list_names_the_pods_nothing_changes(self) -> None:
+        view = view_of(report_while_handed_out([0, 2]))
+        view.assume("default/one-a", "uid-a", "n1", ONE, now=10.0)
+        view.assume("default/one-b", "uid-b", "n1", ONE, now=11.0)
+        listed = report_object(
+            "n1", free_devices=self.FREE, unhealthy=ONE_PER_ROW, pods=["default/one-a", "default/one-b"]
+        )
+        view.apply_report("MODIFIED", record_of(listed))
+        assert free_devices(view) == self.FREE
+        assert view.stats(NOW).assumed_pods == 0
 
 
 class TestAssumedBindings:

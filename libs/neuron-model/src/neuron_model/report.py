@@ -5,8 +5,12 @@ PodResources, and every device's health); the scheduler extender reads it. The o
 cluster-scoped and named after its node. Everything the extender needs to predict the plugin's
 choice is in it, so nothing is kept anywhere else: the topology exactly as the plugin uses it
 (adjacency read from sysfs, not assumed from the instance type), the logical cores per device,
-the free cores (a device is free exactly when all its cores are), the unhealthy devices and the
-pods holding Neuron IDs (a pod bound to the node but not listed is not admitted yet).
+the free cores (a device is free exactly when all its cores are), the unhealthy devices, the
+pods holding Neuron IDs, and the pending cores: those the plugin handed out in an Allocate that the
+kubelet's PodResources List has not shown yet. Allocate does not say for which pod, so a pending
+core is held (not free) by a pod the report does not list yet; a pod bound to the node but not
+listed is either that pod or one not admitted yet, and the extender tells them apart only through
+the pending cores.
 
 The CRD is `charts/neuron-helm-chart/templates/scheduler/crd.yaml`; a test keeps its schema and
 printer columns in step with `to_object`.
@@ -48,6 +52,7 @@ class NodeReport:
     pods: frozenset[str]  # "namespace/name" of every pod holding a Neuron ID on this node
     heartbeat: dt.datetime  # when the plugin last wrote it (aware, UTC)
     ultraserver: UltraServerReading | None = None  # None or State.NONE: not an UltraServer node
+    pending_cores: frozenset[int] = frozenset()  # held through own hand-outs, by no pod in `pods` yet
 
     @property
     def free_devices(self) -> frozenset[int]:
@@ -82,6 +87,7 @@ class NodeReport:
                 "freeDevices": sorted(self.free_devices),
                 "unhealthyDevices": sorted(self.unhealthy_devices),
                 "pods": sorted(self.pods),
+                "pendingCores": sorted(self.pending_cores),
                 "heartbeatTime": self.heartbeat.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 # the printer columns' figures, so `kubectl get neuronnodes` reads at a glance
                 "devices": f"{len(self.free_devices)}/{self.device_count}",
@@ -116,6 +122,9 @@ class NodeReport:
             raise ReportError(f"NeuronNode {name}: status.topology.adjacency: expected {count} lists of devices")
         free_cores = _index_set(field("freeCores", kind=list), count * cpd, name, "freeCores")
         unhealthy = _index_set(field("unhealthyDevices", kind=list), count, name, "unhealthyDevices")
+        # absent from the reports of plugins older than the field: nothing is known to be pending
+        pending = field("pendingCores", kind=list) if "pendingCores" in status else []
+        pending_cores = _index_set(pending, count * cpd, name, "pendingCores")
         pods = field("pods", kind=list)
         if not all(isinstance(p, str) and "/" in p for p in pods):
             raise ReportError(f"NeuronNode {name}: status.pods: expected namespace/name strings")
@@ -138,6 +147,7 @@ class NodeReport:
             pods=frozenset(pods),
             heartbeat=heartbeat,
             ultraserver=_ultraserver_from(status.get("ultraServer"), name),
+            pending_cores=pending_cores,
         )
 
 

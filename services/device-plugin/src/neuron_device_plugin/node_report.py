@@ -4,7 +4,8 @@ The report (`neuron_model.report.NodeReport`) is built from the plugin's own sta
 answers the kubelet, so the scheduler extender counts on exactly what the next Allocate will find:
 the topology as the allocator uses it, and as free only the cores that no one holds through either
 resource (the kubelet's holdings and the plugin's own hand-outs it has not confirmed yet) on
-devices that are healthy.
+devices that are healthy; and, apart, the cores held only through those hand-outs, whose pods
+the report cannot name yet.
 
 Writing: a server-side apply of the whole object, forced, by field manager `neuron-device-plugin`
 (the plugin is the object's only writer; an admission policy lets each plugin write only its own
@@ -56,6 +57,7 @@ def build_report(
     topology = state.topology
     count = topology.device_count
     healthy = {d: known.cores for d, known in state.known.items() if d < count and state.verdict(d).healthy}
+    free_cores = unheld_cores(state.holdings(), healthy)
     return NodeReport(
         node=node,
         instance_type=state.inventory.instance_type_name,
@@ -65,12 +67,16 @@ def build_report(
         adjacency=topology.adjacency,
         cores_per_device=topology.cores_per_device,
         logical_core_config=state.inventory.lnc.value,
-        free_cores=unheld_cores(state.holdings(), healthy),
+        free_cores=free_cores,
         # a device of the instance that the plugin does not serve, unhealthy or absent, is not usable
         unhealthy_devices=frozenset(range(count)) - healthy.keys(),
         pods=state.holding_pods(),
         heartbeat=now,
         ultraserver=ultraserver,
+        # Allocate does not name the pod, so until a List shows it its silicon is held by no pod in
+        # `pods`; the extender, which counts the bound pods missing from `pods` itself, needs to know
+        # it is among what they hold, or it counts that silicon twice
+        pending_cores=unheld_cores(state.listed_holdings(), healthy) - free_cores,
     )
 
 

@@ -183,15 +183,23 @@ class PluginState:
             self._holdings = self._build_holdings()
         return self._holdings
 
+    def listed_holdings(self) -> Holdings:
+        """The holdings of the kubelet's last List alone: those of the pods `holding_pods` names."""
+        return build_holdings(self._listed_entries())
+
     def _build_holdings(self) -> Holdings:
+        entries = self._listed_entries()
+        entries.extend((r, i, "a pending allocation") for (_, i), (_, r) in self._pending.items())
+        return build_holdings(entries)
+
+    def _listed_entries(self) -> list[tuple[Resource, int, str]]:
         entries: list[tuple[Resource, int, str]] = []
         for h in self._kubelet:
             resource = self.resources[h.resource]
             parsed = resources.parse_id(h.device_id)
             if parsed is not None and parsed[0] is resource.kind:
                 entries.append((resource, parsed[1], f"{h.namespace}/{h.pod}/{h.container}"))
-        entries.extend((r, i, "a pending allocation") for (_, i), (_, r) in self._pending.items())
-        return build_holdings(entries)
+        return entries
 
     def holding_pods(self) -> frozenset[str]:
         """The pods ("namespace/name") the kubelet's last List showed holding one of our IDs."""

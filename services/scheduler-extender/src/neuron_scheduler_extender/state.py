@@ -6,9 +6,11 @@ Per node:
   report alone says what the plugin has admitted: its free cores and the pods holding IDs;
 - the pods bound to the node (`spec.nodeName` set, not Succeeded/Failed, asking for Neuron
   resources) that the report does not list yet: the kubelet has not admitted them, or the plugin
-  has not published since. They are *in flight* and counted as if admitted: simulated with the
-  plugin's own allocator (`neuron_model.placement.place`) in binding order on the report's free
-  state, so two pods bound back to back never count on the same silicon;
+  has not published since, or it has handed them their silicon but its PodResources List has not
+  named them yet (the report's pending cores). They are *in flight* and counted as if admitted:
+  simulated with the plugin's own allocator (`neuron_model.placement.place`) in binding order on
+  the report's free and pending cores, so two pods bound back to back never count on the same
+  silicon, nor one pod on silicon besides its own; the pending cores no simulated pod takes stay held;
 - pods this extender bound a moment ago (`assume`) count the same way before the watch shows
   them bound: the next filter can run before the binding is visible.
 A node whose report is missing, unreadable or older than `report_max_age` is refused with that
@@ -418,12 +420,21 @@ class ClusterView:
         capacity = FreeState.of(
             topo, (c for d in range(topo.device_count) if d not in report.unhealthy_devices for c in topo.cores_of(d))
         )
-        pending = sorted(
+        in_flight = sorted(
             (p for k in self._by_node.get(node, ()) if k != excluding and k not in report.pods if (p := self._pod(k))),
             key=lambda p: p.order,
         )
-        for pod in pending:
-            placement = placement_of(topo, free, pod.request)
+        # Some unlisted pods may already hold silicon the report leaves out of its free cores: the
+        # plugin's hand-outs its PodResources List has not named a pod for yet (pending_cores).
+        # Placed on the free cores alone, such a pod would take other silicon besides its own, held
+        # twice until the next List (8 devices free of 10 in the e2e run). Placed on the free and
+        # pending cores, it lands where the plugin put it; whatever pending silicon no placement
+        # accounts for (a pod this view does not know) stays held.
+        keys = tuple(p.key for p in in_flight)
+        pending = report.pending_cores - unhealthy if in_flight else frozenset()
+        placed = FreeState.of(topo, free.cores | pending) if pending else free
+        for pod in in_flight:
+            placement = placement_of(topo, placed, pod.request)
             if not placement.fits:
                 return NodeState(
                     node,
@@ -433,13 +444,14 @@ class ClusterView:
                         f"NeuronNode report shows free ({placement.reason}); waiting for the next report",
                     ),
                     topo,
-                    free,
+                    placed,
                     capacity,
-                    tuple(p.key for p in pending),
+                    keys,
                 )
-            free = placement.free_after
+            placed = placement.free_after
+        free = FreeState.of(topo, placed.cores & free.cores) if pending else placed
         situation = self._situation(topo, free, capacity)
-        return NodeState(node, None, topo, situation.free, situation.capacity, tuple(p.key for p in pending), situation)
+        return NodeState(node, None, topo, situation.free, situation.capacity, keys, situation)
 
     def _situation(self, topo: Topology, free: FreeState, capacity: FreeState) -> Situation:
         """The one situation of nodes alike, so their answers are computed once."""
