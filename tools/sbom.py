@@ -15,7 +15,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-import shutil
+import shlex
 import subprocess
 import sys
 import tomllib
@@ -38,9 +38,16 @@ OWN_PACKAGES = {
 }
 
 
-# As tests/cluster/images.sh runs podman: this host's runc and cgroupfs, and limits below the host's hard ones.
-PODMAN = ["podman", "--runtime", shutil.which("runc") or "runc", "--cgroup-manager", "cgroupfs"]
-LIMITS = ["--ulimit", "nofile=4096:4096", "--ulimit", "nproc=4096:4096"]
+def podman_args(kind: str) -> list[str]:
+    """tools/podman.args' `kind:` line: podman's options as tests/cluster/images.sh passes them too."""
+    for line in (REPO / "tools" / "podman.args").read_text().splitlines():
+        if line.startswith(f"{kind}:"):
+            return shlex.split(line.removeprefix(f"{kind}:"))
+    raise SystemExit(f"sbom.py: tools/podman.args has no {kind}: line")
+
+
+PODMAN = ["podman", *podman_args("global")]
+LIMITS = podman_args("run")
 
 
 def in_image(podman: list[str], image: str, script: str) -> str:

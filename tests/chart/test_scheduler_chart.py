@@ -121,7 +121,7 @@ def test_the_extender_reads_only_what_it_needs() -> None:
         {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
         # Nodes for their NeuronHealth condition and taint; Events on the pods of a degraded UltraServer group
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "get", "patch"]},
     ]
     assert "--evict-degraded-groups" not in container(named(docs, "Deployment", EXTENDER))["args"]
     # evicting a degraded group is off by default; on, and only then, the extender may evict pods

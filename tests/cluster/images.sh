@@ -29,9 +29,9 @@ for project in services/*/pyproject.toml; do SERVICES+=("$(basename "$(dirname "
 BASE_RECIPE=(--variant=minbase --include=python3,python3-venv,binutils bookworm)
 BASE_KEY=$(printf '%s\n' "${BASE_RECIPE[@]}" | sha256sum | cut -c1-12)
 BASE_IMAGE=localhost/neuron-base:bookworm-$BASE_KEY
-PODMAN=(podman --runtime "$(command -v runc)" --cgroup-manager cgroupfs)
-# podman's default ulimits exceed this host's hard limits, and raising one needs CAP_SYS_RESOURCE: pass lower ones
-LIMITS=(--ulimit nofile=4096:4096 --ulimit nproc=4096:4096)
+podman_args() { sed -n "s/^$1: *//p" tools/podman.args; }  # the one list of podman's options, with sbom.py
+read -ra PODMAN <<< "podman $(podman_args global)"
+read -ra LIMITS <<< "$(podman_args run)"
 log() { printf '[images] %s\n' "$*"; }
 
 import=0 build=1

@@ -1,7 +1,8 @@
 """A node of an UltraServer that runs a group turns unhealthy (issue 26 item 6): against a real
 kube-apiserver (tests/simcluster), the extender, run as in production (its loops under the
 supervisor, the API server through neuron_common.kube), puts an `UltraServerGroupDegraded` Event on
-each pod of the group once, and with `--evict-degraded-groups` evicts every one of them.
+each pod of the group once, and with `--evict-degraded-groups` evicts every one of them. Restarted,
+it tells the group again on the same Events (their count 2), not on new ones.
 
 No kubelet runs here: the group's pods are created bound (spec.nodeName), which is all the extender
 watches; an evicted pod bound to a node gets a deletionTimestamp (the kubelet would finish it)."""
@@ -84,11 +85,27 @@ async def scenario(work: Path, evict: bool) -> tuple[list[dict[str, Any]], list[
 
                     await until(evicted)
                 await asyncio.sleep(1.0)  # further rounds announce nothing new
-                events = (await api.list(EVENTS))[0]
-                pods = [p for p in (await api.list(PODS))[0] if p["metadata"]["name"] in names]
             finally:
                 stop.set()
                 assert await asyncio.wait_for(running, 30) == 0
+            if not evict:
+                # restarted, it remembers nothing and tells the group again: on the same Events, counted
+                stop = asyncio.Event()
+                restarted = Extender(config, stop)
+                restarted.group_health.interval = 0.2
+                running = asyncio.create_task(restarted.run())
+
+                async def told_twice() -> bool:
+                    items = (await api.list(EVENTS))[0]
+                    return [e.get("count") for e in items if e["reason"] == DEGRADED_REASON] == [2] * 4
+
+                try:
+                    await until(told_twice)
+                finally:
+                    stop.set()
+                    assert await asyncio.wait_for(running, 30) == 0
+            events = (await api.list(EVENTS))[0]
+            pods = [p for p in (await api.list(PODS))[0] if p["metadata"]["name"] in names]
     return events, pods, [failed, specs[0].ultraserver.server_id if specs[0].ultraserver else ""]
 
 
@@ -111,7 +128,9 @@ def test_a_failed_node_is_told_to_every_pod_of_the_group_once(tmp_path: Path, ev
     if evict:
         assert sorted(e["involvedObject"]["name"] for e in evictions) == [f"lws-0-{i}" for i in range(4)]
         assert all(p["metadata"].get("deletionTimestamp") for p in pods)
-    else:
+    else:  # told again by a restarted extender, as one Event a pod
+        assert [e["count"] for e in told] == [2] * 4
+        assert all(e["lastTimestamp"] >= e["firstTimestamp"] for e in told)
         assert evictions == []
         assert len(pods) == 4
         assert not any(p["metadata"].get("deletionTimestamp") for p in pods)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from neuron_common.kube import ApiError
+from neuron_common.kube import MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiError
 from neuron_problem_detector import reporter as reporter_mod
 from neuron_problem_detector.detector import ConditionStatus
 from neuron_problem_detector.reporter import Reporter
@@ -44,15 +44,15 @@ class FakeCoreApi:
 
     async def patch(self, path: str, body: Mapping[str, Any], content_type: str) -> dict[str, Any]:
         if path == f"{NODE}/status":
-            assert content_type == reporter_mod.STRATEGIC  # the kubelet's conditions survive
+            assert content_type == STRATEGIC_MERGE_PATCH  # the kubelet's conditions survive
             await self.patch_node_status("node-a", body)
         elif path == NODE:
-            assert content_type == reporter_mod.MERGE
+            assert content_type == MERGE_PATCH
             self.node_patches.append(dict(body))
         else:
             name = path.removeprefix(f"{EVENTS}/")
             assert name != path, path
-            assert content_type == reporter_mod.MERGE
+            assert content_type == MERGE_PATCH
             if name in self.expired:
                 raise ApiError(404, f'events "{name}" not found')
             self.patched_events.append(name)

@@ -4,6 +4,7 @@ transition; the whole group evicted when asked."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 from typing import Any
 
 import pytest
@@ -283,16 +284,34 @@ class TestPlan:
 
 
 class RecordingApi:
+    """The API server's answers to the monitor's calls: an object's name is taken once (409 after)."""
+
     def __init__(self, fail: dict[str, int] | None = None) -> None:
         self.created: list[tuple[str, dict[str, Any]]] = []
+        self.stored: dict[str, dict[str, Any]] = {}
+        self.patches: list[tuple[str, dict[str, Any], str]] = []
         self.fail = fail or {}
 
     async def create(self, path: str, body: Any) -> dict[str, Any]:
         for part, status in self.fail.items():
             if part in path:
                 raise ApiError(status, "refused")
+        name = f"{path}/{body['metadata']['name']}"
+        if name in self.stored:
+            raise ApiError(409, "already exists")
         self.created.append((path, dict(body)))
+        self.stored[name] = dict(body)
         return dict(body)
+
+    async def get(self, path: str) -> dict[str, Any]:
+        if path not in self.stored:
+            raise ApiError(404, "not found")
+        return self.stored[path]
+
+    async def patch(self, path: str, body: Any, content_type: str) -> dict[str, Any]:
+        self.patches.append((path, dict(body), content_type))
+        self.stored[path] = {**self.stored[path], **body}
+        return self.stored[path]
 
 
 def monitor(api: RecordingApi, view: ClusterView, nodes: dict[str, NodeHealth], **kw: Any) -> GroupHealthMonitor:
@@ -346,6 +365,30 @@ class TestMonitor:
         leading[0] = True
         asyncio.run(m.step())
         assert len(api.created) == 4
+
+    def test_a_new_leader_telling_the_same_news_counts_on_the_events_already_there(self) -> None:
+        """The memory of what was told is the leader's alone: a new leader, or the same replica
+        restarted, tells every degraded group again, on the Events already written."""
+        api = RecordingApi()
+        now = [NOW]
+        first = monitor(api, cluster(), health(node("a-3", condition="True")), wall_clock=lambda: now[0])
+        asyncio.run(first.step())
+        assert len(api.created) == 4
+        now[0] = NOW + dt.timedelta(minutes=5)
+        successor = monitor(api, cluster(), health(node("a-3", condition="True")), wall_clock=lambda: now[0])
+        asyncio.run(successor.step())
+        assert len(api.created) == 4  # no second Event on any pod
+        assert successor.events_sent == 4
+        assert successor.failures == 0
+        assert [(body, kind) for _, body, kind in api.patches] == [
+            ({"count": 2, "lastTimestamp": "2026-03-01T12:05:00Z"}, "application/merge-patch+json")
+        ] * 4
+        assert all(e["count"] == 2 for e in api.stored.values())
+        # other news on the same pod is another Event
+        recovered = monitor(api, cluster(), health(), wall_clock=lambda: now[0])
+        recovered.memory = successor.memory
+        asyncio.run(recovered.step())
+        assert [b["reason"] for _, b in api.created[4:]] == [RECOVERED_REASON] * 4
 
     def test_a_failed_event_is_sent_again(self) -> None:
         api = RecordingApi({"/events": 500})

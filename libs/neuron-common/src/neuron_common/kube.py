@@ -58,6 +58,12 @@ def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+# The patch content types: a merge patch replaces lists; a strategic one merges lists such as a
+# Node's conditions by their key.
+MERGE_PATCH = "application/merge-patch+json"
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+
+
 def event_object(
     *,
     name: str,

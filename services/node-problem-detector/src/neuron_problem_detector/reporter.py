@@ -34,7 +34,7 @@ from typing import Any, Protocol
 import aiohttp
 
 from neuron_common.backoff import Backoff
-from neuron_common.kube import ApiError, event_object, rfc3339
+from neuron_common.kube import MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiError, event_object, rfc3339
 from neuron_model import node_health
 from neuron_problem_detector.detector import ConditionStatus
 
@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 TAINT_KEY = node_health.UNHEALTHY_TAINT
 CORDON_ANNOTATION = "neuron.aws/cordoned-by"
 SELF = "neuron-problem-detector"
-STRATEGIC = "application/strategic-merge-patch+json"
-MERGE = "application/merge-patch+json"
 DEDUPE_WINDOW = 600.0
 DEDUPE_ENTRIES = 1000
 EVENT_ATTEMPTS = 5
@@ -186,7 +184,7 @@ class Reporter:
                 ]
             }
         }
-        await self.api.patch(f"{self._node_path}/status", body, STRATEGIC)
+        await self.api.patch(f"{self._node_path}/status", body, STRATEGIC_MERGE_PATCH)
 
     def _remember(self, key: str, name: str, count: int) -> None:
         now = time.time()
@@ -203,7 +201,7 @@ class Reporter:
             name, _, count = previous
             body = {"count": count + e.count, "lastTimestamp": rfc3339(e.last), "message": e.message}
             try:
-                await self.api.patch(f"{self._events_path}/{name}", body, MERGE)
+                await self.api.patch(f"{self._events_path}/{name}", body, MERGE_PATCH)
                 self._remember(e.key, name, count + e.count)
                 return
             except ApiError as exc:
@@ -249,7 +247,7 @@ class Reporter:
             patch["metadata"]["annotations"] = {CORDON_ANNOTATION: None}
         if "spec" in patch or "annotations" in patch["metadata"]:
             # resourceVersion makes this a compare-and-swap: a concurrent change fails with 409
-            await self.api.patch(self._node_path, patch, MERGE)
+            await self.api.patch(self._node_path, patch, MERGE_PATCH)
             log.warning(
                 "remediation: node %s %s",
                 self.node,

@@ -1,17 +1,18 @@
 """The I/O side of `failures`: Node health from a watch, Events on the pods of degraded groups and,
 when `--evict-degraded-groups` is on, their eviction. Only the leader acts (the standby's memory
-stays empty, so a new leader announces every group degraded at that moment once more)."""
+stays empty, so a new leader announces every group degraded at that moment once more, counted on
+the Events already there)."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import hashlib
 import logging
-import uuid
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from neuron_common.kube import ApiError, event_object
+from neuron_common.kube import MERGE_PATCH, ApiError, event_object, rfc3339
 from neuron_common.lifecycle import sleep_or_stop
 from neuron_scheduler_extender.failures import (
     EVICTED_REASON,
@@ -31,8 +32,19 @@ log = logging.getLogger(__name__)
 COMPONENT = "neuron-scheduler-extender"
 
 
-class CreateApi(Protocol):
+class EventApi(Protocol):
     async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def get(self, path: str) -> dict[str, Any]: ...
+
+    async def patch(self, path: str, body: Mapping[str, Any], content_type: str) -> dict[str, Any]: ...
+
+
+def event_name(pod: GroupPod, reason: str, message: str) -> str:
+    """The same name for the same news on the same pod: told again (by a new leader, whose memory
+    starts empty, or after a restart), it counts on the Event already there instead of adding one."""
+    digest = hashlib.sha256(f"{pod.uid}\0{reason}\0{message}".encode()).hexdigest()[:16]
+    return f"{pod.name[:236]}.{digest}"  # 253, a name's limit, with the dot and the digest
 
 
 class NodeHealthIndex:
@@ -56,7 +68,7 @@ class NodeHealthIndex:
 class GroupHealthMonitor:
     def __init__(
         self,
-        api: CreateApi,
+        api: EventApi,
         view: ClusterView,
         health: NodeHealthIndex,
         *,
@@ -118,12 +130,23 @@ class GroupHealthMonitor:
     async def _event(self, pod: GroupPod, reason: str, message: str, *, warning: bool = True) -> None:
         now = self.wall_clock().timestamp()
         involved = {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid}
+        name = event_name(pod, reason, message)
         event = event_object(
-            name=f"{pod.name}.{uuid.uuid4().hex[:16]}", namespace=pod.namespace, involved=involved, reason=reason,
+            name=name, namespace=pod.namespace, involved=involved, reason=reason,
             message=message, type="Warning" if warning else "Normal", count=1, first=now, last=now,
             component=COMPONENT, instance=self.identity,
         )  # fmt: skip
-        await self.api.create(f"/api/v1/namespaces/{pod.namespace}/events", event)
+        events = f"/api/v1/namespaces/{pod.namespace}/events"
+        try:
+            await self.api.create(events, event)
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            # the same news on the same pod, told before: Kubernetes' way is one Event, counted
+            told = await self.api.get(f"{events}/{name}")
+            count = told.get("count")
+            count = count if isinstance(count, int) else 1
+            await self.api.patch(f"{events}/{name}", {"count": count + 1, "lastTimestamp": rfc3339(now)}, MERGE_PATCH)
 
     async def _evict(self, pod: GroupPod) -> None:
         await self.api.create(
