@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,6 +92,15 @@ class Report:
     problems: tuple[Problem, ...] = ()
 
 
+def _fields(obj: Mapping[str, Any] | None, only: Sequence[str] | None) -> Iterator[tuple[str, Any]]:
+    """An object's fields: all of them, or those named in `only`, in its order, where present."""
+    if obj is None:
+        return iter(())
+    if only is None:
+        return iter(obj.items())
+    return ((key, obj[key]) for key in only if key in obj)
+
+
 class _Reader:
     def __init__(self) -> None:
         self.problems: list[Problem] = []
@@ -134,10 +143,12 @@ class _Reader:
             return None
         return value
 
-    def numbers(self, value: Any, where: str, *, counts: bool = False) -> dict[str, float]:
-        """Every numeric field of an object; others named as problems."""
+    def numbers(
+        self, value: Any, where: str, *, counts: bool = False, only: Sequence[str] | None = None
+    ) -> dict[str, float]:
+        """Every numeric field of an object (or those of them named in `only`); others named as problems."""
         out: dict[str, float] = {}
-        for key, v in (self.obj(value, where) or {}).items():
+        for key, v in _fields(self.obj(value, where), only):
             n = self.number(v, f"{where}.{key}", count=counts)
             if n is not None:
                 out[str(key)] = n
@@ -150,6 +161,14 @@ class _Reader:
                 self.wrong(f"{where}.{key}")
                 continue
             out[int(key)] = v
+        return out
+
+    def texts(self, value: Any, where: str, only: Sequence[str]) -> dict[str, str]:
+        """The fields of an object named in `only`, as text."""
+        out: dict[str, str] = {}
+        for key, v in _fields(self.obj(value, where), only):
+            if (t := self.text(v, f"{where}.{key}")) is not None:
+                out[key] = t
         return out
 
     def text(self, value: Any, where: str) -> str | None:
@@ -184,21 +203,13 @@ def parse_document(doc: Mapping[str, Any]) -> Report:
         if runtime is not None:
             runtimes.append(runtime)
     system = _system(r, doc.get("system_data"))
-    instance: dict[str, str] = {}
-    info = r.obj(doc.get("instance_info"), "instance_info") or {}
-    for name in INSTANCE_FIELDS:
-        value = r.text(info.get(name), f"instance_info.{name}")
-        if value is not None:
-            instance[name] = value
+    instance = r.texts(doc.get("instance_info"), "instance_info", INSTANCE_FIELDS)
     hardware: dict[str, str] = {}
     hw = r.obj(doc.get("neuron_hardware_info"), "neuron_hardware_info") or {}
     if hw.get("error"):
         r.problems.append(Problem("group_error", "neuron_hardware_info"))
     else:
-        for name in HARDWARE_FIELDS:
-            value = r.text(hw.get(name), f"neuron_hardware_info.{name}")
-            if value is not None:
-                hardware[name] = value
+        hardware = r.texts(hw, "neuron_hardware_info", HARDWARE_FIELDS)
     return Report(tuple(runtimes), system, instance, hardware, tuple(r.problems))
 
 
@@ -217,51 +228,12 @@ def _runtime(r: _Reader, entry: Any, where: str) -> Runtime | None:
         r.problems.append(Problem("runtime_error", where))
     report = r.obj(e.get("report"), f"{where}.report") or {}
     at = f"{where}.report"
-    utilization: dict[int, float] = {}
-    flops: dict[int, float] = {}
-    counters = r.group(report, "neuroncore_counters", at)
-    if counters is not None:
-        w = f"{at}.neuroncore_counters.neuroncores_in_use"
-        for core, data in r.per_core(counters.get("neuroncores_in_use"), w).items():
-            d = r.obj(data, f"{w}.{core}") or {}
-            for name, into in (("neuroncore_utilization", utilization), ("flops", flops)):
-                if name in d:
-                    n = r.number(d[name], f"{w}.{core}.{name}")
-                    if n is not None:
-                        into[core] = n
-    errors: dict[str, float] = {}
-    statuses: dict[str, float] = {}
-    latency: dict[str, dict[str, float]] = {}
+    utilization, flops = _core_counters(r, r.group(report, "neuroncore_counters", at), f"{at}.neuroncore_counters")
     stats = r.group(report, "execution_stats", at)
-    if stats is not None:
-        w = f"{at}.execution_stats"
-        errors = r.numbers(stats.get("error_summary"), f"{w}.error_summary", counts=True)
-        statuses = r.numbers(stats.get("execution_summary"), f"{w}.execution_summary", counts=True)
-        lat = r.obj(stats.get("latency_stats"), f"{w}.latency_stats") or {}
-        for kind in ("total_latency", "device_latency"):
-            if lat.get(kind) is not None:  # null while no model ran in the period
-                latency[kind.removesuffix("_latency")] = r.numbers(lat[kind], f"{w}.latency_stats.{kind}")
-    memory: dict[str, float] = {}
-    host_memory: dict[str, float] = {}
-    core_memory: dict[int, dict[str, float]] = {}
-    mem = r.group(report, "memory_used", at)
-    if mem is not None:
-        w = f"{at}.memory_used.neuron_runtime_used_bytes"
-        used = r.obj(mem.get("neuron_runtime_used_bytes"), w) or {}
-        for name in ("host", "neuron_device"):
-            if name in used:
-                n = r.number(used[name], f"{w}.{name}")
-                if n is not None:
-                    memory[name] = n
-        breakdown = r.obj(used.get("usage_breakdown"), f"{w}.usage_breakdown") or {}
-        host_memory = r.numbers(breakdown.get("host"), f"{w}.usage_breakdown.host")
-        wc = f"{w}.usage_breakdown.neuroncore_memory_usage"
-        for core, data in r.per_core(breakdown.get("neuroncore_memory_usage"), wc).items():
-            core_memory[core] = r.numbers(data, f"{wc}.{core}")
-    vcpu: dict[str, float] = {}
-    cpu = r.group(report, "neuron_runtime_vcpu_usage", at)
-    if cpu is not None:
-        vcpu = r.numbers(cpu.get("vcpu_usage"), f"{at}.neuron_runtime_vcpu_usage.vcpu_usage")
+    errors, statuses, latency = _execution_stats(r, stats, f"{at}.execution_stats")
+    memory, host_memory, core_memory = _memory_used(r, r.group(report, "memory_used", at), f"{at}.memory_used")
+    cpu = r.group(report, "neuron_runtime_vcpu_usage", at) or {}
+    vcpu = r.numbers(cpu.get("vcpu_usage"), f"{at}.neuron_runtime_vcpu_usage.vcpu_usage")
     return Runtime(
         pid,
         tag,
@@ -278,6 +250,55 @@ def _runtime(r: _Reader, entry: Any, where: str) -> Runtime | None:
     )
 
 
+def _core_counters(r: _Reader, group: dict[str, Any] | None, at: str) -> tuple[dict[int, float], dict[int, float]]:
+    """Utilization and flops, per core in use."""
+    utilization: dict[int, float] = {}
+    flops: dict[int, float] = {}
+    w = f"{at}.neuroncores_in_use"
+    for core, data in r.per_core((group or {}).get("neuroncores_in_use"), w).items():
+        d = r.numbers(data, f"{w}.{core}", only=("neuroncore_utilization", "flops"))
+        if "neuroncore_utilization" in d:
+            utilization[core] = d["neuroncore_utilization"]
+        if "flops" in d:
+            flops[core] = d["flops"]
+    return utilization, flops
+
+
+def _execution_stats(
+    r: _Reader, group: dict[str, Any] | None, at: str
+) -> tuple[dict[str, float], dict[str, float], dict[str, dict[str, float]]]:
+    """Error counts by kind, execution counts by status, and latency percentiles by kind."""
+    if group is None:
+        return {}, {}, {}
+    errors = r.numbers(group.get("error_summary"), f"{at}.error_summary", counts=True)
+    statuses = r.numbers(group.get("execution_summary"), f"{at}.execution_summary", counts=True)
+    latency: dict[str, dict[str, float]] = {}
+    lat = r.obj(group.get("latency_stats"), f"{at}.latency_stats") or {}
+    for kind in ("total_latency", "device_latency"):
+        if lat.get(kind) is not None:  # null while no model ran in the period
+            latency[kind.removesuffix("_latency")] = r.numbers(lat[kind], f"{at}.latency_stats.{kind}")
+    return errors, statuses, latency
+
+
+def _memory_used(
+    r: _Reader, group: dict[str, Any] | None, at: str
+) -> tuple[dict[str, float], dict[str, float], dict[int, dict[str, float]]]:
+    """Bytes used by location (host, device), the host's by kind, and each core's by kind."""
+    if group is None:
+        return {}, {}, {}
+    w = f"{at}.neuron_runtime_used_bytes"
+    used = r.obj(group.get("neuron_runtime_used_bytes"), w) or {}
+    memory = r.numbers(used, w, only=("host", "neuron_device"))
+    breakdown = r.obj(used.get("usage_breakdown"), f"{w}.usage_breakdown") or {}
+    host_memory = r.numbers(breakdown.get("host"), f"{w}.usage_breakdown.host")
+    wc = f"{w}.usage_breakdown.neuroncore_memory_usage"
+    core_memory = {
+        core: r.numbers(data, f"{wc}.{core}")
+        for core, data in r.per_core(breakdown.get("neuroncore_memory_usage"), wc).items()
+    }
+    return memory, host_memory, core_memory
+
+
 def _system(r: _Reader, value: Any) -> System:
     data = r.obj(value, "system_data")
     if data is None:
@@ -290,14 +311,9 @@ def _system(r: _Reader, value: Any) -> System:
         per_cpu = r.obj(cpu.get("usage_data"), "system_data.vcpu_usage.usage_data")
         if per_cpu is not None:
             vcpu_count = len(per_cpu)
-    memory: dict[str, float] = {}
     mem = r.group(data, "memory_info", "system_data")
-    if mem is not None:
-        for name in ("memory_total_bytes", "memory_used_bytes", "swap_total_bytes", "swap_used_bytes"):
-            if name in mem:
-                n = r.number(mem[name], f"system_data.memory_info.{name}")
-                if n is not None:
-                    memory[name] = n
+    names = ("memory_total_bytes", "memory_used_bytes", "swap_total_bytes", "swap_used_bytes")
+    memory = r.numbers(mem, "system_data.memory_info", only=names)
     ecc: dict[int, dict[str, float]] = {}
     hw = r.group(data, "neuron_hw_counters", "system_data")
     if hw is not None:
