@@ -34,7 +34,7 @@ DASHBOARDS = REPO / "charts/neuron-helm-chart/dashboards"
 # AWS's own published board for neuron-monitor-prometheus, vendored unchanged (see its README)
 AWS_DASHBOARD = REPO / "tests/integration/aws-dashboard/neuron-monitor-grafana.json"
 PROMETHEUS = shutil.which("prometheus")
-SCRAPE_INTERVAL = "1s"
+SCRAPE_SECONDS = 1
 # What each test that checks panel queries scrapes, real processes all (add a set with its test).
 TESTED_SOURCES = (
     frozenset({"neuron-node-metrics"}),  # integration/test_prometheus_dashboards.py
@@ -130,7 +130,7 @@ def prometheus(work: Path, scrape_configs: Sequence[dict[str, Any]], rule_files:
     assert PROMETHEUS is not None, "Debian's prometheus is installed by make setup"
     work.mkdir(parents=True, exist_ok=True)
     config = {
-        "global": {"scrape_interval": SCRAPE_INTERVAL, "evaluation_interval": SCRAPE_INTERVAL},
+        "global": {"scrape_interval": f"{SCRAPE_SECONDS}s", "evaluation_interval": f"{SCRAPE_SECONDS}s"},
         "rule_files": [str(r) for r in rule_files],
         "scrape_configs": list(scrape_configs),
     }
@@ -176,7 +176,7 @@ async def scraped_instant(base: str, timeout: float = 30) -> float:
     it has been stored by the time it is read."""
     deadline = time.monotonic() + timeout
     while True:
-        at = time.time() - 3 * float(SCRAPE_INTERVAL.removesuffix("s"))
+        at = time.time() - 3 * SCRAPE_SECONDS
         if numbers(await query(base, "min(up)", at)) == [1.0]:
             return at
         if time.monotonic() > deadline:
