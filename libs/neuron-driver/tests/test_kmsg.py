@@ -23,6 +23,17 @@ def test_real_kernel_record_with_dictionary() -> None:
     assert record.fields == {"SUBSYSTEM": "net", "DEVICE": "n8"}
 
 
+@pytest.mark.parametrize(
+    ("message", "written"),
+    [("path C:\\x00", "path C:\\x5cx00"), ("tab\there", "tab\\x09here"), ("del\x7f", "del\\x7f")],
+)
+def test_a_record_is_escaped_as_the_kernel_escapes_it(message: str, written: str) -> None:
+    """The backslash too (printk's msg_add_ext_text), or the text `\\x00` would read back as a NUL."""
+    line = format_record(KERN_ERR, 1, 2, message)
+    assert line == f"3,1,2,-;{written}\n"
+    assert parse_record(line.rstrip("\n")).message == message
+
+
 def test_facility_and_escapes() -> None:
     record = parse_record("30,1,2,c;tab\\x09here")
     assert (record.facility, record.priority, record.flags, record.message) == (3, 6, "c", "tab\there")

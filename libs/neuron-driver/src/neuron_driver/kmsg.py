@@ -72,9 +72,16 @@ def _unescape(message: str) -> str:
 
 
 def format_record(priority: int, seq: int, usec: int, message: str, facility: int = 0) -> str:
-    """One record as a line of the simulated node's kmsg file (newline included)."""
-    clean = message.replace("\n", " ")
+    """One record as a line of the simulated node's kmsg file (newline included), escaped as the
+    kernel escapes /dev/kmsg's text: a control character, DEL and the backslash itself as \\xNN, so
+    that a message holding the text `\\x00` reads back as that text, not as a NUL."""
+    clean = _ESCAPED.sub(lambda m: f"\\x{ord(m.group()):02x}", message.replace("\n", " "))
     return f"{(facility << 3) | priority},{seq},{usec},-;{clean}\n"
+
+
+# printk's msg_add_ext_text: `c < ' ' || c >= 127 || c == '\\'` (bytes >= 128 too, which a str of
+# this simulator does not hold as bytes: non-ASCII text is written as it is)
+_ESCAPED = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
 def split_records(chunk: str) -> tuple[list[str], str]:
