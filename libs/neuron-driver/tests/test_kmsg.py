@@ -7,9 +7,11 @@ from hypothesis import strategies as st
 from neuron_driver.kmsg import KERN_ERR, format_hw_error, format_record, parse_hw_error, parse_record, split_records
 
 messages = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=200)
+# any text a record can hold: one line (format_record folds a newline), no lone surrogate
+any_text = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\n"), max_size=200)
 
 
-@given(st.integers(0, 7), st.integers(0, 2**40), st.integers(0, 2**50), messages)
+@given(st.integers(0, 7), st.integers(0, 2**40), st.integers(0, 2**50), any_text)
 def test_record_round_trip(priority: int, seq: int, usec: int, message: str) -> None:
     record = parse_record(format_record(priority, seq, usec, message).rstrip("\n"))
     assert (record.priority, record.seq, record.usec, record.message) == (priority, seq, usec, message)
@@ -25,13 +27,22 @@ def test_real_kernel_record_with_dictionary() -> None:
 
 @pytest.mark.parametrize(
     ("message", "written"),
-    [("path C:\\x00", "path C:\\x5cx00"), ("tab\there", "tab\\x09here"), ("del\x7f", "del\\x7f")],
+    [
+        ("path C:\\x00", "path C:\\x5cx00"),
+        ("tab\there", "tab\\x09here"),
+        ("del\x7f", "del\\x7f"),
+        ("café", "caf\\xc3\\xa9"),  # each byte of a UTF-8 character on its own
+    ],
 )
 def test_a_record_is_escaped_as_the_kernel_escapes_it(message: str, written: str) -> None:
     """The backslash too (printk's msg_add_ext_text), or the text `\\x00` would read back as a NUL."""
     line = format_record(KERN_ERR, 1, 2, message)
     assert line == f"3,1,2,-;{written}\n"
     assert parse_record(line.rstrip("\n")).message == message
+
+
+def test_a_byte_that_is_not_utf8_reads_as_its_escape() -> None:
+    assert parse_record("3,1,2,-;bad \\xff byte, good \\xe2\\x82\\xac").message == "bad \\xff byte, good €"
 
 
 def test_facility_and_escapes() -> None:

@@ -65,23 +65,29 @@ def parse_record(text: str) -> KmsgRecord:
 
 
 def _unescape(message: str) -> str:
-    # The kernel escapes non-printable bytes as \xNN; keep the text readable.
+    """The text behind the kernel's \\xNN escapes. The kernel escapes each byte of a multi-byte
+    UTF-8 character on its own, so a run of escapes is decoded as one byte string: "caf\\xc3\\xa9"
+    reads "café", not "cafÃ©". A byte that is not UTF-8 reads as its escape."""
     if "\\x" not in message:
         return message
-    return re.sub(r"\\x([0-9a-fA-F]{2})", lambda m: chr(int(m.group(1), 16)), message)
+    return _ESCAPE_RUN.sub(_decode_run, message)
+
+
+_ESCAPE_RUN = re.compile(r"(?:\\x[0-9a-fA-F]{2})+")
+
+
+def _decode_run(run: re.Match[str]) -> str:
+    return bytes.fromhex(run.group().replace("\\x", "")).decode("utf-8", "backslashreplace")
 
 
 def format_record(priority: int, seq: int, usec: int, message: str, facility: int = 0) -> str:
     """One record as a line of the simulated node's kmsg file (newline included), escaped as the
-    kernel escapes /dev/kmsg's text: a control character, DEL and the backslash itself as \\xNN, so
-    that a message holding the text `\\x00` reads back as that text, not as a NUL."""
-    clean = _ESCAPED.sub(lambda m: f"\\x{ord(m.group()):02x}", message.replace("\n", " "))
+    kernel escapes /dev/kmsg's text: a control character, DEL, the backslash itself and each byte
+    of a non-ASCII character as \\xNN, so that a message holding the text `\\x00` reads back as
+    that text, not as a NUL (printk's msg_add_ext_text: `c < ' ' || c >= 127 || c == '\\\\'`)."""
+    raw = message.replace("\n", " ").encode("utf-8", "surrogateescape")
+    clean = "".join(chr(b) if 32 <= b < 127 and b != 0x5C else f"\\x{b:02x}" for b in raw)
     return f"{(facility << 3) | priority},{seq},{usec},-;{clean}\n"
-
-
-# printk's msg_add_ext_text: `c < ' ' || c >= 127 || c == '\\'` (bytes >= 128 too, which a str of
-# this simulator does not hold as bytes: non-ASCII text is written as it is)
-_ESCAPED = re.compile(r"[\x00-\x1f\x7f\\]")
 
 
 def split_records(chunk: str) -> tuple[list[str], str]:
