@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 
-from kubelet_api import HEALTHY, UNHEALTHY
+from kubelet_api import HEALTHY, UNHEALTHY, ServicerContext
 from kubelet_api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from neuron_common.lifecycle import wait_any
 from neuron_device_plugin.cdi import cdi_name
@@ -69,12 +69,12 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         self.streams = 0
 
     async def GetDevicePluginOptions(  # the gRPC method name
-        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[api_pb2.Empty, api_pb2.DevicePluginOptions]
+        self, request: api_pb2.Empty, context: ServicerContext
     ) -> api_pb2.DevicePluginOptions:
         return api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True)
 
     async def ListAndWatch(
-        self, request: api_pb2.Empty, context: grpc.aio.ServicerContext[api_pb2.Empty, api_pb2.ListAndWatchResponse]
+        self, request: api_pb2.Empty, context: ServicerContext
     ) -> AsyncIterator[api_pb2.ListAndWatchResponse]:
         self.streams += 1
         log.info("kubelet opened ListAndWatch", extra={"resource": self.resource.full_name})
@@ -96,9 +96,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 self.on_stream_lost()
 
     async def GetPreferredAllocation(
-        self,
-        request: api_pb2.PreferredAllocationRequest,
-        context: grpc.aio.ServicerContext[api_pb2.PreferredAllocationRequest, api_pb2.PreferredAllocationResponse],
+        self, request: api_pb2.PreferredAllocationRequest, context: ServicerContext
     ) -> api_pb2.PreferredAllocationResponse:
         self._called()
         responses = []
@@ -139,11 +137,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 out.append(parsed[1])
         return out
 
-    async def Allocate(
-        self,
-        request: api_pb2.AllocateRequest,
-        context: grpc.aio.ServicerContext[api_pb2.AllocateRequest, api_pb2.AllocateResponse],
-    ) -> api_pb2.AllocateResponse:
+    async def Allocate(self, request: api_pb2.AllocateRequest, context: ServicerContext) -> api_pb2.AllocateResponse:
         self._called()
         responses = []
         allocated: list[list[int]] = []
@@ -214,9 +208,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         return response
 
     async def PreStartContainer(
-        self,
-        request: api_pb2.PreStartContainerRequest,
-        context: grpc.aio.ServicerContext[api_pb2.PreStartContainerRequest, api_pb2.PreStartContainerResponse],
+        self, request: api_pb2.PreStartContainerRequest, context: ServicerContext
     ) -> api_pb2.PreStartContainerResponse:
         self._called()
         return api_pb2.PreStartContainerResponse()

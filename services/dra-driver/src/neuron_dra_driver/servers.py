@@ -14,13 +14,12 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
 
-import grpc
 from grpc import aio
 
-from kubelet_api import DRA_HEALTH_SERVICE, DRA_PLUGIN_TYPE, DRA_V1_SERVICE
+from kubelet_api import DRA_HEALTH_SERVICE, DRA_PLUGIN_TYPE, DRA_V1_SERVICE, ServicerContext
 from kubelet_api.dra.v1 import api_pb2 as dra
 from kubelet_api.dra.v1 import api_pb2_grpc as dra_grpc
 from kubelet_api.dra_health.v1alpha1 import api_pb2 as health_pb
@@ -45,11 +44,9 @@ class DraServicer(dra_grpc.DRAPluginServicer):
         self.driver = driver
 
     async def NodePrepareResources(
-        self,
-        request: dra.NodePrepareResourcesRequest,
-        context: grpc.aio.ServicerContext[dra.NodePrepareResourcesRequest, dra.NodePrepareResourcesResponse],
+        self, request: dra.NodePrepareResourcesRequest, context: ServicerContext
     ) -> dra.NodePrepareResourcesResponse:
-        results = await self.driver.prepare(ClaimRef(c.uid, c.namespace, c.name) for c in request.claims)
+        results = await self.driver.prepare(_refs(request.claims))
         response = dra.NodePrepareResourcesResponse()
         for uid, result in results.items():
             if isinstance(result, str):
@@ -67,15 +64,16 @@ class DraServicer(dra_grpc.DRAPluginServicer):
         return response
 
     async def NodeUnprepareResources(
-        self,
-        request: dra.NodeUnprepareResourcesRequest,
-        context: grpc.aio.ServicerContext[dra.NodeUnprepareResourcesRequest, dra.NodeUnprepareResourcesResponse],
+        self, request: dra.NodeUnprepareResourcesRequest, context: ServicerContext
     ) -> dra.NodeUnprepareResourcesResponse:
-        results = await self.driver.unprepare(ClaimRef(c.uid, c.namespace, c.name) for c in request.claims)
-        response = dra.NodeUnprepareResourcesResponse()
-        for uid, error in results.items():
-            response.claims[uid].error = error  # every claim must appear, "" for success
-        return response
+        errors = await self.driver.unprepare(_refs(request.claims))
+        return dra.NodeUnprepareResourcesResponse(  # every claim must appear, "" for success
+            claims={uid: dra.NodeUnprepareResourceResponse(error=error) for uid, error in errors.items()}
+        )
+
+
+def _refs(claims: Iterable[dra.Claim]) -> Iterator[ClaimRef]:
+    return (ClaimRef(c.uid, c.namespace, c.name) for c in claims)
 
 
 class HealthServicer(health_grpc.DRAResourceHealthServicer):
@@ -111,9 +109,7 @@ class HealthServicer(health_grpc.DRAResourceHealthServicer):
         return health_pb.NodeWatchResourcesResponse(devices=devices)
 
     async def NodeWatchResources(
-        self,
-        request: health_pb.NodeWatchResourcesRequest,
-        context: grpc.aio.ServicerContext[health_pb.NodeWatchResourcesRequest, health_pb.NodeWatchResourcesResponse],
+        self, request: health_pb.NodeWatchResourcesRequest, context: ServicerContext
     ) -> AsyncIterator[health_pb.NodeWatchResourcesResponse]:
         while not self.stop.is_set():
             changed = self.health.changed
@@ -129,9 +125,7 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         self.error = ""
         self.on_change = on_change
 
-    async def GetInfo(
-        self, request: reg.InfoRequest, context: grpc.aio.ServicerContext[reg.InfoRequest, reg.PluginInfo]
-    ) -> reg.PluginInfo:
+    async def GetInfo(self, request: reg.InfoRequest, context: ServicerContext) -> reg.PluginInfo:
         return reg.PluginInfo(
             type=DRA_PLUGIN_TYPE,
             name=slices.DRIVER,
@@ -140,9 +134,7 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         )
 
     async def NotifyRegistrationStatus(
-        self,
-        request: reg.RegistrationStatus,
-        context: grpc.aio.ServicerContext[reg.RegistrationStatus, reg.RegistrationStatusResponse],
+        self, request: reg.RegistrationStatus, context: ServicerContext
     ) -> reg.RegistrationStatusResponse:
         self.registered = request.plugin_registered
         self.error = request.error
