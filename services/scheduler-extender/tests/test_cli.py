@@ -7,6 +7,7 @@ from flag_errors import refusal
 from processes import run_module
 
 from neuron_scheduler_extender import config as config_mod
+from neuron_scheduler_extender.leader import Lease
 
 
 def test_defaults() -> None:
@@ -26,6 +27,8 @@ def test_defaults() -> None:
     assert (cfg.lease_duration, cfg.renew_deadline, cfg.retry_period) == (15.0, 10.0, 2.0)
     assert cfg.identity.startswith("ext-0_")
     assert cfg.identity != config_mod.parse([], env={"POD_NAME": "ext-0"}).identity, "unique per process"
+    assert cfg.lease == Lease("neuron", "neuron-scheduler-extender", cfg.identity, 15.0, 10.0, 2.0)
+    assert str(cfg.lease) == "neuron/neuron-scheduler-extender"
 
 
 def test_flags_then_environment_then_defaults() -> None:

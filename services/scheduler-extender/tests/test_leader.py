@@ -9,7 +9,7 @@ import datetime as dt
 from fake_api import FakeApi
 
 from neuron_common.kube import ApiError
-from neuron_scheduler_extender.leader import LeaderElector, micro_time
+from neuron_scheduler_extender.leader import LeaderElector, Lease, micro_time
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/neuron-scheduler-extender"
 
@@ -25,13 +25,8 @@ class Clock:
 def elector(api: FakeApi, identity: str, clock: Clock) -> LeaderElector:
     return LeaderElector(
         api,
-        "ns",
-        "neuron-scheduler-extender",
-        identity,
+        Lease("ns", "neuron-scheduler-extender", identity, duration=15, renew_deadline=10, retry_period=2),
         url=f"http://{identity}:9843",
-        lease_duration=15,
-        renew_deadline=10,
-        retry_period=2,
         clock=clock,
         wall_clock=lambda: dt.datetime(2026, 3, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=clock.now),
     )
@@ -121,7 +116,7 @@ async def test_release_on_shutdown_hands_over_at_once() -> None:
 
 async def test_run_acquires_and_releases() -> None:
     api = FakeApi()
-    e = LeaderElector(api, "ns", "neuron-scheduler-extender", "solo", retry_period=0.01)
+    e = LeaderElector(api, Lease("ns", "neuron-scheduler-extender", "solo", retry_period=0.01))
     changes: list[bool] = []
     e.on_change = changes.append
     stop = asyncio.Event()

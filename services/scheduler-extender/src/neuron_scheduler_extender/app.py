@@ -63,19 +63,7 @@ class Extender:
         self.nodes: Reflector[NodeHealth] = Reflector(
             self.api, NODES, reduce=node_health, replace=self.node_health.replace, apply=self.node_health.apply
         )
-        self.leader: LeaderElector | AlwaysLeader
-        if config.leader_elect:
-            self.leader = LeaderElector(
-                self.api,
-                config.lease_namespace,
-                config.lease_name,
-                config.identity,
-                lease_duration=config.lease_duration,
-                renew_deadline=config.renew_deadline,
-                retry_period=config.retry_period,
-            )
-        else:
-            self.leader = AlwaysLeader()
+        self.leader = LeaderElector(self.api, config.lease) if config.leader_elect else AlwaysLeader()
         self.supervisor = Supervisor(stop)
         host, port = config.listen
         self.tls_contexts: list[ssl.SSLContext] = []
@@ -139,13 +127,12 @@ class Extender:
         if waiting:
             errors = "; ".join(f"{r.resource.name}: {r.last_error}" for r in (self.reports, self.pods) if r.last_error)
             return False, f"listing {', '.join(waiting)} from the API server" + (f" ({errors})" if errors else "")
-        lease = f"{self.config.lease_namespace}/{self.config.lease_name}"
         if self.leader.leading:
             role = "leader"
         elif self.leader.leader_url:
             role = f"standby, forwarding to the leader at {self.leader.leader_url}"
         else:
-            return False, f"standby: no leader known yet on the lease {lease}"
+            return False, f"standby: no leader known yet on the lease {self.config.lease}"
         stats = self.view.stats(self.endpoints.now())
         return True, (
             f"{role}; {stats.reports} NeuronNode reports ({stats.stale_reports} stale, {stats.invalid_reports} "

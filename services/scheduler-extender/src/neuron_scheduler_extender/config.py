@@ -23,6 +23,7 @@ from neuron_common.config import (
     require_files,
     switch,
 )
+from neuron_scheduler_extender.leader import Lease
 
 DEFAULT_LISTEN = "0.0.0.0:9843"
 
@@ -128,6 +129,7 @@ class Config(Listening, ApiRequests, ResourcePrefix, ServiceConfig):
         "certificate's first DNS name)",
     )
     tls: TlsFiles | None = derived()
+    lease: Lease = derived()
 
     @classmethod
     def resolve(cls, p: argparse.ArgumentParser, v: dict[str, Any], environ: Mapping[str, str]) -> None:
@@ -161,6 +163,14 @@ class Config(Listening, ApiRequests, ResourcePrefix, ServiceConfig):
         v["advertise_url"] = v["advertise_url"].rstrip("/") or f"{scheme}://{_bracketed(host)}:{{port}}"
         v["identity"] = v["identity"] or f"{environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
         v["lease_namespace"] = v["lease_namespace"] or environ.get("POD_NAMESPACE") or "default"
+        v["lease"] = Lease(
+            v["lease_namespace"],
+            v["lease_name"],
+            v["identity"],
+            v["lease_duration"],
+            v["renew_deadline"],
+            v["retry_period"],
+        )
 
 
 def _bracketed(host: str) -> str:

@@ -45,16 +45,34 @@ def micro_time(when: dt.datetime) -> str:
     return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-@dataclass
-class LeaderElector:
-    api: LeaseApi
+@dataclass(frozen=True)
+class Lease:
+    """The Lease the replicas elect on, this replica's name in it, and the timing (client-go's)."""
+
     namespace: str
     name: str
     identity: str
-    url: str = ""  # where this replica serves; the standby forwards requests to the leader's
-    lease_duration: float = 15.0
+    duration: float = 15.0
     renew_deadline: float = 10.0
     retry_period: float = 2.0
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def collection(self) -> str:
+        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
+
+    @property
+    def path(self) -> str:
+        return f"{self.collection}/{self.name}"
+
+
+@dataclass
+class LeaderElector:
+    api: LeaseApi
+    lease: Lease
+    url: str = ""  # where this replica serves; the standby forwards requests to the leader's
     clock: Callable[[], float] = time.monotonic
     wall_clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
     on_change: Callable[[bool], None] = lambda leading: None
@@ -66,19 +84,11 @@ class LeaderElector:
     transitions: int = field(default=0)
 
     @property
-    def path(self) -> str:
-        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases/{self.name}"
-
-    @property
-    def collection(self) -> str:
-        return f"/apis/coordination.k8s.io/v1/namespaces/{self.namespace}/leases"
-
-    @property
     def leading(self) -> bool:
         """Whether this replica holds the lease now (checked at the moment of asking, so a leader
         cut off from the API server stops counting as one after `renew_deadline`)."""
-        if self._leading and self.clock() - self._renewed_at >= self.renew_deadline:
-            self._set_leading(False, f"no renewal for {self.renew_deadline:g}s")
+        if self._leading and self.clock() - self._renewed_at >= self.lease.renew_deadline:
+            self._set_leading(False, f"no renewal for {self.lease.renew_deadline:g}s")
         return self._leading
 
     @property
@@ -88,7 +98,7 @@ class LeaderElector:
         if self.leading:
             return self.url
         holder = self._observed[0] if self._observed else ""
-        if not holder or holder == self.identity or self.clock() - self._observed_at >= self.lease_duration:
+        if not holder or holder == self.lease.identity or self.clock() - self._observed_at >= self.lease.duration:
             return ""
         return self._leader_url
 
@@ -98,29 +108,33 @@ class LeaderElector:
                 acquired = await self.try_acquire_or_renew()
             except ApiError as exc:
                 acquired = False
-                log.warning("lease %s/%s: %s", self.namespace, self.name, exc)
+                log.warning("lease %s: %s", self.lease, exc)
             if acquired:
                 self._renewed_at = self.clock()
                 self._set_leading(True, "acquired the lease")
             _ = self.leading  # steps down once the renew deadline has passed without a renewal
-            await sleep_or_stop(stop, self.retry_period)
+            await sleep_or_stop(stop, self.lease.retry_period)
         await self.release()
 
     async def try_acquire_or_renew(self) -> bool:
         now_wall = micro_time(self.wall_clock())
         try:
-            lease = await self.api.get(self.path)
+            lease = await self.api.get(self.lease.path)
         except ApiError as exc:
             if exc.status != 404:
                 raise
             body = {
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
-                "metadata": {"name": self.name, "namespace": self.namespace, "annotations": {LEADER_URL: self.url}},
+                "metadata": {
+                    "name": self.lease.name,
+                    "namespace": self.lease.namespace,
+                    "annotations": {LEADER_URL: self.url},
+                },
                 "spec": self._spec(now_wall, now_wall, 0),
             }
             try:
-                await self.api.create(self.collection, body)
+                await self.api.create(self.lease.collection, body)
             except ApiError as create_error:
                 if create_error.status == 409:  # another replica created it first
                     return False
@@ -133,12 +147,12 @@ class LeaderElector:
         if observed != self._observed:
             self._observed, self._observed_at = observed, self.clock()
         annotations = meta.get("annotations") or {}
-        self._leader_url = str(annotations.get(LEADER_URL) or "") if holder != self.identity else self.url
-        if holder and holder != self.identity and self.clock() - self._observed_at < self.lease_duration:
+        self._leader_url = str(annotations.get(LEADER_URL) or "") if holder != self.lease.identity else self.url
+        if holder and holder != self.lease.identity and self.clock() - self._observed_at < self.lease.duration:
             self._set_leading(False, f"the lease is held by {holder}")
             return False
         transitions = int(spec.get("leaseTransitions") or 0)
-        if holder == self.identity:
+        if holder == self.lease.identity:
             acquired = str(spec.get("acquireTime") or now_wall)
         else:
             acquired, transitions = now_wall, transitions + 1
@@ -147,13 +161,13 @@ class LeaderElector:
             lease, metadata=dict(meta, annotations=annotations), spec=self._spec(acquired, now_wall, transitions)
         )
         try:
-            result = await self.api.update(self.path, updated)
+            result = await self.api.update(self.lease.path, updated)
         except ApiError as exc:
             if exc.status == 409:  # someone wrote it since we read it
                 return False
             raise
         result_meta = result.get("metadata") or {}
-        self._observed = (self.identity, now_wall, str(result_meta.get("resourceVersion") or ""))
+        self._observed = (self.lease.identity, now_wall, str(result_meta.get("resourceVersion") or ""))
         self._observed_at = self.clock()
         return True
 
@@ -163,21 +177,21 @@ class LeaderElector:
             return
         self._set_leading(False, "shutting down")
         try:
-            lease = await self.api.get(self.path)
+            lease = await self.api.get(self.lease.path)
             spec = lease.get("spec") or {}
-            if spec.get("holderIdentity") != self.identity:
+            if spec.get("holderIdentity") != self.lease.identity:
                 return
             now_wall = micro_time(self.wall_clock())
             released = dict(spec, holderIdentity="", leaseDurationSeconds=1, renewTime=now_wall, acquireTime=now_wall)
-            await self.api.update(self.path, dict(lease, spec=released))
-            log.info("released lease %s/%s", self.namespace, self.name)
+            await self.api.update(self.lease.path, dict(lease, spec=released))
+            log.info("released lease %s", self.lease)
         except ApiError as exc:
-            log.warning("could not release lease %s/%s: %s (it expires by itself)", self.namespace, self.name, exc)
+            log.warning("could not release lease %s: %s (it expires by itself)", self.lease, exc)
 
     def _spec(self, acquired: str, renewed: str, transitions: int) -> dict[str, Any]:
         return {
-            "holderIdentity": self.identity,
-            "leaseDurationSeconds": max(1, round(self.lease_duration)),
+            "holderIdentity": self.lease.identity,
+            "leaseDurationSeconds": max(1, round(self.lease.duration)),
             "acquireTime": acquired,
             "renewTime": renewed,
             "leaseTransitions": transitions,
@@ -192,7 +206,7 @@ class LeaderElector:
             "%s the leader (%s)",
             "became" if leading else "stopped being",
             why,
-            extra={"lease": f"{self.namespace}/{self.name}", "identity": self.identity},
+            extra={"lease": str(self.lease), "identity": self.lease.identity},
         )
         self.on_change(leading)
 
