@@ -43,10 +43,16 @@ class PreparedDevice:
 
 
 @dataclass(frozen=True)
-class PreparedClaim:
+class ClaimRef:
+    """A ResourceClaim as the kubelet names it."""
+
     uid: str
     namespace: str
     name: str
+
+
+@dataclass(frozen=True)
+class PreparedClaim(ClaimRef):
     devices: tuple[PreparedDevice, ...]
     spec: Mapping[str, Any] = field(compare=False, repr=False, default_factory=dict)  # the CDI spec
 

@@ -13,13 +13,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_common.kube import ObjectReader
 from neuron_dra_driver import checkpoint
 from neuron_dra_driver.checkpoint import Checkpoint
-from neuron_dra_driver.claims import ClaimRefused, PreparedClaim, prepare, spec_file_name
+from neuron_dra_driver.claims import ClaimRef, ClaimRefused, PreparedClaim, prepare, spec_file_name
 from neuron_dra_driver.metrics import DriverMetrics
 from neuron_dra_driver.slices import Taint
 from neuron_driver import cdi
@@ -29,14 +28,7 @@ from neuron_model.ultraserver import UltraServerReading
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class ClaimRef:
-    uid: str
-    namespace: str
-    name: str
-
-
-def _log(level: int, claim: ClaimRef | PreparedClaim, message: str, *args: object) -> None:
+def _log(level: int, claim: ClaimRef, message: str, *args: object) -> None:
     """A line about one claim: named as its user knows it, with its UID to search the logs by."""
     log.log(level, f"claim %s/%s: {message}", claim.namespace, claim.name, *args, extra={"claim_uid": claim.uid})
 

@@ -28,7 +28,8 @@ from kubelet_api.pluginregistration.v1 import api_pb2 as reg
 from kubelet_api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from neuron_common.lifecycle import wait_any
 from neuron_dra_driver import slices
-from neuron_dra_driver.driver import ClaimRef, Driver
+from neuron_dra_driver.claims import ClaimRef
+from neuron_dra_driver.driver import Driver
 from neuron_dra_driver.metrics import DriverMetrics
 from neuron_health.device_health import DeviceHealth
 
