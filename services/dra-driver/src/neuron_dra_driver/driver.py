@@ -171,8 +171,15 @@ class Driver:
     def _unprepare_one(self, ref: ClaimRef) -> str:
         try:
             cdi.remove_spec(self.cdi_dir, spec_file_name(ref.uid))
-            if self.prepared.pop(ref.uid, None) is not None:
-                self.checkpoint.save(self.prepared)
+            claim = self.prepared.pop(ref.uid, None)
+            if claim is not None:
+                try:
+                    self.checkpoint.save(self.prepared)
+                except OSError:
+                    # the checkpoint on disk still has it: kept, the kubelet's retry saves again, or a
+                    # restart would bring the claim back and write its CDI spec again
+                    self.prepared[ref.uid] = claim
+                    raise
                 _log(logging.INFO, ref, "unprepared")
         except OSError as exc:
             self.metrics.errors.labels("write").inc()
