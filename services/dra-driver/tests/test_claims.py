@@ -8,7 +8,13 @@ from typing import Any
 import pytest
 import sim_nodes
 from neuron_dra_driver import claims
-from neuron_dra_driver.checkpoint import Checkpoint, CheckpointError, annotate, claims_from_specs
+from neuron_dra_driver.checkpoint import (
+    CHECKPOINT_ANNOTATION,
+    Checkpoint,
+    CheckpointError,
+    annotate,
+    claims_from_specs,
+)
 
 from neuron_driver import cdi
 from neuron_driver.inventory import NodeInventory, scan
@@ -117,7 +123,18 @@ def test_checkpoint_round_trip_and_atomic(tmp_path: Path) -> None:
     assert sorted(p.name for p in cp.path.parent.iterdir()) == ["checkpoint.json"]
 
 
-@pytest.mark.parametrize("text", ["", "{", "[]", '{"version": 9, "claims": []}', '{"version": 1, "claims": [{}]}'])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "",
+        "{",
+        "[]",
+        '{"version": 9, "claims": []}',
+        '{"version": 1, "claims": [{}]}',
+        '{"version": 1, "claims": [null]}',
+        '{"version": 1, "claims": {"a": {}}}',
+    ],
+)
 def test_corrupt_checkpoint_is_a_clear_error(tmp_path: Path, text: str) -> None:
     cp = Checkpoint(tmp_path / "checkpoint.json")
     cp.path.write_text(text)
@@ -138,6 +155,13 @@ def test_corrupt_checkpoint_recovered_from_the_cdi_specs(tmp_path: Path) -> None
     assert cp.load() == recovered  # a good checkpoint again
     assert [p.name for p in tmp_path.glob("checkpoint.json.corrupt-*")]  # the bad one is kept
     assert claims_from_specs(tmp_path / "missing") == {}
+
+
+def test_a_cdi_spec_whose_annotation_is_not_a_claim_is_skipped(tmp_path: Path) -> None:
+    for i, recorded in enumerate(("[]", "null", '"x"')):
+        spec = {"kind": claims.CLAIM_KIND, "annotations": {CHECKPOINT_ANNOTATION: recorded}}
+        cdi.write_spec(tmp_path, claims.spec_file_name(f"{UID}{i}"), spec)
+    assert claims_from_specs(tmp_path) == {}
 
 
 def test_checkpoint_keeps_each_claims_cdi_spec(tmp_path: Path) -> None:

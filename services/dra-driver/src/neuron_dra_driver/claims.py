@@ -74,6 +74,10 @@ class PreparedClaim(ClaimRef):
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> PreparedClaim:
+        # TypeError, as for a wrong field, so a checkpoint or spec that is JSON but not a claim is
+        # set aside or skipped by its reader instead of stopping the driver at every start
+        if not isinstance(raw, Mapping):
+            raise TypeError(f"a prepared claim is {type(raw).__name__}, not an object")
         spec = raw.get("spec") or {}
         if not isinstance(spec, Mapping):
             raise TypeError(f"claim {raw.get('uid')!r}: its CDI spec is {type(spec).__name__}, not an object")
