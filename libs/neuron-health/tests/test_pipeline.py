@@ -132,3 +132,22 @@ async def test_an_unreadable_kernel_log_is_counted_and_followed_once_it_appears(
         f"cannot read the kernel log {kmsg}: No such file or directory ({pipeline.KMSG_HINT}); retrying every 0.01s",
         f"reading the kernel log {kmsg} again",
     ]
+
+
+def test_after_a_reload_the_counters_grow_from_zero(node: Path) -> None:
+    """The driver counts afresh after a reload: an error between the reload and the read that sees
+    it is news, though the counter is below what it was before the reload; and a per-core status
+    counter read on a slower cadence is not taken, on its next read, for a second reload."""
+    watch = CounterWatch(node, 1.0, {"hw_nc_ue_error"}, status_every=2)
+    sim.bump_counter(node, 1, "mem_ecc_repairable_uncorrected", by=3)
+    sim.bump_counter(node, 1, "hw_nc_ue_error", core=0, by=2)
+    watch.read()  # with the status counters
+    sim.reload_driver(node)
+    sim.bump_counter(node, 1, "mem_ecc_repairable_uncorrected")  # an error since the reload
+    reload = watch.read()  # without the status counters
+    assert reload.reloaded == {1}
+    assert list(pipeline.growth(reload.previous, reload.totals)) == [(1, "mem_ecc_repairable_uncorrected", 0, 1)]
+    sim.bump_counter(node, 1, "hw_nc_ue_error", core=0)  # below its value before the reload
+    after = watch.read()  # with the status counters
+    assert after.reloaded == frozenset()
+    assert list(pipeline.growth(after.previous, after.totals)) == [(1, "hw_nc_ue_error", 0, 1)]

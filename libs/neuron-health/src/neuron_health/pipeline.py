@@ -88,7 +88,8 @@ def growth(
 class CounterRead:
     """One read of the driver's counters, by (device, counter name) as the fault table names them."""
 
-    previous: Mapping[tuple[int, str], int] | None  # as of the read before (None: this is the first)
+    # as of the read before (None: this is the first), zero for a reloaded device's counters
+    previous: Mapping[tuple[int, str], int] | None
     totals: Mapping[tuple[int, str], int]  # this read's values
     reloaded: frozenset[int]  # devices whose counters went back down: the driver was reloaded
     inventory: NodeInventory | None  # the new inventory when the node's devices changed, else None
@@ -152,6 +153,11 @@ class CounterWatch:
         totals = device_totals(values)
         previous = self._previous
         reloaded = frozenset(devices_reset(previous, totals)) if previous is not None else frozenset()
+        if previous is not None and reloaded:
+            # A reloaded driver counts from zero: what a reloaded device's counters show now is growth
+            # since the reload, and a counter not read this time (slower cadence) must not, on its next
+            # read, be measured against its value from before the reload (a second reload, a lost error).
+            previous = {key: 0 if key[0] in reloaded else value for key, value in previous.items()}
         # a counter not read this time (vanished device, slower cadence) keeps its last value
         self._previous = {**(previous or {}), **totals}
         return CounterRead(previous, totals, reloaded, changed)
