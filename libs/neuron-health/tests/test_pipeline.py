@@ -151,3 +151,20 @@ def test_after_a_reload_the_counters_grow_from_zero(node: Path) -> None:
     after = watch.read()  # with the status counters
     assert after.reloaded == frozenset()
     assert list(pipeline.growth(after.previous, after.totals)) == [(1, "hw_nc_ue_error", 0, 1)]
+
+
+def test_a_core_counter_that_cannot_be_read_is_no_reload(node: Path) -> None:
+    """A per-core status counter is summed over the device's cores: one core's file unreadable for a
+    read leaves the sum unknown, not smaller, so it is neither a driver reload nor, after, new growth."""
+    watch = CounterWatch(node, 1.0, {"hw_repairable_hbm_ue_error"})
+    sim.bump_counter(node, 1, "hw_repairable_hbm_ue_error", core=0)
+    sim.bump_counter(node, 1, "hw_repairable_hbm_ue_error", core=1)
+    watch.read()
+    sim.set_counter_raw(node, 1, "hw_repairable_hbm_ue_error", "garbage\n", core=0)
+    garbled = watch.read()
+    assert garbled.reloaded == frozenset()
+    assert list(pipeline.growth(garbled.previous, garbled.totals)) == []
+    sim.set_counter_raw(node, 1, "hw_repairable_hbm_ue_error", "1\n", core=0)
+    again = watch.read()
+    assert again.reloaded == frozenset()
+    assert list(pipeline.growth(again.previous, again.totals)) == []

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import enum
 import os
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -153,6 +153,11 @@ class CounterReader:
                 self._add(layout.core_other_info_file(cdir, name), CounterKind.CORE_OTHER, device, core, name, "")
 
     @property
+    def keys(self) -> frozenset[CounterKey]:
+        """Every counter one read() reads, when all its files can be read."""
+        return frozenset(key for _, key in self._plan)
+
+    @property
     def file_count(self) -> int:
         return len(self._plan) + len(self._power)
 
@@ -212,13 +217,18 @@ class CounterReader:
         issues.append(issue_for_oserror(os.fsdecode(path), exc))
 
 
-def device_totals(values: Mapping[CounterKey, int]) -> dict[tuple[int, str], int]:
+def device_totals(values: Mapping[CounterKey, int], expected: Iterable[CounterKey] = ()) -> dict[tuple[int, str], int]:
     """(device, counter name) -> value: device counters as read, per-core status totals summed over
-    the device's cores. The fault table names counters at this level."""
+    the device's cores. The fault table names counters at this level. A sum missing one of the
+    `expected` counters (a core's file unreadable this time) is left out: it is unknown, and a sum
+    short of a core would read as a driver reload and, when the core is read again, as new errors."""
     totals: dict[tuple[int, str], int] = {}
     for key, value in values.items():
         if key.kind is CounterKind.HARDWARE or (key.kind is CounterKind.STATUS and key.field == "total"):
             totals[key.device, key.name] = totals.get((key.device, key.name), 0) + value
+    for key in expected:
+        if key not in values:
+            totals.pop((key.device, key.name), None)
     return totals
 
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_common.lifecycle import sleep_or_stop
-from neuron_driver.counters import CounterKind, CounterReader, device_totals, devices_reset
+from neuron_driver.counters import CounterKey, CounterKind, CounterReader, device_totals, devices_reset
 from neuron_driver.inventory import InventoryTracker, NodeInventory
 from neuron_driver.kmsg import KmsgRecord
 from neuron_health.kernel_log import KmsgFollower, Malformed
@@ -147,10 +147,12 @@ class CounterWatch:
         assert self._readers is not None
         hardware, status = self._readers
         values = hardware.read().values
+        expected: frozenset[CounterKey] = frozenset()
         if status is not None and self._reads % self.status_every == 0:
             values = {**values, **status.read().values}
+            expected = status.keys
         self._reads += 1
-        totals = device_totals(values)
+        totals = device_totals(values, expected)
         previous = self._previous
         reloaded = frozenset(devices_reset(previous, totals)) if previous is not None else frozenset()
         if previous is not None and reloaded:
