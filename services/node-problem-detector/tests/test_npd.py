@@ -222,6 +222,27 @@ async def test_restart_on_the_same_boot_and_after_a_reboot(
     assert not (tmp_path / "verdicts" / "neuron3.json").exists()
 
 
+async def test_a_restart_on_the_same_boot_measures_the_counters_from_where_it_left_them(
+    tmp_path: Path, node: Path, api: FakeApiServer
+) -> None:
+    async with running(tmp_path, node, api):
+        sim.bump_counter(node, 3, "mem_ecc_uncorrected")
+        sim.bump_counter(node, 9, "mem_ecc_repairable_uncorrected", by=2)
+        await eventually(lambda: len(verdicts.read_verdicts(tmp_path / "verdicts", node)) == 2)
+        await eventually(lambda: len(api.event_list()) == 2)
+    # restarted: the counters it saw before are not news again
+    async with running(tmp_path, node, api) as det:
+        for _ in range(3):
+            det.check_counters()
+        await eventually(lambda: det.reporter.up_to_date)
+    assert len(api.event_list()) == 2
+    # the driver is reloaded while the detector is away: what a reload mends is cleared when it is back
+    sim.reload_driver(node)
+    async with running(tmp_path, node, api):
+        await eventually(lambda: set(verdicts.read_verdicts(tmp_path / "verdicts", node)) == {3})
+    assert status(api) == ("True", "NeuronHasError_HBM_UNCORRECTABLE_ERROR")
+
+
 @pytest.mark.parametrize("remediation", [["--taint", "--cordon"], []])
 async def test_remediation_on_and_off(tmp_path: Path, node: Path, api: FakeApiServer, remediation: list[str]) -> None:
     async with running(tmp_path, node, api, *remediation) as det:

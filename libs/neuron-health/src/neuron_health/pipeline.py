@@ -109,8 +109,10 @@ class CounterWatch:
         inventory: NodeInventory | None = None,
         status_every: int = 1,
         on_error: OnError = _ignore,
+        previous: Mapping[tuple[int, str], int] | None = None,
     ) -> None:
-        """`inventory`: the node as already scanned (else scanned at the first read)."""
+        """`inventory`: the node as already scanned (else scanned at the first read). `previous`: the
+        values an earlier watch on this boot left (`last`), which the first read is measured against."""
         self.host_root = host_root
         self.interval = interval
         self.status_names = frozenset(status_names)
@@ -119,8 +121,13 @@ class CounterWatch:
         self._inventory = inventory
         self._tracker: InventoryTracker | None = None
         self._readers: tuple[CounterReader, CounterReader | None] | None = None
-        self._previous: dict[tuple[int, str], int] | None = None
+        self._previous: dict[tuple[int, str], int] | None = dict(previous) if previous is not None else None
         self._reads = 0
+
+    @property
+    def last(self) -> Mapping[tuple[int, str], int] | None:
+        """What the next read is measured against (None before the first)."""
+        return self._previous
 
     def _make_readers(self, inventory: NodeInventory) -> None:
         hardware = CounterReader(inventory, kinds={CounterKind.HARDWARE}, power=False)

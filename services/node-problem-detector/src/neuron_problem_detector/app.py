@@ -112,7 +112,11 @@ class Detector:
         # the device counters, and only those per-core statuses a rule names (a trn2 has 1,024 cores' worth)
         core_counters = {r.counter for r in self.rules.counter_rules if r.counter and r.core_counter}
         self.counters = CounterWatch(
-            config.host_root, config.counter_interval, core_counters, on_error=lambda source: count(source).inc()
+            config.host_root,
+            config.counter_interval,
+            core_counters,
+            on_error=lambda source: count(source).inc(),
+            previous=self.state.counters,
         )
 
     # -- health ------------------------------------------------------------------------------------
@@ -148,12 +152,15 @@ class Detector:
             self.reporter.event(f"{p.reason}Cleared", f"{p.message} cleared: {why}", warning=False)
         self._publish()
 
-    def _publish(self) -> None:
-        """Push the state everywhere it shows: file, conditions, verdicts, metrics."""
+    def _save(self) -> None:
         try:
             save_state(self.config.state_file, self.state)
         except OSError as exc:
             log.error("cannot save state to %s: %s", self.config.state_file, exc)
+
+    def _publish(self) -> None:
+        """Push the state everywhere it shows: file, conditions, verdicts, metrics."""
+        self._save()
         conditions = self.state.conditions(self.rules, wall_now())
         self.reporter.set_conditions(conditions)
         for c in conditions:
@@ -198,6 +205,9 @@ class Detector:
     def counters_read(self, read: CounterRead) -> None:
         """A read of the driver's counters, from the loop `counters` (the pipeline's `CounterWatch`):
         problems that appeared, and those a reload mended."""
+        saved = self.state.counters
+        last = self.counters.last
+        self.state.counters = dict(last) if last is not None else None
         if read.reloaded:
             self.cleared(
                 self.state.clear_devices(set(read.reloaded)), "the driver's counters were reset (driver reloaded)"
@@ -206,6 +216,8 @@ class Detector:
         if matches:
             self.handle(matches)
         self.cleared(self.state.expire(wall_now()), "clearAfter passed")
+        if self.state.counters != saved:
+            self._save()  # a restart must not take what it has seen for news
 
     async def report_metrics(self) -> None:
         while not self.stop.is_set():

@@ -53,6 +53,9 @@ class DetectorState:
     problems: dict[str, Problem] = field(default_factory=dict)
     transitions: dict[str, float] = field(default_factory=dict)  # condition type -> last change
     statuses: dict[str, str] = field(default_factory=dict)  # condition type -> last status
+    # the driver's counters as last read on this boot, by (device, name): a restart measures growth
+    # (and a driver reload) from them; None: not read yet on this boot
+    counters: dict[tuple[int, str], int] | None = None
 
     # -- changes ---------------------------------------------------------------------------------
     def add(self, match: Match, now: float) -> Problem | None:
@@ -96,6 +99,7 @@ class DetectorState:
         self.boot_id = boot_id
         self.problems.clear()
         self.last_seq = -1
+        self.counters = None
         return True
 
     # -- views -----------------------------------------------------------------------------------
@@ -135,6 +139,7 @@ class DetectorState:
                 "problems": [asdict(p) for p in self.problems.values()],
                 "transitions": self.transitions,
                 "statuses": self.statuses,
+                "counters": None if self.counters is None else [[d, n, v] for (d, n), v in self.counters.items()],
             }
         )
 
@@ -153,6 +158,9 @@ class DetectorState:
             state.problems[p.key] = p
         state.transitions = {str(k): float(v) for k, v in data.get("transitions", {}).items()}
         state.statuses = {str(k): str(v) for k, v in data.get("statuses", {}).items()}
+        counters = data.get("counters")
+        if counters is not None:
+            state.counters = {(int(d), str(n)): int(v) for d, n, v in counters}
         return state
 
 
