@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import json
 import os
 import re
 import subprocess
@@ -282,6 +283,27 @@ async def test_verdicts_reach_the_device_plugin_format(tmp_path: Path, node: Pat
         sim.inject_hw_error(node, "DMA_ERROR", 11, 0)
         await eventually((tmp_path / "verdicts" / "neuron11.json").exists)
     assert verdicts.read_verdicts(tmp_path / "verdicts", node) == {11: "NeuronHasError_DMA_ERROR"}
+
+
+async def test_a_verdict_says_since_when_its_device_is_unhealthy(
+    tmp_path: Path, node: Path, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from neuron_problem_detector import app
+
+    clock = [time.time() - 3600]
+    monkeypatch.setattr(app, "wall_now", lambda: clock[0])
+    async with running(tmp_path, node, api):
+        sim.inject_hw_error(node, "DMA_ERROR", 11, 0)
+        await eventually((tmp_path / "verdicts" / "neuron11.json").exists)
+        clock[0] += 600
+        sim.inject_hw_error(node, "DMA_ERROR", 5, 0)  # another device's problem: verdicts written again
+        await eventually((tmp_path / "verdicts" / "neuron5.json").exists)
+
+    def since(device: int) -> float:
+        stamp = json.loads((tmp_path / "verdicts" / f"neuron{device}.json").read_text())["since"]
+        return dt.datetime.fromisoformat(stamp).timestamp()
+
+    assert (since(11), since(5)) == (int(clock[0] - 600), int(clock[0]))
 
 
 async def test_a_dead_loop_fails_the_probes_and_the_process(

@@ -35,7 +35,10 @@ def boot_id(host_root: Path) -> str | None:
         return None
 
 
-def write_verdict(directory: Path, device: int, reason: str, message: str, boot: str | None) -> None:
+def write_verdict(
+    directory: Path, device: int, reason: str, message: str, boot: str | None, since: float | None = None
+) -> None:
+    """`since`: when the device became unhealthy (seconds since the epoch; None: now)."""
     directory.mkdir(parents=True, exist_ok=True)
     body = {
         "device": device,
@@ -43,7 +46,7 @@ def write_verdict(directory: Path, device: int, reason: str, message: str, boot:
         "reason": reason,
         "message": message,
         "boot_id": boot,
-        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since)),
     }
     path = directory / f"neuron{device}.json"
     tmp = directory / f".neuron{device}.json.tmp"

@@ -174,7 +174,13 @@ class Detector:
             try:
                 for device, problem in unhealthy.items():
                     verdicts.write_verdict(
-                        self.config.verdict_dir, device, problem.reason, problem.message, self.state.boot_id
+                        self.config.verdict_dir,
+                        device,
+                        problem.reason,
+                        problem.message,
+                        self.state.boot_id,
+                        # every verdict is written again on any change: it keeps its problem's time
+                        since=problem.since,
                     )
                 for device in set(verdicts.read_verdicts(self.config.verdict_dir, self.config.host_root)) - set(
                     unhealthy
