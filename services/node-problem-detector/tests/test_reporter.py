@@ -154,3 +154,38 @@ async def test_a_condition_decided_while_the_patch_is_on_its_way_is_sent_next() 
     await r.sync_once()
     assert sent == [["NeuronHasNoError"], ["NeuronHasError_X"]]
     assert r.up_to_date
+
+
+def while_creating(api: FakeCoreApi, meanwhile: Any) -> None:
+    """`meanwhile()` runs while the first create is on its way, as the detector's other loops do."""
+    real_create = api.create
+
+    async def create(path: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        api.create = real_create  # type: ignore[method-assign]
+        meanwhile()
+        return await real_create(path, body)
+
+    api.create = create  # type: ignore[method-assign]
+
+
+async def test_a_repeat_while_its_event_is_on_its_way_is_counted() -> None:
+    api = FakeCoreApi()
+    r = make(api)
+    while_creating(api, lambda: r.event("Repeated", "same message"))
+    r.event("Repeated", "same message")
+    assert await r.sync_once()
+    assert await r.sync_once()
+    assert api.created == ["Repeated"]
+    assert len(api.patched_events) == 1  # the repeat bumped the Event's count
+    assert [count for _, _, count in r.sent.values()] == [2]
+
+
+async def test_an_event_queued_while_a_full_queue_sends_its_oldest_is_not_lost() -> None:
+    api = FakeCoreApi()
+    r = make(api, max_pending=2)
+    while_creating(api, lambda: r.event("C", "third"))  # the queue is full: the oldest, on its way, goes
+    r.event("A", "first")
+    r.event("B", "second")
+    assert await r.sync_once()
+    assert api.created == ["A", "B", "C"]
+    assert r.dropped_events == 0

@@ -117,6 +117,7 @@ class Reporter:
         self.pending: deque[PendingEvent] = deque(maxlen=max_pending)
         self.dropped_events = 0  # the oldest, while the API server was away
         self.failed_events = 0  # refused EVENT_ATTEMPTS times
+        self._in_flight: PendingEvent | None = None  # taken from `pending` while its call is on its way
         # key -> (event name, last sent, count), oldest first; bounded by DEDUPE_ENTRIES
         self.sent: OrderedDict[str, tuple[str, float, int]] = OrderedDict()
         self.bucket = TokenBucket(event_burst, event_rate)
@@ -148,11 +149,19 @@ class Reporter:
         self.pending.append(PendingEvent(reason, message, "Warning" if warning else "Normal", now, now))
         self.wake.set()
 
+    def _requeue(self, event: PendingEvent) -> None:
+        """An Event not delivered goes back to the front: it is the oldest, so a queue that filled up
+        while it was on its way drops it."""
+        if len(self.pending) == self.pending.maxlen:
+            self.dropped_events += 1
+            return
+        self.pending.appendleft(event)
+
     @property
     def up_to_date(self) -> bool:
         """The API server holds everything decided so far: the conditions, the taint or cordon, every
         Event. Tests wait on this where they would otherwise sleep and hope the reporter had run."""
-        if not self.api_up or self.pending or self.synced_conditions != self.desired:
+        if not self.api_up or self.pending or self._in_flight or self.synced_conditions != self.desired:
             return False
         if self.taint or self.cordon:
             return self._remediated == any(c.status == "True" for c in self.desired.values())
@@ -275,14 +284,19 @@ class Reporter:
                     await self._remediate(unhealthy)
                     self._remediated = unhealthy
             while self.pending and self.bucket.take():
-                event = self.pending[0]
+                # Out of the queue while on its way: a repeat meanwhile is a count not yet sent (merged
+                # into this one it was lost), and a full queue's oldest is then not this one (dropping it
+                # lost the next instead).
+                event = self._in_flight = self.pending.popleft()
+                done = False
                 try:
                     await self._send_event(event)
+                    done = True
                 except ApiError as exc:
                     if 400 <= exc.status < 500 and exc.status not in (408, 429):
                         event.attempts += 1  # refused, not unreachable: bounded tries
                         if event.attempts >= EVENT_ATTEMPTS:
-                            self.pending.popleft()
+                            done = True
                             self.failed_events += 1
                             log.error(
                                 "Event %s dropped after %d refusals (HTTP %s): %s",
@@ -293,7 +307,10 @@ class Reporter:
                             )
                             continue
                     raise
-                self.pending.popleft()
+                finally:
+                    self._in_flight = None
+                    if not done:
+                        self._requeue(event)
         except (ApiError, aiohttp.ClientError, OSError, TimeoutError) as exc:  # all mean "try again"
             kind = _error_kind(exc)
             self.api_errors[kind] = self.api_errors.get(kind, 0) + 1
