@@ -1,10 +1,20 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from neuron_driver.kmsg import KERN_ERR, format_hw_error, format_record, parse_hw_error, parse_record, split_records
+from neuron_driver.kmsg import (
+    KERN_ERR,
+    format_hw_error,
+    format_record,
+    parse_hw_error,
+    parse_record,
+    search,
+    split_records,
+)
 
 messages = st.text(st.characters(min_codepoint=32, max_codepoint=126), max_size=200)
 # any text a record can hold: one line (format_record folds a newline), no lone surrogate
@@ -90,3 +100,13 @@ def test_hw_error_line() -> None:
     partial = parse_hw_error("NEURON_HW_ERR=DMA_ERROR nd-id=x")
     assert partial is not None
     assert (partial.kind, partial.device, partial.core) == ("DMA_ERROR", None, None)
+
+
+@pytest.mark.parametrize("number", ["\u00b2", "\u0663", "\uff11"])  # digits to str.isdigit(), not plain ASCII ones
+def test_a_device_or_core_that_is_no_plain_number_names_none(number: str) -> None:
+    # the kernel's \xNN escapes decode to any character: garbage must not stop the reader
+    err = parse_hw_error(f"NEURON_HW_ERR=DMA_ERROR nd-id={number} nc-id={number}")
+    assert err is not None
+    assert (err.device, err.core) == (None, None)
+    [(_, device, core, _)] = search([("dma", re.compile(r"nd(?P<device>\S+) DMA"))], f"nd{number} DMA timeout")
+    assert (device, core) == (None, None)
