@@ -117,6 +117,34 @@ async def test_follows_from_the_end_and_joins_a_line_written_in_pieces(tmp_path:
         await r.until(lambda: r.messages == ["NEURON_HW_ERR=DMA_ERROR nd-id=2 nc-id=0"])
 
 
+async def test_a_character_cut_in_two_by_the_writer_or_a_read_is_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = empty(tmp_path / "kern.log")
+    async with reading(log) as r:
+        whole = line("NEURON_HW_ERR=DMA_ERROR nd-id=2 nc-id=0 café").encode()
+        cut = whole.index("é".encode()) + 1
+        with log.open("ab") as f:
+            f.write(whole[:cut])
+        await r.settle()
+        with log.open("ab") as f:
+            f.write(whole[cut:])
+        await r.until(lambda: r.messages == ["NEURON_HW_ERR=DMA_ERROR nd-id=2 nc-id=0 café"])
+    monkeypatch.setattr(kernel_log, "_READ_CHUNK", 5)  # reads that end inside characters (a read holds one)
+    append(log, line("€ ü 𝄞 ok"))
+    async with reading(log, lookback=None) as r:
+        await r.until(lambda: r.messages[-1:] == ["€ ü 𝄞 ok"])
+
+
+@pytest.mark.parametrize(
+    ("data", "whole"),
+    [(b"", 0), (b"ab", 2), ("é".encode(), 2), ("é".encode()[:1], 0), (b"x" + "€".encode()[:2], 1),
+     ("𝄞".encode()[:3], 0), (b"\x80\x80\x80\x80", 4), (b"\xff", 1)],
+)  # fmt: skip
+def test_whole_characters(data: bytes, whole: int) -> None:
+    assert kernel_log._whole_characters(data) == whole
+
+
 async def test_lines_are_numbered_in_order_through_the_boot(tmp_path: Path) -> None:
     log = empty(tmp_path / "kern.log")
     async with reading(log) as r:

@@ -40,7 +40,7 @@ from neuron_driver.syslog import parse_syslog_line
 
 log = logging.getLogger(__name__)
 
-_READ_CHUNK = 64 * 1024
+_READ_CHUNK = 64 * 1024  # at least 4, the longest UTF-8 character, or a read could hold no whole one
 KERNEL_LOG_FORMATS = ("kmsg", "syslog")
 
 
@@ -264,6 +264,12 @@ class KmsgFollower:
             chunk = f.read(_READ_CHUNK)
             if not chunk:
                 break
+            whole = _whole_characters(chunk)
+            if whole < len(chunk):  # a character cut in two by the read or the writer: read again with its rest
+                f.seek(whole - len(chunk), os.SEEK_CUR)
+                chunk = chunk[:whole]
+                if not chunk:
+                    break
             records, tail = split(tail + chunk.decode("utf-8", "replace"))
             for text in records:
                 item = self._parse(text, cutoff)
@@ -274,6 +280,17 @@ class KmsgFollower:
 
     async def _sleep(self, stop: asyncio.Event) -> None:
         await sleep_or_stop(stop, self.poll_interval)
+
+
+def _whole_characters(data: bytes) -> int:
+    """How many of `data`'s bytes end on a UTF-8 character's boundary: a character whose first bytes
+    end `data` is left for the next read, which has the rest."""
+    for back in range(1, min(4, len(data)) + 1):
+        byte = data[-back]
+        if byte & 0xC0 != 0x80:  # the character's first byte: it says how long the character is
+            length = 2 if 0xC0 <= byte < 0xE0 else 3 if 0xE0 <= byte < 0xF0 else 4 if 0xF0 <= byte < 0xF8 else 1
+            return len(data) - back if length > back else len(data)
+    return len(data)  # no first byte among the last four: not UTF-8, decoded as it is
 
 
 def _split_lines(chunk: str) -> tuple[list[str], str]:
