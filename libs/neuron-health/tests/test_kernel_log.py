@@ -117,6 +117,19 @@ async def test_follows_from_the_end_and_joins_a_line_written_in_pieces(tmp_path:
         await r.until(lambda: r.messages == ["NEURON_HW_ERR=DMA_ERROR nd-id=2 nc-id=0"])
 
 
+async def test_a_line_stamped_earlier_than_the_one_before_is_numbered_after_it(tmp_path: Path) -> None:
+    """Its printk time earlier (two CPUs' clocks), or its wall stamp (the clock stepped back on a host
+    whose lines have no printk time): a reader skips a number at or below the last it handled."""
+    log = empty(tmp_path / "kern.log")
+    async with reading(log) as r:
+        append(log, line("first", printk=100.000200) + line("second", printk=100.000100))
+        append(log, line("third", ago=5) + line("fourth", ago=65))
+        await r.until(lambda: len(r.messages) == 4)
+        seqs = [i.seq for i in r.items if isinstance(i, KmsgRecord)]
+        assert r.messages == ["first", "second", "third", "fourth"]
+        assert seqs == sorted(set(seqs))
+
+
 async def test_a_character_cut_in_two_by_the_writer_or_a_read_is_read_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

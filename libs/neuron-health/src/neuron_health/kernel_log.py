@@ -108,6 +108,7 @@ class KmsgFollower:
         self._boot = float(int(boot_wall_time()))
         self._last_usec = -1
         self._repeat = 0
+        self._last_seq = -1
 
     def _cutoff(self) -> float | None:
         """Records older than this are history not replayed: kmsg, boot-time microseconds; syslog,
@@ -142,7 +143,12 @@ class KmsgFollower:
             return None
         self._repeat = self._repeat + 1 if record.usec == self._last_usec else 0
         self._last_usec = record.usec
-        return replace(record, seq=syslog_seq(record.usec, self._repeat))
+        # Never below the line before: a reader skips a number at or below the last it handled, and
+        # a later line's stamp can be earlier (two CPUs' printk clocks, the wall clock stepped back
+        # on a host whose lines have no printk time). A restarted reader numbers such a line lower
+        # again, so it skips it as handled, which it was.
+        self._last_seq = max(syslog_seq(record.usec, self._repeat), self._last_seq + 1)
+        return replace(record, seq=self._last_seq)
 
     async def follow(self, stop: asyncio.Event) -> AsyncIterator[KmsgRecord | Malformed]:
         st = os.stat(self.path)  # a clear FileNotFoundError/PermissionError for the caller
