@@ -16,7 +16,7 @@ import pytest
 from broken_loop import break_loop_and_probe
 from grpc import aio
 from oracles.neuron_sets import exhaustive_devices
-from standins.kubelet import AdmissionError
+from standins.kubelet import AdmissionError, Allocation
 
 from kubelet_api import HEALTHY, UNHEALTHY
 from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
@@ -187,6 +187,30 @@ async def test_cores_of_a_held_device_are_not_offered_and_are_refused(start_plug
     h.kubelet.release("whole")
     h.kubelet.release("one-core")
     await eventually(lambda: len(h.kubelet.healthy(NEURONCORE)) == 32 and len(h.kubelet.healthy(NEURON)) == 16)
+
+
+async def test_nothing_is_offered_until_the_kubelets_holdings_are_known(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    """A pod admitted before the plugin (re)started holds neuron0; until a List shows it, its cores
+    looked free to the plugin and were handed out a second time."""
+
+    async def held_before_the_plugin(kubelet) -> None:  # type: ignore[no-untyped-def]
+        kubelet.allocations.append(
+            Allocation("default", "old", "main", NEURON, ["neuron0"], dp.ContainerAllocateResponse())
+        )
+        kubelet.bucket.qps = kubelet.bucket.tokens = 0.0  # List refused (rate limit) until the test lets it answer
+
+    h = await start_plugin("trn1.32xlarge", before_plugin=held_before_the_plugin, wait=False)
+    await eventually(lambda: {NEURON, NEURONCORE} <= set(h.kubelet.registrations))
+    await eventually(lambda: h.plugin.poller.errors["RESOURCE_EXHAUSTED"] >= 2)
+    assert not h.kubelet.healthy(NEURONCORE)
+    with pytest.raises(AdmissionError):
+        await h.kubelet.allocate(NEURONCORE, 1, pod="new")
+
+    h.kubelet.bucket.qps = 100.0
+    await h.kubelet.wait_registered([NEURON, NEURONCORE])
+    assert h.kubelet.healthy(NEURONCORE) == {f"neuroncore{i}" for i in range(2, 32)}
+    response = await h.kubelet.allocate(NEURONCORE, 1, pod="new")
+    assert response.envs["NEURON_RT_VISIBLE_CORES"] not in ("0", "1")
 
 
 async def test_unknown_and_unhealthy_ids_are_refused(start_plugin) -> None:  # type: ignore[no-untyped-def]

@@ -80,6 +80,15 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         log.info("kubelet opened ListAndWatch", extra={"resource": self.resource.full_name})
         last: list[AdvertisedId] | None = None
         try:
+            # The kubelet offers only what this stream lists, so listing nothing until the kubelet's
+            # holdings are known keeps a core of a device held through the other resource (or the
+            # reverse) from being handed out again after the plugin restarts.
+            if not self.state.holdings_known.is_set():
+                log.info(
+                    "waiting for the kubelet's PodResources List before listing devices",
+                    extra={"resource": self.resource.full_name},
+                )
+                await wait_any(self.state.holdings_known, self.stop)
             while not self.stop.is_set():
                 changed = self.state.changed
                 current = self.state.advertised(self.resource)

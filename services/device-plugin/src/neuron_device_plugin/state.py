@@ -70,6 +70,9 @@ class PluginState:
         self._pending: dict[tuple[str, int], tuple[float, Resource]] = {}
         self._holdings: Holdings | None = None  # cached until the next change
         self._event = asyncio.Event()
+        # Set by the first List: until then any ID may be held through the other resource (a pod
+        # admitted before this process started), so nothing can be offered as free.
+        self.holdings_known = asyncio.Event()
         self.known: dict[int, KnownDevice] = {}
         self.topology = topology_from(inventory)
         # Every health change wakes the ListAndWatch streams (and the node report) through `notify`.
@@ -153,8 +156,9 @@ class PluginState:
             for key, (t, r) in self._pending.items()
             if t > started_at or ((key[0], _id_for(r, key[1])) not in reported and t > started_at - LIST_GRACE)
         }
-        if new != self._kubelet or len(self._pending) != before:
+        if new != self._kubelet or len(self._pending) != before or not self.holdings_known.is_set():
             self._kubelet = new
+            self.holdings_known.set()
             self.notify()
 
     def record_allocation(self, resource: Resource, indices: Iterable[int]) -> None:
