@@ -452,6 +452,22 @@ async def test_http_endpoints(start_plugin) -> None:  # type: ignore[no-untyped-
     assert 'neuron_device_plugin_devices{health="Unhealthy",resource="aws.amazon.com/neuroncore"} 2.0' in text
 
 
+async def test_podresources_up_follows_the_last_list(start_plugin) -> None:  # type: ignore[no-untyped-def]
+    h = await start_plugin("trn1.2xlarge")
+    await next_list(h)
+
+    def up() -> float | None:
+        return h.plugin.metrics.registry.get_sample_value("neuron_device_plugin_podresources_up")  # type: ignore[no-any-return]
+
+    assert up() == 1
+    h.kubelet.bucket.qps = h.kubelet.bucket.tokens = 0.0  # every List refused from now on
+    await eventually(lambda: h.plugin.poller.errors["RESOURCE_EXHAUSTED"] >= 1)
+    assert up() == 0
+    h.kubelet.bucket.qps = 100.0
+    await next_list(h)
+    assert up() == 1
+
+
 async def test_64_concurrent_allocates_never_share(start_plugin) -> None:  # type: ignore[no-untyped-def]
     h = await start_plugin("trn2.48xlarge", lnc=1)
     stub = h.kubelet.endpoints[NEURONCORE].stub

@@ -64,6 +64,8 @@ class Plugin:
             config.holdings_interval,
             on_update=self._on_holdings,
         )
+        # The poller calls back only on a List that answered: a failed one shows in `up` alone.
+        self.metrics.podresources_up.set_function(lambda: 1.0 if self.poller.up else 0.0)
         self.registrars: list[Registrar] = []
         self.drain = Drain(config.shutdown_drain)
         for resource in config.resources:
@@ -118,7 +120,6 @@ class Plugin:
         )
 
     def _on_holdings(self, snapshot: PodResourcesSnapshot) -> None:
-        self.metrics.podresources_up.set(1)
         self.state.set_kubelet_holdings(snapshot.holdings, snapshot.started_at)
 
     def _report_object(self) -> dict[str, Any]:
@@ -175,4 +176,4 @@ class Plugin:
 
     async def _poll_holdings(self) -> None:
         await self.poller.run(self.stop)
-        self.metrics.podresources_up.set(0)
+        self.metrics.podresources_up.set_function(lambda: 0.0)
