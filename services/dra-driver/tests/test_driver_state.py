@@ -3,6 +3,7 @@ answers the claim GETs, and writes are made to fail where a full or read-only di
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +72,27 @@ async def test_an_unprepare_whose_checkpoint_write_failed_is_saved_when_the_kube
     again.load()
     assert again.prepared == {}
     assert not (tmp_path / "cdi" / spec_file_name(UID)).exists()
+
+
+async def test_a_claim_prepared_again_whose_write_failed_is_still_unprepared_from_the_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim in the checkpoint without a copy of its CDI spec (an older checkpoint, or one rebuilt
+    from the specs) whose spec file is gone is prepared again; if that write fails, the claim is
+    still in the checkpoint, so the kubelet's unprepare must take it out of there."""
+    d = driver(tmp_path, Claims(allocated("neurondevice1")))
+    d.load()
+    assert not isinstance((await d.prepare([REF]))[UID], str)
+    d.prepared[UID] = dataclasses.replace(d.prepared[UID], spec={})
+    d.checkpoint.save(d.prepared)
+    (tmp_path / "cdi" / spec_file_name(UID)).unlink()
+    save = Checkpoint.save
+
+    def full_disk(self: Checkpoint, claims: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Checkpoint, "save", full_disk)
+    assert isinstance((await d.prepare([REF]))[UID], str)  # an error: the kubelet retries or gives up
+    monkeypatch.setattr(Checkpoint, "save", save)
+    assert (await d.unprepare([REF])) == {UID: ""}
+    assert d.checkpoint.load() == {}

@@ -150,7 +150,10 @@ class Driver:
             self.prepared[ref.uid] = prepared
             self.checkpoint.save(self.prepared)
         except OSError as exc:
-            self.prepared.pop(ref.uid, None)
+            if known is None:
+                self.prepared.pop(ref.uid, None)
+            else:  # still in the checkpoint on disk: kept, so an unprepare takes it out of there too
+                self.prepared[ref.uid] = known
             cdi.remove_spec(self.cdi_dir, spec_file_name(ref.uid))
             self.metrics.errors.labels("write").inc()
             return f"claim {ref.namespace}/{ref.name}: cannot write its CDI spec or the checkpoint: {exc}"
