@@ -223,6 +223,22 @@ async def test_restart_on_the_same_boot_and_after_a_reboot(
     assert not (tmp_path / "verdicts" / "neuron3.json").exists()
 
 
+async def test_a_line_that_made_only_an_event_is_not_reported_again_after_a_crash(
+    tmp_path: Path, node: Path, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "state.json"
+    async with running(tmp_path, node, api) as det:
+        await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
+        sim.append_kmsg(node, "neuron: nd01: reset request 3 failed", KERN_ERR)
+        await eventually(lambda: len(api.event_list()) == 1 and det.reporter.up_to_date)
+        on_disk = state.read_bytes()  # what a crash now leaves: no clean shutdown's save
+    state.write_bytes(on_disk)
+    kmsg_waits = count_kmsg_waits(monkeypatch)
+    async with running(tmp_path, node, api) as det:  # the default look-back replays the line
+        await eventually(lambda: kmsg_waits() >= 1 and det.reporter.up_to_date)
+    assert [e.get("count", 1) for e in api.event_list()] == [1]
+
+
 async def test_a_restart_on_the_same_boot_measures_the_counters_from_where_it_left_them(
     tmp_path: Path, node: Path, api: FakeApiServer
 ) -> None:

@@ -143,6 +143,8 @@ class Detector:
                 )
         if changed:
             self._publish()
+        else:  # an Event only: saved all the same, so a crash does not send it again on the replay
+            self._save()
 
     def cleared(self, gone: list[Problem], why: str) -> None:
         if not gone:
