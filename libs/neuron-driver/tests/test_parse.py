@@ -18,9 +18,12 @@ from neuron_driver.parse import (
 GARBAGE: list[tuple[Callable[[str], object], str, str]] = [
     *(
         (parse_int, text, "expected an integer")
-        for text in ["", "\n", "abc", "1.5", "0x10", "1 2", "--1", "1e3", "\x00"]
+        for text in ["", "\n", "abc", "1.5", "0x10", "1 2", "--1", "1e3", "\x00", "\u0663", "\u00b2"]
     ),
-    *((parse_connected_devices, text, "list of device indices") for text in ["1, x", "1;2", "1,,2", "-1", "1, 2, "]),
+    *(
+        (parse_connected_devices, text, "list of device indices")
+        for text in ["1, x", "1;2", "1,,2", "-1", "1, 2, ", "1, \u0663", "\u00b2"]  # other scripts' digits
+    ),
 ]
 
 

@@ -48,7 +48,7 @@ def test_modes_busy_and_none(text: str, expected: object) -> None:
     assert parse_ultraserver_modes(text) == expected
 
 
-@pytest.mark.parametrize("text", ["1,5\n", "x\n", "1,,2\n", "invalid\n", "1;2\n"])
+@pytest.mark.parametrize("text", ["1,5\n", "x\n", "1,,2\n", "invalid\n", "1;2\n", "1,\u0663\n", "\u00b2\n"])
 def test_modes_garbage_is_refused_quoting_it(text: str) -> None:
     with pytest.raises(ValueError, match="expected UltraServer modes"):
         parse_ultraserver_modes(text)

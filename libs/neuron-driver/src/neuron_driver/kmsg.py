@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from neuron_driver.parse import decimal
+
 T = TypeVar("T")
 
 KERN_ERR = 3
@@ -138,7 +140,7 @@ def parse_hw_error(message: str) -> HwError | None:
 
     def as_int(key: str) -> int | None:
         value = attributes.get(key)
-        return _number(value)
+        return None if value is None else decimal(value)
 
     return HwError(
         kind=match.group(1),
@@ -150,11 +152,6 @@ def parse_hw_error(message: str) -> HwError | None:
     )
 
 
-def _number(value: str | None) -> int | None:
-    # ASCII only: str.isdigit() admits "²", which int() refuses, and int() reads other scripts' digits
-    return int(value) if value is not None and value.isascii() and value.isdigit() else None
-
-
 def locate(message: str, match: re.Match[str]) -> tuple[int | None, int | None, str | None]:
     """Device, core and serial a matched kernel line names: from its `nd-id=`/`nc-id=`/`serial-num=`
     when it is a NEURON_HW_ERR line, else the device from the pattern's `device` group."""
@@ -162,7 +159,7 @@ def locate(message: str, match: re.Match[str]) -> tuple[int | None, int | None, 
     device = hw.device if hw else None
     if device is None and "device" in match.groupdict():
         value = match.group("device")
-        device = _number(value)
+        device = None if value is None else decimal(value)
     return device, (hw.core if hw else None), (hw.serial if hw else None)
 
 

@@ -9,12 +9,18 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-_INT_RE = re.compile(r"^[+-]?\d+$")
+_INT_RE = re.compile(r"^[+-]?\d+$", re.ASCII)  # \d alone also takes other scripts' digits ("٣")
 _SERIAL_RE = re.compile(r"^[0-9a-f]{16}$")
 
 
 def _shown(text: str) -> str:
     return repr(text if len(text) <= 40 else text[:40] + "...")
+
+
+def decimal(text: str) -> int | None:
+    """`text` as a number of plain ASCII digits, else None: str.isdigit() also admits "²", which
+    int() refuses, and int() reads other scripts' digits ("٣" is 3)."""
+    return int(text) if text.isascii() and text.isdigit() else None
 
 
 def parse_int(text: str) -> int:
@@ -39,10 +45,10 @@ def parse_connected_devices(text: str) -> tuple[int, ...]:
         return ()
     result: list[int] = []
     for part in stripped.split(","):
-        item = part.strip()
-        if not item.isdigit():
+        index = decimal(part.strip())
+        if index is None:
             raise ValueError(f"expected a list of device indices like '1, 3, 4', found {_shown(text)}")
-        result.append(int(item))
+        result.append(index)
     return tuple(result)
 
 
@@ -107,9 +113,10 @@ def parse_ultraserver_modes(text: str) -> tuple[int, ...] | str:
         return ()
     modes = []
     for part in stripped.split(","):
-        if not part.isdigit() or not 1 <= int(part) <= 4:
+        mode = decimal(part)
+        if mode is None or not 1 <= mode <= 4:
             raise ValueError(f"expected UltraServer modes like '1,2,3,4', found {_shown(text)}")
-        modes.append(int(part))
+        modes.append(mode)
     return tuple(modes)
 
 
