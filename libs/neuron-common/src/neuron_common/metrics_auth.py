@@ -22,11 +22,12 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry
 
 from neuron_common import tls
 from neuron_common.config import MetricsSecurity
 from neuron_common.kube import Api, ApiError
+from neuron_common.metrics import MetricSet
 
 log = logging.getLogger(__name__)
 
@@ -69,19 +70,14 @@ class MetricsAuthorizer:
         self._max_cached = max_cached
         self._cache: OrderedDict[str, tuple[Verdict, float]] = OrderedDict()
         self._in_flight: dict[str, asyncio.Task[Verdict]] = {}
-        self.decisions = Counter(
-            "neuron_metrics_auth_decisions",
+        m = MetricSet("neuron_metrics_auth", registry)
+        self.decisions = m.counter(
+            "decisions",
             "Scrapes of /metrics by verdict: allowed, unauthenticated, forbidden, unavailable (API server)",
             ["verdict"],
-            registry=registry,
+            shown=[verdict.value for verdict in Verdict],
         )
-        self.reviews = Counter(
-            "neuron_metrics_auth_reviews",
-            "TokenReviews sent to the API server (cache misses)",
-            registry=registry,
-        )
-        for verdict in Verdict:
-            self.decisions.labels(verdict.value)
+        self.reviews = m.counter("reviews", "TokenReviews sent to the API server (cache misses)")
 
     async def verdict(self, authorization: str | None) -> Verdict:
         token = _bearer(authorization)

@@ -20,11 +20,12 @@ import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import Counter
 
 from neuron_common.backoff import Backoff
 from neuron_common.kube import Api, ApiError
 from neuron_common.lifecycle import wait_any
+from neuron_common.metrics import MetricSet
 from neuron_model.ultraserver import LABELS_FIELD_MANAGER, UltraServerReading, node_labels
 
 log = logging.getLogger(__name__)
@@ -97,13 +98,12 @@ class NodeLabeler:
             await self.wait(stop, timeout=self.interval)
 
 
-def ultraserver_label_writes(prefix: str, registry: CollectorRegistry) -> Counter:
+def ultraserver_label_writes(metrics: MetricSet) -> Counter:
     """`<prefix>_node_label_writes`, the counter `ultraserver_labeler` counts its applies in."""
-    return Counter(
-        f"{prefix}_node_label_writes",
+    return metrics.counter(
+        "node_label_writes",
         "Applies of this node's UltraServer labels (--ultraserver-labels), by result (success or error)",
         ["result"],
-        registry=registry,
     )
 
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
-
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
 from neuron_common.lifecycle import sleep_or_stop
+from neuron_common.metrics import MetricSet
 from neuron_common.runner import run_service
 from neuron_common.supervisor import Loop, Supervisor
 from neuron_driver.kmsg import KmsgRecord
@@ -27,35 +26,27 @@ log = logging.getLogger(__name__)
 
 class Metrics:
     def __init__(self, rules: Rules) -> None:
-        self.registry = r = CollectorRegistry()
         # node-problem-detector's own names, so its dashboards and alerts work unchanged
-        self.problem_counter = Counter("problem_counter", "Problems seen, by reason", ["reason"], registry=r)
-        self.problem_gauge = Gauge(
+        npd = MetricSet("")
+        self.registry = npd.registry
+        self.problem_counter = npd.counter("problem_counter", "Problems seen, by reason", ["reason"])
+        self.problem_gauge = npd.gauge(
             "problem_gauge",
             "1 while a condition is set by this reason (at most one reason per type)",
             ["type", "reason"],
-            registry=r,
+            shown=[(c.type, reason) for c in rules.conditions for reason in rules.reasons_of(c.type)],
         )
-        for c in rules.conditions:
-            for reason in rules.reasons_of(c.type):
-                self.problem_gauge.labels(c.type, reason).set(0)
-        self.kmsg_records = Counter("neuron_npd_kmsg_records", "Kernel log records read", registry=r)
-        self.kmsg_malformed = Counter(
-            "neuron_npd_kmsg_malformed", "Kernel log records that could not be parsed", registry=r
+        m = MetricSet("neuron_npd", self.registry)
+        self.kmsg_records = m.counter("kmsg_records", "Kernel log records read")
+        self.kmsg_malformed = m.counter("kmsg_malformed", "Kernel log records that could not be parsed")
+        self.api_up = m.gauge("api_up", "1 when the last API server call succeeded")
+        self.pending_events = m.gauge("pending_events", "Events waiting for the API server")
+        self.failed_events = m.gauge("failed_events", "Events dropped after the API server refused them repeatedly")
+        self.dropped_events = m.gauge("dropped_events", "Events dropped while the API server was away")
+        self.active_problems = m.gauge("active_problems", "Problems currently setting a condition")
+        self.read_errors = m.counter(
+            "read_errors", "Failed reads of a health source, by source (counters, kernel_log)", ["source"]
         )
-        self.api_up = Gauge("neuron_npd_api_up", "1 when the last API server call succeeded", registry=r)
-        self.pending_events = Gauge("neuron_npd_pending_events", "Events waiting for the API server", registry=r)
-        self.failed_events = Gauge(
-            "neuron_npd_failed_events", "Events dropped after the API server refused them repeatedly", registry=r
-        )
-        self.dropped_events = Gauge(
-            "neuron_npd_dropped_events", "Events dropped while the API server was away", registry=r
-        )
-        self.active_problems = Gauge("neuron_npd_active_problems", "Problems currently setting a condition", registry=r)
-        self.read_errors = Counter(
-            "neuron_npd_read_errors", "Failed reads of a health source, by source (counters, kernel_log)", ["source"],
-            registry=r,
-        )  # fmt: skip
 
 
 class Detector:

@@ -4,13 +4,14 @@ each node has free as the filter sees it) read at scrape time."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from neuron_common.metrics import MetricSet
 from neuron_scheduler_extender.failures import DegradedGroup
 from neuron_scheduler_extender.state import NodeState, RefusalKind, ViewStats
 
@@ -34,51 +35,41 @@ REQUEST_REFUSALS = ("unauthenticated", "too_large")
 
 class Metrics:
     def __init__(self) -> None:
-        self.registry = r = CollectorRegistry()
-        self.latency = Histogram(
-            f"{PREFIX}_request_duration_seconds",
+        m = MetricSet(PREFIX)
+        self.registry = m.registry
+        self.latency = m.histogram(
+            "request_duration_seconds",
             "Time to answer kube-scheduler, per verb",
             ["verb"],
             buckets=LATENCY_BUCKETS,
-            registry=r,
+            shown=VERBS,
         )
-        self.errors = Counter(
-            f"{PREFIX}_request_errors_total",
+        self.errors = m.counter(
+            "request_errors_total",
             "Requests answered with an error (malformed, or the pod cannot be read), per verb",
             ["verb"],
-            registry=r,
+            shown=VERBS,
         )
-        self.nodes_refused = Counter(
-            f"{PREFIX}_nodes_refused_total", "Nodes the filter refused, by reason class", ["reason"], registry=r
+        self.nodes_refused = m.counter(
+            "nodes_refused_total", "Nodes the filter refused, by reason class", ["reason"], shown=map(str, RefusalKind)
         )
-        self.pods_bound = Counter(f"{PREFIX}_pods_bound_total", "Pods bound to a node by this extender", registry=r)
-        self.bind_failures = Counter(
-            f"{PREFIX}_bind_failures_total", "Bindings refused or failed, by reason", ["reason"], registry=r
+        self.pods_bound = m.counter("pods_bound_total", "Pods bound to a node by this extender")
+        self.bind_failures = m.counter(
+            "bind_failures_total", "Bindings refused or failed, by reason", ["reason"], shown=BIND_FAILURES
         )
-        self.refused_requests = Counter(
-            f"{PREFIX}_refused_requests_total",
+        self.refused_requests = m.counter(
+            "refused_requests_total",
             "Requests to the extender verbs refused before being read: without a client certificate "
             "(TLS on) or with a body over the limit, per verb",
             ["verb", "reason"],
-            registry=r,
+            shown=itertools.product(VERBS, REQUEST_REFUSALS),
         )
-        self.forwarded = Counter(
-            f"{PREFIX}_forwarded_total",
+        self.forwarded = m.counter(
+            "forwarded_total",
             "Requests a standby forwarded to the leader: relayed, or failed (then answered by the standby)",
             ["verb", "result"],
-            registry=r,
+            shown=itertools.product(VERBS, ("relayed", "failed")),
         )
-        for verb in VERBS:
-            self.latency.labels(verb)
-            self.errors.labels(verb)
-            for result in ("relayed", "failed"):
-                self.forwarded.labels(verb, result)
-            for reason in REQUEST_REFUSALS:
-                self.refused_requests.labels(verb, reason)
-        for kind in RefusalKind:
-            self.nodes_refused.labels(str(kind))
-        for reason in BIND_FAILURES:
-            self.bind_failures.labels(reason)
 
     def watch_view(
         self,
