@@ -18,6 +18,7 @@ from chart.test_chart import render, sets
 from simcluster.controlplane import ControlPlane, private_control_plane
 
 from neuron_common.kube import Api, ApiError
+from neuron_problem_detector import config
 from neuron_problem_detector.detector import ConditionStatus
 from neuron_problem_detector.reporter import CORDON_ANNOTATION, TAINT_KEY, Reporter
 
@@ -202,7 +203,8 @@ async def _report(cp: ControlPlane, tokens: Tokens) -> list[str]:
     read back as an administrator, each step."""
     admin = Api(cp.server, ssl_context=cp.credentials.ssl_context())
     detector = as_detector(cp, tokens.bound)
-    reporter = Reporter(detector, "node-a", "neuron-problem-detector", taint=True, cordon=True)
+    reporting = config.parse(["--node-name=node-a", "--taint", "--cordon"], env={})
+    reporter = Reporter(detector, "node-a", "neuron-problem-detector", reporting)
     seen: list[str] = []
 
     async def step(health: str, *events: str) -> None:

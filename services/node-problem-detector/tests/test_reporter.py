@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from neuron_common.kube import MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiError
+from neuron_problem_detector import config
 from neuron_problem_detector import reporter as reporter_mod
 from neuron_problem_detector.detector import ConditionStatus
 from neuron_problem_detector.reporter import Reporter
@@ -68,8 +69,9 @@ class FakeCoreApi:
         return dict(body)
 
 
-def make(api: FakeCoreApi, **kw: Any) -> Reporter:
-    return Reporter(api, "node-a", "neuron-problem-detector", event_burst=1000, **kw)
+def make(api: FakeCoreApi, *flags: str) -> Reporter:
+    reporting = config.parse(["--node-name=node-a", *flags], env={})
+    return Reporter(api, "node-a", "neuron-problem-detector", reporting, event_burst=1000)
 
 
 async def test_a_create_answered_409_counts_as_delivered() -> None:
@@ -101,7 +103,7 @@ async def test_an_event_refused_for_ever_is_dropped_after_bounded_tries_and_the_
 
 async def test_remediation_does_not_wait_on_events() -> None:
     api = FakeCoreApi()
-    r = make(api, taint=True)
+    r = make(api, "--taint")
     api.refuse["Forbidden"] = 403
     r.event("Forbidden", "never allowed")
     r.set_conditions([ConditionStatus("NeuronHealth", "True", "NeuronHasError_X", "x", 0.0)])
@@ -125,7 +127,7 @@ async def test_an_expired_event_is_created_again() -> None:
 async def test_the_dedupe_memory_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(reporter_mod, "DEDUPE_ENTRIES", 50)
     api = FakeCoreApi()
-    r = make(api, max_pending=10_000)
+    r = make(api, "--max-pending-events=10000")
     for i in range(500):
         r.event("Distinct", f"message {i}")
     assert await r.sync_once()
@@ -182,7 +184,7 @@ async def test_a_repeat_while_its_event_is_on_its_way_is_counted() -> None:
 
 async def test_an_event_queued_while_a_full_queue_sends_its_oldest_is_not_lost() -> None:
     api = FakeCoreApi()
-    r = make(api, max_pending=2)
+    r = make(api, "--max-pending-events=2")
     while_creating(api, lambda: r.event("C", "third"))  # the queue is full: the oldest, on its way, goes
     r.event("A", "first")
     r.event("B", "second")

@@ -74,16 +74,7 @@ class Detector:
             # the other format numbers its records otherwise: its last number says nothing here
             self.state.seq_source, self.state.last_seq = config.kernel_log_format, -1
         self.kube = api if api is not None else Api.from_kubeconfig(config.kubeconfig, API_TIMEOUT)
-        self.reporter = Reporter(
-            self.kube,
-            config.node_name,
-            self.rules.source,
-            event_namespace=config.event_namespace,
-            heartbeat=config.heartbeat,
-            max_pending=config.max_pending_events,
-            taint=config.taint,
-            cordon=config.cordon,
-        )
+        self.reporter = Reporter(self.kube, config.node_name, self.rules.source, config)
         self._publish()
         self.supervisor = Supervisor(stop)
         self.http = HealthServer.for_service(

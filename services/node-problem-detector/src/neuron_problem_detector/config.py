@@ -31,7 +31,19 @@ API_TIMEOUT = 5.0  # seconds, one API-server call; the reporter keeps its state 
 
 
 @dataclass(frozen=True, kw_only=True)
-class Config(KernelLog, Node, ApiServer, Serving, ServiceConfig):
+class Reporting:
+    """How the reporter keeps the API server told: conditions re-sent, Events kept through an outage,
+    and the remediation it may apply."""
+
+    heartbeat: float = flag("1m", "time between re-sends of unchanged conditions", type=positive_duration)
+    event_namespace: str = flag("default", "namespace of the Events on the Node")
+    max_pending_events: int = flag(1000, "Events kept while the API server is unreachable", type=positive_int)
+    taint: bool = switch(False, "taint the node aws.amazon.com/neuron-unhealthy:NoSchedule while unhealthy")
+    cordon: bool = switch(False, "cordon the node while unhealthy (never drains)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config(KernelLog, Node, ApiServer, Serving, Reporting, ServiceConfig):
     """Watches the kernel log and the Neuron driver's counters for hardware errors and reports them as a
     NodeCondition (NeuronHealth), Events and metrics; conditions clear on a new boot or when the
     driver's counters reset."""
@@ -54,17 +66,12 @@ class Config(KernelLog, Node, ApiServer, Serving, ServiceConfig):
         type=non_negative_duration,
     )
     counter_interval: float = flag("5s", "time between reads of the driver's counters", type=positive_duration)
-    heartbeat: float = flag("1m", "time between re-sends of unchanged conditions", type=positive_duration)
     state_file: Path = flag(
         layout.NPD_STATE_FILE, "where the detector keeps its problems across restarts (a host path)", type=Path
     )
     verdict_dir: Path | None = flag(
         layout.VERDICT_DIR, "per-device verdicts for the device plugin (a host path); '' disables", type=optional_path
     )
-    event_namespace: str = flag("default", "namespace of the Events on the Node")
-    max_pending_events: int = flag(1000, "Events kept while the API server is unreachable", type=positive_int)
-    taint: bool = switch(False, "taint the node aws.amazon.com/neuron-unhealthy:NoSchedule while unhealthy")
-    cordon: bool = switch(False, "cordon the node while unhealthy (never drains)")
 
 
 def parser(env: Mapping[str, str] | None = None) -> EnvArgumentParser:

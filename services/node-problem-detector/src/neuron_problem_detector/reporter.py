@@ -3,11 +3,11 @@
 - Conditions go to `nodes/<name>/status` as a strategic merge patch, which merges the
   conditions list by `type`, so the kubelet's own conditions survive (a JSON merge patch
   would replace the whole list). `lastTransitionTime` changes only with the status; the
-  heartbeat re-sends the conditions every `heartbeat` seconds.
+  heartbeat re-sends the conditions every `--heartbeat`.
 - Events are on the Node (involvedObject the node), de-duplicated (a repeat within ten
   minutes bumps `count` on the existing Event) and rate-limited (a token bucket).
 - While the API server is unreachable the latest desired conditions and up to
-  `max_pending` Events are kept in memory (the oldest Events are dropped first, counted) and
+  `--max-pending-events` Events are kept in memory (the oldest Events are dropped first, counted) and
   delivered with back-off when it returns. An Event create answered 409 (a create whose reply
   was lost, retried under its deterministic name) counts as delivered; an Event the API server
   keeps refusing (403, 422, ...) is dropped after `EVENT_ATTEMPTS` tries and counted, so one bad
@@ -36,6 +36,7 @@ import aiohttp
 from neuron_common.backoff import Backoff
 from neuron_common.kube import MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiError, event_object, rfc3339
 from neuron_model import node_health
+from neuron_problem_detector.config import Reporting
 from neuron_problem_detector.detector import ConditionStatus
 
 log = logging.getLogger(__name__)
@@ -95,12 +96,8 @@ class Reporter:
         api: NodeApi,
         node: str,
         source: str,
+        reporting: Reporting,
         *,
-        event_namespace: str = "default",
-        heartbeat: float = 60.0,
-        max_pending: int = 1000,
-        taint: bool = False,
-        cordon: bool = False,
         event_burst: int = 25,
         event_rate: float = 0.1,
     ) -> None:
@@ -108,13 +105,11 @@ class Reporter:
         self.api = api
         self.node = node
         self.source = source
-        self.event_namespace = event_namespace
-        self.heartbeat = heartbeat
-        self.taint, self.cordon = taint, cordon
+        self.reporting = reporting
         self._node_path = f"/api/v1/nodes/{node}"
-        self._events_path = f"/api/v1/namespaces/{event_namespace}/events"
+        self._events_path = f"/api/v1/namespaces/{reporting.event_namespace}/events"
         self.desired: dict[str, ConditionStatus] = {}
-        self.pending: deque[PendingEvent] = deque(maxlen=max_pending)
+        self.pending: deque[PendingEvent] = deque(maxlen=reporting.max_pending_events)
         self.dropped_events = 0  # the oldest, while the API server was away
         self.failed_events = 0  # refused EVENT_ATTEMPTS times
         self._in_flight: PendingEvent | None = None  # taken from `pending` while its call is on its way
@@ -163,7 +158,7 @@ class Reporter:
         Event. Tests wait on this where they would otherwise sleep and hope the reporter had run."""
         if not self.api_up or self.pending or self._in_flight or self.synced_conditions != self.desired:
             return False
-        if self.taint or self.cordon:
+        if self.reporting.taint or self.reporting.cordon:
             return self._remediated == any(c.status == "True" for c in self.desired.values())
         return True
 
@@ -223,9 +218,9 @@ class Reporter:
         if self._node_uid:
             involved["uid"] = self._node_uid
         event = event_object(
-            name=name, namespace=self.event_namespace, involved=involved, reason=e.reason, message=e.message,
-            type=e.type, count=e.count, first=e.first, last=e.last, component=self.source, instance=self.node,
-            host=self.node,
+            name=name, namespace=self.reporting.event_namespace, involved=involved, reason=e.reason,
+            message=e.message, type=e.type, count=e.count, first=e.first, last=e.last, component=self.source,
+            instance=self.node, host=self.node,
         )  # fmt: skip
         try:
             await self.api.create(self._events_path, event)
@@ -243,12 +238,12 @@ class Reporter:
         annotations = dict(metadata.get("annotations") or {})
         patch: dict[str, Any] = {"metadata": {"resourceVersion": metadata.get("resourceVersion")}}
         # a merge patch replaces the whole list: the other taints go back as they were read
-        if self.taint and unhealthy and not has_taint:
+        if self.reporting.taint and unhealthy and not has_taint:
             taints.append({"key": TAINT_KEY, "value": "true", "effect": "NoSchedule"})
             patch.setdefault("spec", {})["taints"] = taints
         if has_taint and not unhealthy:
             patch.setdefault("spec", {})["taints"] = [t for t in taints if t.get("key") != TAINT_KEY]
-        if self.cordon and unhealthy and not spec.get("unschedulable"):
+        if self.reporting.cordon and unhealthy and not spec.get("unschedulable"):
             patch.setdefault("spec", {})["unschedulable"] = True
             patch["metadata"]["annotations"] = {CORDON_ANNOTATION: SELF}
         if not unhealthy and annotations.get(CORDON_ANNOTATION) == SELF:
@@ -261,7 +256,7 @@ class Reporter:
                 "remediation: node %s %s",
                 self.node,
                 "tainted/cordoned" if unhealthy else "taint/cordon removed",
-                extra={"taint": self.taint, "cordon": self.cordon},
+                extra={"taint": self.reporting.taint, "cordon": self.reporting.cordon},
             )
 
     # -- the loop --------------------------------------------------------------------------------
@@ -270,7 +265,7 @@ class Reporter:
         try:
             if self._node_uid is None:
                 await self.current_conditions()
-            due = time.monotonic() - self._last_heartbeat >= self.heartbeat
+            due = time.monotonic() - self._last_heartbeat >= self.reporting.heartbeat
             if self.desired and (self.desired != self.synced_conditions or due):
                 # what is sent is what counts as synced: a change made while the patch is on its way
                 # (the loop keeps deciding) is sent by the next attempt, not marked sent unsent
@@ -278,7 +273,7 @@ class Reporter:
                 await self._patch_conditions(sending)
                 self.synced_conditions = sending
                 self._last_heartbeat = time.monotonic()
-            if self.taint or self.cordon:  # before the Events: remediation never waits on them
+            if self.reporting.taint or self.reporting.cordon:  # before the Events: remediation never waits on them
                 unhealthy = any(c.status == "True" for c in self.desired.values())
                 if unhealthy != self._remediated:
                     await self._remediate(unhealthy)
@@ -331,8 +326,8 @@ class Reporter:
             self.wake.clear()
             ok = await self.sync_once()
             if ok:
-                until_heartbeat = self.heartbeat - (time.monotonic() - self._last_heartbeat)
-                delay = min(max(until_heartbeat, 0.05), 1.0 if self.pending else self.heartbeat)
+                until_heartbeat = self.reporting.heartbeat - (time.monotonic() - self._last_heartbeat)
+                delay = min(max(until_heartbeat, 0.05), 1.0 if self.pending else self.reporting.heartbeat)
             else:
                 delay = self._backoff.next_delay()
             await wait_any(stop, self.wake if ok else stop, timeout=delay)
