@@ -13,7 +13,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass, field
 
 import grpc
 
@@ -34,28 +34,24 @@ class PodResourcesSnapshot:
     started_at: float  # time.monotonic() when the call was made
 
 
+@dataclass(eq=False)
 class PodResourcesPoller:
-    def __init__(
-        self,
-        client: PodResourcesClient,
-        interval: float,
-        *,
-        with_allocatable: bool = False,
-        on_update: Callable[[PodResourcesSnapshot], None] | None = None,
-        max_backoff: float = 60.0,
-        wait: Wait = wait_any,
-    ) -> None:
-        """`wait`: how the loop waits out a delay (stop, timeout=...); tests pass one that skips time."""
-        self.client = client
-        self.interval = interval
-        self.with_allocatable = with_allocatable
-        self.on_update = on_update
-        self.wait = wait
-        self.latest: PodResourcesSnapshot | None = None
-        self.up = False
-        self.errors: Counter[str] = Counter()
-        self._retry = Backoff(initial=0.2, maximum=interval)
-        self._exhausted = Backoff(initial=interval, maximum=max_backoff)
+    """`wait`: how the loop waits out a delay (stop, timeout=...); tests pass one that skips time."""
+
+    client: PodResourcesClient
+    interval: float
+    _: KW_ONLY
+    with_allocatable: bool = False
+    on_update: Callable[[PodResourcesSnapshot], None] | None = None
+    max_backoff: float = 60.0
+    wait: Wait = wait_any
+    latest: PodResourcesSnapshot | None = field(default=None, init=False)
+    up: bool = field(default=False, init=False)
+    errors: Counter[str] = field(default_factory=Counter, init=False)
+
+    def __post_init__(self) -> None:
+        self._retry = Backoff(initial=0.2, maximum=self.interval)
+        self._exhausted = Backoff(initial=self.interval, maximum=self.max_backoff)
 
     async def refresh(self) -> bool:
         started = time.monotonic()
