@@ -138,7 +138,7 @@ class SlicePublisher:
         for obj in found:
             name = obj["metadata"]["name"]
             if name not in wanted:
-                await self.api.delete(f"{SLICES}/{name}")
+                await self._delete(name)
         self.metrics.slice_updates.inc()
         self.synced = True
         log.info(
@@ -150,6 +150,14 @@ class SlicePublisher:
             extra={"unhealthy": sorted(model.unhealthy)},
         )
         return True
+
+    async def _delete(self, name: str) -> None:
+        """A leftover slice already gone (the kubelet deletes a lost driver's slices) is what was wanted."""
+        try:
+            await self.api.delete(f"{SLICES}/{name}")
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
 
     def _dropped_features(self, desired: list[dict[str, Any]], stored: list[dict[str, Any]]) -> bool:
         """Whether the API server stored the slices without a feature they use (a gate that is off before
