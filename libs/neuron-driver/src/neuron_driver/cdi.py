@@ -9,12 +9,12 @@ atomically (a temporary file, then a rename): the runtime may read the directory
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from neuron_driver import layout
+from neuron_driver.files import replace_file
 
 CDI_VERSION = "0.6.0"
 
@@ -56,11 +56,8 @@ def spec_file_name(kind: str, suffix: str = "") -> str:
 
 
 def write_spec(directory: Path, file_name: str, content: Mapping[str, Any]) -> Path:
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / file_name
-    tmp = directory / f".{file_name}.tmp"  # a dot file: never read as a spec while half written
-    tmp.write_text(json.dumps(content, indent=2) + "\n")
-    os.replace(tmp, path)
+    replace_file(path, json.dumps(content, indent=2) + "\n")  # /var/run/cdi is a tmpfs: nothing to sync
     return path
 
 

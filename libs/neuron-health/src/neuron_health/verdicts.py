@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from neuron_driver import layout
+from neuron_driver.files import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -48,10 +49,8 @@ def write_verdict(
         "boot_id": boot,
         "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(since)),
     }
-    path = directory / f"neuron{device}.json"
-    tmp = directory / f".neuron{device}.json.tmp"
-    tmp.write_text(json.dumps(body) + "\n")
-    os.replace(tmp, path)
+    # not synced: a verdict names its boot, so after a crash and reboot it no longer counts anyway
+    replace_file(directory / f"neuron{device}.json", json.dumps(body) + "\n")
 
 
 def clear_verdict(directory: Path, device: int) -> None:

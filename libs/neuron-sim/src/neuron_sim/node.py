@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_driver import layout
+from neuron_driver.files import replace_file
 from neuron_driver.kmsg import KERN_ERR, KERN_INFO, format_hw_error, format_record
 from neuron_health import faults
 from neuron_model import pci
@@ -44,10 +45,7 @@ class SimError(Exception):
 
 
 def write_attr(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{os.getpid()}.tmp"
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    replace_file(path, text)
 
 
 def serial_for(instance: str, index: int) -> str:

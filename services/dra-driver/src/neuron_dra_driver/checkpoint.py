@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_dra_driver.claims import CLAIM_KIND, PreparedClaim
+from neuron_driver.files import replace_file
 
 log = logging.getLogger(__name__)
 
@@ -70,13 +71,7 @@ class Checkpoint:
             raise CheckpointError(f"{self.path}: {exc}") from exc
 
     def save(self, claims: Mapping[str, PreparedClaim]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp")
-        with tmp.open("w") as f:
-            f.write(encode(claims))
-            f.flush()
-            os.fsync(f.fileno())  # a node crash must not leave an empty checkpoint behind the rename
-        os.replace(tmp, self.path)
+        replace_file(self.path, encode(claims), durable=True)
 
     def set_aside(self) -> Path:
         aside = self.path.with_name(f"{self.path.name}.corrupt-{int(time.time())}")

@@ -10,12 +10,12 @@ on a host path so a restarted detector on the same boot keeps its conditions.
 from __future__ import annotations
 
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from neuron_driver.files import replace_file
 from neuron_problem_detector.rules import Match, Rules
 
 MESSAGE_LIMIT = 1024  # the API server keeps condition messages short; so do we
@@ -175,10 +175,7 @@ def load_state(path: Path) -> tuple[DetectorState, str | None]:
 
 
 def save_state(path: Path, state: DetectorState) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(state.to_json())
-    os.replace(tmp, path)
+    replace_file(path, state.to_json(), durable=True)
 
 
 def wall_now() -> float:
