@@ -187,6 +187,23 @@ def test_in_cluster_reads_the_service_account_and_rereads_the_token(tmp_path, mo
     assert api._headers()["Authorization"] == "Bearer rotated"
 
 
+def test_a_token_file_that_cannot_be_read_is_an_api_error_or_the_last_token(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Every caller retries an ApiError; an OSError would end its loop and restart the process."""
+    from neuron_common import kube
+
+    token = tmp_path / "token"
+    read = kube._TokenFile(token)
+    with pytest.raises(ApiError, match="cannot read the token"):
+        read()
+    token.write_text("first\n")
+    assert read() == "Bearer first"
+    token.unlink()  # the kubelet swapping the projected volume's files
+    monkeypatch.setattr(kube, "TOKEN_REREAD", 0.0)
+    assert read() == "Bearer first"
+    token.write_text("rotated\n")
+    assert read() == "Bearer rotated"
+
+
 def test_in_cluster_outside_a_pod_is_a_clear_error(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from neuron_common import kube
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
 import ssl
 import sys
@@ -29,6 +30,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import aiohttp
+
+log = logging.getLogger(__name__)
 
 LIST_PAGE = 500
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -321,9 +324,17 @@ class _TokenFile:
         self._read_at = -TOKEN_REREAD
 
     def __call__(self) -> str | None:
+        """A file that cannot be read is an ApiError like an unreachable server, which every caller
+        retries; once a token was read, it serves until the file reads again (a projected token
+        stays valid well past its rotation)."""
         now = time.monotonic()
         if now - self._read_at >= TOKEN_REREAD:
-            self._token = self.path.read_text().strip()
+            try:
+                self._token = self.path.read_text().strip()
+            except OSError as exc:
+                if not self._token:
+                    raise ApiError(0, f"cannot read the token {self.path}: {exc}") from exc
+                log.warning("cannot read the token %s (%s); using the one read before", self.path, exc)
             self._read_at = now
         return f"Bearer {self._token}" if self._token else None
 
