@@ -13,6 +13,7 @@ from neuron_common.config import (
     config_parser,
     derived,
     flag,
+    listen_address,
     non_negative_duration,
     optional_text,
     parse_config,
@@ -148,3 +149,16 @@ def test_a_wording_for_a_field_without_a_flag_is_a_mistake() -> None:
 
     with pytest.raises(TypeError, match=r"Wrong\.FLAGS names fields without a flag: order"):
         config_parser(Wrong, {})
+
+
+@pytest.mark.parametrize(
+    "text", ["nowhere", "0.0.0.0:", "0.0.0.0:65536", "0.0.0.0:-1", "0.0.0.0:٣", "0.0.0.0:²", ":9 0"]
+)
+def test_a_listen_address_is_host_and_an_ascii_port(text: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="expected host:port"):
+        listen_address(text)
+
+
+def test_a_listen_address_without_a_host_listens_everywhere() -> None:
+    assert listen_address(":9100") == ("0.0.0.0", 9100)
+    assert listen_address("[::1]:0") == ("::1", 0)

@@ -114,7 +114,7 @@ def positive_int(text: str) -> int:
 def listen_address(text: str) -> tuple[str, int]:
     """`host:port` (IPv6 as `[::1]:port`); port 0 picks a free one."""
     host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or int(port) > 65535:
+    if not sep or not (port.isascii() and port.isdigit()) or int(port) > 65535:
         raise argparse.ArgumentTypeError(f"expected host:port (e.g. 0.0.0.0:9100), got {text!r}")
     return host.strip("[]") or "0.0.0.0", int(port)
 
