@@ -28,9 +28,11 @@ from standins.apiserver import FakeApiServer, serving
 from neuron_driver.kmsg import KERN_ERR, format_hw_error, format_record
 from neuron_health import pipeline, verdicts
 from neuron_health.kernel_log import KmsgFollower
+from neuron_problem_detector import app
 from neuron_problem_detector import config as config_mod
 from neuron_problem_detector import rules as rules_mod
 from neuron_problem_detector.app import Detector
+from neuron_problem_detector.detector import load_state, save_state
 from neuron_sim import node as sim
 
 NODE = "sim-node-1"
@@ -258,6 +260,31 @@ async def test_a_restart_on_the_same_boot_measures_the_counters_from_where_it_le
     async with running(tmp_path, node, api):
         await eventually(lambda: set(verdicts.read_verdicts(tmp_path / "verdicts", node)) == {3})
     assert status(api) == ("True", "NeuronHasError_HBM_UNCORRECTABLE_ERROR")
+
+
+async def test_a_counter_read_writes_the_state_file_once(
+    tmp_path: Path, node: Path, api: FakeApiServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A read whose counters grew and made a problem, or only an Event, saves the state once with the
+    counters in it, not again for them; an unchanged read saves nothing."""
+    det, stop, task = start(tmp_path, node, api)
+    stop.set()
+    await asyncio.wait_for(task, 15)
+    writes: list[Path] = []
+    monkeypatch.setattr(app, "save_state", lambda path, state: (writes.append(path), save_state(path, state)))
+    det.check_counters()
+    before = len(writes)
+    sim.bump_counter(node, 4, "mem_ecc_uncorrected")
+    det.check_counters()
+    assert det.state.unhealthy_devices().keys() == {4}
+    assert len(writes) == before + 1
+    det.check_counters()
+    assert len(writes) == before + 1
+    sim.inject_fault(node, "HANG_ON_COLLECTIVES", 6, via="core-counter", core=0)  # an Event, no problem
+    det.check_counters()
+    assert det.reporter.pending
+    assert len(writes) == before + 2
+    assert load_state(tmp_path / "state.json")[0].counters == det.state.counters
 
 
 @pytest.mark.parametrize("remediation", [["--taint", "--cordon"], []])

@@ -58,6 +58,7 @@ class Detector:
         self.rules = rules_mod.load(config.rules)
         self.metrics = Metrics(self.rules)
         self.state, warning = load_state(config.state_file)
+        self.saves = 0  # state-file writes: a change that already saved does not save again
         if warning:
             log.warning(warning)
         boot = verdicts.boot_id(config.host_root)
@@ -137,6 +138,7 @@ class Detector:
         self._publish()
 
     def _save(self) -> None:
+        self.saves += 1
         try:
             save_state(self.config.state_file, self.state)
         except OSError as exc:
@@ -195,7 +197,7 @@ class Detector:
     def counters_read(self, read: CounterRead) -> None:
         """A read of the driver's counters, from the loop `counters` (the pipeline's `CounterWatch`):
         problems that appeared, and those a reload mended."""
-        saved = self.state.counters
+        saved, saves = self.state.counters, self.saves
         last = self.counters.last
         self.state.counters = dict(last) if last is not None else None
         if read.reloaded:
@@ -206,7 +208,7 @@ class Detector:
         if matches:
             self.handle(matches)
         self.cleared(self.state.expire(wall_now()), "clearAfter passed")
-        if self.state.counters != saved:
+        if self.state.counters != saved and self.saves == saves:
             self._save()  # a restart must not take what it has seen for news
 
     async def report_metrics(self) -> None:
