@@ -36,15 +36,13 @@ class PodResourcesSnapshot:
 
 @dataclass(eq=False)
 class PodResourcesPoller:
-    """`wait`: how the loop waits out a delay (stop, timeout=...); tests pass one that skips time."""
-
     client: PodResourcesClient
     interval: float
     _: KW_ONLY
     with_allocatable: bool = False
     on_update: Callable[[PodResourcesSnapshot], None] | None = None
     max_backoff: float = 60.0
-    wait: Wait = wait_any
+    wait: Wait = wait_any  # how the loop waits out a delay (stop, timeout=...); tests pass one that skips time
     latest: PodResourcesSnapshot | None = field(default=None, init=False)
     up: bool = field(default=False, init=False)
     errors: Counter[str] = field(default_factory=Counter, init=False)
