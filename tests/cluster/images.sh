@@ -170,10 +170,11 @@ smoke() {  # service image content-ID
       "${PODMAN[@]}" run --rm "${LIMITS[@]}" --network none --read-only --entrypoint /opt/neuron/bin/python "$image" \
         -c 'import asyncio, logging
 from neuron_common.kube import Api
+from neuron_problem_detector import config
 from neuron_problem_detector.reporter import Reporter
 async def main() -> None:
     api = Api("https://127.0.0.1:1", timeout=5)
-    reporter = Reporter(api, "smoke", "smoke")
+    reporter = Reporter(api, "smoke", "smoke", config.parse(["--node-name=smoke"], env={}))
     assert not await reporter.sync_once()
     await api.close()
     assert "ClientConnectorError" in reporter.api_errors, reporter.api_errors
