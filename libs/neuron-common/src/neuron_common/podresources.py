@@ -46,6 +46,7 @@ class PodResourcesPoller:
     latest: PodResourcesSnapshot | None = field(default=None, init=False)
     up: bool = field(default=False, init=False)
     errors: Counter[str] = field(default_factory=Counter, init=False)
+    _last_code: str = field(default="", init=False)  # the last failed call's gRPC code
 
     def __post_init__(self) -> None:
         self._retry = Backoff(initial=0.2, maximum=self.interval)
@@ -89,7 +90,7 @@ class PodResourcesPoller:
             ok = await self.refresh()
             if ok:
                 delay = self.interval
-            elif getattr(self, "_last_code", "") == "RESOURCE_EXHAUSTED":
+            elif self._last_code == "RESOURCE_EXHAUSTED":
                 delay = self._exhausted.next_delay()
             else:
                 delay = self._retry.next_delay()

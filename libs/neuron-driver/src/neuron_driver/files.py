@@ -10,8 +10,9 @@ from pathlib import Path
 
 
 def replace_file(path: Path, text: str, *, durable: bool = False) -> None:
-    """Write `text` to `path` through a dot file beside it (never read as the real one: CDI and the
-    verdict readers skip dot files) renamed over it. `durable`: the content survives a node crash,
+    """Write `text` to `path` through a dot file beside it, renamed over it. No reader takes the dot
+    file for the real one: its name ends in `.tmp`, where the CDI readers take `*.json` and `*.yaml`
+    and the verdict reader `neuron<N>.json`. `durable`: the content survives a node crash,
     for state a reboot must find: the file is synced before the rename, so a crash cannot leave an
     empty file under the name, and the directory after it, so the rename itself is on disk. A write
     that fails leaves the old file as it was and no dot file behind."""
