@@ -172,7 +172,7 @@ async def _measure(root: Path, work: Path) -> list[Figure]:
     figures: list[Figure] = []
     try:
         await kubelet.wait_registered([NEURON, NEURONCORE], timeout=30)
-        figures += await _allocate_figures(work / "dp" / "neuron-neuroncore.sock", "Allocate", 2.0)
+        figures += await _allocate_figures(kubelet.endpoints[NEURONCORE].socket, "Allocate", 2.0)
 
         restarts: list[float] = []
         for _ in range(scaled(30, 2)):

@@ -7,8 +7,8 @@ over the real gRPC contracts on unix sockets.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
+from pathlib import Path
 
 import aiohttp
 import grpc
@@ -21,6 +21,9 @@ from standins.kubelet import AdmissionError, Allocation
 from kubelet_api import HEALTHY, UNHEALTHY
 from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
 from kubelet_api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from neuron_device_plugin.registration import ResourceServer, remove_stale_sockets
+from neuron_driver import layout
+from neuron_model import resources
 from neuron_model.allocator import Topology
 from neuron_model.instance_types import INSTANCE_TYPES
 from neuron_sim import node as sim
@@ -400,9 +403,66 @@ async def test_socket_removed_by_a_late_cleanup(start_plugin) -> None:  # type: 
     """The kubelet's start-up cleanup deletes a socket the plugin registered in its first seconds."""
     h = await start_plugin("trn1.2xlarge")
     before = h.kubelet.registrations.count(NEURON)
-    (h.plugin_dir / "neuron-neuron.sock").unlink()
+    socket = h.kubelet.endpoints[NEURON].socket
+    socket.unlink()
     await eventually(lambda: h.kubelet.registrations.count(NEURON) > before)
-    assert (h.plugin_dir / "neuron-neuron.sock").is_socket()
+    assert socket.is_socket()
+    assert h.kubelet.endpoints[NEURON].socket == socket  # the process keeps its one name
+
+
+async def test_two_plugin_processes_of_one_resource_keep_their_own_sockets(short_tmp) -> None:  # type: ignore[no-untyped-def]
+    """A handover or a surge rollout runs two plugins of a resource on one node. Neither may take the
+    other's socket, and the one leaving must not take the staying one's with it (gRPC unlinks its
+    path when a server stops): the kubelet would dial a path with no listener for 10 s."""
+    leaving = ResourceServer(resources.neuron(), short_tmp, _OtherPlugin)
+    staying = ResourceServer(resources.neuron(), short_tmp, _OtherPlugin)
+    assert leaving.socket != staying.socket
+    await leaving.start()
+    await staying.start()
+    try:
+        assert leaving.intact()
+        assert staying.intact()
+        await leaving.stop(grace=0)
+        assert not leaving.socket.exists()
+        assert staying.intact()
+        async with aio.insecure_channel(f"unix://{staying.socket}") as ch:
+            await dp_grpc.DevicePluginStub(ch).GetDevicePluginOptions(dp.Empty(), timeout=5)
+    finally:
+        await staying.stop(grace=0)
+
+
+def test_only_sockets_nobody_listens_on_are_removed_as_stale(short_tmp) -> None:  # type: ignore[no-untyped-def]
+    import socket as sockets
+
+    def bound(name: str, *, listening: bool) -> sockets.socket:
+        s = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+        s.bind(str(short_tmp / name))
+        if listening:
+            s.listen()
+        return s
+
+    live = bound("neuron-neuron-live.sock", listening=True)
+    held = [
+        live,
+        bound("neuron-neuron-dead.sock", listening=False),  # bound, never listening: connects are refused
+        bound("neuron-neuron.sock", listening=False),  # the name before each process had its own
+        bound("neuron-neuroncore-dead.sock", listening=False),  # another resource's
+        bound("neuron-neuron-mine.sock", listening=False),
+    ]
+    (short_tmp / "neuron-neuron-file.sock").write_text("not a socket")
+    try:
+        removed = remove_stale_sockets(short_tmp, resources.neuron(), keep=short_tmp / "neuron-neuron-mine.sock")
+        assert sorted(p.name for p in removed) == ["neuron-neuron-dead.sock", "neuron-neuron.sock"]
+        left = sorted(p.name for p in short_tmp.iterdir())
+        assert left == [
+            "neuron-neuron-file.sock",
+            "neuron-neuron-live.sock",
+            "neuron-neuron-mine.sock",
+            "neuron-neuroncore-dead.sock",
+        ]
+    finally:
+        for s in held:
+            s.close()
 
 
 async def test_waits_for_a_missing_device_plugin_directory(start_plugin) -> None:  # type: ignore[no-untyped-def]
@@ -511,7 +571,7 @@ async def test_cdi_mode(start_plugin, short_tmp) -> None:  # type: ignore[no-unt
 async def test_shutdown_removes_sockets(start_plugin) -> None:  # type: ignore[no-untyped-def]
     h = await start_plugin("trn1.2xlarge")
     assert await h.shutdown() == 0
-    assert not (h.plugin_dir / "neuron-neuron.sock").exists()
+    assert not list(h.plugin_dir.glob("neuron-*.sock"))
     await eventually(lambda: not h.kubelet.healthy(NEURON))  # the kubelet sees the stream end
 
 
@@ -526,7 +586,7 @@ async def test_after_sigterm_the_kubelet_is_answered_until_the_drain_settles(sta
     assert h.kubelet.healthy(NEURON)  # the stream is still open: the kubelet has not disconnected
     assert not h.task.done()
     assert await asyncio.wait_for(h.task, 10) == 0
-    assert not (h.plugin_dir / "neuron-neuron.sock").exists()
+    assert not list(h.plugin_dir.glob("neuron-*.sock"))
     await eventually(lambda: not h.kubelet.healthy(NEURON))
 
 
@@ -543,12 +603,12 @@ async def test_a_dead_loop_fails_the_probes_and_the_process(start_plugin, monkey
     assert code == 1
     dead = "loop holdings failed: RuntimeError: holdings table corrupt\n"
     assert probes == {"/healthz": (503, dead), "/readyz": (503, dead)}
-    assert not (h.plugin_dir / "neuron-neuron.sock").exists()  # the other loops wound down cleanly
+    assert not list(h.plugin_dir.glob("neuron-*.sock"))  # the other loops wound down cleanly
 
 
 async def test_list_and_watch_sends_complete_lists(start_plugin) -> None:  # type: ignore[no-untyped-def]
     h = await start_plugin("inf2.24xlarge")
-    async with aio.insecure_channel(f"unix://{h.plugin_dir / 'neuron-neuron.sock'}") as ch:
+    async with aio.insecure_channel(f"unix://{h.kubelet.endpoints[NEURON].socket}") as ch:
         stub = dp_grpc.DevicePluginStub(ch)
         stream = stub.ListAndWatch(dp.Empty())
         first = await stream.read()
@@ -561,6 +621,10 @@ async def test_list_and_watch_sends_complete_lists(start_plugin) -> None:  # typ
         stream.cancel()
 
 
-def test_socket_paths_short_enough(short_tmp) -> None:  # type: ignore[no-untyped-def]
-    assert len(str(short_tmp / "dp0" / "neuron-neuroncore.sock")) < 100
-    assert os.path.isdir(short_tmp)
+def test_socket_paths_fit_a_unix_socket_address(short_tmp) -> None:  # type: ignore[no-untyped-def]
+    """sun_path holds 107 bytes: the longest resource's socket, with a process's random instance,
+    fits under the kubelet's directory and under the tests' own."""
+    for resource in (resources.neuron(), resources.neuroncore(), resources.neurondevice()):
+        instance = ResourceServer(resource, Path(layout.DEVICE_PLUGIN_DIR), _OtherPlugin).socket.name
+        assert len(layout.DEVICE_PLUGIN_DIR + instance) < 100
+        assert len(str(short_tmp / "dp0" / instance)) < 100

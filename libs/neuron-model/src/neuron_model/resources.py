@@ -29,10 +29,6 @@ class Resource:
     def full_name(self) -> str:
         return f"{self.prefix}/{self.name}"
 
-    @property
-    def socket_name(self) -> str:
-        return f"neuron-{self.name}.sock"
-
 
 def neuron(prefix: str = DEFAULT_PREFIX) -> Resource:
     return Resource("neuron", Kind.DEVICE, prefix)

@@ -15,13 +15,23 @@ when that ends it disconnects whichever client holds the name now, the second. S
 kubelet closes while the plugin runs counts as lost registration too (`stream_lost`), once
 `STREAM_LOST_GRACE` has passed without a new `kubelet.sock`: a restarting kubelet closes the
 stream too, and registering with the one that is going away would wait out the timeout.
+
+Each process serves its own socket name (`neuron-<resource>-<instance>.sock`). Two plugins of one
+resource run side by side on a node during a handover or a surge rollout, and a shared name would
+make each replace the other's socket; worse, gRPC unlinks its socket path when a server stops, so
+the plugin leaving takes the one staying's socket with it, and the kubelet, dialling a path with
+no listener, holds the next registration for its whole 10 s timeout. At start the plugin removes
+the sockets of its resource that nobody listens on (left by a killed plugin), never a live one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
 import os
+import secrets
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,22 +59,62 @@ def _inode(path: Path) -> int | None:
         return None
 
 
+def socket_name(resource: Resource, instance: str) -> str:
+    return f"neuron-{resource.name}-{instance}.sock"
+
+
+def _listened_on(path: Path) -> bool:
+    """Whether a process accepts connections on the Unix socket at `path` (a refused connection
+    means whoever bound it is gone)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    try:
+        probe.connect(str(path))
+    except OSError as exc:
+        # EAGAIN: the listener's backlog is full, so someone listens.
+        return exc.errno in (errno.EAGAIN, errno.EINPROGRESS)
+    finally:
+        probe.close()
+    return True
+
+
+def remove_stale_sockets(directory: Path, resource: Resource, keep: Path) -> list[Path]:
+    """Unlink this resource's plugin sockets in `directory` that nobody listens on, the name an
+    earlier version used (`neuron-<resource>.sock`) included; returns what was removed."""
+    removed = []
+    candidates = [*directory.glob(f"neuron-{resource.name}-*.sock"), directory / f"neuron-{resource.name}.sock"]
+    for path in candidates:
+        if path == keep or not path.is_socket() or _listened_on(path):
+            continue
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    return removed
+
+
 class ResourceServer:
-    """One gRPC server on `<dir>/<socket>` for one resource."""
+    """One gRPC server on `<dir>/neuron-<resource>-<instance>.sock` for one resource; `instance`
+    (default: random) keeps it apart from another plugin process's on the same node."""
 
     def __init__(
-        self, resource: Resource, directory: Path, servicer_factory: Callable[[], api_pb2_grpc.DevicePluginServicer]
+        self,
+        resource: Resource,
+        directory: Path,
+        servicer_factory: Callable[[], api_pb2_grpc.DevicePluginServicer],
+        *,
+        instance: str | None = None,
     ):
         self.resource = resource
-        self.socket = directory / resource.socket_name
+        self.socket = directory / socket_name(resource, instance or secrets.token_hex(4))
         self._factory = servicer_factory
         self._server: aio.Server | None = None
         self.inode: int | None = None
 
     async def start(self) -> None:
         await self.stop(grace=0)
+        for stale in remove_stale_sockets(self.socket.parent, self.resource, keep=self.socket):
+            log.info("removed %s: nobody listens on it", stale, extra={"resource": self.resource.full_name})
         if self.socket.exists() or self.socket.is_symlink():
-            self.socket.unlink()  # a stale socket from a previous run refuses bind
+            self.socket.unlink()  # ours from before a restart of the server: a bound path refuses bind
         server = aio.server(options=[("grpc.so_reuseport", 0)])
         api_pb2_grpc.add_DevicePluginServicer_to_server(self._factory(), server)
         server.add_insecure_port(f"unix://{self.socket}")
@@ -84,14 +134,14 @@ class ResourceServer:
         self.inode = None
 
 
-async def register(kubelet_socket: Path, resource: Resource, timeout: float) -> None:  # noqa: ASYNC109 - a gRPC deadline
+async def register(kubelet_socket: Path, resource: Resource, endpoint: str, timeout: float) -> None:  # noqa: ASYNC109 - a gRPC deadline
     async with aio.insecure_channel(
         f"unix://{kubelet_socket}", options=[("grpc.default_authority", "localhost")]
     ) as ch:
         stub = api_pb2_grpc.RegistrationStub(ch)
         request = api_pb2.RegisterRequest(
             version=DEVICE_PLUGIN_VERSION,
-            endpoint=resource.socket_name,
+            endpoint=endpoint,
             resource_name=resource.full_name,
             options=api_pb2.DevicePluginOptions(pre_start_required=False, get_preferred_allocation_available=True),
         )
@@ -169,7 +219,7 @@ class Registrar:
             kubelet_inode = _inode(self.kubelet_socket)
             if kubelet_inode is None:
                 raise FileNotFoundError(f"{self.kubelet_socket} does not exist")
-            await register(self.kubelet_socket, self.resource, self.register_timeout)
+            await register(self.kubelet_socket, self.resource, self.server.socket.name, self.register_timeout)
         except (grpc.RpcError, OSError) as exc:
             self.metrics.registration_failures.labels(name).inc()
             detail = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else str(exc)
