@@ -1,24 +1,87 @@
 #!/usr/bin/env bash
-# rootfs.sh SERVICE OUT: run by services/Dockerfile inside its build stage. Makes in OUT the whole
-# root filesystem of SERVICE's image (a directory under services/), and nothing else:
-#   /opt/neuron   a venv with the service and only the packages it depends on (offline from
-#                 /wheels when that holds wheels), without pip and setuptools;
-#   the interpreter, its standard library minus what no service imports (tests, GUI, IDE,
-#   installers, sqlite, dbm, curses), and exactly the shared libraries all of it links against;
-#   /etc/passwd and /etc/group naming root and nobody, an ld.so.cache, an empty /tmp.
-# Every module of the service is then imported inside OUT, so a library left out fails the build
-# here rather than the pod later.
+# rootfs.sh deps|code SERVICE OUT: run by services/Dockerfile inside its build stage. Makes in OUT the
+# whole root filesystem of SERVICE's image (a directory under services/), and nothing else, in two
+# steps, each a layer of its own, so that a change to the project's code rebuilds only the second:
+#   deps  /opt/neuron, a venv with the service's third-party packages (/src/deps/SERVICE.txt, from
+#         services/image_requirements.py), offline from /wheels when that holds wheels; the
+#         interpreter, its standard library minus what no service imports (tests, GUI, IDE,
+#         installers, sqlite, dbm, curses), and exactly the shared libraries all of it links
+#         against; /etc/passwd and /etc/group naming root and nobody, an ld.so.cache, an empty /tmp;
+#   code  the libraries of libs/ the service depends on and the service itself, into that venv. A
+#         package the code would bring that the deps step did not install fails the build: the
+#         list and the pyproject.toml files disagree.
+# The image's venv never holds pip or setuptools: a second venv in the build stage, /opt/build,
+# installs into it (pip --python) and builds the project's wheels. Every module of the service is
+# then imported inside OUT, so a library left out fails the build here rather than the pod later.
 set -euo pipefail
-service=${1:-}
-out=${2:?usage: rootfs.sh SERVICE OUT}
+step=${1:-}
+service=${2:-}
+out=${3:?usage: rootfs.sh deps|code SERVICE OUT}
 src=/src
 venv=/opt/neuron
-[ -n "$service" ] && [ -f "$src/services/$service/pyproject.toml" ] \
-  || { echo "rootfs.sh: build with --build-arg SERVICE=<a directory under services/> (got '$service')" >&2; exit 1; }
+build=/opt/build
+case $step in deps | code) ;; *) echo "rootfs.sh: the first argument is deps or code (got '$step')" >&2; exit 1 ;; esac
+[ -n "$service" ] && [ -f "$src/deps/$service.txt" ] \
+  || { echo "rootfs.sh: build with --build-arg SERVICE=<a directory under services/>, after" \
+    "python3 services/image_requirements.py --write build/image-deps (got '$service')" >&2; exit 1; }
+pip=("$build/bin/python3" -m pip -q --disable-pip-version-check --no-cache-dir)
+offline=(--no-index --find-links /wheels)
+site=$(python3 -c 'import sys, sysconfig; print(sysconfig.get_path("purelib", "venv", vars={"base": sys.argv[1]}))' "$venv")
+installed() {  # the distributions in the venv, one canonical name a line
+  "$venv/bin/python3" -c 'import importlib.metadata as m, re
+print("\n".join(sorted({re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower() for d in m.distributions()})))'
+}
+# Bytecode is compiled here, because the root is read-only in a pod: without it every start compiles
+# whatever it imports, which for the Kubernetes client alone (the `helm test` pods', and the
+# services' loaders for exec-plugin kubeconfigs) takes 3 s and peaks at 140 MB. Unchecked-hash
+# bytecode: Python never compares it with the source's time, and its bytes do not depend on file times.
+compile=(python3 -m compileall -q -j 0 --invalidation-mode unchecked-hash -s "$out" -p /)
 
-# --- the venv ------------------------------------------------------------------------------------
-python3 -m venv "$venv"
-pip=("$venv/bin/python3" -m pip -q --disable-pip-version-check --no-cache-dir)
+# === code ========================================================================================
+if [ "$step" = code ]; then
+  # The project's wheels, built with the build venv's setuptools: an isolated build environment
+  # per library took 20 s an image.
+  "${pip[@]}" wheel --no-build-isolation --no-deps -w /tmp/project "$src"/libs/*/ "$src/services/$service"
+  name=$(python3 -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1], "rb"))["project"]["name"])' \
+    "$src/services/$service/pyproject.toml")
+  "${pip[@]}" --python "$venv/bin/python3" install --no-compile "${offline[@]}" --find-links /tmp/project \
+    -c "$src/constraints.txt" "$name"
+  mapfile -t added < <(installed | comm -13 "$build/deps-installed" -)
+  project=$(for w in /tmp/project/*.whl; do basename "$w" | cut -d- -f1 | tr '_.' '--' | tr '[:upper:]' '[:lower:]'; done)
+  strays=$(printf '%s\n' "${added[@]}" | grep -vxF -f <(printf '%s\n' "$project") || true)
+  if [ -n "$strays" ]; then
+    echo "rootfs.sh: the code step installed third-party packages the deps step did not: $(echo $strays)." \
+      "services/image_requirements.py and the pyproject.toml files disagree" >&2
+    exit 1
+  fi
+  # Each added distribution's files (its RECORD: packages, metadata, console scripts) into OUT's
+  # venv, then compiled; the deps step's files there stay as they are.
+  "$venv/bin/python3" - "$out" "${added[@]}" <<'PY' | "${compile[@]}" -i -
+import importlib.metadata, pathlib, shutil, sys
+out = pathlib.Path(sys.argv[1])
+for name in sys.argv[2:]:
+    for file in importlib.metadata.distribution(name).files or ():
+        source = pathlib.Path(file.locate()).resolve()
+        target = out / source.relative_to("/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+        if target.suffix == ".py":
+            print(target)
+PY
+  # --- check: every module of the service imports inside the new root --------------------------
+  package=$(find "$src/services/$service/src" -mindepth 1 -maxdepth 1 -type d ! -name '*.egg-info' -printf '%f\n')
+  chroot "$out" /opt/neuron/bin/python3 -B -c '
+import importlib, pkgutil, sys
+package = importlib.import_module(sys.argv[1])
+for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
+    importlib.import_module(module.name)
+' "$package"
+  exit 0
+fi
+
+# === deps ========================================================================================
+python3 -m venv --without-pip "$venv"
+python3 -m venv "$build"
 # Nothing third-party is installed but what the lock lists, by digest: the wheels images.sh put in
 # the context, or, built without them, the lock's files downloaded here with their hashes checked.
 if ! ls /wheels/*.whl >/dev/null 2>&1; then
@@ -26,13 +89,10 @@ if ! ls /wheels/*.whl >/dev/null 2>&1; then
   "${pip[@]}" download -d /wheels --only-binary=:all: --no-deps --require-hashes -r "$src/image-wheels.lock"
 fi
 python3 "$src/verify_wheels.py" "$src/image-wheels.lock" /wheels
-offline=(--no-index --find-links /wheels)
-# The libraries become wheels first, so that pip installs only those the service depends on.
-"${pip[@]}" wheel "${offline[@]}" --no-deps -w /tmp/libs "$src"/libs/*/
-"${pip[@]}" install --no-compile "${offline[@]}" --find-links /tmp/libs -c "$src/constraints.txt" \
-  "$src/services/$service"
-"${pip[@]}" uninstall -y pip setuptools
-site=$("$venv/bin/python3" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+"${pip[@]}" install --upgrade "${offline[@]}" setuptools  # the lock's (bdist_wheel built in), for the code step's builds
+"${pip[@]}" --python "$venv/bin/python3" install --no-compile "${offline[@]}" -c "$src/constraints.txt" \
+  -r "$src/deps/$service.txt"
+installed >"$build/deps-installed"
 # kubernetes' asyncio client (42 MB of the 76 MB package) duplicates the synchronous one the
 # `helm test` pods call in the detector's image, and nothing imports it.
 rm -rf "$site/kubernetes/aio"
@@ -104,25 +164,11 @@ EOF
 # --- what of Debian the image holds, for its SBOM (tools/sbom.py) ----------------------------------
 python3 "$src/debian_inventory.py" "$out" "$out$venv/share/neuron-helm-chart/debian-packages.tsv"
 
-# --- bytecode -------------------------------------------------------------------------------------
-# Compiled here, because the root is read-only in a pod: without bytecode every start compiles
-# whatever it imports, which for the Kubernetes client alone (the `helm test` pods', and the
-# services' loaders for exec-plugin kubeconfigs) takes 3 s and peaks at 140 MB. Unchecked-hash bytecode: Python never compares it with the source's
-# time, and its bytes do not depend on file times. The Kubernetes client keeps its bytecode
-# (25 MB) without its 34 MB of generated source, mostly docstrings: a traceback through it shows
-# file and line, not the line's text.
-compile=(python3 -m compileall -q -j 0 --invalidation-mode unchecked-hash -s "$out" -p /)
+# --- bytecode of the interpreter and the third-party packages ------------------------------------
+# The Kubernetes client keeps its bytecode (25 MB) without its 34 MB of generated source, mostly
+# docstrings: a traceback through it shows file and line, not the line's text.
 if [ -d "$out$site/kubernetes" ]; then
   "${compile[@]}" -b "$out$site/kubernetes"
   find "$out$site/kubernetes" -name '*.py' -delete
 fi
 "${compile[@]}" "$out$stdlib" "$out$venv"
-
-# --- check: every module of the service imports inside the new root ----------------------------
-package=$(find "$src/services/$service/src" -mindepth 1 -maxdepth 1 -type d ! -name '*.egg-info' -printf '%f\n')
-chroot "$out" /opt/neuron/bin/python3 -B -c '
-import importlib, pkgutil, sys
-package = importlib.import_module(sys.argv[1])
-for module in pkgutil.walk_packages(package.__path__, package.__name__ + "."):
-    importlib.import_module(module.name)
-' "$package"

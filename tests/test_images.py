@@ -4,10 +4,13 @@ running the service's own console script on its own default port, as a numeric u
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import re
 import tomllib
 from pathlib import Path
+
+import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "services/Dockerfile"
@@ -46,3 +49,52 @@ def test_each_stage_runs_its_service_on_its_default_port_as_a_numeric_user() -> 
         default_listen = importlib.import_module(f"{package}.config").DEFAULT_LISTEN
         assert stage["EXPOSE"] == default_listen.rsplit(":", 1)[1], name
         assert re.fullmatch(r"\d+:\d+", stage["USER"]), f"{name}: USER {stage['USER']} is not numeric"
+
+
+def _image_requirements():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("image_requirements", REPO / "services/image_requirements.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _project(root: Path, where: str, name: str, dependencies: list[str], **optional: list[str]) -> None:
+    directory = root / where
+    directory.mkdir(parents=True)
+    extras = "".join(f"{extra} = {json.dumps(deps)}\n" for extra, deps in optional.items())
+    (directory / "pyproject.toml").write_text(
+        f'[project]\nname = "{name}"\ndependencies = {json.dumps(dependencies)}\n'
+        + (f"[project.optional-dependencies]\n{extras}" if extras else "")
+    )
+
+
+def test_an_images_third_party_list_follows_its_libraries_and_the_extras_it_asks_for(tmp_path: Path) -> None:
+    """The image's dependency layer holds what this list names, so it must name what pip would
+    install for the service (services/rootfs.sh fails a build where the two differ)."""
+    requirements = _image_requirements()
+    _project(tmp_path, "libs/model", "neuron-model", ["pyyaml>=6"])
+    _project(
+        tmp_path, "libs/common", "neuron_common", ["aiohttp", "Neuron.Model"], podresources=["grpcio", "kubelet-api"]
+    )
+    _project(tmp_path, "libs/kubelet-api", "kubelet-api", ["protobuf"])
+    _project(tmp_path, "services/plain", "plain", ["orjson", "neuron-common"])
+    _project(tmp_path, "services/polling", "polling", ["neuron-common[podresources]", "neuron-model"])
+    _project(tmp_path, "services/wrong", "wrong", ["neuron-common[nosuch]"])
+    assert requirements.third_party("plain", tmp_path) == ["aiohttp", "orjson", "pyyaml>=6"]
+    assert requirements.third_party("polling", tmp_path) == ["aiohttp", "grpcio", "protobuf", "pyyaml>=6"]
+    with pytest.raises(SystemExit, match=r"wrong asks for neuron-common\[nosuch\], which it lacks"):
+        requirements.third_party("wrong", tmp_path)
+    with pytest.raises(SystemExit, match=r"no services/absent/pyproject\.toml"):
+        requirements.third_party("absent", tmp_path)
+
+
+def test_the_detectors_image_stays_without_the_kubelets_grpc_client() -> None:
+    """neuron-common's `podresources` extra exists so the problem detector, which never polls
+    PodResources, leaves grpcio and protobuf (about 20 MB) out of its image."""
+    requirements = _image_requirements()
+    detector = requirements.third_party("node-problem-detector")
+    assert "kubernetes" in detector
+    assert not {"grpcio", "protobuf"} & set(detector)
+    assert {"grpcio", "protobuf"} <= set(requirements.third_party("node-metrics"))

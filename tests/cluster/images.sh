@@ -114,6 +114,9 @@ if [ "$(cat build/wheels/.stamp 2>/dev/null)" != "$stamp" ]; then
     -r services/image-wheels.lock
   echo "$stamp" > build/wheels/.stamp
 fi
+# Each service's third-party requirements: the build's dependency layer depends on this list and
+# the wheels alone, so a change to the code leaves it cached (services/Dockerfile).
+.venv/bin/python services/image_requirements.py --write build/image-deps
 
 # --- smoke: an image, as its own user on a read-only root, serves what it should over a simulated node
 # A node of its own: the cluster's simulated node needs real character devices (up.sh), and a
