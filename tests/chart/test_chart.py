@@ -1360,6 +1360,17 @@ def test_the_schema_rejects_mistakes_with_a_clear_message(args: list[str], messa
             [*DRIVER, *sets(driver__force=True, driver__moduleName="n" * 34)],
             f'the Module "{"n" * 34}" in namespace "default" has 41',
         ),
+        (
+            sets(
+                devicePlugin__enabled=False,
+                draDriver__enabled=True,
+                draDriver__updateStrategy={
+                    "type": "RollingUpdate",
+                    "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0},
+                },
+            ),
+            "draDriver.updateStrategy.rollingUpdate.maxSurge=25% would start a node's new driver pod beside its old one",
+        ),
     ],
     ids=[
         "nothing-enabled",
@@ -1374,6 +1385,7 @@ def test_the_schema_rejects_mistakes_with_a_clear_message(args: list[str], messa
         "wait-without-driver",
         "ready-label-too-long",
         "module-name-too-long-for-kmm",
+        "dra-driver-surge",
     ],
 )
 def test_contradictions_fail_with_what_to_change(args: list[str], message: str) -> None:
@@ -1676,3 +1688,12 @@ def test_every_host_path_the_chart_writes_is_its_own_on_the_second_test_cluster(
         assert written, "no writable host path rendered: the walk is wrong"
     shared = sorted(p for p in written if not any(p == q or p.startswith(q + "/") for q in private))
     assert not shared, f"host paths the chart writes that isolated.sh does not make private: {shared}"
+
+
+@pytest.mark.parametrize("surge", [0, "0%"])
+def test_the_dra_driver_rolls_with_a_zero_surge(surge: object) -> None:
+    """The refusal above is of a surge, not of a RollingUpdate: an explicit zero renders."""
+    strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": surge, "maxUnavailable": 1}}
+    docs = render(*sets(devicePlugin__enabled=False, draDriver__enabled=True, draDriver__updateStrategy=strategy))
+    (daemonset,) = [d for d in by_component(docs, "dra-driver") if d["kind"] == "DaemonSet"]
+    assert daemonset["spec"]["updateStrategy"] == strategy
