@@ -36,10 +36,10 @@ typecheck: ## mypy --strict over every package's src/
 	$(BIN)/mypy $(SRC_DIRS)
 
 unit: ## pure, in-process tests only: a test that starts an external process here fails (mark it integration)
-	NEURON_TEST_STAGE=unit $(BIN)/pytest -q -m 'not integration and not cluster and not e2e and not cluster_down'
+	NEURON_TEST_STAGE=unit $(BIN)/pytest -q --durations=10 -m 'not integration and not cluster and not e2e and not cluster_down'
 
 integration: ## tests that start real processes: kube-apiserver, kube-scheduler, Prometheus, NFD, helm, a registry, podman, the services
-	$(BIN)/pytest -q -m 'integration and not cluster and not e2e and not cluster_down'
+	$(BIN)/pytest -q --durations=20 -m 'integration and not cluster and not e2e and not cluster_down'
 
 aws-handover: ## replace a release of AWS's neuron-helm-chart by this chart, keeping every node advertised: make aws-handover FROM=release [FROM_NAMESPACE=default] RELEASE=name [NAMESPACE=default] [ARGS='-f values.yaml']
 	$(PYTHON) tools/aws_handover.py --from-release "$(FROM)" --from-namespace "$(or $(FROM_NAMESPACE),default)" --release "$(RELEASE)" --namespace "$(or $(NAMESPACE),default)" -- $(ARGS)
