@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The real-cluster stage (`make cluster-test`): bring the cluster up, build and import the images, run
-# the cluster and e2e tests, then `make demo` and a cluster-down that must leave nothing (test_down).
+# the cluster and e2e tests, then `make demo` and, once the stages beside have ended, a cluster-down
+# that must leave nothing (test_down).
 #
 # The e2e tests marked `isolated` (chart-testing's installs, the DRA module) run on a second cluster, in network and
 # mount namespaces of its own (tests/cluster/isolated.sh), at the same time as the cluster tests and
@@ -65,6 +66,18 @@ if [ -n "$isolated_pid" ]; then
   echo "[make test] --- end of e2e -m isolated ---"
   tests/cluster/isolated.sh down "$ISOLATED_DIR" || isolated_status=$?
   [ $status -ne 0 ] || status=$isolated_status
+fi
+# test_down's `make demo` now, while the stages beside may still run: only its check that nothing is
+# left must wait for them (their tests run the services too); the demo itself need not.
+if [ $status -eq 0 ]; then
+  echo "[make test] make demo (tools/demo.sh; its output: .run/demo.log)"
+  if tools/demo.sh > .run/demo.log 2>&1; then
+    export NEURON_DEMO_RAN=1
+  else
+    status=$?
+    tail -60 .run/demo.log
+    echo "[make test] make demo failed (exit $status); whole output: .run/demo.log"
+  fi
 fi
 downed=0
 if [ $status -ne 0 ]; then  # test_down will not run: stop the cluster now, not after the stages beside
