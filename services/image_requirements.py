@@ -18,12 +18,11 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "services"))
+from verify_wheels import normalize  # noqa: E402  the one spelling of a distribution's name
+
 # PEP 508's name and extras, then the rest (version, marker) as written
 REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[([^\]]*)\])?\s*(.*)$")
-
-
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def _project(pyproject: Path) -> dict[str, object]:
@@ -33,7 +32,7 @@ def _project(pyproject: Path) -> dict[str, object]:
 
 def local_projects(repo: Path = REPO) -> dict[str, dict[str, object]]:
     """The libraries of libs/, by canonical project name."""
-    return {canonical(str(p["name"])): p for p in map(_project, sorted(repo.glob("libs/*/pyproject.toml")))}
+    return {normalize(str(p["name"])): p for p in map(_project, sorted(repo.glob("libs/*/pyproject.toml")))}
 
 
 def third_party(service: str, repo: Path = REPO) -> list[str]:
@@ -50,7 +49,7 @@ def third_party(service: str, repo: Path = REPO) -> list[str]:
             match = REQUIREMENT.match(line)
             if match is None:
                 raise SystemExit(f"image_requirements: {needed_by}: cannot read the requirement {line!r}")
-            name, extras, rest = canonical(match[1]), match[2] or "", match[3].strip()
+            name, extras, rest = normalize(match[1]), match[2] or "", match[3].strip()
             if name not in libraries:
                 found.add(line.strip())
                 continue

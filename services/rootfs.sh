@@ -27,9 +27,11 @@ case $step in deps | code) ;; *) echo "rootfs.sh: the first argument is deps or 
 pip=("$build/bin/python3" -m pip -q --disable-pip-version-check --no-cache-dir)
 offline=(--no-index --find-links /wheels)
 site=$(python3 -c 'import sys, sysconfig; print(sysconfig.get_path("purelib", "venv", vars={"base": sys.argv[1]}))' "$venv")
-installed() {  # the distributions in the venv, one canonical name a line
-  "$venv/bin/python3" -c 'import importlib.metadata as m, re
-print("\n".join(sorted({re.sub(r"[-_.]+", "-", d.metadata["Name"]).lower() for d in m.distributions()})))'
+installed() {  # the distributions in the venv, one normalized name a line
+  "$venv/bin/python3" -c 'import importlib.metadata, sys
+sys.path.insert(0, "/src")
+from verify_wheels import normalize
+print("\n".join(sorted({normalize(d.metadata["Name"]) for d in importlib.metadata.distributions()})))'
 }
 # Bytecode is compiled here, because the root is read-only in a pod: without it every start compiles
 # whatever it imports, which for the Kubernetes client alone (the `helm test` pods', and the
@@ -46,14 +48,20 @@ if [ "$step" = code ]; then
     "$src/services/$service/pyproject.toml")
   "${pip[@]}" --python "$venv/bin/python3" install --no-compile "${offline[@]}" --find-links /tmp/project \
     -c "$src/constraints.txt" "$name"
-  mapfile -t added < <(installed | comm -13 "$build/deps-installed" -)
-  project=$(for w in /tmp/project/*.whl; do basename "$w" | cut -d- -f1 | tr '_.' '--' | tr '[:upper:]' '[:lower:]'; done)
-  strays=$(printf '%s\n' "${added[@]}" | grep -vxF -f <(printf '%s\n' "$project") || true)
-  if [ -n "$strays" ]; then
-    echo "rootfs.sh: the code step installed third-party packages the deps step did not: $(echo $strays)." \
-      "services/image_requirements.py and the pyproject.toml files disagree" >&2
-    exit 1
-  fi
+  installed >/tmp/installed
+  python3 - "$build/deps-installed" /tmp/installed /tmp/project >/tmp/added <<'PY'
+import pathlib, sys
+sys.path.insert(0, "/src")
+from verify_wheels import normalize
+before, now = (set(pathlib.Path(p).read_text().split()) for p in sys.argv[1:3])
+project = {normalize(w.name.split("-")[0]) for w in pathlib.Path(sys.argv[3]).glob("*.whl")}
+strays = sorted(now - before - project)
+if strays:
+    sys.exit(f"rootfs.sh: the code step installed third-party packages the deps step did not: {' '.join(strays)}. "
+             "services/image_requirements.py and the pyproject.toml files disagree")
+print("\n".join(sorted(now - before)))
+PY
+  mapfile -t added </tmp/added
   # Each added distribution's files (its RECORD: packages, metadata, console scripts) into OUT's
   # venv, then compiled; the deps step's files there stay as they are.
   "$venv/bin/python3" - "$out" "${added[@]}" <<'PY' | "${compile[@]}" -i -
