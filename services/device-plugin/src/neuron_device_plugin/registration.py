@@ -82,7 +82,7 @@ def remove_stale_sockets(directory: Path, resource: Resource, keep: Path) -> lis
     """Unlink this resource's plugin sockets in `directory` that nobody listens on, the name an
     earlier version used (`neuron-<resource>.sock`) included; returns what was removed."""
     removed = []
-    candidates = [*directory.glob(f"neuron-{resource.name}-*.sock"), directory / f"neuron-{resource.name}.sock"]
+    candidates = [*directory.glob(socket_name(resource, "*")), directory / f"neuron-{resource.name}.sock"]
     for path in candidates:
         if path == keep or not path.is_socket() or _listened_on(path):
             continue
