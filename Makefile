@@ -13,10 +13,12 @@ PY_DIRS   := $(wildcard libs services tests bench tools charts)
 
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-# pytest-xdist workers for make unit and make integration: one per core; whole modules go to a worker
-# (their module fixtures start once), slow modules first (conftest.py); JOBS=0 runs in one process
+# pytest-xdist workers for make unit: one per core, whole modules to a worker (module fixtures start
+# once); JOBS=0 runs it in one process, as make test does beside the cluster stage, where the cores are
+# already busy. Not for make integration: its scheduling simulations and reduced benches run against
+# deadlines, and two of them at once on two cores, beside the cluster stage, missed theirs.
 JOBS      ?= $(shell nproc)
-XDIST     := -n $(JOBS) --dist loadfile --no-loadscope-reorder
+XDIST     := -n $(JOBS) --dist loadfile
 
 .PHONY: aws-handover k8s-versions k8s-next help setup test lint typecheck unit integration bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images images-build release
 
@@ -44,7 +46,7 @@ unit: ## pure, in-process tests only: a test that starts an external process her
 	NEURON_TEST_STAGE=unit $(BIN)/pytest -q $(XDIST) --durations=10 -m 'not integration and not cluster and not e2e and not cluster_down'
 
 integration: ## tests that start real processes: kube-apiserver, kube-scheduler, Prometheus, NFD, helm, a registry, podman, the services
-	$(BIN)/pytest -q $(XDIST) --durations=20 -m 'integration and not cluster and not e2e and not cluster_down'
+	$(BIN)/pytest -q --durations=20 -m 'integration and not cluster and not e2e and not cluster_down'
 
 aws-handover: ## replace a release of AWS's neuron-helm-chart by this chart, keeping every node advertised: make aws-handover FROM=release [FROM_NAMESPACE=default] RELEASE=name [NAMESPACE=default] [ARGS='-f values.yaml']
 	$(PYTHON) tools/aws_handover.py --from-release "$(FROM)" --from-namespace "$(or $(FROM_NAMESPACE),default)" --release "$(RELEASE)" --namespace "$(or $(NAMESPACE),default)" -- $(ARGS)

@@ -8,9 +8,6 @@
 - Puts test temporaries on tmpfs when there is one: a simulated trn2 node is ~12,000 small
   files, and creating and deleting those on a disk mounted with `discard` made test times
   vary tenfold.
-- Runs the modules with a `slow` test first: `make unit` and `make integration` spread whole modules over
-  the cores (pytest-xdist, --dist loadfile), and a long module begun last would leave one core idle
-  at the end while it runs alone.
 - Turns off hypothesis's per-example deadline: it is a timed assertion, and `make test` runs the
   unit and integration stages beside the cluster stage on a shared machine. Speed is measured in
   `make bench`, not asserted in tests.
@@ -60,11 +57,6 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
     for path in _created:
         shutil.rmtree(path, ignore_errors=True)
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    slow_modules = {item.nodeid.split("::")[0] for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.nodeid.split("::")[0] not in slow_modules)  # stable: order kept within each
 
 
 # --- stages: who starts external processes ----------------------------------------------------

@@ -55,18 +55,3 @@ def test_a_marked_one_is_left_to_the_integration_stage_and_a_pure_one_passes(
     assert done.returncode == 0, done.stdout + done.stderr
     # xdist's summary leaves out the deselected count: one passed, and nothing else ran
     assert re.search(r"(?m)^1 passed\b(?!.*failed)", done.stdout), done.stdout
-
-
-def test_modules_with_a_slow_test_run_first_and_keep_their_order(tmp_path: Path) -> None:
-    """So that the cores (xdist, whole modules to a worker) are not left with one long module at the end."""
-    (tmp_path / "conftest.py").write_text((REPO / "conftest.py").read_text())
-    (tmp_path / "test_a.py").write_text("def test_a1():\n    pass\n\ndef test_a2():\n    pass\n")
-    (tmp_path / "test_b.py").write_text(
-        "import pytest\n\ndef test_b1():\n    pass\n\n@pytest.mark.slow\ndef test_b2():\n    pass\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", str(tmp_path)],
-        capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
-    )  # fmt: skip
-    order = [line.split("::")[-1] for line in done.stdout.splitlines() if "::" in line]
-    assert order == ["test_b1", "test_b2", "test_a1", "test_a2"], done.stdout + done.stderr

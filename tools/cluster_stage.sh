@@ -26,8 +26,10 @@ run_beside() {
   for stage in $beside; do
     # as `make STAGE` alone would run: never pointed at the test cluster. At a lower CPU priority:
     # the cluster stage is the longer one and waits on the cluster's own processes (kubelet, API
-    # server, pods), which should not queue behind these stages' test processes.
-    nice -n 10 env -u KUBECONFIG STAGE_QUIET_FAILURE=1 tools/stage.sh "$stage" make --no-print-directory "$stage" \
+    # server, pods), which should not queue behind these stages' test processes. JOBS=0: one test
+    # process each; with the cores already busy, make unit's xdist workers only collect the tests twice
+    # (measured: 381 s against 364 s).
+    nice -n 10 env -u KUBECONFIG STAGE_QUIET_FAILURE=1 JOBS=0 tools/stage.sh "$stage" make --no-print-directory "$stage" \
       > ".run/$stage.log" 2>&1 || return
   done
 }
