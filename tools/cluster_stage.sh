@@ -27,8 +27,8 @@ run_beside() {
     # as `make STAGE` alone would run: never pointed at the test cluster. At a lower CPU priority:
     # the cluster stage is the longer one and waits on the cluster's own processes (kubelet, API
     # server, pods), which should not queue behind these stages' test processes. JOBS=0: one test
-    # process each; with the cores already busy, make unit's xdist workers only collect the tests twice
-    # (measured: 381 s against 364 s).
+    # process each, since the cores are already busy; make unit on two workers here took 381 s, within
+    # the 364 to 420 s it takes in one process from run to run: no gain.
     nice -n 10 env -u KUBECONFIG STAGE_QUIET_FAILURE=1 JOBS=0 tools/stage.sh "$stage" make --no-print-directory "$stage" \
       > ".run/$stage.log" 2>&1 || return
   done
