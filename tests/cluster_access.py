@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import http.client
 import json
 import os
@@ -17,10 +18,13 @@ import signal
 import ssl
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -61,8 +65,153 @@ def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> str:
     return result.stdout
 
 
+# --- reads in this process ------------------------------------------------------------------
+# The suites poll (eventually(), every 0.5 s) and each kubectl is a process that loads the kubeconfig
+# and the discovery cache: 1,453 of them cost about 160 CPU-seconds of a `make test` that is CPU-bound
+# on two cores. Reads go to the API server from here instead; writes stay with kubectl, as a user's would.
+
+
+@dataclass(frozen=True)
+class ApiServer:
+    """The API server of a kubeconfig's current context, as client certificates reach it (up.sh's and
+    tests/simcluster's kubeconfigs: files or inline data)."""
+
+    host: str
+    port: int
+    context: ssl.SSLContext
+
+    @classmethod
+    def from_kubeconfig(cls, path: Path) -> ApiServer:
+        config = yaml.safe_load(path.read_text())
+        current = config["current-context"]
+        (context,) = [c["context"] for c in config["contexts"] if c["name"] == current]
+        (cluster,) = [c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"]]
+        (user,) = [u["user"] for u in config["users"] if u["name"] == context["user"]]
+        url = urllib.parse.urlsplit(cluster["server"])
+        if url.scheme != "https" or url.hostname is None:
+            raise ValueError(f"{path}: the server {cluster['server']!r} is not https://host[:port]")
+        if "certificate-authority-data" in cluster:
+            tls = ssl.create_default_context(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
+        else:
+            tls = ssl.create_default_context(cafile=cluster["certificate-authority"])
+        if "client-certificate-data" in user:
+            # load_cert_chain reads files only: the inline pair goes to a private file for the call
+            with tempfile.NamedTemporaryFile("wb", suffix=".pem") as pem:
+                pem.write(base64.b64decode(user["client-certificate-data"]) + b"\n")
+                pem.write(base64.b64decode(user["client-key-data"]))
+                pem.flush()
+                tls.load_cert_chain(pem.name)
+        else:
+            tls.load_cert_chain(user["client-certificate"], user["client-key"])
+        return cls(url.hostname, url.port or 443, tls)
+
+    def get(self, path: str, **query: str) -> Any:
+        """The JSON of a GET; anything but 200 raises AssertionError with the server's message, as
+        kubectl(check=True) does, so eventually() keeps polling through a NotFound."""
+        conn = http.client.HTTPSConnection(self.host, self.port, context=self.context, timeout=30)
+        try:
+            conn.request("GET", path + (f"?{urllib.parse.urlencode(query)}" if query else ""))
+            response = conn.getresponse()
+            body = response.read()
+        finally:
+            conn.close()
+        if response.status != 200:
+            try:
+                message = json.loads(body).get("message", "")
+            except (ValueError, AttributeError):
+                message = body[:300].decode(errors="replace")
+            raise AssertionError(f"GET {path}: {response.status} {message}")
+        return json.loads(body)
+
+
+@dataclass(frozen=True)
+class Resource:
+    base: str  # /api/v1 or /apis/<group>/<version>
+    plural: str
+    namespaced: bool
+
+
+class ResourceReader:
+    """`kubectl get RESOURCE [NAME] -o json` in this process: the resource by any name kubectl takes
+    (plural, singular, short name, as the API server's discovery lists them; refreshed once on a miss,
+    since a chart's CRDs come and go), a list as kubectl prints one (`items`)."""
+
+    def __init__(self, api: ApiServer) -> None:
+        self.api = api
+        self._names: dict[str, Resource] = {}
+
+    def _discover(self) -> None:
+        names: dict[str, Resource] = {}
+        bases = ["/api/v1"] + [
+            f"/apis/{g['preferredVersion']['groupVersion']}" for g in self.api.get("/apis")["groups"]
+        ]
+        # the core group last, so a short name both define (none today) means what kubectl means
+        for base in reversed(bases):
+            for r in self.api.get(base)["resources"]:
+                if "/" in r["name"] or "get" not in r.get("verbs", ()):
+                    continue  # subresources, and what cannot be read
+                found = Resource(base, r["name"], bool(r["namespaced"]))
+                for alias in (r["name"], r.get("singularName") or "", *r.get("shortNames", ())):
+                    if alias:
+                        names[alias.lower()] = found
+        self._names = names
+
+    def resource(self, name: str) -> Resource:
+        key = name.lower().split(".", 1)[0]
+        if key not in self._names:
+            self._discover()
+        if key not in self._names:
+            raise AssertionError(f'the server doesn\'t have a resource type "{name}"')
+        return self._names[key]
+
+    def get(
+        self,
+        resource: str,
+        name: str | None = None,
+        *,
+        namespace: str | None = "default",
+        selector: str | None = None,
+        field_selector: str | None = None,
+    ) -> dict[str, Any]:
+        """One object, or the list of them; `namespace=None` is kubectl's `-A` (ignored for a
+        cluster-scoped resource, as kubectl ignores -n for one)."""
+        r = self.resource(resource)
+        path = r.base + (f"/namespaces/{namespace}" if r.namespaced and namespace else "") + f"/{r.plural}"
+        if name is not None:
+            return _without_managed_fields(self.api.get(f"{path}/{name}"))
+        query = {k: v for k, v in (("labelSelector", selector), ("fieldSelector", field_selector)) if v}
+        listed = self.api.get(path, **query)
+        listed["items"] = [_without_managed_fields(o) for o in listed.get("items") or ()]
+        return listed  # type: ignore[no-any-return]
+
+
+def _without_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
+    """As kubectl prints an object unless asked for --show-managed-fields."""
+    obj.get("metadata", {}).pop("managedFields", None)
+    return obj
+
+
+@functools.cache
+def _reader(kubeconfig: Path) -> ResourceReader:
+    return ResourceReader(ApiServer.from_kubeconfig(kubeconfig))
+
+
+def read(
+    resource: str,
+    name: str | None = None,
+    *,
+    namespace: str | None = "default",
+    selector: str | None = None,
+    field_selector: str | None = None,
+) -> dict[str, Any]:
+    """`kubectl get RESOURCE [NAME] -n NAMESPACE [-l SELECTOR] [--field-selector ...] -o json`, read
+    in this process from $KUBECONFIG's API server."""
+    reader = _reader(KUBECONFIG)
+    return reader.get(resource, name, namespace=namespace, selector=selector, field_selector=field_selector)
+
+
 def node() -> dict[str, Any]:
-    return json.loads(kubectl("get", "node", NODE, "-o", "json"))  # type: ignore[no-any-return]
+    return read("node", NODE)
 
 
 def node_status_update_period() -> float:
@@ -83,7 +232,7 @@ def go_duration(text: str) -> float:
 
 
 def pod_phase(name: str, namespace: str = "default") -> str:
-    return kubectl("get", "pod", "-n", namespace, name, "-o", "jsonpath={.status.phase}")
+    return str(read("pod", name, namespace=namespace).get("status", {}).get("phase", ""))
 
 
 def restart_kubelet() -> None:
@@ -220,9 +369,7 @@ def host_device_plugin(
 
 def exporter_metrics(namespace: str) -> str:
     """The text the chart's node-metrics exporter in `namespace` serves on /metrics (its one live pod)."""
-    pods = json.loads(
-        kubectl("get", "pods", "-n", namespace, "-l", "app.kubernetes.io/component=node-metrics", "-o", "json")
-    )
+    pods = read("pods", namespace=namespace, selector="app.kubernetes.io/component=node-metrics")
     (exporter,) = [p for p in pods["items"] if p["metadata"].get("deletionTimestamp") is None]
     with urllib.request.urlopen(f"http://{exporter['status']['podIP']}:9840/metrics", timeout=10) as response:
         return response.read().decode()  # type: ignore[no-any-return]
@@ -257,5 +404,5 @@ def https_get(
 
 
 def secret_value(namespace: str, name: str, key: str) -> bytes:
-    data = json.loads(kubectl("get", "secret", "-n", namespace, name, "-o", "json")).get("data") or {}
+    data = read("secret", name, namespace=namespace).get("data") or {}
     return base64.b64decode(data[key]) if key in data else b""

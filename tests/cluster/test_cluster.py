@@ -27,6 +27,7 @@ from cluster_access import (
     kubectl,
     node,
     pod_phase,
+    read,
     restart_kubelet,
 )
 
@@ -280,7 +281,7 @@ def test_problem_detector_against_the_real_api_server(tmp_path: Path) -> None:
         eventually(lambda: neuron_health() == ("True", "NeuronHasError_HBM_UNCORRECTABLE_ERROR"), "condition", 30)
         types = {c["type"] for c in node()["status"]["conditions"]}
         assert {"Ready", "MemoryPressure", "DiskPressure", "PIDPressure"} <= types  # the kubelet's survived
-        events = json.loads(kubectl("get", "events", "-n", "default", "-o", "json"))["items"]
+        events = read("events", namespace="default")["items"]
         [event] = [
             e for e in events if e["reason"] == "NeuronHasError_HBM_UNCORRECTABLE_ERROR" and "neuron6" in e["message"]
         ]

@@ -30,6 +30,7 @@ from cluster_access import (
     kubectl,
     node,
     pod_phase,
+    read,
 )
 
 from neuron_device_plugin.cdi import cdi_kind
@@ -151,7 +152,7 @@ def claimant() -> Iterator[None]:
 
 def test_the_scheduler_allocates_a_claim_and_the_kubelet_asks_its_driver(claimant: None) -> None:
     def claim() -> dict[str, Any]:
-        return json.loads(kubectl("get", "resourceclaim", "runtime-test-claim", "-o", "json"))  # type: ignore[no-any-return]
+        return read("resourceclaim", "runtime-test-claim")
 
     eventually(lambda: claim()["status"]["allocation"], "claim allocated", 120)
     status = claim()["status"]

@@ -35,6 +35,7 @@ from cluster_access import (
     kubectl,
     node,
     pod_phase,
+    read,
 )
 
 pytestmark = pytest.mark.cluster
@@ -96,7 +97,7 @@ def status() -> dict[str, Any]:
 def requested_on_node() -> dict[str, int]:
     """What the node's pods that are not finished ask for, per Neuron resource (limits: extended
     resources have no overcommit, requests equal limits)."""
-    pods = json.loads(kubectl("get", "pods", "-A", "--field-selector", f"spec.nodeName={NODE}", "-o", "json"))
+    pods = read("pods", namespace=None, field_selector=f"spec.nodeName={NODE}")
     totals = dict.fromkeys(RESOURCES, 0)
     for pod in pods["items"]:
         if pod["status"].get("phase") in ("Succeeded", "Failed") or pod["metadata"].get("deletionTimestamp"):

@@ -33,6 +33,7 @@ from cluster_access import (
     helm,
     kubectl,
     pod_phase,
+    read,
     run,
     sim,
     workload_pod,
@@ -75,9 +76,7 @@ def install(*args: str) -> None:
 
 def published() -> dict[str, dict[str, Any]]:
     """The node's published devices by name, from the highest pool generation only."""
-    items = json.loads(kubectl("get", "resourceslices", "--field-selector", f"spec.nodeName={NODE}", "-o", "json"))[
-        "items"
-    ]
+    items = read("resourceslices", field_selector=f"spec.nodeName={NODE}")["items"]
     newest = max((s["spec"]["pool"]["generation"] for s in items), default=0)
     return {
         d["name"]: d
@@ -125,7 +124,7 @@ def create_template(
 
 
 def pod(name: str) -> dict[str, Any]:
-    return json.loads(kubectl("get", "pod", "-n", WORKLOADS, name, "-o", "json"))  # type: ignore[no-any-return]
+    return read("pod", name, namespace=WORKLOADS)
 
 
 def shown(name: str) -> dict[str, list[str]]:
@@ -150,7 +149,7 @@ def seen_devices(name: str) -> list[int]:
 def allocated(pod_name: str) -> list[str]:
     """The device names the scheduler allocated to the pod's claim."""
     (status,) = pod(pod_name)["status"]["resourceClaimStatuses"]
-    claim = json.loads(kubectl("get", "resourceclaim", "-n", WORKLOADS, status["resourceClaimName"], "-o", "json"))
+    claim = read("resourceclaim", status["resourceClaimName"], namespace=WORKLOADS)
     results = claim["status"]["allocation"]["devices"]["results"]
     assert {r["driver"] for r in results} == {"neuron.aws.com"}
     assert {r["pool"] for r in results} == {NODE}
@@ -159,7 +158,7 @@ def allocated(pod_name: str) -> list[str]:
 
 def claim_uid(pod_name: str) -> str:
     (status,) = pod(pod_name)["status"]["resourceClaimStatuses"]
-    claim = json.loads(kubectl("get", "resourceclaim", "-n", WORKLOADS, status["resourceClaimName"], "-o", "json"))
+    claim = read("resourceclaim", status["resourceClaimName"], namespace=WORKLOADS)
     return str(claim["metadata"]["uid"])
 
 
@@ -509,7 +508,7 @@ def run_awss_published_claims() -> None:
     apply_in_workloads(template, deployment)
 
     def one_running_one_waiting() -> bool:
-        items = json.loads(kubectl("get", "pods", "-n", WORKLOADS, "-l", "app=my-app", "-o", "json"))["items"]
+        items = read("pods", namespace=WORKLOADS, selector="app=my-app")["items"]
         phases = sorted(p["status"].get("phase", "") for p in items if not p["metadata"].get("deletionTimestamp"))
         return phases == ["Pending", "Running"]
 
@@ -518,7 +517,7 @@ def run_awss_published_claims() -> None:
 
 
 def ultraserver_labels() -> dict[str, str]:
-    labels = json.loads(kubectl("get", "node", NODE, "-o", "json"))["metadata"].get("labels", {})
+    labels = read("node", NODE)["metadata"].get("labels", {})
     return {k: v for k, v in labels.items() if k.startswith(LABEL_PREFIX)}
 
 

@@ -37,6 +37,7 @@ from cluster_access import (
     kubectl,
     node,
     pod_phase,
+    read,
     restart_kubelet,
     run,
     secret_value,
@@ -117,7 +118,7 @@ def install(kube_cluster: Cluster, *args: str, values: Path | None = None) -> li
     rendered = yaml.safe_load(helm("get", "values", RELEASE, "-n", NAMESPACE, "--all", "-o", "yaml").stdout)
     expected = [name for key, name in (DAEMONSETS | OPTIONAL_DAEMONSETS).items() if rendered[key]["enabled"]]
     wait_daemonsets(kube_cluster, expected)
-    present = {d["metadata"]["name"] for d in json.loads(kubectl("get", "ds", "-n", NAMESPACE, "-o", "json"))["items"]}
+    present = {d["metadata"]["name"] for d in read("ds", namespace=NAMESPACE)["items"]}
     assert present == set(expected), f"DaemonSets {present}, expected {expected}"
     return expected
 
@@ -338,7 +339,7 @@ def test_plugin_only_marks_a_device_unhealthy_from_a_kernel_line(kube_cluster: C
     try:
         expected = install(kube_cluster, values=CHART / "ci" / "device-plugin-only-values.yaml")
         assert expected == [DAEMONSETS["devicePlugin"]]
-        ds = json.loads(kubectl("get", "ds", "-n", NAMESPACE, DAEMONSETS["devicePlugin"], "-o", "json"))
+        ds = read("ds", DAEMONSETS["devicePlugin"], namespace=NAMESPACE)
         args = ds["spec"]["template"]["spec"]["containers"][0]["args"]
         assert not [a for a in args if a.startswith(("--kmsg-path", "--verdict-dir"))], (
             f"the default kernel log: {args}"
@@ -373,13 +374,11 @@ def test_kubelet_restart_plugin_reregisters(kube_cluster: Cluster) -> None:
 
 def test_upgrade_with_changed_values_rolls_out(kube_cluster: Cluster) -> None:
     name = DAEMONSETS["nodeMetrics"]
-    generation = json.loads(kubectl("get", "ds", "-n", NAMESPACE, name, "-o", "json"))["metadata"]["generation"]
+    generation = read("ds", name, namespace=NAMESPACE)["metadata"]["generation"]
     install(kube_cluster, "--set", "nodeMetrics.attributionInterval=5", values=CHART / "ci" / "all-on-values.yaml")
-    ds = json.loads(kubectl("get", "ds", "-n", NAMESPACE, name, "-o", "json"))
+    ds = read("ds", name, namespace=NAMESPACE)
     assert ds["metadata"]["generation"] > generation
-    pods = json.loads(
-        kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=node-metrics", "-o", "json")
-    )
+    pods = read("pods", namespace=NAMESPACE, selector="app.kubernetes.io/component=node-metrics")
     running = [p for p in pods["items"] if p["metadata"].get("deletionTimestamp") is None]
     assert running
     assert all("--attribution-interval=5" in p["spec"]["containers"][0]["args"] for p in running)
@@ -408,9 +407,7 @@ def test_protected_metrics_serve_readers_only(kube_cluster: Cluster) -> None:
             "stranger": kubectl("create", "token", "default", "-n", "monitoring").strip(),
         }
         for component, port in ports.items():
-            pods = json.loads(
-                kubectl("get", "pods", "-n", NAMESPACE, "-l", f"app.kubernetes.io/component={component}", "-o", "json")
-            )
+            pods = read("pods", namespace=NAMESPACE, selector=f"app.kubernetes.io/component={component}")
             (pod,) = [p for p in pods["items"] if p["metadata"].get("deletionTimestamp") is None]
             assert "--metrics-auth=kubernetes" in pod["spec"]["containers"][0]["args"]
             address = pod["status"]["podIP"]
@@ -523,7 +520,7 @@ def test_real_nfd_labels_the_node_from_its_simulated_pci_devices(
     the label from its PCI functions and the agents land on it; over a node whose PCI functions are not Neuron
     (Amazon's NIC and NVMe share the vendor id) the label goes, and the agents with it."""
     publish_features(SIM_ROOT, tmp_path)
-    features = json.loads(kubectl("get", "nodefeature", "-n", NFD_NAMESPACE, NODE, "-o", "json"))
+    features = read("nodefeature", NODE, namespace=NFD_NAMESPACE)
     functions = [e["attributes"] for e in features["spec"]["features"]["instances"]["pci.device"]["elements"]]
     assert len([f for f in functions if (f["vendor"], f["device"]) == ("1d0f", "7164")]) == 16, functions
     time.sleep(3)  # nfd-master has seen the NodeFeature by now; with no rule it sets nothing
@@ -539,7 +536,7 @@ def test_real_nfd_labels_the_node_from_its_simulated_pci_devices(
     eventually(lambda: nfd_label() is None, f"{NFD_LABEL} removed from a node without Neuron PCI functions")
     for name in DAEMONSETS.values():
         eventually(
-            lambda name=name: json.loads(kubectl("get", "ds", "-n", NAMESPACE, name, "-o", "json"))["status"].get(
+            lambda name=name: read("ds", name, namespace=NAMESPACE)["status"].get(
                 "desiredNumberScheduled"
             ) == 0,
             f"{name} wants no pod on the node",

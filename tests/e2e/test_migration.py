@@ -32,6 +32,7 @@ from cluster_access import (
     node,
     node_status_update_period,
     pod_phase,
+    read,
     run,
     sim,
     workload_pod,
@@ -88,7 +89,7 @@ def wait_aws_plugin_registered() -> None:
     allocatable may still be the previous plugin's."""
 
     def registered() -> bool:
-        pods = json.loads(kubectl("get", "pods", "-n", "kube-system", "-l", AWS_POD_SELECTOR, "-o", "json"))["items"]
+        pods = read("pods", namespace="kube-system", selector=AWS_POD_SELECTOR)["items"]
         ips = [p["status"].get("podIP") for p in pods if p["status"].get("phase") == "Running"]
         if len(ips) != 1 or not ips[0]:
             return False
@@ -140,7 +141,7 @@ class AllocatableWatch:
 
 
 def held_pod() -> dict[str, object]:
-    pod: dict[str, object] = json.loads(kubectl("get", "pod", "-n", WORKLOADS, HELD, "-o", "json"))
+    pod: dict[str, object] = read("pod", HELD, namespace=WORKLOADS)
     return pod
 
 
@@ -208,7 +209,7 @@ def check_after_handover(cores: str, uid: str, output: str, release: str, namesp
         "AWS's plugin pods gone",
         120,
     )
-    ours_pods = json.loads(kubectl("get", "pods", "-A", "-l", OURS_SELECTOR, "-o", "json"))["items"]
+    ours_pods = read("pods", namespace=None, selector=OURS_SELECTOR)["items"]
     assert [p["status"]["phase"] for p in ours_pods] == ["Running"], [p["metadata"]["name"] for p in ours_pods]
     eventually(lambda: neuron_allocatable() == "16", "this chart's plugin advertising 16 devices", 120)
     # The pod that held two devices throughout is the same pod, never restarted, with the same cores.

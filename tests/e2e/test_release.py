@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import signing
 import yaml
-from cluster_access import CTR, REGISTRY, REPO, SIM_ROOT, eventually, helm, kubectl, run
+from cluster_access import CTR, REGISTRY, REPO, SIM_ROOT, eventually, helm, kubectl, read, run
 
 CHART = REPO / "charts" / "neuron-helm-chart"
 RELEASE = "neuron-helm-chart"
@@ -39,7 +39,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 
 def pod_images(selector: str) -> list[str]:
-    pods = json.loads(kubectl("get", "pods", "-n", NAMESPACE, "-l", selector, "-o", "json"))["items"]
+    pods = read("pods", namespace=NAMESPACE, selector=selector)["items"]
     return [c["image"] for p in pods for c in p["spec"]["containers"]]
 
 
@@ -104,7 +104,7 @@ def test_installs_from_the_registry_with_every_image_pulled_by_the_kubelet(relea
     running = set(pod_images(f"app.kubernetes.io/instance={RELEASE}"))
     assert running == set(released.values())
     # the kubelet pulled each of them (reason Pulled is also "already present on machine": the message tells)
-    events = json.loads(kubectl("get", "events", "-n", NAMESPACE, "--field-selector", "reason=Pulled", "-o", "json"))
+    events = read("events", namespace=NAMESPACE, field_selector="reason=Pulled")
     pulled = " ".join(e["message"] for e in events["items"])
     for ref in released.values():
         assert f'Successfully pulled image "{ref}"' in pulled, f"the kubelet did not pull {ref}: {pulled}"

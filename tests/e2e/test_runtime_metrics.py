@@ -40,6 +40,7 @@ from cluster_access import (
     helm,
     kubectl,
     pod_phase,
+    read,
     sim,
     workload_pod,
 )
@@ -157,8 +158,7 @@ def test_awss_neuron_monitor_dashboard_shows_the_exporters_data() -> None:
     answers with numbers and the labels its panel shows; the pod label comes too, and the native
     series this chart's boards read are there beside them."""
     install("--set", "nodeMetrics.naming=both")
-    pods = json.loads(kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=node-metrics",
-                              "-o", "json"))["items"]  # fmt: skip
+    pods = read("pods", namespace=NAMESPACE, selector="app.kubernetes.io/component=node-metrics")["items"]
     (exporter,) = [p for p in pods if p["metadata"].get("deletionTimestamp") is None]
     scrape = {
         "job_name": "neuron-monitor",  # the Service's job, as the observability accelerator scrapes it
@@ -200,9 +200,7 @@ def test_a_runtimes_utilization_carries_its_pod_and_claim_through_dra() -> None:
         resources={"claims": [{"name": "neuron"}]},
         resourceClaims=[{"name": "neuron", "resourceClaimTemplateName": "one-device"}],
     )  # fmt: skip
-    (status,) = json.loads(kubectl("get", "pod", "-n", WORKLOADS, "dra-job", "-o", "json"))["status"][
-        "resourceClaimStatuses"
-    ]
+    (status,) = read("pod", "dra-job", namespace=WORKLOADS)["status"]["resourceClaimStatuses"]
     owner = {"namespace": WORKLOADS, "pod": "dra-job", "container": "main", "claim": status["resourceClaimName"]}
 
     def attributed() -> bool:

@@ -39,6 +39,7 @@ from cluster_access import (
     kubectl,
     node,
     pod_phase,
+    read,
     sim,
     workload_pod,
 )
@@ -85,7 +86,7 @@ def allocatable() -> tuple[str | None, str | None]:
 
 
 def report() -> dict[str, Any]:
-    return json.loads(kubectl("get", "neuronnodes", NODE, "-o", "json"))  # type: ignore[no-any-return]
+    return read("neuronnodes", NODE)
 
 
 def pod_manifest(name: str, devices: int, scheduler: str = SCHEDULER) -> str:
@@ -117,7 +118,7 @@ def devices_of(name: str) -> list[int]:
 
 
 def pod(name: str) -> dict[str, Any]:
-    return json.loads(kubectl("get", "pod", "-n", WORKLOADS, name, "-o", "json"))  # type: ignore[no-any-return]
+    return read("pod", name, namespace=WORKLOADS)
 
 
 def unschedulable_reason(name: str) -> str:
@@ -160,9 +161,7 @@ def delete_pods(*names: str) -> None:
 
 
 def extender_pods() -> list[dict[str, Any]]:
-    pods = json.loads(
-        kubectl("get", "pods", "-n", NAMESPACE, "-l", "app.kubernetes.io/component=scheduler-extender", "-o", "json")
-    )
+    pods = read("pods", namespace=NAMESPACE, selector="app.kubernetes.io/component=scheduler-extender")
     return [p for p in pods["items"] if p["metadata"].get("deletionTimestamp") is None]
 
 
@@ -171,7 +170,7 @@ def extender_tls(client_cert: bool) -> ssl.SSLContext:
     import base64
     import tempfile
 
-    secret = json.loads(kubectl("get", "secret", "-n", NAMESPACE, f"{EXTENDER}-tls", "-o", "json"))["data"]
+    secret = read("secret", f"{EXTENDER}-tls", namespace=NAMESPACE)["data"]
     with tempfile.TemporaryDirectory(prefix="extender-tls-") as scratch:  # a key on disk only while it loads
         directory = Path(scratch)
         for key in ("ca.crt", "tls.crt", "tls.key"):
@@ -450,10 +449,10 @@ def test_helm_test_passes_with_scheduling() -> None:
 
 def test_the_second_scheduler_runs_the_clusters_own_version() -> None:
     server = json.loads(kubectl("version", "-o", "json"))["serverVersion"]["gitVersion"]
-    deployment = json.loads(kubectl("get", "deployment", "-n", NAMESPACE, KUBE_SCHEDULER, "-o", "json"))
+    deployment = read("deployment", KUBE_SCHEDULER, namespace=NAMESPACE)
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     assert container["image"] == f"registry.k8s.io/kube-scheduler:{server}"
-    lease = json.loads(kubectl("get", "lease", "-n", NAMESPACE, SCHEDULER, "-o", "json"))
+    lease = read("lease", SCHEDULER, namespace=NAMESPACE)
     assert lease["spec"]["holderIdentity"]
 
 
@@ -495,7 +494,7 @@ def _lease(name: str) -> str:
 
 def _remove_ultraserver_nodes(names: list[str]) -> None:
     """Pods bound there cannot end on their own (no kubelet confirms it): deleted at once, then the rest."""
-    pods = json.loads(kubectl("get", "pods", "-n", WORKLOADS, "-o", "json"))["items"]
+    pods = read("pods", namespace=WORKLOADS)["items"]
     stuck = [p["metadata"]["name"] for p in pods if p["metadata"]["name"].startswith("us-")]
     if stuck:
         kubectl("delete", "pod", "-n", WORKLOADS, *stuck, "--grace-period=0", "--force", "--ignore-not-found",
