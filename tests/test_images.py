@@ -98,3 +98,21 @@ def test_the_detectors_image_stays_without_the_kubelets_grpc_client() -> None:
     assert "kubernetes" in detector
     assert not {"grpcio", "protobuf"} & set(detector)
     assert {"grpcio", "protobuf"} <= set(requirements.third_party("node-metrics"))
+
+
+def test_every_file_a_build_copies_is_among_the_inputs_that_decide_a_rebuild() -> None:
+    """images.sh skips a service's build when the files it hashes are unchanged: a COPY of a path
+    outside them would leave an image stale. Every COPY source must lie under one of the hashed paths."""
+    images_sh = (REPO / "tests/cluster/images.sh").read_text()
+    (find_line,) = re.findall(r"^\s*find (.+?) -type f", images_sh, re.MULTILINE)
+    hashed = find_line.split()
+    assert "services/Dockerfile" in hashed
+    sources = []
+    for line in DOCKERFILE.read_text().splitlines():
+        words = line.split()
+        if words[:1] == ["COPY"] and not any(w.startswith("--from") for w in words):
+            sources += [w for w in words[1:-1] if not w.startswith("--")]
+    assert sources, "no COPY line found in the Dockerfile"
+    for source in sources:
+        path = source.rstrip("/").split("${", 1)[0].rstrip("/")
+        assert any(path == h or path.startswith(h + "/") for h in hashed), f"COPY {source} is not hashed"
