@@ -64,7 +64,9 @@ FULL = Size(nodes=1000, pods=5000, deadline=900.0, quiet=15.0, probes=200, ultra
 REDUCED = Size(nodes=40, pods=300, deadline=150.0, quiet=5.0, probes=20, ultraservers=3, groups=4)
 # `make bench` at the size tests/test_bench.py runs it (NEURON_BENCH_SMALL=1): only that every run
 # ends and prints its figures. What the reduced run shows is held by tests/test_scheduling_simulation.py.
-SMOKE = Size(nodes=16, pods=60, deadline=60.0, quiet=3.0, probes=5, ultraservers=2, groups=2)
+# One UltraServer and one group keep every path of the run; at 16 nodes and 60 pods its four runs
+# took 84 s and 78 CPU-seconds of a CPU-bound make test, at this size 52 s and 39.
+SMOKE = Size(nodes=8, pods=24, deadline=60.0, quiet=3.0, probes=5, ultraservers=1, groups=1)
 
 
 @dataclass(frozen=True)
