@@ -19,9 +19,9 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 unexport PYTHONDONTWRITEBYTECODE
 
 # pytest-xdist workers for make unit: one per core, whole modules to a worker (module fixtures start
-# once); JOBS=0 runs it in one process, as make test does beside the cluster stage, where the cores are
-# already busy. Not for make integration: its scheduling simulations and reduced benches run against
-# deadlines, and two of them at once on two cores, beside the cluster stage, missed theirs.
+# once); JOBS=0 runs it in one process. Not for make integration: its scheduling simulations and
+# reduced benches run against deadlines, and two of them at once on two cores, beside the cluster
+# stage, missed theirs.
 JOBS      ?= $(shell nproc)
 XDIST     := -n $(JOBS) --dist loadfile
 
@@ -33,11 +33,11 @@ help: ## list the targets
 setup: ## install everything the project needs (idempotent; seconds when nothing changed)
 	@tools/setup.sh
 
-test: ## ruff, mypy --strict on src/, then the real-cluster tests with the unit and integration tests beside them; prints each stage's time
+test: ## ruff, mypy --strict on src/, then the real-cluster tests with the integration and unit tests beside them; prints each stage's time
 	@tools/stage.sh --reset
 	@tools/stage.sh lint $(MAKE) --no-print-directory lint
 	@tools/stage.sh typecheck $(MAKE) --no-print-directory typecheck
-	@tools/stage.sh cluster-test tools/cluster_stage.sh --beside "unit integration"
+	@tools/stage.sh cluster-test tools/cluster_stage.sh --beside "integration unit"
 	@tools/stage.sh --summary
 
 lint: ## ruff lint and format check

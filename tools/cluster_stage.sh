@@ -8,12 +8,15 @@
 # the rest of the e2e suite on the first: both mostly wait on pods. That cluster goes down when its
 # tests end; its output goes to .run/isolated.log and is printed then.
 #
-# `--beside "STAGE..."` (`make test`: unit, then integration) runs `make STAGE` for each, one after
+# `--beside "STAGE..."` (`make test`: integration, then unit) runs `make STAGE` for each, one after
 # the other, at the same time as all of it. The cluster stage mostly waits (on pods, probes, helm)
-# and those stages mostly compute: on two cores they take little longer together than the cluster
-# stage alone. Their output goes to .run/STAGE.log and is printed when they end; a stage after a
-# failed one does not run. test_down runs only after they have ended, since it asserts that no
-# service process is left on the machine; when the cluster stage fails, the cluster goes down at once.
+# and those stages mostly compute. Integration first: it is the longest chain, and unit, which has no
+# deadlines and spreads over the cores, then runs when the cluster stage has ended and left them idle
+# (unit first, integration ran on alone for its last five minutes with the cores 20 to 50 % idle).
+# Their output goes to .run/STAGE.log and is printed when they end; each runs even after a failed one,
+# so that one failure does not hide another. test_down runs only after they have ended, since it
+# asserts that no service process is left on the machine; when the cluster stage fails, the cluster
+# goes down at once.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 beside=""
@@ -22,16 +25,18 @@ if [ "${1:-}" = "--beside" ]; then beside=${2:?--beside needs the stages}; shift
 BIN=.venv/bin
 
 run_beside() {
-  local stage
+  local stage rc failed=0
   for stage in $beside; do
     # as `make STAGE` alone would run: never pointed at the test cluster. At a lower CPU priority:
-    # the cluster stage is the longer one and waits on the cluster's own processes (kubelet, API
-    # server, pods), which should not queue behind these stages' test processes. JOBS=0: one test
-    # process each, since the cores are already busy; make unit on two workers here took 381 s, within
-    # the 364 to 420 s it takes in one process from run to run: no gain.
-    nice -n 10 env -u KUBECONFIG STAGE_QUIET_FAILURE=1 JOBS=0 tools/stage.sh "$stage" make --no-print-directory "$stage" \
-      > ".run/$stage.log" 2>&1 || return
+    # the cluster stage waits on the cluster's own processes (kubelet, API server, pods), which should
+    # not queue behind these stages' test processes. make unit on every core, as alone: it comes
+    # last, mostly after the cluster stage (make integration runs in one process whatever JOBS says).
+    nice -n 10 env -u KUBECONFIG STAGE_QUIET_FAILURE=1 tools/stage.sh "$stage" make --no-print-directory "$stage" \
+      > ".run/$stage.log" 2>&1
+    rc=$?
+    [ $rc -eq 0 ] || [ $failed -ne 0 ] || failed=$rc
   done
+  return $failed
 }
 
 beside_pid=""
@@ -90,7 +95,7 @@ if [ -n "$beside_pid" ]; then
   beside_status=0
   wait "$beside_pid" || beside_status=$?
   for stage in $beside; do
-    [ -f ".run/$stage.log" ] || { echo "[make test] $stage: not run, after a failed stage"; continue; }
+    [ -f ".run/$stage.log" ] || { echo "[make test] $stage: did not run"; continue; }
     echo "[make test] --- $stage (ran beside the cluster stage) ---"
     cat ".run/$stage.log"
     echo "[make test] --- end of $stage ---"
