@@ -136,9 +136,13 @@ class ResourceReader:
     (plural, singular, short name, as the API server's discovery lists them; refreshed once on a miss,
     since a chart's CRDs come and go), a list as kubectl prints one (`items`)."""
 
-    def __init__(self, api: ApiServer) -> None:
-        self.api = api
+    def __init__(self, kubeconfig: Path) -> None:
+        self.kubeconfig = kubeconfig
         self._names: dict[str, Resource] = {}
+
+    @functools.cached_property
+    def api(self) -> ApiServer:  # on the first read: importing this module needs no cluster
+        return ApiServer.from_kubeconfig(self.kubeconfig)
 
     def _discover(self) -> None:
         names: dict[str, Resource] = {}
@@ -191,23 +195,9 @@ def _without_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:
     return obj
 
 
-@functools.cache
-def _reader(kubeconfig: Path) -> ResourceReader:
-    return ResourceReader(ApiServer.from_kubeconfig(kubeconfig))
-
-
-def read(
-    resource: str,
-    name: str | None = None,
-    *,
-    namespace: str | None = "default",
-    selector: str | None = None,
-    field_selector: str | None = None,
-) -> dict[str, Any]:
-    """`kubectl get RESOURCE [NAME] -n NAMESPACE [-l SELECTOR] [--field-selector ...] -o json`, read
-    in this process from $KUBECONFIG's API server."""
-    reader = _reader(KUBECONFIG)
-    return reader.get(resource, name, namespace=namespace, selector=selector, field_selector=field_selector)
+# `kubectl get RESOURCE [NAME] -n NAMESPACE [-l SELECTOR] [--field-selector ...] -o json`, read in
+# this process from $KUBECONFIG's API server
+read = ResourceReader(KUBECONFIG).get
 
 
 def node() -> dict[str, Any]:

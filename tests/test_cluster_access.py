@@ -110,7 +110,7 @@ def names(listed: dict[str, Any]) -> list[tuple[str, str]]:
 def test_a_read_in_process_is_what_kubectl_get_prints(
     apiserver: ControlPlane, kubectl_args: tuple[str, ...], read_args: tuple[str, ...], read_kwargs: dict[str, Any]
 ) -> None:
-    reader = cluster_access.ResourceReader(cluster_access.ApiServer.from_kubeconfig(apiserver.kubeconfig))
+    reader = cluster_access.ResourceReader(apiserver.kubeconfig)
     expected = kubectl_json(apiserver, *kubectl_args)
     got = reader.get(*read_args, **read_kwargs)
     if expected["kind"] == "List":  # kubectl prints a list as a List; the API server names its kind
@@ -125,7 +125,7 @@ def test_a_read_in_process_is_what_kubectl_get_prints(
 
 @pytest.mark.integration
 def test_a_missing_object_or_resource_fails_as_kubectl_does_and_a_new_crd_is_found(apiserver: ControlPlane) -> None:
-    reader = cluster_access.ResourceReader(cluster_access.ApiServer.from_kubeconfig(apiserver.kubeconfig))
+    reader = cluster_access.ResourceReader(apiserver.kubeconfig)
     with pytest.raises(AssertionError, match=r"GET /api/v1/nodes/absent: 404 nodes \"absent\" not found"):
         reader.get("node", "absent")
     with pytest.raises(AssertionError, match=r'the server doesn\'t have a resource type "widgets"'):
@@ -171,7 +171,7 @@ def test_a_kubeconfig_with_inline_credentials_reads_the_same(apiserver: ControlP
     }  # fmt: skip
     path = tmp_path / "inline.kubeconfig"
     path.write_text(yaml.safe_dump(inline))
-    reader = cluster_access.ResourceReader(cluster_access.ApiServer.from_kubeconfig(path))
+    reader = cluster_access.ResourceReader(path)
     assert reader.get("node", "n1") == kubectl_json(apiserver, "node", "n1")
 
 
