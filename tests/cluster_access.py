@@ -7,6 +7,7 @@ that cluster (the simulated node's root, the kubelet's pid file), so they are fo
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import functools
@@ -18,10 +19,8 @@ import signal
 import ssl
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from neuron_common.kube import Api, ApiError
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = REPO / ".venv" / "bin"
@@ -71,57 +72,32 @@ def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> str:
 # on two cores. Reads go to the API server from here instead; writes stay with kubectl, as a user's would.
 
 
-@dataclass(frozen=True)
 class ApiServer:
-    """The API server of a kubeconfig's current context, as client certificates reach it (up.sh's and
-    tests/simcluster's kubeconfigs: files or inline data)."""
+    """GETs to the API server of a kubeconfig, through the services' own client
+    (`neuron_common.kube.Api`: its kubeconfig reading, TLS and errors), one call at a time for these
+    synchronous suites."""
 
-    host: str
-    port: int
-    context: ssl.SSLContext
+    def __init__(self, kubeconfig: Path) -> None:
+        self.api = Api.from_kubeconfig(str(kubeconfig), timeout=30)
+        # the test clusters serve TLS and know their admin by its client certificate: a plain-http
+        # server here is a wrong kubeconfig, not a cluster to read
+        if not self.api.server.startswith("https://"):
+            raise ValueError(f"{kubeconfig}: the server {self.api.server!r} is not https://host[:port]")
 
-    @classmethod
-    def from_kubeconfig(cls, path: Path) -> ApiServer:
-        config = yaml.safe_load(path.read_text())
-        current = config["current-context"]
-        (context,) = [c["context"] for c in config["contexts"] if c["name"] == current]
-        (cluster,) = [c["cluster"] for c in config["clusters"] if c["name"] == context["cluster"]]
-        (user,) = [u["user"] for u in config["users"] if u["name"] == context["user"]]
-        url = urllib.parse.urlsplit(cluster["server"])
-        if url.scheme != "https" or url.hostname is None:
-            raise ValueError(f"{path}: the server {cluster['server']!r} is not https://host[:port]")
-        if "certificate-authority-data" in cluster:
-            tls = ssl.create_default_context(cadata=base64.b64decode(cluster["certificate-authority-data"]).decode())
-        else:
-            tls = ssl.create_default_context(cafile=cluster["certificate-authority"])
-        if "client-certificate-data" in user:
-            # load_cert_chain reads files only: the inline pair goes to a private file for the call
-            with tempfile.NamedTemporaryFile("wb", suffix=".pem") as pem:
-                pem.write(base64.b64decode(user["client-certificate-data"]) + b"\n")
-                pem.write(base64.b64decode(user["client-key-data"]))
-                pem.flush()
-                tls.load_cert_chain(pem.name)
-        else:
-            tls.load_cert_chain(user["client-certificate"], user["client-key"])
-        return cls(url.hostname, url.port or 443, tls)
+    def get(self, path: str, **query: str) -> dict[str, Any]:
+        """The object; an answer other than success raises AssertionError with the server's message,
+        as kubectl(check=True) does, so eventually() keeps polling through a NotFound."""
 
-    def get(self, path: str, **query: str) -> Any:
-        """The JSON of a GET; anything but 200 raises AssertionError with the server's message, as
-        kubectl(check=True) does, so eventually() keeps polling through a NotFound."""
-        conn = http.client.HTTPSConnection(self.host, self.port, context=self.context, timeout=30)
-        try:
-            conn.request("GET", path + (f"?{urllib.parse.urlencode(query)}" if query else ""))
-            response = conn.getresponse()
-            body = response.read()
-        finally:
-            conn.close()
-        if response.status != 200:
+        async def get() -> dict[str, Any]:
             try:
-                message = json.loads(body).get("message", "")
-            except (ValueError, AttributeError):
-                message = body[:300].decode(errors="replace")
-            raise AssertionError(f"GET {path}: {response.status} {message}")
-        return json.loads(body)
+                return await self.api.request("GET", path, params=query or None)
+            finally:
+                await self.api.close()  # its session belongs to this call's event loop
+
+        try:
+            return asyncio.run(get())
+        except ApiError as e:
+            raise AssertionError(f"GET {path}: {e.status} {e.message}") from e
 
 
 @dataclass(frozen=True)
@@ -142,7 +118,7 @@ class ResourceReader:
 
     @functools.cached_property
     def api(self) -> ApiServer:  # on the first read: importing this module needs no cluster
-        return ApiServer.from_kubeconfig(self.kubeconfig)
+        return ApiServer(self.kubeconfig)
 
     def _discover(self) -> None:
         names: dict[str, Resource] = {}
@@ -186,7 +162,7 @@ class ResourceReader:
         query = {k: v for k, v in (("labelSelector", selector), ("fieldSelector", field_selector)) if v}
         listed = self.api.get(path, **query)
         listed["items"] = [_without_managed_fields(o) for o in listed.get("items") or ()]
-        return listed  # type: ignore[no-any-return]
+        return listed
 
 
 def _without_managed_fields(obj: dict[str, Any]) -> dict[str, Any]:

@@ -186,4 +186,4 @@ def test_a_kubeconfig_whose_server_is_not_https_is_refused(tmp_path: Path) -> No
         })
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"the server 'http://127.0.0.1:8080' is not https://host\[:port\]"):
-        cluster_access.ApiServer.from_kubeconfig(path)
+        cluster_access.ApiServer(path)
