@@ -212,15 +212,16 @@ trap 'rm -rf "$SIM" "$EMPTY_CONTEXT"' EXIT
 # arguments. `make test` builds all five up to four times (the cluster's images, two releases, the
 # demo) and podman 4.3 takes about 8 s for a build it finds wholly in its cache: with the same inputs,
 # and the image they built still in the store, the build is not run again.
+# The files are the same for every service: hashed once.
+sources=$(
+  find services/Dockerfile constraints.txt build/wheels build/image-deps libs services -type f \
+    -not -path '*/tests/*' -not -path '*/__pycache__/*' -not -path '*.egg-info/*' -not -path '*/.pytest_cache/*' \
+    -not -path '*/.mypy_cache/*' -not -path '*/.ruff_cache/*' -not -path '*/.hypothesis/*' -print0 \
+    | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1
+)
 base_id=$("${PODMAN[@]}" image inspect --format '{{.Id}}' "$BASE_IMAGE")
 build_inputs() {  # service
-  {
-    printf '%s\n' "$1" "$BASE_IMAGE" "$base_id" "$commit_time" "${LIMITS[*]}"
-    find services/Dockerfile constraints.txt build/wheels build/image-deps libs services -type f \
-      -not -path '*/tests/*' -not -path '*/__pycache__/*' -not -path '*.egg-info/*' -not -path '*/.pytest_cache/*' \
-      -not -path '*/.mypy_cache/*' -not -path '*/.ruff_cache/*' -not -path '*/.hypothesis/*' -print0 \
-      | LC_ALL=C sort -z | xargs -0 sha256sum
-  } | sha256sum | cut -d' ' -f1
+  printf '%s\n' "$1" "$BASE_IMAGE" "$base_id" "$commit_time" "${LIMITS[*]}" "$sources" | sha256sum | cut -d' ' -f1
 }
 for svc in "${SERVICES[@]}"; do
   version=$(package_field "$svc" version)
