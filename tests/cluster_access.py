@@ -74,25 +74,31 @@ def kubectl(*args: str, stdin: str | None = None, check: bool = True) -> str:
 
 class ApiServer:
     """GETs to the API server of a kubeconfig, through the services' own client
-    (`neuron_common.kube.Api`: its kubeconfig reading, TLS and errors), one call at a time for these
-    synchronous suites."""
+    (`neuron_common.kube.Api`: its kubeconfig reading, TLS and errors), for these synchronous suites.
+    Each read has a client of its own: a test may read from a thread beside its own (the migration
+    test samples allocatable so), and a client's session belongs to one event loop."""
 
     def __init__(self, kubeconfig: Path) -> None:
-        self.api = Api.from_kubeconfig(str(kubeconfig), timeout=30)
+        self.kubeconfig = kubeconfig
+        server = self._client().server
         # the test clusters serve TLS and know their admin by its client certificate: a plain-http
         # server here is a wrong kubeconfig, not a cluster to read
-        if not self.api.server.startswith("https://"):
-            raise ValueError(f"{kubeconfig}: the server {self.api.server!r} is not https://host[:port]")
+        if not server.startswith("https://"):
+            raise ValueError(f"{kubeconfig}: the server {server!r} is not https://host[:port]")
+
+    def _client(self) -> Api:
+        return Api.from_kubeconfig(str(self.kubeconfig), timeout=30)
 
     def get(self, path: str, **query: str) -> dict[str, Any]:
         """The object; an answer other than success raises AssertionError with the server's message,
         as kubectl(check=True) does, so eventually() keeps polling through a NotFound."""
 
         async def get() -> dict[str, Any]:
+            api = self._client()
             try:
-                return await self.api.request("GET", path, params=query or None)
+                return await api.request("GET", path, params=query or None)
             finally:
-                await self.api.close()  # its session belongs to this call's event loop
+                await api.close()
 
         try:
             return asyncio.run(get())

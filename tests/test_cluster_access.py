@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -187,3 +188,25 @@ def test_a_kubeconfig_whose_server_is_not_https_is_refused(tmp_path: Path) -> No
     )  # fmt: skip
     with pytest.raises(ValueError, match=r"the server 'http://127.0.0.1:8080' is not https://host\[:port\]"):
         cluster_access.ApiServer(path)
+
+
+@pytest.mark.integration
+def test_reads_from_two_threads_at_once_each_get_their_answer(apiserver: ControlPlane) -> None:
+    """The migration e2e test samples allocatable from a thread while the test itself reads: one
+    reader, used from both, must answer each."""
+    reader = cluster_access.ResourceReader(apiserver.kubeconfig)
+    errors: list[BaseException] = []
+
+    def read_many(name: str) -> None:
+        try:
+            for _ in range(20):
+                assert reader.get("node", name)["metadata"]["name"] == name
+        except BaseException as e:  # handed to the test's thread, which fails on it
+            errors.append(e)
+
+    threads = [threading.Thread(target=read_many, args=(n,)) for n in ("n1", "n2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
