@@ -1,4 +1,5 @@
-"""The multi-node scheduling simulation (tests/simcluster), at reduced size (40 nodes, 300 pods),
+"""The multi-node scheduling simulation (tests/simcluster), at reduced size (40 nodes, 300 pods; the
+DRA runs 24 nodes and 180 pods, in the same proportions: simulation.DRA_REDUCED says why),
 checks its own accounting: every pod is either admitted once or left unbound, the API server agrees,
 each admission's verdict (a valid set was free, or not) matches the exhaustive oracles replayed over
 the recorded holdings, and the NeuronNode reports hold what the simulated plugins hold.
@@ -20,7 +21,7 @@ from oracles.neuron_sets import exhaustive_fits, topology
 from simcluster.controlplane import missing_prerequisites
 from simcluster.fleet import DEFAULT_SCHEDULER, NAMESPACE
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command
-from simcluster.simulation import DRA_CLAIMS, DRA_EXTENDED, REDUCED, Outcome, simulate
+from simcluster.simulation import DRA_CLAIMS, DRA_EXTENDED, DRA_REDUCED, REDUCED, Outcome, simulate
 
 from neuron_model.placement import FreeState, PodRequest
 
@@ -166,7 +167,7 @@ def test_dra_never_hands_out_silicon_twice_and_gives_exactly_what_was_asked(tmp_
     every bound pod's claim holds exactly the devices or cores it asked for, none already held by
     another pod (the shared counters at work); with group-constrained claims every device set is a
     connected group. How many core sets are on more devices than needed is the bench's figure."""
-    outcome = asyncio.run(simulate(REDUCED, DEFAULT_SCHEDULER, tmp_path, dra=mode))
+    outcome = asyncio.run(simulate(DRA_REDUCED, DEFAULT_SCHEDULER, tmp_path, dra=mode))
     assert_accounted(outcome)
     assert outcome.admissions, "nothing was placed"
     for a in outcome.admissions:

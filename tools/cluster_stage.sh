@@ -23,6 +23,9 @@ beside=""
 if [ "${1:-}" = "--beside" ]; then beside=${2:?--beside needs the stages}; shift 2; fi
 [ $# -eq 0 ] || { echo "usage: $0 [--beside \"STAGE...\"]" >&2; exit 2; }
 BIN=.venv/bin
+# each step's time, printed when it ends: which chain is the long one, and where its time goes
+step_began=$SECONDS
+step() { echo "[make test] step: $1: $((SECONDS - step_began)) s"; step_began=$SECONDS; }
 
 run_beside() {
   local stage rc failed=0
@@ -51,6 +54,7 @@ export KUBECONFIG=$PWD/.run/cluster/admin.kubeconfig
 ISOLATED_DIR=$PWD/.run/isolated-cluster
 status=0
 tests/cluster/up.sh && tests/cluster/images.sh --import || status=$?
+step "cluster up, images imported"
 isolated_pid=""
 if [ $status -eq 0 ]; then
   mkdir -p .run
@@ -63,11 +67,14 @@ if [ $status -eq 0 ]; then
 fi
 # --durations: where the stage's time goes, in every run's log, for whoever next makes it shorter
 if [ $status -eq 0 ]; then $BIN/pytest -q -m cluster --durations=10 tests/cluster || status=$?; fi
+step "cluster tests"
 if [ $status -eq 0 ]; then $BIN/pytest -q -m "e2e and not isolated" --durations=25 tests/e2e || status=$?; fi
+step "e2e"
 if [ -n "$isolated_pid" ]; then
   [ $status -eq 0 ] || kill -TERM -- "-$isolated_pid" 2>/dev/null
   isolated_status=0
   wait "$isolated_pid" || isolated_status=$?
+  step "waiting for e2e -m isolated"
   echo "[make test] --- e2e -m isolated (ran on the second cluster) ---"
   cat .run/isolated.log
   echo "[make test] --- end of e2e -m isolated ---"
@@ -85,6 +92,7 @@ if [ $status -eq 0 ]; then
     tail -60 .run/demo.log
     echo "[make test] make demo failed (exit $status); whole output: .run/demo.log"
   fi
+  step "make demo"
 fi
 downed=0
 if [ $status -ne 0 ]; then  # test_down will not run: stop the cluster now, not after the stages beside
@@ -94,6 +102,7 @@ fi
 if [ -n "$beside_pid" ]; then
   beside_status=0
   wait "$beside_pid" || beside_status=$?
+  step "waiting for $beside"
   for stage in $beside; do
     [ -f ".run/$stage.log" ] || { echo "[make test] $stage: did not run"; continue; }
     echo "[make test] --- $stage (ran beside the cluster stage) ---"
