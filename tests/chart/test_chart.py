@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import yaml
+import yaml_streams
 from chart_tools import DRIVER, KMM_API, NFD_API, NODE_ENABLEMENT_GROUPS, NODE_ENABLEMENT_VARIANTS, chart_tools, sets
 
 from neuron_node_metrics.catalogue import Naming
@@ -44,7 +45,7 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 @functools.cache
 def _render(args: tuple[str, ...]) -> tuple[dict[str, Any], ...]:
     out = helm("template", "neuron-helm-chart", str(CHART), "--namespace", "kube-system", *args).stdout
-    return tuple(d for d in yaml.safe_load_all(out) if d)
+    return tuple(d for d in yaml_streams.load_all(out) if d)
 
 
 # Release-scoped names in the release namespace (`objectNames: release`), which the tests built on render() name
@@ -511,7 +512,7 @@ def _validate_reports(tmp_path: Path, objects: list[dict[str, Any]]) -> list[dic
     crds.mkdir(exist_ok=True)
     (crds / "neuronnode.yaml").write_text(yaml.safe_dump(_crd()))
     manifests = tmp_path / "neuronnodes.yaml"
-    manifests.write_text(yaml.safe_dump_all(objects))
+    manifests.write_text(yaml_streams.dump_all(objects))
     tools = chart_tools()
     result = subprocess.run(
         [tools["KUBECTL_VALIDATE"], str(manifests), "--version", "1.30", "--local-crds", str(crds), "-o", "json"],
@@ -598,7 +599,7 @@ def test_the_scheduler_objects_validate_against_kubernetes_1_30_and_the_newest(t
     kinds = {d["kind"] for d in docs}
     assert {"CustomResourceDefinition", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} <= kinds
     manifests = tmp_path / "manifests.yaml"
-    manifests.write_text(yaml.safe_dump_all(docs))
+    manifests.write_text(yaml_streams.dump_all(docs))
     for version, args in _kube_versions():
         result = _validate(manifests, *args)
         assert result.returncode == 0, f"Kubernetes {version}:\n{result.stdout}{result.stderr}"
@@ -858,7 +859,7 @@ KMM_READY_LABEL = re.compile(r"^kmm\.node\.kubernetes\.io/([a-zA-Z0-9-]+)\.([a-z
 def test_the_plugin_waits_for_the_label_kmm_sets_for_this_module(release: str, namespace: str) -> None:
     out = helm("template", release, str(CHART), "--namespace", namespace, *DRIVER, *KMM_API,
                *sets(driver__devicePluginWaitsForModule=True)).stdout  # fmt: skip
-    docs = [d for d in yaml.safe_load_all(out) if d]
+    docs = [d for d in yaml_streams.load_all(out) if d]
     m = module(docs)
     (waited,) = [e for e in _match_expressions(daemonset(docs, "device-plugin")) if e["key"].startswith("kmm.")]
     parsed = KMM_READY_LABEL.match(waited["key"])
@@ -873,7 +874,7 @@ def test_kmms_limit_on_the_modules_name_and_namespace_is_reached_not_passed() ->
     KMM sees it."""
     out = helm("template", "x", str(CHART), "--namespace", "default", *DRIVER, *KMM_API,
                *sets(driver__moduleName="n" * 33)).stdout  # fmt: skip
-    m = module([d for d in yaml.safe_load_all(out) if d])
+    m = module([d for d in yaml_streams.load_all(out) if d])
     assert len(m["metadata"]["name"] + m["metadata"]["namespace"]) == 40
     unserved = helm("template", "x", str(CHART), *DRIVER, *sets(driver__moduleName="n" * 34)).stdout
     assert "kind: Module" not in unserved, "no Module, no limit"
@@ -1459,7 +1460,7 @@ def test_rendered_manifests_validate_against_kubernetes_1_30_and_the_newest(
     detector's own namespace, which the chart then creates)."""
     docs = render("-f", str(values), *MONITORING_API, *NFD_API, *KMM_API, *OPENSHIFT_API, *sets(objectNames=names))
     manifests = tmp_path / "manifests.yaml"
-    manifests.write_text(yaml.safe_dump_all(docs))
+    manifests.write_text(yaml_streams.dump_all(docs))
     newest = Path(chart_tools()["OPENAPI_NEWEST"])
     for doc in docs:
         group, _, version = doc["apiVersion"].rpartition("/")
@@ -1479,7 +1480,7 @@ NEWER_THAN_1_30 = {"resource.k8s.io/v1"}
 def _served_by(version: str, docs: list[dict[str, Any]], tmp_path: Path) -> Path:
     manifests = tmp_path / f"manifests-{version}.yaml"
     kept = docs if version != "1.30" else [d for d in docs if d["apiVersion"] not in NEWER_THAN_1_30]
-    manifests.write_text(yaml.safe_dump_all(kept))
+    manifests.write_text(yaml_streams.dump_all(kept))
     return manifests
 
 
@@ -1495,7 +1496,7 @@ def test_every_kmm_and_nfd_object_passes_the_real_crds(variant: str, tmp_path: P
     objects = node_enablement_objects(variant)
     assert objects
     manifests = tmp_path / "objects.yaml"
-    manifests.write_text(yaml.safe_dump_all(objects))
+    manifests.write_text(yaml_streams.dump_all(objects))
     result = _validate(manifests, "--version", "1.30")
     assert result.returncode == 0, result.stdout + result.stderr
 
@@ -1583,7 +1584,7 @@ def test_the_validator_catches_an_invalid_manifest(tmp_path: Path) -> None:
     docs = render()
     container(daemonset(docs, "device-plugin"))["securityContext"]["runAsUser"] = "root"
     manifests = tmp_path / "bad.yaml"
-    manifests.write_text(yaml.safe_dump_all(docs))
+    manifests.write_text(yaml_streams.dump_all(docs))
     for version, args in _kube_versions():
         result = _validate(manifests, *args)
         assert result.returncode != 0, f"Kubernetes {version} accepted a string runAsUser"

@@ -9,7 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import yaml
+import yaml_streams
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts" / "neuron-helm-chart"
@@ -66,7 +66,7 @@ def test_each_workload_renders_from_its_file_without_blank_lines() -> None:
     """From the file named for it, and without the whitespace-only lines `nindent` of an empty helper leaves."""
     by_source = _rendered(*ALL_ON, "--set", "placement.mode=none", "--set", "placement.excludeComputeTypes=null")
     for (kind, component), path in WORKLOADS.items():
-        docs = [d for d in yaml.safe_load_all(by_source[path]) if d and d["kind"] == kind]
+        docs = [d for d in yaml_streams.load_all(by_source[path]) if d and d["kind"] == kind]
         assert [d["metadata"]["labels"]["app.kubernetes.io/component"] for d in docs] == [component], path
         blank = [n for n, line in enumerate(by_source[path].splitlines()) if line and not line.strip()]
         assert blank == [], f"{path}: whitespace-only lines {blank}"

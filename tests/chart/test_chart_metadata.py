@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+import yaml_streams
 from chart_tools import sets
 
 pytestmark = pytest.mark.integration  # starts external processes: make integration
@@ -39,7 +40,7 @@ def services() -> dict[str, dict[str, Any]]:
 def rendered_images(*args: str) -> set[str]:
     out = helm("template", "neuron-helm-chart", str(CHART), "--kube-version", "v1.36.3", *args)
     images: set[str] = set()
-    for doc in yaml.safe_load_all(out):
+    for doc in yaml_streams.load_all(out):
         spec: Any = (doc or {}).get("spec", {})
         spec = spec.get("template", {}).get("spec", spec)
         images |= {c["image"] for c in spec.get("containers", [])}

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+import yaml_streams
 from chart.test_chart import CHART, HELM, MONITORING_API, REPO, of_kind, refusal, sets
 from simcluster.controlplane import ControlPlane, private_control_plane
 
@@ -35,7 +36,7 @@ def render(namespace: str, *args: str) -> list[dict[str, Any]]:
         [HELM, "template", RELEASE, str(CHART), "--namespace", namespace, *args],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    return [d for d in yaml.safe_load_all(out) if d]
+    return [d for d in yaml_streams.load_all(out) if d]
 
 
 def component(docs: list[dict[str, Any]], name: str, kind: str) -> list[dict[str, Any]]:
@@ -362,7 +363,7 @@ def test_an_existing_detector_namespace_is_used_not_taken_over(apiserver: Contro
     def rendered_namespaces() -> list[str]:
         result = dry_run(apiserver)
         assert result.returncode == 0, result.stderr
-        docs = [d for d in yaml.safe_load_all(result.stdout.split("MANIFEST:", 1)[1].split("NOTES:", 1)[0]) if d]
+        docs = [d for d in yaml_streams.load_all(result.stdout.split("MANIFEST:", 1)[1].split("NOTES:", 1)[0]) if d]
         return [d["metadata"]["name"] for d in of_kind(docs, "Namespace")]
 
     assert rendered_namespaces() == ["neuron-healthcheck-system"], "created when missing"

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+import yaml_streams
 from cluster_access import (
     BIN,
     KUBECONFIG,
@@ -59,7 +59,7 @@ def chart_objects() -> list[dict[str, Any]]:
          "--set", "objectNames=release"],  # PLUGIN_SA: the release-scoped name, in NAMESPACE
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    docs = [d for d in yaml.safe_load_all(out) if d]
+    docs = [d for d in yaml_streams.load_all(out) if d]
     component = "app.kubernetes.io/component"
     return [
         d
@@ -71,7 +71,7 @@ def chart_objects() -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def report_api() -> Iterator[None]:
-    objects = yaml.safe_dump_all(chart_objects())
+    objects = yaml_streams.dump_all(chart_objects())
     kubectl("apply", "-f", "-", stdin=f"apiVersion: v1\nkind: Namespace\nmetadata: {{name: {NAMESPACE}}}\n")
     kubectl("apply", "--server-side", "-f", "-", stdin=objects)
     kubectl("wait", "--for", "condition=established", "--timeout=60s", f"crd/{CRD}")

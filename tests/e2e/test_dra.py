@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+import yaml_streams
 from cluster_access import (
     CTR,
     NODE,
@@ -463,7 +464,7 @@ AWS_DRIVER_VERSION = "2.25.4.0"  # what AWS's specific-driver-version example se
 def aws_spec(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """AWS's ResourceClaimTemplate as published, and its workload with each container's image (which
     the test cluster cannot pull) swapped for the project's, printing what it was given."""
-    docs = [d for d in yaml.safe_load_all((AWS_SPECS / f"{name}.yaml").read_text()) if d]
+    docs = [d for d in yaml_streams.load_all((AWS_SPECS / f"{name}.yaml").read_text()) if d]
     (template,) = [d for d in docs if d["kind"] == "ResourceClaimTemplate"]
     (workload,) = [d for d in docs if d["kind"] != "ResourceClaimTemplate"]
     pod_spec = workload["spec"] if workload["kind"] == "Pod" else workload["spec"]["template"]["spec"]
@@ -475,7 +476,7 @@ def aws_spec(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def apply_in_workloads(*docs: dict[str, Any]) -> None:
-    kubectl("apply", "-n", WORKLOADS, "-f", "-", stdin=yaml.safe_dump_all(docs))
+    kubectl("apply", "-n", WORKLOADS, "-f", "-", stdin=yaml_streams.dump_all(docs))
 
 
 def run_awss_published_claims() -> None:
@@ -548,7 +549,7 @@ def test_awss_ultraserver_labels_and_claims_on_a_simulated_trn2u_node() -> None:
             ("us-and-lnc-config", "2", identity.group(2)),
         ):
             # the ResourceClaimTemplate as published; the LeaderWorkerSet beside it needs its controller
-            docs = yaml.safe_load_all((AWS_SPECS / f"{spec}.yaml").read_text())
+            docs = yaml_streams.load_all((AWS_SPECS / f"{spec}.yaml").read_text())
             (template,) = [d for d in docs if d and d["kind"] == "ResourceClaimTemplate"]
             apply_in_workloads(template)
             create_pod("us", template["metadata"]["name"])

@@ -21,6 +21,7 @@ from typing import Any
 import pykube
 import pytest
 import yaml
+import yaml_streams
 from chart_tools import KMM_API, NFD_API, NODE_ENABLEMENT_GROUPS, NODE_ENABLEMENT_VARIANTS, chart_tools
 from cluster_access import (
     BIN,
@@ -205,12 +206,12 @@ def test_every_kmm_and_nfd_object_passes_a_server_side_dry_run(variant: str) -> 
     cluster_prepared installed (the pinned NFD release's and the vendored KMM release's); nothing is created."""
     out = helm("template", RELEASE, str(CHART), "--namespace", NAMESPACE, *NODE_ENABLEMENT_VARIANTS[variant],
                *NFD_API, *KMM_API).stdout  # fmt: skip
-    objects = [d for d in yaml.safe_load_all(out) if d and d["apiVersion"].startswith(NODE_ENABLEMENT_GROUPS)]
+    objects = [d for d in yaml_streams.load_all(out) if d and d["apiVersion"].startswith(NODE_ENABLEMENT_GROUPS)]
     assert objects
     kubectl(
         "apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}})
     )
-    applied = kubectl("apply", "--server-side", "--dry-run=server", "-f", "-", stdin=yaml.safe_dump_all(objects))
+    applied = kubectl("apply", "--server-side", "--dry-run=server", "-f", "-", stdin=yaml_streams.dump_all(objects))
     for d in objects:
         assert f"{d['metadata']['name']} serverside-applied (server dry run)" in applied, applied
 
@@ -218,7 +219,7 @@ def test_every_kmm_and_nfd_object_passes_a_server_side_dry_run(variant: str) -> 
 def test_the_api_server_refuses_a_rule_its_crd_forbids() -> None:
     """The dry-run above can fail: an operator outside the CRD's enum is refused."""
     out = helm("template", RELEASE, str(CHART), *NODE_ENABLEMENT_VARIANTS["rule"], *NFD_API).stdout
-    (rule,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "NodeFeatureRule"]
+    (rule,) = [d for d in yaml_streams.load_all(out) if d and d["kind"] == "NodeFeatureRule"]
     rule["spec"]["rules"][0]["matchFeatures"][0]["matchExpressions"]["vendor"]["op"] = "Equals"
     result = run(BIN / "kubectl", "apply", "--server-side", "--dry-run=server", "-f", "-", check=False,
                  stdin=yaml.safe_dump(rule))  # fmt: skip
@@ -641,7 +642,7 @@ def test_each_ci_values_file_installs_and_passes_its_checks(ct_install: CtRun, v
     enabled = {key for key in DAEMONSETS | OPTIONAL_DAEMONSETS if merged[key]["enabled"]}
     rendered = helm("template", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(values), "--set", "objectNames=release",
                     "--set", "simulation.enabled=true", "--set", f"simulation.hostRoot={SIM_ROOT}").stdout  # fmt: skip
-    daemonsets = {d["metadata"]["name"] for d in yaml.safe_load_all(rendered) if d and d["kind"] == "DaemonSet"}
+    daemonsets = {d["metadata"]["name"] for d in yaml_streams.load_all(rendered) if d and d["kind"] == "DaemonSet"}
     assert daemonsets == {(DAEMONSETS | OPTIONAL_DAEMONSETS)[key] for key in enabled}
     checks = {
         "devicePlugin": {"capacity", "allocation"},

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
+import yaml_streams
 from nfd_tools import run_worker_offline
 
 from neuron_model.instance_types import FAMILIES, INSTANCE_TYPES
@@ -38,7 +38,7 @@ def chart_rules(*args: str) -> list[dict[str, Any]]:
         [HELM, "template", "nfd-test", str(CHART), "-f", str(CHART / "ci" / "nfd-values.yaml"), *args],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    (rule,) = [d for d in yaml.safe_load_all(out) if d and d["kind"] == "NodeFeatureRule"]
+    (rule,) = [d for d in yaml_streams.load_all(out) if d and d["kind"] == "NodeFeatureRule"]
     return list(rule["spec"]["rules"])
 
 

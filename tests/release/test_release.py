@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import signing
 import yaml
+import yaml_streams
 from loading import load
 
 REPO = Path(__file__).resolve().parents[2]
@@ -282,7 +283,7 @@ def rendered_images(chart: Path) -> set[str]:
         sets = [a for v in values for a in ("--set", v)]
         out = run(HELM, "template", CHART_NAME, chart, *sets, "--kube-version", "v1.36.3")
         assert out.returncode == 0, out.stderr
-        for doc in yaml.safe_load_all(out.stdout):
+        for doc in yaml_streams.load_all(out.stdout):
             spec: Any = (doc or {}).get("spec", {})
             spec = spec.get("template", {}).get("spec", spec)
             images |= {c["image"] for c in spec.get("containers", []) + spec.get("initContainers", [])}

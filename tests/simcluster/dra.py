@@ -15,7 +15,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-import yaml
+import yaml_streams
 from neuron_dra_driver import slices
 
 from neuron_driver.inventory import NodeInventory, scan
@@ -41,7 +41,7 @@ def chart_device_classes() -> list[dict[str, Any]]:
          "--show-only", "templates/dra-driver/deviceclasses.yaml"],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
-    return [d for d in yaml.safe_load_all(out) if d]
+    return [d for d in yaml_streams.load_all(out) if d]
 
 
 @cache
