@@ -1451,25 +1451,52 @@ def _kube_versions() -> list[tuple[str, list[str]]]:
     ]
 
 
-@pytest.mark.parametrize("names", ["release", "aws"])
+CI_NAMINGS = ["release", "aws"]
+
+
+def _ci_rendering(values: Path, names: str) -> list[dict[str, Any]]:
+    return render("-f", str(values), *MONITORING_API, *NFD_API, *KMM_API, *OPENSHIFT_API, *sets(objectNames=names))
+
+
+@pytest.fixture(scope="module")
+def ci_verdicts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, list[dict[str, Any]]]]:
+    """kubectl-validate once per Kubernetes version over every ci values file's rendering with both namings
+    (a file each), not once per rendering: most of a run is loading the schemas (0.6 CPU-seconds for 1.30,
+    then 0.1 a rendering). Kubernetes version -> file name -> the validator's result for each object."""
+    verdicts: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    for version, args in _kube_versions():
+        directory = tmp_path_factory.mktemp(f"validate-{version}")
+        for values in CI_VALUES:
+            for names in CI_NAMINGS:
+                _served_by(version, _ci_rendering(values, names), directory, f"{values.stem}.{names}.yaml")
+        result = _validate(directory, *args, "--output", "json")
+        try:
+            by_path = json.loads(result.stdout)
+        except json.JSONDecodeError:
+            pytest.fail(f"kubectl-validate (Kubernetes {version}) printed no verdicts:\n{result.stdout}{result.stderr}")
+        verdicts[version] = {Path(path).name: results for path, results in by_path.items()}
+    return verdicts
+
+
+@pytest.mark.parametrize("names", CI_NAMINGS)
 @pytest.mark.parametrize("values", CI_VALUES, ids=lambda p: p.name)
 def test_rendered_manifests_validate_against_kubernetes_1_30_and_the_newest(
-    values: Path, names: str, tmp_path: Path
+    values: Path, names: str, ci_verdicts: dict[str, dict[str, list[dict[str, Any]]]]
 ) -> None:
     """Every variant, with release-scoped names and with AWS's (the default: objects in kube-system and the
     detector's own namespace, which the chart then creates)."""
-    docs = render("-f", str(values), *MONITORING_API, *NFD_API, *KMM_API, *OPENSHIFT_API, *sets(objectNames=names))
-    manifests = tmp_path / "manifests.yaml"
-    manifests.write_text(yaml_streams.dump_all(docs))
+    docs = _ci_rendering(values, names)
     newest = Path(chart_tools()["OPENAPI_NEWEST"])
     for doc in docs:
         group, _, version = doc["apiVersion"].rpartition("/")
         if "." not in group or (group.endswith(".k8s.io") and group != "nfd.k8s-sigs.io"):
             path = newest / ("apis/" + group if group else "api") / f"{version}.json"
             assert path.exists(), f"{doc['kind']} uses {doc['apiVersion']}, which the newest Kubernetes does not serve"
-    for version, args in _kube_versions():
-        result = _validate(_served_by(version, docs, tmp_path), *args)
-        assert result.returncode == 0, f"Kubernetes {version}:\n{result.stdout}{result.stderr}"
+    for version, by_file in ci_verdicts.items():
+        results = by_file.get(f"{values.stem}.{names}.yaml")
+        assert results, f"Kubernetes {version}: the validator gave no verdict on this rendering"
+        failed = [r for r in results if r.get("status") != "Success"]
+        assert not failed, f"Kubernetes {version}:\n{json.dumps(failed, indent=1)}"
 
 
 # APIs newer than the chart's oldest Kubernetes, used only by components that need them (the DRA
@@ -1477,8 +1504,8 @@ def test_rendered_manifests_validate_against_kubernetes_1_30_and_the_newest(
 NEWER_THAN_1_30 = {"resource.k8s.io/v1"}
 
 
-def _served_by(version: str, docs: list[dict[str, Any]], tmp_path: Path) -> Path:
-    manifests = tmp_path / f"manifests-{version}.yaml"
+def _served_by(version: str, docs: list[dict[str, Any]], directory: Path, name: str) -> Path:
+    manifests = directory / name
     kept = docs if version != "1.30" else [d for d in docs if d["apiVersion"] not in NEWER_THAN_1_30]
     manifests.write_text(yaml_streams.dump_all(kept))
     return manifests
@@ -1581,7 +1608,7 @@ def test_the_crd_check_catches_an_invalid_module(tmp_path: Path) -> None:
 
 
 def test_the_validator_catches_an_invalid_manifest(tmp_path: Path) -> None:
-    docs = render()
+    docs = copy.deepcopy(render())  # render's results are cached: a change to them would reach later tests
     container(daemonset(docs, "device-plugin"))["securityContext"]["runAsUser"] = "root"
     manifests = tmp_path / "bad.yaml"
     manifests.write_text(yaml_streams.dump_all(docs))
@@ -1589,6 +1616,20 @@ def test_the_validator_catches_an_invalid_manifest(tmp_path: Path) -> None:
         result = _validate(manifests, *args)
         assert result.returncode != 0, f"Kubernetes {version} accepted a string runAsUser"
         assert "runAsUser" in result.stdout + result.stderr
+
+
+def test_one_validator_run_over_many_renderings_tells_each_its_own_verdict(tmp_path: Path) -> None:
+    """What ci_verdicts relies on: a bad rendering beside a good one fails alone, named by its file."""
+    good, bad = render(), copy.deepcopy(render())
+    container(daemonset(bad, "device-plugin"))["securityContext"]["runAsUser"] = "root"
+    _served_by("1.30", good, tmp_path, "good.yaml")
+    _served_by("1.30", bad, tmp_path, "bad.yaml")
+    result = _validate(tmp_path, "--version", "1.30", "--output", "json")
+    verdicts = {Path(path).name: [r["status"] for r in results] for path, results in json.loads(result.stdout).items()}
+    assert set(verdicts) == {"good.yaml", "bad.yaml"}
+    assert set(verdicts["good.yaml"]) == {"Success"}
+    assert verdicts["bad.yaml"].count("Success") == len(verdicts["bad.yaml"]) - 1, verdicts["bad.yaml"]
+    assert "runAsUser" in result.stdout
 
 
 # --- documentation ---------------------------------------------------------------------------
