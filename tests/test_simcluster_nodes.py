@@ -53,3 +53,17 @@ async def test_changes_during_a_write_are_written_after_it_in_order() -> None:
     assert api.most_in_flight == 1
     assert api.stored["n1"]["status"]["freeCores"] == sorted(nodes.nodes["n1"].free.cores)
     assert api.stored["n1"]["status"]["pods"] == [f"sim/p{i}" for i in range(6)]
+
+
+def test_a_dra_nodes_simulated_tree_goes_once_its_inventory_is_read() -> None:
+    """Each shape's slices come from a simulated node scanned once; its files must not outlive the scan
+    (they did: every simulation left five trees of up to 12,000 files in the temporary directory)."""
+    from simcluster import dra
+
+    def trees() -> set[str]:
+        return {p.name for p in dra._ROOTS.glob("simcluster-inf2.xlarge-1-*")}
+
+    before = trees()
+    inventory = dra._inventory.__wrapped__("inf2.xlarge", 1)
+    assert len(inventory.devices) == 1
+    assert trees() == before
