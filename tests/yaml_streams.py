@@ -24,13 +24,5 @@ def load_all(stream: str | bytes | IO[str]) -> Iterator[Any]:
     return yaml.load_all(stream, Loader=_LOADER)
 
 
-def load(stream: str | bytes | IO[str]) -> Any:
-    return yaml.load(stream, Loader=_LOADER)
-
-
 def dump_all(documents: Iterable[Any]) -> str:
     return yaml.dump_all(documents, Dumper=_DUMPER)
-
-
-def dump(document: Any) -> str:
-    return yaml.dump(document, Dumper=_DUMPER)

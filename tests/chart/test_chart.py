@@ -1504,11 +1504,10 @@ def test_rendered_manifests_validate_against_kubernetes_1_30_and_the_newest(
 NEWER_THAN_1_30 = {"resource.k8s.io/v1"}
 
 
-def _served_by(version: str, docs: list[dict[str, Any]], directory: Path, name: str) -> Path:
-    manifests = directory / name
+def _served_by(version: str, docs: list[dict[str, Any]], directory: Path, name: str) -> None:
+    """`docs` as `name` in `directory`, less the objects `version` does not serve."""
     kept = docs if version != "1.30" else [d for d in docs if d["apiVersion"] not in NEWER_THAN_1_30]
-    manifests.write_text(yaml_streams.dump_all(kept))
-    return manifests
+    (directory / name).write_text(yaml_streams.dump_all(kept))
 
 
 def node_enablement_objects(variant: str) -> list[dict[str, Any]]:
