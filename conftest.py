@@ -5,9 +5,8 @@
   service as its own process, ...) is an `integration` test; `make unit` runs the others and
   fails any of them that starts a process after all (NEURON_TEST_STAGE=unit), so the unit stage
   stays pure and in-process. NEURON_TEST_SPAWN_REPORT=<file> lists, per test, what it started.
-- Puts test temporaries on tmpfs when there is one: a simulated trn2 node is ~12,000 small
-  files, and creating and deleting those on a disk mounted with `discard` made test times
-  vary tenfold.
+- Puts every test temporary (`tempfile`'s and pytest's own) on tmpfs when there is one
+  (tests/scratch.py says why).
 - Turns off hypothesis's per-example deadline: it is a timed assertion, and `make test` runs the
   unit and integration stages beside the cluster stage on a shared machine. Speed is measured in
   `make bench`, not asserted in tests.
@@ -29,18 +28,16 @@ from hypothesis import settings
 
 sys.path.insert(0, str(Path(__file__).parent / "tests"))
 
+import scratch  # tests/, on the path only from the line above
+
 settings.register_profile("neuron", deadline=None)
 settings.load_profile("neuron")
 
 
-def fast_tmp_root() -> str:
-    shm = "/dev/shm"
-    return shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else tempfile.gettempdir()
-
-
 def pytest_configure(config: pytest.Config) -> None:
+    scratch.use_for_temporaries()
     if config.option.basetemp is None and not os.environ.get("NEURON_TEST_KEEP_TMP"):
-        config.option.basetemp = tempfile.mkdtemp(prefix="neuron-pytest-", dir=fast_tmp_root())
+        config.option.basetemp = tempfile.mkdtemp(prefix="neuron-pytest-")
 
 
 _created: list[str] = []

@@ -165,9 +165,8 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
 
 @contextlib.contextmanager
 def work_dir(prefix: str) -> Iterator[Path]:
-    """A scratch directory on tmpfs when there is one (simulated nodes are thousands of files)."""
-    base = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    """A scratch directory, on tmpfs when there is one (run.py: tests/scratch.py)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         yield path
     finally:

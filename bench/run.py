@@ -18,6 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))  # the protocol stand-ins
 
+import scratch
 from common import BenchError, print_figures
 
 
@@ -28,6 +29,7 @@ def _stop(signum: int, _frame: object) -> None:
 
 
 def main(argv: list[str]) -> int:
+    scratch.use_for_temporaries()
     signal.signal(signal.SIGTERM, _stop)
     wanted = set(argv)
     missed: list[str] = []

@@ -9,7 +9,6 @@ own. A test that changes a node's files must write its own (`neuron_sim.node.cre
 from __future__ import annotations
 
 import atexit
-import os
 import shutil
 import tempfile
 from functools import cache
@@ -21,8 +20,7 @@ from neuron_sim import node as sim
 
 @cache
 def _base() -> Path:
-    shm = "/dev/shm"  # tmpfs: see the root conftest.py
-    path = Path(tempfile.mkdtemp(prefix="sim-nodes-", dir=shm if os.access(shm, os.W_OK) else None))
+    path = Path(tempfile.mkdtemp(prefix="sim-nodes-"))
     atexit.register(shutil.rmtree, path, ignore_errors=True)
     return path
 

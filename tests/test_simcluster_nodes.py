@@ -4,8 +4,10 @@ node, so the API server never ends up with an older state than the node holds (t
 from __future__ import annotations
 
 import asyncio
+import tempfile
 from collections import Counter
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any, cast
 
 from simcluster.api import Api
@@ -61,7 +63,7 @@ def test_a_dra_nodes_simulated_tree_goes_once_its_inventory_is_read() -> None:
     from simcluster import dra
 
     def trees() -> set[str]:
-        return {p.name for p in dra._ROOTS.glob("simcluster-inf2.xlarge-1-*")}
+        return {p.name for p in Path(tempfile.gettempdir()).glob("simcluster-inf2.xlarge-1-*")}
 
     before = trees()
     inventory = dra._inventory.__wrapped__("inf2.xlarge", 1)

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shlex
 import shutil
 import subprocess
@@ -83,7 +82,7 @@ class Stacks:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def stacks() -> AsyncIterator[Stacks]:
-    work = Path(tempfile.mkdtemp(prefix="prom-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
+    work = Path(tempfile.mkdtemp(prefix="prom-"))
     root = work / "node"
     sim.create(root, "trn2.48xlarge")
     kubelet = FakeKubelet(work / "dp", work / "pr")

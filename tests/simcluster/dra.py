@@ -28,7 +28,6 @@ from simcluster.fleet import NodeSpec
 REPO = Path(__file__).resolve().parents[2]
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 DEVICE_CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
-_ROOTS = Path(tempfile.gettempdir())
 
 
 def chart_device_classes() -> list[dict[str, Any]]:
@@ -49,7 +48,7 @@ def _inventory(instance_type: str, lnc: int) -> NodeInventory:
     """The scanned inventory of a simulated node of that shape. The node's files go once scanned
     (slices.build reads none): left behind, each run of the simulation left five trees of up to
     12,000 files in the temporary directory, and removing a few hundred of them took minutes."""
-    with tempfile.TemporaryDirectory(prefix=f"simcluster-{instance_type}-{lnc}-", dir=_ROOTS) as root:
+    with tempfile.TemporaryDirectory(prefix=f"simcluster-{instance_type}-{lnc}-") as root:
         sim.create(Path(root), instance_type, lnc=lnc)
         return scan(root, env={})
 

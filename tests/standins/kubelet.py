@@ -103,7 +103,7 @@ class FakeKubelet:
         """A work directory (on tmpfs where there is one: socket paths stay short) holding a simulated
         node of `instance_type` under `node/` and this kubelet's sockets under `dp/` and `pr/`; the
         kubelet stopped and the directory removed afterwards."""
-        work = Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
+        work = Path(tempfile.mkdtemp(prefix=prefix))
         sim.create(work / "node", instance_type)
         kubelet = cls(work / "dp", work / "pr")
         try:

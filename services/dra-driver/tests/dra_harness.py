@@ -46,15 +46,11 @@ def apiserver_without_taints() -> Iterator[ControlPlane]:
         yield cp
 
 
-# tmpfs when there is one: a simulated trn2 node is ~12,000 small files, and writing and deleting
-# them on the disk (mounted with `discard`) is several times slower (see the root conftest.py)
-FAST_TMP = "/dev/shm" if os.access("/dev/shm", os.W_OK) else "/tmp"
-
-
 @pytest.fixture
 def short_tmp() -> Iterator[Path]:
-    """Unix socket paths must stay under 108 bytes: pytest's tmp_path can be longer."""
-    path = Path(tempfile.mkdtemp(prefix="dra-", dir=FAST_TMP))
+    """Unix socket paths must stay under 108 bytes: pytest's tmp_path can be longer (on tmpfs as
+    every test temporary: tests/scratch.py)."""
+    path = Path(tempfile.mkdtemp(prefix="dra-"))
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
