@@ -18,6 +18,8 @@ import yaml
 from cluster_access import go_duration
 from simcluster.controlplane import ControlPlane, private_control_plane
 
+from neuron_common.kube import ApiError
+
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
@@ -193,7 +195,7 @@ def test_a_kubeconfig_whose_server_is_not_https_is_refused(tmp_path: Path) -> No
 @pytest.mark.integration
 def test_reads_from_two_threads_at_once_each_get_their_answer(apiserver: ControlPlane) -> None:
     """The migration e2e test samples allocatable from a thread while the test itself reads: one
-    reader, used from both, must answer each."""
+    reader, used from both (and from the main thread, whose client is kept), must answer each."""
     reader = cluster_access.ResourceReader(apiserver.kubeconfig)
     errors: list[BaseException] = []
 
@@ -207,6 +209,50 @@ def test_reads_from_two_threads_at_once_each_get_their_answer(apiserver: Control
     threads = [threading.Thread(target=read_many, args=(n,)) for n in ("n1", "n2")]
     for t in threads:
         t.start()
+    read_many("n1")
     for t in threads:
         t.join(120)
     assert errors == []
+
+
+@pytest.mark.integration
+def test_main_thread_reads_keep_one_client_and_one_unanswered_read_is_tried_once_more(
+    apiserver: ControlPlane, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The suites poll every half second: their reads share a client (and its connection), and a read
+    that got no answer at all (a kept connection the server closed) is sent once more on a fresh one.
+    An answer, a NotFound included, is final; a second read without one fails as the first would."""
+    api = cluster_access.ApiServer(apiserver.kubeconfig)
+    assert api.get("/api/v1/nodes/n1")["metadata"]["name"] == "n1"
+    kept = api._shared.session
+    assert api.get("/api/v1/nodes/n2")["metadata"]["name"] == "n2"
+    assert api._shared.session is kept
+    assert not kept.closed
+
+    real = api._shared.request
+    sent: list[str] = []
+    unanswered = [1]  # how many reads, from now on, get no answer
+
+    async def request(method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        sent.append(path)
+        if unanswered[0] > 0:
+            unanswered[0] -= 1
+            raise ApiError(0, f"{method} {path}: ServerDisconnectedError: Server disconnected")
+        return await real(method, path, **kwargs)
+
+    monkeypatch.setattr(api._shared, "request", request)
+    assert api.get("/api/v1/nodes/n2")["metadata"]["name"] == "n2"
+    assert sent == ["/api/v1/nodes/n2", "/api/v1/nodes/n2"]
+    assert kept.closed
+    assert api._shared.session is not kept
+
+    sent.clear()
+    with pytest.raises(AssertionError, match=r"GET /api/v1/nodes/absent: 404 .*not found"):
+        api.get("/api/v1/nodes/absent")
+    assert sent == ["/api/v1/nodes/absent"]
+
+    sent.clear()
+    unanswered[0] = 2
+    with pytest.raises(AssertionError, match=r"GET /api/v1/nodes/n1: 0 .*ServerDisconnectedError"):
+        api.get("/api/v1/nodes/n1")
+    assert sent == ["/api/v1/nodes/n1", "/api/v1/nodes/n1"]
