@@ -52,6 +52,8 @@ def test_a_bench_that_fails_is_reported_and_the_rest_still_run(tmp_path: Path) -
     bench.mkdir()
     (bench / "common.py").write_text((ROOT / "bench" / "common.py").read_text())
     (bench / "run.py").write_text((ROOT / "bench" / "run.py").read_text())
+    (tmp_path / "tests").mkdir()  # what run.py imports from tests/
+    (tmp_path / "tests" / "scratch.py").write_text((ROOT / "tests" / "scratch.py").read_text())
     (bench / "bench_a_hangs.py").write_text(
         "from common import BenchError, until\n"
         "TITLE = 'a bench whose wait has a deadline'\n"
