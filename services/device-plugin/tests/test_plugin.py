@@ -7,6 +7,7 @@ over the real gRPC contracts on unix sockets.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 
@@ -566,6 +567,48 @@ async def test_cdi_mode(start_plugin, short_tmp) -> None:  # type: ignore[no-unt
         "aws.amazon.com/neuron=neuron1",
     ]
     assert not response.devices
+
+
+async def test_cdi_spec_gone_is_written_again_and_one_it_cannot_write_refuses_the_allocate(  # type: ignore[no-untyped-def]
+    start_plugin, short_tmp
+) -> None:
+    """The runtime resolves the names only from the spec on disk, when it creates the container: an
+    Allocate must not answer with names no spec holds."""
+    import json
+
+    spec_dir = short_tmp / "cdi"
+    h = await start_plugin("inf2.24xlarge", "--cdi", "--cdi-spec-dir", str(spec_dir))
+    spec_file = spec_dir / "aws.amazon.com-neuron.json"
+    written = spec_file.read_text()
+    spec_file.unlink()  # the tmpfs emptied under the running plugin
+    response = await h.kubelet.allocate(NEURON, 1)
+    assert len(response.cdi_devices) == 1
+    assert response.cdi_devices[0].name.startswith("aws.amazon.com/neuron=neuron")
+    assert spec_file.read_text() == written
+    assert [d["name"] for d in json.loads(written)["devices"]] == [f"neuron{i}" for i in range(6)]
+
+    spec_file.unlink()
+    spec_dir.rmdir()
+    spec_dir.write_text("")  # a file where the directory was: the spec cannot be written
+    with pytest.raises(AdmissionError, match=f"Allocate failed: INTERNAL: cannot write the CDI spec {spec_file}"):
+        await h.kubelet.allocate(NEURON, 1, pod="second")
+    assert h.plugin.metrics.errors.labels("cdi_spec")._value.get() == 1
+    assert h.plugin.metrics.allocations.labels(NEURON)._value.get() == 1  # the refused call holds nothing
+
+
+def test_the_cdi_spec_is_written_only_when_gone_or_the_devices_changed(tmp_path: Path) -> None:
+    from neuron_device_plugin.cdi import SpecKeeper
+
+    keeper = SpecKeeper(tmp_path, "aws.amazon.com", Path("/"))
+    assert keeper.ensure([0, 1])
+    before = keeper.path.stat().st_mtime_ns
+    assert not keeper.ensure([1, 0])
+    assert keeper.path.stat().st_mtime_ns == before
+    assert keeper.ensure([0, 1, 2])  # a driver reload showed another device
+    assert [d["name"] for d in json.loads(keeper.path.read_text())["devices"]] == ["neuron0", "neuron1", "neuron2"]
+    keeper.path.unlink()
+    assert keeper.ensure([0, 1, 2])
+    assert keeper.path.exists()
 
 
 async def test_shutdown_removes_sockets(start_plugin) -> None:  # type: ignore[no-untyped-def]

@@ -68,6 +68,9 @@ class Plugin:
         self.metrics.podresources_up.set_function(lambda: 1.0 if self.poller.up else 0.0)
         self.registrars: list[Registrar] = []
         self.drain = Drain(config.shutdown_drain)
+        self.cdi_spec = (
+            cdi.SpecKeeper(config.cdi_spec_dir, config.resource_prefix, config.host_dev_root) if config.cdi else None
+        )
         for resource in config.resources:
             registrar: list[Registrar] = []  # the factory's servicer reports a lost stream to it
 
@@ -78,7 +81,7 @@ class Plugin:
                     self.metrics,
                     self.stop,
                     host_dev_root=config.host_dev_root,
-                    cdi=config.cdi,
+                    cdi=self.cdi_spec,
                     ultraserver_nodes=config.ultraserver_env,
                     ultraserver=lambda: read_ultraserver(config.host_root),
                     drain=self.drain,
@@ -133,11 +136,9 @@ class Plugin:
         return True, "registered: " + ", ".join(r.resource.full_name for r in self.registrars)
 
     async def run(self) -> int:
-        if self.config.cdi:
-            path = cdi.write_spec(
-                self.config.cdi_spec_dir, self.config.resource_prefix, self.state.known, self.config.host_dev_root
-            )
-            log.info("wrote CDI spec %s", path)
+        if self.cdi_spec is not None:
+            self.cdi_spec.ensure(self.state.known)
+            log.info("wrote CDI spec %s", self.cdi_spec.path)
         return await run_service(self.http, self.supervisor, self.stop, self._loops, release=self._release)
 
     async def _release(self) -> None:

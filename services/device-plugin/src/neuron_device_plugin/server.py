@@ -12,7 +12,7 @@ import grpc
 from kubelet_api import HEALTHY, UNHEALTHY, ServicerContext
 from kubelet_api.deviceplugin.v1beta1 import api_pb2, api_pb2_grpc
 from neuron_common.lifecycle import wait_any
-from neuron_device_plugin.cdi import cdi_name
+from neuron_device_plugin.cdi import SpecKeeper, cdi_name
 from neuron_device_plugin.drain import Drain
 from neuron_device_plugin.metrics import PluginMetrics
 from neuron_device_plugin.state import AdvertisedId, AllocationRefused, PluginState, whole_node_ultraserver_env
@@ -42,20 +42,20 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
         stop: asyncio.Event,
         *,
         host_dev_root: Path,
-        cdi: bool = False,
+        cdi: SpecKeeper | None = None,
         ultraserver_nodes: int | None = None,
         ultraserver: Callable[[], UltraServerReading] | None = None,
         drain: Drain | None = None,
         on_stream_lost: Callable[[], None] | None = None,
     ) -> None:
-        """`ultraserver_nodes` (--ultraserver-env): give a container holding all of the node's devices
-        the runtime's UltraServer variables for a job of that many nodes; `ultraserver`: the node's
-        identity as the driver tells it now (default: the inventory's, as last scanned); `drain`: how
-        long ListAndWatch stays open after the stop (None: it ends at once); `on_stream_lost`: called
-        when the kubelet closes the last ListAndWatch while the plugin runs, which it does without
-        restarting when another plugin that registered the same resource before this one goes away
-        (the device manager then disconnects whichever client holds the name): the plugin must
-        register again, or its devices stay unhealthy."""
+        """`cdi` (--cdi): answer with CDI names, from the spec this keeps; `ultraserver_nodes` (--ultraserver-env):
+        give a container holding all of the node's devices the runtime's UltraServer variables for a job of that
+        many nodes; `ultraserver`: the node's identity as the driver tells it now (default: the inventory's, as
+        last scanned); `drain`: how long ListAndWatch stays open after the stop (None: it ends at once);
+        `on_stream_lost`: called when the kubelet closes the last ListAndWatch while the plugin runs, which it
+        does without restarting when another plugin that registered the same resource before this one goes away
+        (the device manager then disconnects whichever client holds the name): the plugin must register again,
+        or its devices stay unhealthy."""
         self.resource = resource
         self.state = state
         self.metrics = metrics
@@ -169,11 +169,26 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
                 await context.abort(code, str(exc))
             responses.append(self._response(indices, extra))
             allocated.append(indices)
+        if self.cdi is not None:
+            await self._ensure_cdi_spec(context)
         # Recorded only once every container's request passed: a refused call holds nothing.
         for indices in allocated:
             self.state.record_allocation(self.resource, indices)
             self.metrics.allocations.labels(self.resource.full_name).inc()
         return api_pb2.AllocateResponse(container_responses=responses)
+
+    async def _ensure_cdi_spec(self, context: ServicerContext) -> None:
+        """The names this Allocate answers with resolve only through the spec on disk, read by the
+        runtime when it creates the container: a spec it cannot write refuses the call, so the pod
+        fails admission with the cause rather than at its start with none."""
+        assert self.cdi is not None
+        try:
+            if self.cdi.ensure(self.state.known):
+                log.info("wrote the CDI spec %s again (gone, or the known devices changed)", self.cdi.path)
+        except OSError as exc:
+            self.metrics.errors.labels("cdi_spec").inc()
+            log.error("cannot write the CDI spec %s: %s", self.cdi.path, exc)
+            await context.abort(grpc.StatusCode.INTERNAL, f"cannot write the CDI spec {self.cdi.path}: {exc}")
 
     def _ultraserver_env(self, indices: list[int]) -> dict[str, str]:
         """The runtime's UltraServer variables, for a container holding all of the node's devices
@@ -198,7 +213,7 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             envs["NEURON_LOGICAL_NC_CONFIG"] = lnc
         envs.update(extra)
         response = api_pb2.ContainerAllocateResponse(envs=envs)
-        if self.cdi:
+        if self.cdi is not None:
             response.cdi_devices.extend(api_pb2.CDIDevice(name=cdi_name(self.resource.prefix, d)) for d in devices)
         else:
             response.devices.extend(
