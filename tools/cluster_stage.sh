@@ -53,8 +53,19 @@ fi
 export KUBECONFIG=$PWD/.run/cluster/admin.kubeconfig
 ISOLATED_DIR=$PWD/.run/isolated-cluster
 status=0
-tests/cluster/up.sh && tests/cluster/images.sh --import || status=$?
-step "cluster up, images imported"
+# The images build while the cluster comes up: up.sh mostly waits (on etcd, the API server, the
+# kubelet, CoreDNS) and the build mostly computes; only the import needs the cluster. Its output
+# follows up.sh's.
+mkdir -p .run
+tests/cluster/images.sh > .run/images-build.log 2>&1 &
+images_pid=$!
+tests/cluster/up.sh || status=$?
+images_status=0
+wait "$images_pid" || images_status=$?
+cat .run/images-build.log
+[ $status -ne 0 ] || status=$images_status
+[ $status -ne 0 ] || tests/cluster/images.sh --import-only || status=$?
+step "cluster up, images built beside it and imported"
 isolated_pid=""
 if [ $status -eq 0 ]; then
   mkdir -p .run
