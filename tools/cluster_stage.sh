@@ -10,7 +10,7 @@
 #
 # `--beside "STAGE..."` (`make test`: integration, then unit) runs `make STAGE` for each, one after
 # the other, at the same time as all of it. The cluster stage mostly waits (on pods, probes, helm)
-# and those stages mostly compute. Integration first: it is the longest chain, and unit, which has no
+# and those stages mostly compute. Integration first: it is the longer of the two, and unit, which has no
 # deadlines and spreads over the cores, then runs when the cluster stage has ended and left them idle
 # (unit first, integration ran on alone for its last five minutes with the cores 20 to 50 % idle).
 # Their output goes to .run/STAGE.log and is printed when they end; each runs even after a failed one,
