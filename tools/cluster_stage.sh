@@ -68,7 +68,6 @@ cat .run/images-build.log
 step "cluster up, images built beside it and imported"
 isolated_pid=""
 if [ $status -eq 0 ]; then
-  mkdir -p .run
   echo "[make test] e2e -m isolated: on a second cluster beside the rest; the output follows when it ends (.run/isolated.log)"
   # setsid: its own process group, which a failure here stops at once
   setsid bash -c 'tests/cluster/isolated.sh up "$1" && tests/cluster/isolated.sh exec "$1" \

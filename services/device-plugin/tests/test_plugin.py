@@ -555,8 +555,6 @@ async def test_neurondevice_alias_and_prefix(start_plugin) -> None:  # type: ign
 
 
 async def test_cdi_mode(start_plugin, short_tmp) -> None:  # type: ignore[no-untyped-def]
-    import json
-
     h = await start_plugin("inf2.24xlarge", "--cdi", "--cdi-spec-dir", str(short_tmp / "cdi"))
     spec = json.loads((short_tmp / "cdi" / "aws.amazon.com-neuron.json").read_text())
     assert spec["kind"] == "aws.amazon.com/neuron"
@@ -574,8 +572,6 @@ async def test_cdi_spec_gone_is_written_again_and_one_it_cannot_write_refuses_th
 ) -> None:
     """The runtime resolves the names only from the spec on disk, when it creates the container: an
     Allocate must not answer with names no spec holds."""
-    import json
-
     spec_dir = short_tmp / "cdi"
     h = await start_plugin("inf2.24xlarge", "--cdi", "--cdi-spec-dir", str(spec_dir))
     spec_file = spec_dir / "aws.amazon.com-neuron.json"

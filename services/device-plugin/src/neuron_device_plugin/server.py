@@ -170,25 +170,24 @@ class DevicePluginServicer(api_pb2_grpc.DevicePluginServicer):
             responses.append(self._response(indices, extra))
             allocated.append(indices)
         if self.cdi is not None:
-            await self._ensure_cdi_spec(context)
+            await self._ensure_cdi_spec(self.cdi, context)
         # Recorded only once every container's request passed: a refused call holds nothing.
         for indices in allocated:
             self.state.record_allocation(self.resource, indices)
             self.metrics.allocations.labels(self.resource.full_name).inc()
         return api_pb2.AllocateResponse(container_responses=responses)
 
-    async def _ensure_cdi_spec(self, context: ServicerContext) -> None:
+    async def _ensure_cdi_spec(self, keeper: SpecKeeper, context: ServicerContext) -> None:
         """The names this Allocate answers with resolve only through the spec on disk, read by the
         runtime when it creates the container: a spec it cannot write refuses the call, so the pod
         fails admission with the cause rather than at its start with none."""
-        assert self.cdi is not None
         try:
-            if self.cdi.ensure(self.state.known):
-                log.info("wrote the CDI spec %s again (gone, or the known devices changed)", self.cdi.path)
+            if keeper.ensure(self.state.known):
+                log.info("wrote the CDI spec %s again (gone, or the known devices changed)", keeper.path)
         except OSError as exc:
             self.metrics.errors.labels("cdi_spec").inc()
-            log.error("cannot write the CDI spec %s: %s", self.cdi.path, exc)
-            await context.abort(grpc.StatusCode.INTERNAL, f"cannot write the CDI spec {self.cdi.path}: {exc}")
+            log.error("cannot write the CDI spec %s: %s", keeper.path, exc)
+            await context.abort(grpc.StatusCode.INTERNAL, f"cannot write the CDI spec {keeper.path}: {exc}")
 
     def _ultraserver_env(self, indices: list[int]) -> dict[str, str]:
         """The runtime's UltraServer variables, for a container holding all of the node's devices
