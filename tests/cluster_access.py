@@ -319,6 +319,21 @@ def helm(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     return run(BIN / "helm", *args, check=check)
 
 
+def helm_test_suites(output: str) -> dict[str, str]:
+    """`helm test`'s verdict on each of the release's test pods, by the pod's name after `-tests-`
+    (components, allocation, scheduling): its phase."""
+    return dict(re.findall(r"(?m)^TEST SUITE:\s+\S+-tests-([a-z]+)\n(?:.*\n){0,3}?Phase:\s+(\w+)", output))
+
+
+def helm_test_checks(output: str) -> dict[str, bool]:
+    """Each check whose lines `helm test --logs` printed (files/helm_test.py names its check on each line),
+    and whether it passed: at least one `ok` and no `FAIL`."""
+    verdicts: dict[str, bool] = {}
+    for check, verdict in re.findall(r"(?m)^\[([a-z]+)\] (ok|FAIL):", output):
+        verdicts[check] = verdicts.get(check, True) and verdict == "ok"
+    return verdicts
+
+
 def sim(*args: str | Path) -> None:
     run(BIN / "neuron-sim", *args)
 

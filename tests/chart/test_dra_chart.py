@@ -353,17 +353,20 @@ def test_a_driver_writes_only_its_own_nodes_slices(apiserver: ControlPlane) -> N
 
 def test_helm_test_checks_the_published_slices() -> None:
     docs = render(*ON)
-    (pod,) = [p for p in of_kind(docs, "Pod") if p["metadata"]["name"].endswith("-slices")]
+    (pod,) = [p for p in of_kind(docs, "Pod") if p["metadata"]["name"].endswith("-tests-components")]
     (c,) = pod["spec"]["containers"]
-    assert c["command"][-1] == "slices"
+    assert "slices" in c["command"][2:]
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env["DRA_DRIVER_SELECTOR"].endswith("app.kubernetes.io/component=dra-driver")
+    assert env["DRA_DRIVER_NAMESPACE"] == daemonset(docs, "dra-driver")["metadata"]["namespace"]
     assert env["PUBLISH_CORES"] == "true"
     (role,) = [r for r in of_kind(docs, "ClusterRole") if r["metadata"]["name"] == f"{RELEASE}-tests"]
     assert {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["list"]} in role["rules"]
     # without the DRA driver, neither the check nor the permission
     plain = render()
-    assert not [p for p in of_kind(plain, "Pod") if p["metadata"]["name"].endswith("-slices")]
+    (pod,) = [p for p in of_kind(plain, "Pod") if p["metadata"]["name"].endswith("-tests-components")]
+    assert "slices" not in pod["spec"]["containers"][0]["command"]
+    assert "DRA_DRIVER_SELECTOR" not in {e["name"] for e in pod["spec"]["containers"][0]["env"]}
     (role,) = [r for r in of_kind(plain, "ClusterRole") if r["metadata"]["name"] == f"{RELEASE}-tests"]
     assert all("resource.k8s.io" not in rule["apiGroups"] for rule in role["rules"])
 

@@ -1,5 +1,6 @@
 """The `helm test` checks (files/helm_test.py) say why a component never became ready in the kubelet's own words:
-a stuck container's waiting reason and message (a pull error names the reference and the registry's answer)."""
+a stuck container's waiting reason and message (a pull error names the reference and the registry's answer); and
+the checks one pod runs together each run to their end and are named in every line and verdict."""
 
 from __future__ import annotations
 
@@ -43,16 +44,19 @@ def pod(name: str, *containers: SimpleNamespace, init: tuple[SimpleNamespace, ..
 class FakeApi:
     def __init__(self, *pods: SimpleNamespace) -> None:
         self.pods = list(pods)
+        self.asked: list[tuple[str, str]] = []
 
     def list_namespaced_pod(self, namespace: str, label_selector: str) -> Any:
+        self.asked.append((namespace, label_selector))
         return SimpleNamespace(items=self.pods)
 
 
 def test_a_pull_error_is_quoted_with_pod_and_container() -> None:
     api = FakeApi(pod("metrics-abc", container("node-metrics", "ErrImagePull", PULL_ERROR)))
-    stuck = helm_test.stuck_containers(api, "component=node-metrics")
+    stuck = helm_test.stuck_containers(api, "ns", "component=node-metrics")
+    assert api.asked == [("ns", "component=node-metrics")]  # the component's own namespace, not the test pod's
     assert stuck == f"pod metrics-abc container node-metrics: ErrImagePull: {PULL_ERROR}"
-    reason = helm_test.with_stuck("GET http://10.88.0.5:9400/metrics failed: refused", api, "x")
+    reason = helm_test.with_stuck("GET http://10.88.0.5:9400/metrics failed: refused", api, "ns", "x")
     assert reason == f"GET http://10.88.0.5:9400/metrics failed: refused [{stuck}]"
 
 
@@ -61,13 +65,56 @@ def test_starting_and_running_containers_are_not_stuck() -> None:
         pod("a", container("main", "ContainerCreating")),
         pod("b", container("main", None), init=(container("init", "PodInitializing"),)),
     )
-    assert helm_test.stuck_containers(api, "x") == ""
-    assert helm_test.with_stuck("not yet", api, "x") == "not yet"
+    assert helm_test.stuck_containers(api, "ns", "x") == ""
+    assert helm_test.with_stuck("not yet", api, "ns", "x") == "not yet"
 
 
 def test_a_passing_check_stays_passing_whatever_the_pods_say() -> None:
     api = FakeApi(pod("a", container("main", "CrashLoopBackOff", "back-off 10s")))
-    assert helm_test.with_stuck(None, api, "x") is None
+    assert helm_test.with_stuck(None, api, "ns", "x") is None
     assert "init: ImagePullBackOff" in helm_test.stuck_containers(
-        FakeApi(pod("b", init=(container("init", "ImagePullBackOff", "Back-off pulling image"),))), "x"
+        FakeApi(pod("b", init=(container("init", "ImagePullBackOff", "Back-off pulling image"),))), "ns", "x"
     )
+
+
+# --- one pod, several checks ------------------------------------------------------------------
+
+
+def test_every_check_runs_to_its_end_and_each_failure_is_named(capsys: Any) -> None:
+    """The checks of one pod run at the same time; one failing (or crashing) stops none of the others, each line
+    carries its check's name, and the process fails naming every failed check."""
+    import threading
+
+    started = threading.Barrier(3, timeout=10)  # all three running at once, or this test times out
+
+    def passes() -> None:
+        started.wait()
+        helm_test.log("ok: all there")
+
+    def fails() -> None:
+        started.wait()
+        helm_test.fail("node n has no NeuronHealth condition")
+
+    def crashes() -> None:
+        started.wait()
+        raise KeyError("NODE_METRICS_SELECTOR")
+
+    assert helm_test.run_checks({"capacity": passes, "health": fails, "metrics": crashes}) == ["health", "metrics"]
+    lines = capsys.readouterr().out.splitlines()
+    assert sorted(lines) == [
+        "[capacity] ok: all there",
+        "[health] FAIL: node n has no NeuronHealth condition",
+        "[metrics] FAIL: KeyError: 'NODE_METRICS_SELECTOR'",
+    ]
+
+
+def test_the_process_exits_0_only_when_every_named_check_passed(monkeypatch: Any, capsys: Any) -> None:
+    monkeypatch.setitem(helm_test.MODES, "capacity", lambda: helm_test.log("ok: fine"))
+    monkeypatch.setitem(helm_test.MODES, "health", lambda: helm_test.fail("no condition"))
+    assert helm_test.main(["helm_test.py", "capacity"]) == 0
+    assert helm_test.main(["helm_test.py", "capacity", "health"]) == 1
+    assert "FAIL: 1 of 2 checks failed: health" in capsys.readouterr().out
+    # a wrong command line is the chart's mistake, told apart from a failed check
+    for argv in (["helm_test.py"], ["helm_test.py", "capacity", "capacity"], ["helm_test.py", "nonsense"]):
+        assert helm_test.main(argv) == 2
+    assert "usage: helm_test.py CHECK..." in capsys.readouterr().err

@@ -153,10 +153,10 @@ def test_contradictory_and_malformed_values_are_refused() -> None:
 
 
 def test_helm_tests_metrics_check_reads_a_protected_exporter_as_the_scraper() -> None:
-    """With nodeMetrics.secureMetrics the metrics check gets the scraper's token and the chart's CA,
+    """With nodeMetrics.secureMetrics the pod of the metrics check gets the scraper's token and the chart's CA,
     and only those two keys: never the serving key that sits beside the CA in the TLS Secret."""
     docs = render(*sets(nodeMetrics__secureMetrics=True, tests__enabled=True))
-    (pod,) = [d for d in docs if d["kind"] == "Pod" and d["metadata"]["name"] == f"{FULL}-tests-metrics"]
+    (pod,) = [d for d in docs if d["kind"] == "Pod" and d["metadata"]["name"] == f"{FULL}-tests-components"]
     (c,) = pod["spec"]["containers"]
     assert {"name": "NODE_METRICS_CREDENTIALS", "value": "/var/run/neuron-metrics"} in c["env"]
     (mount,) = [m for m in c["volumeMounts"] if m["name"] == "metrics-credentials"]
@@ -171,7 +171,7 @@ def test_helm_tests_metrics_check_reads_a_protected_exporter_as_the_scraper() ->
     (plain,) = [
         d
         for d in render(*sets(tests__enabled=True))
-        if d["kind"] == "Pod" and d["metadata"]["name"] == f"{FULL}-tests-metrics"
+        if d["kind"] == "Pod" and d["metadata"]["name"] == f"{FULL}-tests-components"
     ]
     assert "NODE_METRICS_CREDENTIALS" not in {e["name"] for e in plain["spec"]["containers"][0]["env"]}
     assert [v["name"] for v in plain["spec"]["volumes"]] == ["tests"]

@@ -167,10 +167,11 @@ def test_helm_test_lists_each_components_pods_in_its_namespace() -> None:
         p["spec"]["containers"][0]["name"]: {e["name"]: e.get("value") for e in p["spec"]["containers"][0]["env"]}
         for p in of_kind(docs, "Pod")
     }
-    assert env["capacity"]["COMPONENT_NAMESPACE"] == "kube-system"
-    assert env["health"]["COMPONENT_NAMESPACE"] == "neuron-healthcheck-system"
-    assert env["metrics"]["COMPONENT_NAMESPACE"] == "default"
-    assert "COMPONENT_NAMESPACE" not in env["allocation"]
+    # one pod runs the checks that read the components, each in its component's namespace
+    assert env["components"]["DEVICE_PLUGIN_NAMESPACE"] == "kube-system"
+    assert env["components"]["NPD_NAMESPACE"] == "neuron-healthcheck-system"
+    assert env["components"]["NODE_METRICS_NAMESPACE"] == "default"
+    assert [name for name in env["allocation"] if name.endswith("_NAMESPACE")] == ["RELEASE_NAMESPACE"]
     test_roles = {where(d) for d in of_kind(docs, "RoleBinding") if d["metadata"]["name"] == f"{RELEASE}-tests"}
     assert test_roles == {("default", f"{RELEASE}-tests"), ("kube-system", f"{RELEASE}-tests"),
                           ("neuron-healthcheck-system", f"{RELEASE}-tests")}  # fmt: skip

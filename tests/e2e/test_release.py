@@ -20,7 +20,19 @@ from pathlib import Path
 import pytest
 import signing
 import yaml
-from cluster_access import CTR, REGISTRY, REPO, SIM_ROOT, eventually, helm, kubectl, read, run
+from cluster_access import (
+    CTR,
+    REGISTRY,
+    REPO,
+    SIM_ROOT,
+    eventually,
+    helm,
+    helm_test_checks,
+    helm_test_suites,
+    kubectl,
+    read,
+    run,
+)
 
 CHART = REPO / "charts" / "neuron-helm-chart"
 RELEASE = "neuron-helm-chart"
@@ -112,8 +124,10 @@ def test_installs_from_the_registry_with_every_image_pulled_by_the_kubelet(relea
 
 def test_helm_test_passes_on_the_installed_release(released: dict[str, str]) -> None:
     result = helm("test", RELEASE, "-n", NAMESPACE, "--logs", "--timeout", "300s")
-    for check in ("capacity", "allocation", "metrics", "health"):
-        assert re.search(rf"TEST SUITE:\s+{RELEASE}-tests-{check}\n.*\n.*\nPhase:\s+Succeeded", result.stdout), check
+    assert helm_test_suites(result.stdout) == {"components": "Succeeded", "allocation": "Succeeded"}, result.stdout
+    assert helm_test_checks(result.stdout) == dict.fromkeys(
+        ("capacity", "metrics", "monitoring", "health", "allocation"), True
+    )
 
 
 def test_a_wrong_digest_fails_the_install_and_helm_test_shows_the_kubelets_pull_error(

@@ -1,5 +1,8 @@
 """`helm test` checks, run inside this project's problem-detector image (Python, the Kubernetes
-client and neuron_model's instance table). One mode per test pod; exit 0 passes.
+client and neuron_model's instance table): `helm_test.py CHECK...` runs the named checks at the same
+time, each to its end, prints each one's lines under its name, and exits 0 only when every one passed.
+The chart runs the checks that read the components through the API in one pod, and allocation and
+scheduling, which must hold a core or a device, each in a pod of its own.
 
   capacity    every node running the device plugin advertises the neuron/neuroncore counts its
               instance type implies
@@ -24,24 +27,40 @@ import re
 import ssl
 import stat
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
-# the namespace of the component a check lists the pods of (the device plugin's is kube-system with AWS's names)
-NAMESPACE = os.environ.get("COMPONENT_NAMESPACE") or os.environ.get("RELEASE_NAMESPACE", "default")
+RELEASE_NAMESPACE = os.environ.get("RELEASE_NAMESPACE", "default")
 TIMEOUT = float(os.environ.get("TEST_TIMEOUT_SECONDS", "120"))
+
+# the check the calling thread runs, named on each line it prints: several run in one pod's log
+_running = threading.local()
+_print_lock = threading.Lock()
+
+
+class CheckFailed(Exception):
+    """A check's verdict: what it found wrong."""
 
 
 def log(message: str) -> None:
-    print(message, flush=True)
+    check = getattr(_running, "check", None)
+    with _print_lock:
+        print(f"[{check}] {message}" if check else message, flush=True)
 
 
-def fail(message: str) -> None:
-    log(f"FAIL: {message}")
-    sys.exit(1)
+def fail(message: str) -> NoReturn:
+    raise CheckFailed(message)
+
+
+def component_namespace(variable: str) -> str:
+    """The namespace of the component a check lists the pods of (the device plugin's is kube-system with AWS's
+    names), from the check's own variable: one pod runs checks of components in different namespaces."""
+    return os.environ.get(variable) or RELEASE_NAMESPACE
 
 
 def eventually(check: Callable[[], str | None], what: str) -> None:
@@ -64,8 +83,8 @@ def core_api() -> Any:
     return client.CoreV1Api()
 
 
-def component_pods(api: Any, selector: str) -> list[Any]:
-    pods = api.list_namespaced_pod(NAMESPACE, label_selector=selector).items
+def component_pods(api: Any, namespace: str, selector: str) -> list[Any]:
+    pods = api.list_namespaced_pod(namespace, label_selector=selector).items
     return [p for p in pods if p.spec.node_name]
 
 
@@ -74,11 +93,11 @@ def component_pods(api: Any, selector: str) -> list[Any]:
 STARTING = {"ContainerCreating", "PodInitializing"}
 
 
-def stuck_containers(api: Any, selector: str) -> str:
+def stuck_containers(api: Any, namespace: str, selector: str) -> str:
     """The kubelet's own word on each of the component's containers that is stuck, e.g. a pull error naming the
     image reference and what the registry answered; empty when none is."""
     stuck: list[str] = []
-    for pod in component_pods(api, selector):
+    for pod in component_pods(api, namespace, selector):
         statuses = (pod.status.init_container_statuses or []) + (pod.status.container_statuses or [])
         for status in statuses:
             waiting = status.state.waiting if status.state else None
@@ -87,21 +106,21 @@ def stuck_containers(api: Any, selector: str) -> str:
     return "; ".join(stuck)
 
 
-def with_stuck(reason: str | None, api: Any, selector: str) -> str | None:
+def with_stuck(reason: str | None, api: Any, namespace: str, selector: str) -> str | None:
     """A check's reason for failing, followed by what the kubelet says of the component's stuck containers."""
     if reason is None:
         return None
-    stuck = stuck_containers(api, selector)
+    stuck = stuck_containers(api, namespace, selector)
     return f"{reason} [{stuck}]" if stuck else reason
 
 
-def nodes_running(api: Any, selector: str, component: str) -> list[str]:
+def nodes_running(api: Any, namespace: str, selector: str, component: str) -> list[str]:
     """The nodes the component's pods are scheduled on, once there is at least one."""
     nodes: list[str] = []
 
     def scheduled() -> str | None:
-        nodes[:] = sorted({p.spec.node_name for p in component_pods(api, selector)})
-        return None if nodes else f"no {component} pod ({selector}) is scheduled in {NAMESPACE}"
+        nodes[:] = sorted({p.spec.node_name for p in component_pods(api, namespace, selector)})
+        return None if nodes else f"no {component} pod ({selector}) is scheduled in {namespace}"
 
     eventually(scheduled, f"{component} pods are scheduled")
     return nodes
@@ -113,7 +132,6 @@ def expected_counts(instance_type: str, lnc_setting: int) -> tuple[int, int]:
     it = INSTANCE_TYPES.get(instance_type.removeprefix("ml."))
     if it is None:
         fail(f"instance type {instance_type!r} is not in neuron_model's table; cannot say what it should advertise")
-        raise AssertionError  # unreachable, for the type checker
     lnc = lnc_setting or it.family.default_lnc
     if lnc not in it.family.supported_lnc:
         fail(f"tests.logicalNcConfig={lnc} is not supported by {it.family.name} ({it.family.supported_lnc})")
@@ -122,11 +140,12 @@ def expected_counts(instance_type: str, lnc_setting: int) -> tuple[int, int]:
 
 def test_capacity() -> None:
     api = core_api()
+    namespace = component_namespace("DEVICE_PLUGIN_NAMESPACE")
     selector = os.environ["DEVICE_PLUGIN_SELECTOR"]
     prefix = os.environ.get("RESOURCE_PREFIX", "aws.amazon.com")
     label = os.environ.get("INSTANCE_TYPE_LABEL", "node.kubernetes.io/instance-type")
     lnc = int(os.environ.get("LOGICAL_NC_CONFIG", "0"))
-    for name in nodes_running(api, selector, "device plugin"):
+    for name in nodes_running(api, namespace, selector, "device plugin"):
         node = api.read_node(name)
         instance_type = (node.metadata.labels or {}).get(label)
         if not instance_type:
@@ -138,7 +157,7 @@ def test_capacity() -> None:
             got = (capacity.get(f"{prefix}/neuron"), capacity.get(f"{prefix}/neuroncore"))
             want = (str(devices), str(cores))
             reason = None if got == want else f"capacity neuron/neuroncore is {got}, expected {want}"
-            return with_stuck(reason, api, selector)
+            return with_stuck(reason, api, namespace, selector)
 
         eventually(advertised, f"node {name} ({instance_type}) advertises {devices} neuron and {cores} neuroncore")
 
@@ -171,15 +190,16 @@ DEVICE_INFO = ("neuron_device_info{", "neuron_hardware_info{")
 
 def test_metrics() -> None:
     api = core_api()
+    namespace = component_namespace("NODE_METRICS_NAMESPACE")
     selector = os.environ["NODE_METRICS_SELECTOR"]
     port = int(os.environ["NODE_METRICS_PORT"])
     ips: list[tuple[str, str]] = []
 
     def ready_pods() -> str | None:
-        pods = component_pods(api, selector)
+        pods = component_pods(api, namespace, selector)
         ips[:] = [(p.metadata.name, p.status.pod_ip) for p in pods if p.status.pod_ip]
         if not pods:
-            return f"no node-metrics pod ({selector}) in {NAMESPACE}"
+            return f"no node-metrics pod ({selector}) in {namespace}"
         return None if len(ips) == len(pods) else "some node-metrics pods have no IP yet"
 
     scheme, headers, context = "http", {}, None
@@ -201,7 +221,7 @@ def test_metrics() -> None:
                 with urllib.request.urlopen(request, timeout=10, context=context) as response:
                     body = response.read().decode()
             except OSError as e:
-                return with_stuck(f"GET {url} failed: {e}", api, selector)
+                return with_stuck(f"GET {url} failed: {e}", api, namespace, selector)
             info = [
                 line for line in body.splitlines() if line.startswith(("neuron_device_info{", "neuron_hardware_info{"))
             ]
@@ -232,7 +252,7 @@ def test_monitoring() -> None:
         def exists(kind: str = kind, name: str = name) -> str | None:
             try:
                 objects.get_namespaced_custom_object(
-                    "monitoring.coreos.com", "v1", os.environ["RELEASE_NAMESPACE"], plural[kind], name
+                    "monitoring.coreos.com", "v1", RELEASE_NAMESPACE, plural[kind], name
                 )
             except client.ApiException as e:
                 return f"{kind} {name}: {e.status} {e.reason}"
@@ -244,13 +264,15 @@ def test_monitoring() -> None:
 def test_health() -> None:
     api = core_api()
     condition = os.environ.get("CONDITION_TYPE", "NeuronHealth")
+    namespace = component_namespace("NPD_NAMESPACE")
     selector = os.environ["NPD_SELECTOR"]
-    for name in nodes_running(api, selector, "problem detector"):
+    for name in nodes_running(api, namespace, selector, "problem detector"):
 
         def has_condition(name: str = name) -> str | None:
             conditions = api.read_node(name).status.conditions or []
             found = [c for c in conditions if c.type == condition]
-            return with_stuck(None if found else f"node {name} has no {condition} condition", api, selector)
+            reason = None if found else f"node {name} has no {condition} condition"
+            return with_stuck(reason, api, namespace, selector)
 
         eventually(has_condition, f"node {name} carries {condition}")
 
@@ -263,7 +285,8 @@ def test_slices() -> None:
     label = os.environ.get("INSTANCE_TYPE_LABEL", "node.kubernetes.io/instance-type")
     lnc = int(os.environ.get("LOGICAL_NC_CONFIG", "0"))
     with_cores = os.environ.get("PUBLISH_CORES", "true") == "true"
-    for name in nodes_running(api, os.environ["DRA_DRIVER_SELECTOR"], "DRA driver"):
+    namespace = component_namespace("DRA_DRIVER_NAMESPACE")
+    for name in nodes_running(api, namespace, os.environ["DRA_DRIVER_SELECTOR"], "DRA driver"):
         instance_type = (api.read_node(name).metadata.labels or {}).get(label)
         if not instance_type:
             fail(f"node {name} has no {label} label")
@@ -298,7 +321,42 @@ MODES = {
     "slices": test_slices,
 }
 
+
+def run_checks(checks: Mapping[str, Callable[[], None]]) -> list[str]:
+    """Run every check at the same time, each to its end (one failing hides no other), and return the names of
+    those that failed. Each prints its lines under its name; a failure ends with the check's reason."""
+
+    def run(name: str, check: Callable[[], None]) -> bool:
+        _running.check = name
+        try:
+            check()
+        except CheckFailed as e:
+            log(f"FAIL: {e}")
+            return False
+        except Exception as e:  # a check's own crash (the API refused, a malformed answer) is its failure too
+            log(f"FAIL: {type(e).__name__}: {e}")
+            return False
+        finally:
+            _running.check = None
+        return True
+
+    with ThreadPoolExecutor(max_workers=max(1, len(checks))) as pool:
+        passed = dict(zip(checks, pool.map(run, checks, checks.values()), strict=True))
+    return [name for name, ok in passed.items() if not ok]
+
+
+def main(argv: list[str]) -> int:
+    wanted = argv[1:]
+    unknown = [name for name in wanted if name not in MODES]
+    if not wanted or unknown or len(set(wanted)) != len(wanted):
+        print(f"usage: helm_test.py CHECK... (each once, of {', '.join(MODES)})", file=sys.stderr)
+        return 2
+    failed = run_checks({name: MODES[name] for name in wanted})
+    if failed:
+        print(f"FAIL: {len(failed)} of {len(wanted)} checks failed: {', '.join(failed)}", flush=True)
+        return 1
+    return 0
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2 or sys.argv[1] not in MODES:
-        fail(f"usage: helm_test.py {{{'|'.join(MODES)}}}")
-    MODES[sys.argv[1]]()
+    sys.exit(main(sys.argv))
