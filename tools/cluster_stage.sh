@@ -3,18 +3,20 @@
 # the cluster and e2e tests, then `make demo` and, once the stages beside have ended, a cluster-down
 # that must leave nothing (test_down).
 #
-# The e2e tests marked `isolated` (chart-testing's installs, the DRA module) run on a second cluster, in network and
-# mount namespaces of its own (tests/cluster/isolated.sh), at the same time as the cluster tests and
-# the rest of the e2e suite on the first: both mostly wait on pods. That cluster goes down when its
-# tests end; its output goes to .run/isolated.log and is printed then.
+# The cluster tests, then the e2e tests marked `isolated` (chart-testing's installs, the DRA module), run on a
+# second cluster, in network and mount namespaces of its own (tests/cluster/isolated.sh), at the same time as
+# the rest of the e2e suite on the first: both mostly wait on pods. The cluster tests ran on the first cluster,
+# before its e2e tests, until that made the first cluster's chain the longer by about 200 s. The second
+# cluster goes down when its tests end; its output goes to .run/isolated.log and is printed then.
 #
-# `--beside "STAGE..."` (`make test`: integration, then unit) runs `make STAGE` for each, one after
-# the other, at the same time as all of it. The cluster stage mostly waits (on pods, probes, helm)
-# and those stages mostly compute. Integration first: it is the longer of the two, and unit, which has no
-# deadlines and spreads over the cores, then runs when the cluster stage has ended and left them idle
-# (unit first, integration ran on alone for its last five minutes with the cores 20 to 50 % idle).
-# Their output goes to .run/STAGE.log and is printed when they end; each runs even after a failed one,
-# so that one failure does not hide another. test_down runs only after they have ended, since it
+# `--beside "STAGE..."` (`make test`: integration unit) runs `make STAGE` for each, all at the same time
+# as the cluster stage. The cluster stage mostly waits (on pods, probes, helm) and those stages mostly
+# compute. The first (integration, the longest, one process with deadlines in it) runs at a lower priority
+# than the cluster stage; the others (unit: no deadlines, every core) under SCHED_IDLE, so they take
+# only CPU time nothing else wants. One after the other, integration then unit, they were the longest
+# chain of make test in slow hours (1,169 + 164 s), while process accounting showed the two cores 20 to
+# 40 % idle over the run. Their output goes to .run/STAGE.log and is printed when they end; each runs to
+# its end whatever the others do, so that one failure does not hide another. test_down runs only after they have ended, since it
 # asserts that no service process is left on the machine; when the cluster stage fails, the cluster
 # goes down at once.
 set -uo pipefail
@@ -28,14 +30,19 @@ step_began=$SECONDS
 step() { echo "[make test] step: $1: $((SECONDS - step_began)) s"; step_began=$SECONDS; }
 
 run_beside() {
-  local stage rc failed=0
+  local stage pid rc failed=0 priority=(nice -n 10) pids=()
   for stage in $beside; do
     # as `make STAGE` alone would run: never pointed at the test cluster. At a lower CPU priority:
     # the cluster stage waits on the cluster's own processes (kubelet, API server, pods), which should
-    # not queue behind these stages' test processes. make unit on every core, as alone: it comes
-    # last, mostly after the cluster stage (make integration runs in one process whatever JOBS says).
-    nice -n 10 env -u KUBECONFIG STAGE_QUIET_FAILURE=1 tools/stage.sh "$stage" make --no-print-directory "$stage" \
-      > ".run/$stage.log" 2>&1
+    # not queue behind these stages' test processes. make unit on every core, as alone (make
+    # integration runs in one process whatever JOBS says).
+    "${priority[@]}" env -u KUBECONFIG STAGE_QUIET_FAILURE=1 tools/stage.sh "$stage" make --no-print-directory "$stage" \
+      > ".run/$stage.log" 2>&1 &
+    pids+=($!)
+    priority=(chrt --idle 0)
+  done
+  for pid in "${pids[@]}"; do
+    wait "$pid"
     rc=$?
     [ $rc -eq 0 ] || [ $failed -ne 0 ] || failed=$rc
   done
@@ -68,26 +75,30 @@ cat .run/images-build.log
 step "cluster up, images built beside it and imported"
 isolated_pid=""
 if [ $status -eq 0 ]; then
-  echo "[make test] e2e -m isolated: on a second cluster beside the rest; the output follows when it ends (.run/isolated.log)"
-  # setsid: its own process group, which a failure here stops at once
-  setsid bash -c 'tests/cluster/isolated.sh up "$1" && tests/cluster/isolated.sh exec "$1" \
-      .venv/bin/pytest -q -p no:cacheprovider -m "e2e and isolated" --durations=10 tests/e2e' _ "$ISOLATED_DIR" \
+  echo "[make test] cluster tests, then e2e -m isolated: on a second cluster beside the rest; the output follows" \
+    "when they end (.run/isolated.log)"
+  # setsid: its own process group, which a failure here stops at once. --durations: where the stage's time
+  # goes, in every run's log, for whoever next makes it shorter. The e2e tests run even after a failed
+  # cluster test, so that one failure does not hide another.
+  setsid bash -c 'tests/cluster/isolated.sh up "$1" || exit
+      tests/cluster/isolated.sh exec "$1" .venv/bin/pytest -q -p no:cacheprovider -m cluster --durations=10 tests/cluster
+      cluster=$?
+      tests/cluster/isolated.sh exec "$1" \
+        .venv/bin/pytest -q -p no:cacheprovider -m "e2e and isolated" --durations=10 tests/e2e || exit
+      exit $cluster' _ "$ISOLATED_DIR" \
     > .run/isolated.log 2>&1 < /dev/null &
   isolated_pid=$!
 fi
-# --durations: where the stage's time goes, in every run's log, for whoever next makes it shorter
-if [ $status -eq 0 ]; then $BIN/pytest -q -m cluster --durations=10 tests/cluster || status=$?; fi
-step "cluster tests"
 if [ $status -eq 0 ]; then $BIN/pytest -q -m "e2e and not isolated" --durations=25 tests/e2e || status=$?; fi
 step "e2e"
 if [ -n "$isolated_pid" ]; then
   [ $status -eq 0 ] || kill -TERM -- "-$isolated_pid" 2>/dev/null
   isolated_status=0
   wait "$isolated_pid" || isolated_status=$?
-  step "waiting for e2e -m isolated"
-  echo "[make test] --- e2e -m isolated (ran on the second cluster) ---"
+  step "waiting for the cluster tests and e2e -m isolated"
+  echo "[make test] --- the cluster tests and e2e -m isolated (ran on the second cluster) ---"
   cat .run/isolated.log
-  echo "[make test] --- end of e2e -m isolated ---"
+  echo "[make test] --- end of the cluster tests and e2e -m isolated ---"
   tests/cluster/isolated.sh down "$ISOLATED_DIR" || isolated_status=$?
   [ $status -ne 0 ] || status=$isolated_status
 fi
