@@ -9,14 +9,15 @@
 # before its e2e tests, until that made the first cluster's chain the longer by about 200 s. The second
 # cluster goes down when its tests end; its output goes to .run/isolated.log and is printed then.
 #
-# `--beside "STAGE..."` (`make test`: integration unit) runs `make STAGE` for each, all at the same time
-# as the cluster stage. The cluster stage mostly waits (on pods, probes, helm) and those stages mostly
-# compute. The first (integration, the longest, one process with deadlines in it) runs at a lower priority
-# than the cluster stage; the others (unit: no deadlines, every core) under SCHED_IDLE, so they take
-# only CPU time nothing else wants. One after the other, integration then unit, they were the longest
-# chain of make test in slow hours (1,169 + 164 s), while process accounting showed the two cores 20 to
-# 40 % idle over the run. Their output goes to .run/STAGE.log and is printed when they end; each runs to
-# its end whatever the others do, so that one failure does not hide another. test_down runs only after they have ended, since it
+# `--beside "STAGE..."` (`make test`: integration, then unit) runs `make STAGE` for each, one after
+# the other, at the same time as all of it. The cluster stage mostly waits (on pods, probes, helm)
+# and those stages mostly compute. Integration first: it is the longer of the two, and unit, which has no
+# deadlines and spreads over the cores, then runs when the cluster stage has ended and left them idle
+# (unit first, integration ran on alone for its last five minutes with the cores 20 to 50 % idle).
+# Unit at the same time as integration, under SCHED_IDLE, was tried: the cores were 83 % busy
+# (/proc/stat), unit got so little that it took 1,124 s and a test of its with a wall-clock wait
+# failed, and the cluster stage took longer too. Their output goes to .run/STAGE.log and is printed
+# when they end; each runs even after a failed one, so that one failure does not hide another. test_down runs only after they have ended, since it
 # asserts that no service process is left on the machine; when the cluster stage fails, the cluster
 # goes down at once.
 set -uo pipefail
@@ -30,19 +31,14 @@ step_began=$SECONDS
 step() { echo "[make test] step: $1: $((SECONDS - step_began)) s"; step_began=$SECONDS; }
 
 run_beside() {
-  local stage pid rc failed=0 priority=(nice -n 10) pids=()
+  local stage rc failed=0
   for stage in $beside; do
     # as `make STAGE` alone would run: never pointed at the test cluster. At a lower CPU priority:
     # the cluster stage waits on the cluster's own processes (kubelet, API server, pods), which should
-    # not queue behind these stages' test processes. make unit on every core, as alone (make
-    # integration runs in one process whatever JOBS says).
-    "${priority[@]}" env -u KUBECONFIG STAGE_QUIET_FAILURE=1 tools/stage.sh "$stage" make --no-print-directory "$stage" \
-      > ".run/$stage.log" 2>&1 &
-    pids+=($!)
-    priority=(chrt --idle 0)
-  done
-  for pid in "${pids[@]}"; do
-    wait "$pid"
+    # not queue behind these stages' test processes. make unit on every core, as alone: it comes
+    # last, mostly after the cluster stage (make integration runs in one process whatever JOBS says).
+    nice -n 10 env -u KUBECONFIG STAGE_QUIET_FAILURE=1 tools/stage.sh "$stage" make --no-print-directory "$stage" \
+      > ".run/$stage.log" 2>&1
     rc=$?
     [ $rc -eq 0 ] || [ $failed -ne 0 ] || failed=$rc
   done
