@@ -3,21 +3,21 @@
 # the cluster and e2e tests, then `make demo` and, once the stages beside have ended, a cluster-down
 # that must leave nothing (test_down).
 #
-# The cluster tests, then the e2e tests marked `isolated` (chart-testing's installs, the DRA module), run on a
-# second cluster, in network and mount namespaces of its own (tests/cluster/isolated.sh), at the same time as
-# the rest of the e2e suite on the first: both mostly wait on pods. The cluster tests ran on the first cluster,
-# before its e2e tests, until that made the first cluster's chain the longer by about 200 s. The second
-# cluster goes down when its tests end; its output goes to .run/isolated.log and is printed then.
+# The e2e tests marked `isolated` (chart-testing's installs, the DRA module) run on a second cluster, in network and
+# mount namespaces of its own (tests/cluster/isolated.sh), at the same time as the cluster tests and
+# the rest of the e2e suite on the first: both mostly wait on pods. That cluster goes down when its
+# tests end; its output goes to .run/isolated.log and is printed then.
 #
 # `--beside "STAGE..."` (`make test`: integration, then unit) runs `make STAGE` for each, one after
 # the other, at the same time as all of it. The cluster stage mostly waits (on pods, probes, helm)
 # and those stages mostly compute. Integration first: it is the longer of the two, and unit, which has no
 # deadlines and spreads over the cores, then runs when the cluster stage has ended and left them idle
 # (unit first, integration ran on alone for its last five minutes with the cores 20 to 50 % idle).
-# Unit at the same time as integration, under SCHED_IDLE, was tried: the cores were 83 % busy
+# Unit at the same time as integration, under SCHED_IDLE, was tried: the cores were 90 % busy
 # (/proc/stat), unit got so little that it took 1,124 s and a test of its with a wall-clock wait
-# failed, and the cluster stage took longer too. Their output goes to .run/STAGE.log and is printed
-# when they end; each runs even after a failed one, so that one failure does not hide another. test_down runs only after they have ended, since it
+# failed, and the cluster stage took longer too.
+# Their output goes to .run/STAGE.log and is printed when they end; each runs even after a failed one,
+# so that one failure does not hide another. test_down runs only after they have ended, since it
 # asserts that no service process is left on the machine; when the cluster stage fails, the cluster
 # goes down at once.
 set -uo pipefail
@@ -71,30 +71,26 @@ cat .run/images-build.log
 step "cluster up, images built beside it and imported"
 isolated_pid=""
 if [ $status -eq 0 ]; then
-  echo "[make test] cluster tests, then e2e -m isolated: on a second cluster beside the rest; the output follows" \
-    "when they end (.run/isolated.log)"
-  # setsid: its own process group, which a failure here stops at once. --durations: where the stage's time
-  # goes, in every run's log, for whoever next makes it shorter. The e2e tests run even after a failed
-  # cluster test, so that one failure does not hide another.
-  setsid bash -c 'tests/cluster/isolated.sh up "$1" || exit
-      tests/cluster/isolated.sh exec "$1" .venv/bin/pytest -q -p no:cacheprovider -m cluster --durations=10 tests/cluster
-      cluster=$?
-      tests/cluster/isolated.sh exec "$1" \
-        .venv/bin/pytest -q -p no:cacheprovider -m "e2e and isolated" --durations=10 tests/e2e || exit
-      exit $cluster' _ "$ISOLATED_DIR" \
+  echo "[make test] e2e -m isolated: on a second cluster beside the rest; the output follows when it ends (.run/isolated.log)"
+  # setsid: its own process group, which a failure here stops at once
+  setsid bash -c 'tests/cluster/isolated.sh up "$1" && tests/cluster/isolated.sh exec "$1" \
+      .venv/bin/pytest -q -p no:cacheprovider -m "e2e and isolated" --durations=10 tests/e2e' _ "$ISOLATED_DIR" \
     > .run/isolated.log 2>&1 < /dev/null &
   isolated_pid=$!
 fi
+# --durations: where the stage's time goes, in every run's log, for whoever next makes it shorter
+if [ $status -eq 0 ]; then $BIN/pytest -q -m cluster --durations=10 tests/cluster || status=$?; fi
+step "cluster tests"
 if [ $status -eq 0 ]; then $BIN/pytest -q -m "e2e and not isolated" --durations=25 tests/e2e || status=$?; fi
 step "e2e"
 if [ -n "$isolated_pid" ]; then
   [ $status -eq 0 ] || kill -TERM -- "-$isolated_pid" 2>/dev/null
   isolated_status=0
   wait "$isolated_pid" || isolated_status=$?
-  step "waiting for the cluster tests and e2e -m isolated"
-  echo "[make test] --- the cluster tests and e2e -m isolated (ran on the second cluster) ---"
+  step "waiting for e2e -m isolated"
+  echo "[make test] --- e2e -m isolated (ran on the second cluster) ---"
   cat .run/isolated.log
-  echo "[make test] --- end of the cluster tests and e2e -m isolated ---"
+  echo "[make test] --- end of e2e -m isolated ---"
   tests/cluster/isolated.sh down "$ISOLATED_DIR" || isolated_status=$?
   [ $status -ne 0 ] || status=$isolated_status
 fi

@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # A second test cluster on this machine, beside make cluster-up's, in network and mount namespaces of
-# its own: up.sh and down.sh as they are, run inside them. `make test` runs the cluster suite, then
-# chart-testing's installs and the DRA module (e2e tests marked `isolated`), on it while the rest of the
-# e2e suite runs on the first cluster: the isolated ones cannot share one kubelet (two releases'
-# device plugins on one resource, cluster-scoped objects, ct's checks of a healthy node while other
-# tests inject faults).
+# its own: up.sh and down.sh as they are, run inside them. `make test` runs chart-testing's installs
+# on it (tests marked `ct`) while the rest of the e2e suite runs on the first cluster: they cannot
+# share one kubelet (two releases' device plugins on one resource, cluster-scoped objects, ct's
+# checks of a healthy node while other tests inject faults).
 #   isolated.sh up DIR          create the namespaces, start the cluster (state in DIR), import the
 #                               images of the last build (images.sh --import-only)
 #   isolated.sh exec DIR CMD... run CMD in its namespaces, with CLUSTER_DIR and KUBECONFIG set to it
