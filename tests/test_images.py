@@ -116,3 +116,17 @@ def test_every_file_a_build_copies_is_among_the_inputs_that_decide_a_rebuild() -
     for source in sources:
         path = source.rstrip("/").split("${", 1)[0].rstrip("/")
         assert any(path == h or path.startswith(h + "/") for h in hashed), f"COPY {source} is not hashed"
+
+
+def test_the_content_builds_timestamp_is_the_last_commit_to_any_of_its_inputs() -> None:
+    """images.sh stamps the content build with the time of the last commit to the paths it is made of, so
+    that a commit elsewhere builds the same images: every hashed input must lie under those paths, or be
+    made from them in build/ (the wheels from services/image-wheels.lock, the requirements from each pyproject)."""
+    images_sh = (REPO / "tests/cluster/images.sh").read_text()
+    (find_line,) = re.findall(r"^\s*find (.+?) -type f", images_sh, re.MULTILINE)
+    (log_line,) = re.findall(r"^inputs_time=\$\(git log -1 --format=%ct -- (.+)\)$", images_sh, re.MULTILINE)
+    committed = log_line.split()
+    for hashed in find_line.split():
+        assert hashed.startswith("build/") or any(hashed == c or hashed.startswith(c + "/") for c in committed), (
+            f"{hashed} is hashed but a commit to it would not change the build's timestamp"
+        )

@@ -106,13 +106,22 @@ fi
 # stage refuses a wheel the lock does not list (services/verify_wheels.py).
 .venv/bin/python tools/image_wheels.py check \
   || { echo "services/image-wheels.lock is stale: re-lock with python tools/image_wheels.py lock, review, commit" >&2; exit 1; }
+# Downloaded once per lock into the cache outside the clone (pip took about 20 s of CPU for them),
+# then copied into the build context.
 stamp=$(sha256sum services/image-wheels.lock | cut -c1-16)
 if [ "$(cat build/wheels/.stamp 2>/dev/null)" != "$stamp" ]; then
-  log "downloading the locked wheels for the images (hashes checked)"
-  rm -f build/wheels/*.whl
-  .venv/bin/pip download -q -d build/wheels --only-binary=:all: --no-deps --require-hashes \
-    -r services/image-wheels.lock
-  echo "$stamp" > build/wheels/.stamp
+  wheels="$CACHE/wheels-$stamp"
+  if [ ! -f "$wheels/.stamp" ]; then
+    log "downloading the locked wheels for the images (hashes checked)"
+    rm -rf "$wheels.tmp"
+    .venv/bin/pip download -q -d "$wheels.tmp" --only-binary=:all: --no-deps --require-hashes \
+      -r services/image-wheels.lock
+    echo "$stamp" > "$wheels.tmp/.stamp"
+    rm -rf "$wheels"
+    mv "$wheels.tmp" "$wheels"
+  fi
+  rm -rf build/wheels
+  cp -r "$wheels" build/wheels
 fi
 # Each service's third-party requirements: the build's dependency layer depends on this list and
 # the wheels alone, so a change to the code leaves it cached (services/Dockerfile).
@@ -142,19 +151,32 @@ smoke_serves() {  # image url-path pattern [service flags...]: the pattern shows
 }
 
 # --- service images ------------------------------------------------------------------------------
-package_field() {  # service key[.key]: a [project] string of the service's pyproject.toml
-  .venv/bin/python -c '
-import functools, sys, tomllib
-project = tomllib.load(open(sys.argv[1], "rb"))["project"]
-print(functools.reduce(lambda table, key: table[key], sys.argv[2].split("."), project))
-' "services/$1/pyproject.toml" "$2"
-}
-# An image that passed its smoke run in this clone (build/smoked/<ID of the unlabelled build>) is not
-# run again: the same ID is the same content, and `make demo` or a release after `make images`
-# rebuilds from cache.
+# Each service's [project] strings its labels carry, read in one process: service TAB name TAB version
+# TAB description TAB licence.
+declare -A NAME VERSION DESCRIPTION LICENSE
+while IFS=$'\t' read -r svc name version description license; do
+  NAME[$svc]=$name VERSION[$svc]=$version DESCRIPTION[$svc]=$description LICENSE[$svc]=$license
+done < <(.venv/bin/python -c '
+import sys, tomllib
+for service in sys.argv[1:]:
+    project = tomllib.load(open(f"services/{service}/pyproject.toml", "rb"))["project"]
+    fields = [project["name"], project["version"], project["description"], project["license"]["text"]]
+    assert not any(c in f for f in fields for c in "\t\n"), f"{service}: a tab or newline in {fields}"
+    print(service, *fields, sep="\t")
+' "${SERVICES[@]}")
+# What this machine has built, smoke-run and labelled, by content, outside the clone: a fresh clone
+# (CI's) finds an earlier clone's work. Every key is a hash of all that decides the result, or an
+# image ID, which is one; each record holds the ID of an image that must still be in the store.
+RECORDS="$CACHE/records"
+mkdir -p "$RECORDS"
+# An image that passed its smoke run ($RECORDS/smoked-<ID of the unlabelled build>) is not run again:
+# the same ID is the same content.
 smoke() {  # service image content-ID
   local svc=$1 image=$2 iid=$3 command
-  if [ -f "build/smoked/$iid" ]; then log "$image: smoke-run already passed (image ID ${iid:7:12})"; return; fi
+  if [ -f "$RECORDS/smoked-${iid#sha256:}" ]; then
+    log "$image: smoke-run already passed (image ID ${iid:7:12})"
+    return
+  fi
   command=$("${PODMAN[@]}" image inspect "$image" --format '{{index .Config.Entrypoint 0}}')
   "${PODMAN[@]}" run --rm "${LIMITS[@]}" --network none --read-only "$image" --help >/dev/null \
     || { echo "$image: '$command --help' failed" >&2; exit 1; }
@@ -196,14 +218,16 @@ asyncio.run(main())' \
         -c 'import neuron_dra_driver.app, neuron_common.kube, yaml, kubelet_api.dra.v1.api_pb2_grpc' \
         || { echo "$image: the driver's imports failed" >&2; exit 1; } ;;
   esac
-  mkdir -p build/smoked
-  touch "build/smoked/$iid"
+  record "smoked-${iid#sha256:}" "$iid"
 }
 revision=$(git rev-parse HEAD)
 [ -z "$(git status --porcelain --untracked-files=no)" ] || revision="$revision-dirty"
 commit_time=$(git log -1 --format=%ct HEAD)
+# The time of the last commit that changed what the images are made of: the content build's
+# timestamp, so that a commit that leaves libs/ and services/ alone (a chart, test or doc change)
+# builds the very images, IDs and layers, of the one before, and finds them built and smoke-run.
+inputs_time=$(git log -1 --format=%ct -- services libs constraints.txt)
 source_url=$(git remote get-url origin 2>/dev/null | sed -E 's#//[^/@]*@#//#' || true)
-declare -A sizes
 : > build/images.tsv.tmp
 EMPTY_CONTEXT=$(mktemp -d)  # the labelling step's build context: it copies nothing
 trap 'rm -rf "$SIM" "$EMPTY_CONTEXT"' EXIT
@@ -220,22 +244,27 @@ sources=$(
     | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1
 )
 base_id=$("${PODMAN[@]}" image inspect --format '{{.Id}}' "$BASE_IMAGE")
-build_inputs() {  # service
-  printf '%s\n' "$1" "$BASE_IMAGE" "$base_id" "$commit_time" "${LIMITS[*]}" "$sources" | sha256sum | cut -d' ' -f1
+hash_lines() { printf '%s\n' "$@" | sha256sum | cut -d' ' -f1; }
+record() {  # record image-ID: written whole (another clone's images.sh may read it meanwhile)
+  printf '%s\n' "$2" > "$RECORDS/$1.$$"
+  mv "$RECORDS/$1.$$" "$RECORDS/$1"
+}
+recorded() {  # record: the image ID it holds, when that image is still in the store; nothing otherwise
+  local iid
+  iid=$(cat "$RECORDS/$1" 2>/dev/null) || return 0
+  if "${PODMAN[@]}" image exists "$iid"; then echo "$iid"; fi
 }
 for svc in "${SERVICES[@]}"; do
-  version=$(package_field "$svc" version)
+  version=${VERSION[$svc]}
   image="localhost/neuron-helm-chart/$svc:$version"
-  inputs=$(build_inputs "$svc")
-  content=$(cat "build/image-$svc.content.iid" 2>/dev/null || true)
-  if [ -n "$content" ] && [ "$(cat "build/image-$svc.inputs" 2>/dev/null)" = "$inputs" ] \
-      && "${PODMAN[@]}" image exists "$content"; then
+  build_record="build-$svc-$(hash_lines "$svc" "$BASE_IMAGE" "$base_id" "$inputs_time" "${LIMITS[*]}" "$sources")"
+  content=$(recorded "$build_record")
+  if [ -n "$content" ]; then
     log "$image: its inputs are those of the build of ${content:7:12}, still in the store: not rebuilt"
   else
     log "building $image"
-    rm -f "build/image-$svc.inputs"
-    # --timestamp: the commit's time, not the build's, so that a commit builds the same image
-    if ! "${PODMAN[@]}" build "${LIMITS[@]}" --network none --timestamp "$commit_time" \
+    # --timestamp: the inputs' commit time, not the build's, so that the same inputs build the same image
+    if ! "${PODMAN[@]}" build "${LIMITS[@]}" --network none --timestamp "$inputs_time" \
         --build-arg "BASE_IMAGE=$BASE_IMAGE" --build-arg "SERVICE=$svc" --target "$svc" \
         --iidfile "build/image-$svc.content.iid" -f services/Dockerfile . >"build/image-$svc.log" 2>&1; then
       tail -40 "build/image-$svc.log" >&2
@@ -243,27 +272,40 @@ for svc in "${SERVICES[@]}"; do
       exit 1
     fi
     content=$(cat "build/image-$svc.content.iid")
-    echo "$inputs" > "build/image-$svc.inputs"
+    record "$build_record" "$content"
   fi
-  # The OCI labels in a step of their own, on the built image's layers, never from the cache: podman
-  # 4.3 reused a cached image whatever its labels (LABEL with build arguments, or --label flags, on
-  # the same layers), so an image built at one commit said another's revision and date. Without
-  # the cache, --timestamp still makes the same commit's labelled image the same image ID.
-  if ! printf 'FROM %s\n' "$content" | "${PODMAN[@]}" build --no-cache --network none --timestamp "$commit_time" \
-      --label "org.opencontainers.image.title=$(package_field "$svc" name)" \
-      --label "org.opencontainers.image.description=$(package_field "$svc" description)" \
-      --label "org.opencontainers.image.version=$version" \
-      --label "org.opencontainers.image.licenses=$(package_field "$svc" license.text)" \
-      --label "org.opencontainers.image.revision=$revision" --label "org.opencontainers.image.source=$source_url" \
-      --label "org.opencontainers.image.created=$(date -u -d "@$commit_time" +%Y-%m-%dT%H:%M:%SZ)" \
-      --iidfile "build/image-$svc.iid" -t "$image" -f - "$EMPTY_CONTEXT" >>"build/image-$svc.log" 2>&1; then
-    tail -20 "build/image-$svc.log" >&2
-    echo "$image: labelling failed (whole log: build/image-$svc.log)" >&2
-    exit 1
+  # The OCI labels in a step of their own, on the built image's layers, never from podman's cache:
+  # podman 4.3 reused a cached image whatever its labels (LABEL with build arguments, or --label
+  # flags, on the same layers), so an image built at one commit said another's revision and date.
+  # Without the cache, --timestamp still makes the same commit's labelled image the same image ID;
+  # this script's own record (keyed by the built image and every label) then skips the step.
+  labels=(
+    "org.opencontainers.image.title=${NAME[$svc]}"
+    "org.opencontainers.image.description=${DESCRIPTION[$svc]}"
+    "org.opencontainers.image.version=$version"
+    "org.opencontainers.image.licenses=${LICENSE[$svc]}"
+    "org.opencontainers.image.revision=$revision" "org.opencontainers.image.source=$source_url"
+    "org.opencontainers.image.created=$(date -u -d "@$commit_time" +%Y-%m-%dT%H:%M:%SZ)"
+  )
+  label_record="labelled-$svc-$(hash_lines "$content" "$commit_time" "${labels[@]}")"
+  iid=$(recorded "$label_record")
+  if [ -n "$iid" ] && [ "$("${PODMAN[@]}" image inspect --format '{{.Id}}' "$image" 2>/dev/null)" = "${iid#sha256:}" ]; then
+    log "$image: labelled as before (image ID ${iid:7:12})"
+  elif [ -n "$iid" ]; then
+    "${PODMAN[@]}" tag "$iid" "$image"
+    log "$image: labelled as before (image ID ${iid:7:12}), tagged again"
+  else
+    if ! printf 'FROM %s\n' "$content" | "${PODMAN[@]}" build --no-cache --network none --timestamp "$commit_time" \
+        "${labels[@]/#/--label=}" --iidfile "build/image-$svc.iid" -t "$image" -f - "$EMPTY_CONTEXT" \
+        >>"build/image-$svc.log" 2>&1; then
+      tail -20 "build/image-$svc.log" >&2
+      echo "$image: labelling failed (whole log: build/image-$svc.log)" >&2
+      exit 1
+    fi
+    iid=$(cat "build/image-$svc.iid")
+    record "$label_record" "$iid"
   fi
-  iid=$(cat "build/image-$svc.iid")
   smoke "$svc" "$image" "$content"  # the labels change nothing it runs
-  sizes[$image]=$("${PODMAN[@]}" image inspect "$image" --format '{{.Size}}')
   printf '%s\t%s\t%s\n' "$svc" "$image" "$iid" >> build/images.tsv.tmp
   log "$image ok"
 done
@@ -273,8 +315,6 @@ mv build/images.tsv.tmp build/images.tsv
 
 # MB as podman images counts them (10^6 bytes), uncompressed
 printf '\n%-56s %8s  %s\n' IMAGE "SIZE MB" USER
-for image in "${!sizes[@]}"; do
-  user=$("${PODMAN[@]}" image inspect "$image" --format '{{.Config.User}}')
-  awk -v image="$image" -v size="${sizes[$image]}" -v user="${user:-0}" \
-    'BEGIN {printf "%-56s %8.1f  %s\n", image, size / 1e6, user}'
-done | sort
+mapfile -t images < <(cut -f2 build/images.tsv)
+"${PODMAN[@]}" image inspect --format '{{.Size}} {{.Config.User}}' "${images[@]}" | paste -d' ' <(printf '%s\n' "${images[@]}") - \
+  | awk '{printf "%-56s %8.1f  %s\n", $1, $2 / 1e6, ($3 == "" ? 0 : $3)}' | sort
