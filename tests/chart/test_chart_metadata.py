@@ -37,8 +37,8 @@ def services() -> dict[str, dict[str, Any]]:
     }
 
 
-def rendered_images(*args: str) -> set[str]:
-    out = helm("template", "neuron-helm-chart", str(CHART), "--kube-version", "v1.36.3", *args)
+def rendered_images(*args: str, chart: Path = CHART) -> set[str]:
+    out = helm("template", "neuron-helm-chart", str(chart), "--kube-version", "v1.36.3", *args)
     images: set[str] = set()
     for doc in yaml_streams.load_all(out):
         spec: Any = (doc or {}).get("spec", {})
@@ -144,3 +144,28 @@ def test_notes_warn_that_local_images_are_in_no_registry_unless_a_registry_is_se
     assert warning in notes()
     assert warning not in notes(*sets(global__imageRegistry="registry.example.com/team"))
     assert warning not in notes(*sets(devicePlugin__image__registry="registry.example.com/team"))
+
+
+def test_a_version_with_build_metadata_gives_valid_labels_and_the_tags_a_release_pushes(tmp_path: Path) -> None:
+    """`make release VERSION=1.2.3+build.7` sets the chart's version and appVersion to it: "+" is no label value
+    character nor an OCI tag's, so the chart writes "_" (as the release tags the images), or the API server
+    refuses every object of the install."""
+    chart = tmp_path / "neuron-helm-chart"
+    subprocess.run(["cp", "-r", str(CHART), str(chart)], check=True)
+    meta = (chart / "Chart.yaml").read_text()
+    meta = re.sub(r"^appVersion: .*$", 'appVersion: "1.2.3+build.7"', meta, flags=re.MULTILINE)
+    (chart / "Chart.yaml").write_text(meta)
+    out = helm("template", "neuron-helm-chart", str(chart), *sets(scheduler__enabled=True))
+    label_value = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+    versions = set()
+    for doc in yaml_streams.load_all(out):
+        labels = (doc or {}).get("metadata", {}).get("labels") or {}
+        for value in labels.values():
+            assert label_value.fullmatch(str(value)), value
+            assert len(str(value)) <= 63, value
+        versions.add(labels.get("app.kubernetes.io/version"))
+    assert versions - {None} == {"1.2.3_build.7"}
+    # the images' tags default to the appVersion (values.yaml leaves each `tag` empty)
+    project = {i for i in rendered_images(*sets(scheduler__enabled=True), chart=chart) if "/neuron-helm-chart/" in i}
+    assert project
+    assert all(i.split("@")[0].endswith(":1.2.3_build.7") for i in project), project

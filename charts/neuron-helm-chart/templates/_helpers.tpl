@@ -94,12 +94,18 @@
 {{- printf "system:serviceaccount:%s:%s" (include "neuron.componentNamespace" .) (include "neuron.serviceAccountName" .) -}}
 {{- end -}}
 
+{{/* The chart's appVersion where a label value or an image tag holds it: build metadata's "+" is neither, and
+     becomes "_", as Helm and `make release` write it in OCI tags (1.2.3+build.7: 1.2.3_build.7). */}}
+{{- define "neuron.versionTag" -}}
+{{- .Chart.AppVersion | replace "+" "_" -}}
+{{- end -}}
+
 {{/* Labels on every object; `commonLabels` values are templates (`{{ .Release.Name }}`). */}}
 {{- define "neuron.labels" -}}
 helm.sh/chart: {{ include "neuron.chart" . }}
 app.kubernetes.io/name: {{ include "neuron.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/version: {{ include "neuron.versionTag" . | trunc 63 | trimSuffix "-" | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/part-of: neuron-helm-chart
 {{- range $key, $value := .Values.commonLabels }}
@@ -147,7 +153,7 @@ app.kubernetes.io/component: {{ .component }}
 {{- with .root.Values.global.imageRegistry }}{{ $registry = . }}{{ end -}}
 {{- $repository := .image.repository -}}
 {{- if $registry }}{{ $repository = printf "%s/%s" $registry .image.repository }}{{ end -}}
-{{- $reference := printf "%s:%s" $repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- $reference := printf "%s:%s" $repository (default (include "neuron.versionTag" .root) .image.tag) -}}
 {{- if .image.digest -}}
 {{- $reference = printf "%s@%s" $reference .image.digest -}}
 {{- end -}}
