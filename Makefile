@@ -50,7 +50,7 @@ typecheck: ## mypy --strict over every package's src/
 unit: ## pure, in-process tests only: a test that starts an external process here fails (mark it integration)
 	NEURON_TEST_STAGE=unit $(BIN)/pytest -q $(XDIST) --durations=10 -m 'not integration and not cluster and not e2e and not cluster_down'
 
-integration: ## tests that start real processes: kube-apiserver, kube-scheduler, Prometheus, NFD, helm, a registry, podman, the services
+integration: ## tests that start real processes: kube-apiserver, kube-scheduler, Prometheus, NFD, helm, the services
 	$(BIN)/pytest -q --durations=20 -m 'integration and not cluster and not e2e and not cluster_down'
 
 aws-handover: ## replace a release of AWS's neuron-helm-chart by this chart, keeping every node advertised: make aws-handover FROM=release [FROM_NAMESPACE=default] RELEASE=name [NAMESPACE=default] [ARGS='-f values.yaml']

@@ -233,7 +233,7 @@ EMPTY_CONTEXT=$(mktemp -d)  # the labelling step's build context: it copies noth
 trap 'rm -rf "$SIM" "$EMPTY_CONTEXT"' EXIT
 # What one service's build can read: every file its COPY lines name (a superset of the context after
 # .containerignore, whose ignored caches and tests are left out here too), the base image, the
-# arguments. `make test` builds all five up to four times (the cluster's images, two releases, the
+# arguments. `make test` builds all five three times (the cluster's images, the release e2e, the
 # demo) and podman 4.3 takes about 8 s for a build it finds wholly in its cache: with the same inputs,
 # and the image they built still in the store, the build is not run again.
 # The files are the same for every service: hashed once.
