@@ -48,8 +48,8 @@ if [ "$import" = 1 ] && [ ! -S "$CTR_SOCK" ]; then
   exit 1
 fi
 mkdir -p "$CACHE" build/wheels
-# one build at a time: `make test` runs the integration stage (whose release test builds through
-# this script) beside the cluster stage (whose release e2e does too); both write build/ and the tags
+# one build at a time in a clone: two (a `make images` beside `make release`, say) would both write
+# build/ and the tags
 exec 9>build/.images.lock
 flock 9
 
