@@ -25,10 +25,10 @@ unexport PYTHONDONTWRITEBYTECODE
 JOBS      ?= $(shell nproc)
 XDIST     := -n $(JOBS) --dist loadfile
 
-.PHONY: aws-handover k8s-versions k8s-next help setup test lint typecheck unit integration bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images images-build release
+.PHONY: aws-handover k8s-versions k8s-next help setup test lint typecheck unit integration integration-chart integration-rest bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images images-build release
 
 help: ## list the targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-12s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
 setup: ## install everything the project needs (idempotent; seconds when nothing changed)
 	@tools/setup.sh
@@ -37,7 +37,7 @@ test: ## ruff, mypy --strict on src/, then the real-cluster tests with the integ
 	@tools/stage.sh --reset
 	@tools/stage.sh lint $(MAKE) --no-print-directory lint
 	@tools/stage.sh typecheck $(MAKE) --no-print-directory typecheck
-	@tools/stage.sh cluster-test tools/cluster_stage.sh --beside "integration unit"
+	@tools/stage.sh cluster-test tools/cluster_stage.sh --beside "integration-rest integration-chart unit"
 	@tools/stage.sh --summary
 
 lint: ## ruff lint and format check
@@ -50,8 +50,16 @@ typecheck: ## mypy --strict over every package's src/
 unit: ## pure, in-process tests only: a test that starts an external process here fails (mark it integration)
 	NEURON_TEST_STAGE=unit $(BIN)/pytest -q $(XDIST) --durations=10 -m 'not integration and not cluster and not e2e and not cluster_down'
 
+INTEGRATION := $(BIN)/pytest -q --durations=20 -m 'integration and not cluster and not e2e and not cluster_down'
 integration: ## tests that start real processes: kube-apiserver, kube-scheduler, Prometheus, NFD, helm, the services
-	$(BIN)/pytest -q --durations=20 -m 'integration and not cluster and not e2e and not cluster_down'
+	$(INTEGRATION)
+
+# make integration in two parts, which make test runs at different times (tools/cluster_stage.sh)
+integration-chart: ## make integration's chart tests (tests/chart) alone
+	$(INTEGRATION) tests/chart
+
+integration-rest: ## make integration without its chart tests
+	$(INTEGRATION) --ignore=tests/chart
 
 aws-handover: ## replace a release of AWS's neuron-helm-chart by this chart, keeping every node advertised: make aws-handover FROM=release [FROM_NAMESPACE=default] RELEASE=name [NAMESPACE=default] [ARGS='-f values.yaml']
 	$(PYTHON) tools/aws_handover.py --from-release "$(FROM)" --from-namespace "$(or $(FROM_NAMESPACE),default)" --release "$(RELEASE)" --namespace "$(or $(NAMESPACE),default)" -- $(ARGS)

@@ -8,12 +8,17 @@
 # the rest of the e2e suite on the first: both mostly wait on pods. That cluster goes down when its
 # tests end; its output goes to .run/isolated.log and is printed then.
 #
-# `--beside "STAGE..."` (`make test`: integration, then unit) runs `make STAGE` for each, one after
-# the other, at the same time as all of it. The cluster stage mostly waits (on pods, probes, helm)
-# and those stages mostly compute. Integration first: it is the longer of the two, and unit, which has no
-# deadlines and spreads over the cores, then runs when the cluster stage has ended and left them idle
-# (unit first, integration ran on alone for its last five minutes with the cores 20 to 50 % idle).
-# Unit at the same time as integration, under SCHED_IDLE, was tried: the cores were 90 % busy
+# `--beside "STAGE..."` (`make test`: integration-rest, integration-chart, unit) runs `make STAGE` for
+# each, in that order, at the same time as all of it. The cluster stage mostly waits (on pods,
+# probes, helm) and those stages mostly compute. One of them runs at a time while both clusters' e2e
+# suites run, two once the second cluster's have ended, all once the first's have
+# (`.run/isolated.done`, `.run/e2e.done`); each also starts when the one before it ends. Integration
+# first: the longest, in one process (its scheduling simulations and reduced benches run against
+# deadlines). The second cluster's suites end about 270 s before the first's: the chart's tests,
+# which have none, take that time. Unit last, on every core: begun only after all of integration, it
+# once ended 135 s after the demo while the demo mostly waited and integration ran on one core (and
+# unit first, integration ran on alone for its last five minutes with the cores 20 to 50 % idle).
+# Unit at the same time as integration from the start, under SCHED_IDLE, was tried: the cores were 90 % busy
 # (/proc/stat), unit got so little that it took 1,124 s and a test of its with a wall-clock wait
 # failed, and the cluster stage took longer too.
 # Their output goes to .run/STAGE.log and is printed when they end; each runs even after a failed one,
@@ -27,24 +32,41 @@ if [ "${1:-}" = "--beside" ]; then beside=${2:?--beside needs the stages}; shift
 [ $# -eq 0 ] || { echo "usage: $0 [--beside \"STAGE...\"]" >&2; exit 2; }
 BIN=.venv/bin
 # each step's time, printed when it ends: which chain is the long one, and where its time goes
+began=$SECONDS
 step_began=$SECONDS
 step() { echo "[make test] step: $1: $((SECONDS - step_began)) s"; step_began=$SECONDS; }
 
+# touched when the second cluster's e2e suites end, and when the first's do
+ISOLATED_DONE=.run/isolated.done
+E2E_DONE=.run/e2e.done
+beside_slots() { echo $((1 + $([ -e "$ISOLATED_DONE" ] && echo 1 || echo 0) + $([ -e "$E2E_DONE" ] && echo 1 || echo 0))); }
 run_beside() {
-  local stage rc failed=0
+  local stage rc failed=0 pids=() running pid
   for stage in $beside; do
+    while :; do  # a free slot: fewer stages running than beside_slots
+      running=0
+      for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && running=$((running + 1)); done
+      [ "$running" -ge "$(beside_slots)" ] || break
+      sleep 2
+    done
     # as `make STAGE` alone would run: never pointed at the test cluster. At a lower CPU priority:
     # the cluster stage waits on the cluster's own processes (kubelet, API server, pods), which should
-    # not queue behind these stages' test processes. make unit on every core, as alone: it comes
-    # last, mostly after the cluster stage (make integration runs in one process whatever JOBS says).
+    # not queue behind these stages' test processes. make unit on every core, as alone.
+    echo "[make test] $stage begins beside the cluster stage, at $((SECONDS - began)) s of it"
     nice -n 10 env -u KUBECONFIG STAGE_QUIET_FAILURE=1 tools/stage.sh "$stage" make --no-print-directory "$stage" \
-      > ".run/$stage.log" 2>&1
-    rc=$?
+      > ".run/$stage.log" 2>&1 &
+    pids+=($!)
+  done
+  # each runs even after a failed one, so that one failure does not hide another
+  for pid in "${pids[@]}"; do
+    rc=0
+    wait "$pid" || rc=$?
     [ $rc -eq 0 ] || [ $failed -ne 0 ] || failed=$rc
   done
   return $failed
 }
 
+rm -f "$ISOLATED_DONE" "$E2E_DONE"
 beside_pid=""
 if [ -n "$beside" ]; then
   mkdir -p .run
@@ -74,8 +96,12 @@ if [ $status -eq 0 ]; then
   echo "[make test] e2e -m isolated: on a second cluster beside the rest; the output follows when it ends (.run/isolated.log)"
   # setsid: its own process group, which a failure here stops at once
   setsid bash -c 'tests/cluster/isolated.sh up "$1" && tests/cluster/isolated.sh exec "$1" \
-      .venv/bin/pytest -q -p no:cacheprovider -m "e2e and isolated" --durations=10 tests/e2e' _ "$ISOLATED_DIR" \
-    > .run/isolated.log 2>&1 < /dev/null &
+      .venv/bin/pytest -q -p no:cacheprovider -m "e2e and isolated" --durations=10 tests/e2e
+    rc=$?
+    # down at once, not when the first cluster'"'"'s suites end: an idle cluster still takes CPU
+    tests/cluster/isolated.sh down "$1" || { [ $rc -ne 0 ] || rc=1; }
+    touch "$2"
+    exit $rc' _ "$ISOLATED_DIR" "$ISOLATED_DONE" > .run/isolated.log 2>&1 < /dev/null &
   isolated_pid=$!
 fi
 # --durations: where the stage's time goes, in every run's log, for whoever next makes it shorter
@@ -94,6 +120,7 @@ if [ -n "$isolated_pid" ]; then
   tests/cluster/isolated.sh down "$ISOLATED_DIR" || isolated_status=$?
   [ $status -ne 0 ] || status=$isolated_status
 fi
+touch "$ISOLATED_DONE" "$E2E_DONE"  # every stage beside still waiting begins now, with the demo
 # test_down's `make demo` now, while the stages beside may still run: only its check that nothing is
 # left must wait for them (their tests run the services too); the demo itself need not.
 if [ $status -eq 0 ]; then

@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 LOG=.run/stages
 if [ "${1:-}" = "--summary" ]; then
   if [ -f "$LOG" ]; then
-    echo "[make test] stage durations (unit and integration run beside cluster-test, inside its time):"
+    echo "[make test] stage durations (the integration stages and unit run beside cluster-test, inside its time):"
     sed 's/^/  /' "$LOG"
     began=$(cat "$LOG.start" 2>/dev/null || echo "")
     [ -z "$began" ] || printf '  %-13s %4d s\n' total $(( $(date +%s) - began ))
