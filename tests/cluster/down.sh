@@ -115,6 +115,8 @@ hosts=$(grep -v "# neuron-helm-chart test cluster$" /etc/hosts || true)
 printf '%s\n' "$hosts" > /etc/hosts
 # the kubelet's records of the images it pulled (image_manager) go with the cluster they were pulled
 # in: a record naming an image ID makes the kubelet refuse an imported image of that ID (pull policy Never)
+# etcd's data: where $CLUSTER_DIR/etcd links to (tmpfs, up.sh), then the link
+[ ! -L "$CLUSTER_DIR/etcd" ] || rm -rf "$(readlink "$CLUSTER_DIR/etcd")"
 rm -rf "$CLUSTER_DIR/containerd/state" "$CLUSTER_DIR/etcd" "$CLUSTER_DIR/kubelet" /var/lib/kubelet/pods /var/lib/kubelet/image_manager
 if [ "${PURGE:-0}" = 1 ]; then rm -rf "$CLUSTER_DIR"; fi
 log "stopped"

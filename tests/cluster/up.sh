@@ -35,7 +35,20 @@ done
 CONTAINERD_BIN=$(tests/cluster/build-containerd.sh)  # seconds when cached
 for cmd in etcd runc openssl curl gcc; do command -v "$cmd" >/dev/null || die "$cmd missing: run make setup"; done
 
-mkdir -p "$CLUSTER_DIR"/{pki,logs,etcd,containerd/root,containerd/state,cni/net.d,kubelet}
+mkdir -p "$CLUSTER_DIR"/{pki,logs,containerd/root,containerd/state,cni/net.d,kubelet}
+# etcd's data on tmpfs when the machine has one ($CLUSTER_DIR/etcd links to it; down.sh removes both):
+# etcd syncs its log to disk on every write, and the cluster writes all the time (each node status,
+# lease and event), on a CI disk whose writes cost system time in a make test that is CPU-bound
+# (tests/scratch.py). The data goes with the cluster anyway.
+if [ ! -e "$CLUSTER_DIR/etcd" ]; then
+  if [ -d /dev/shm ] && [ -w /dev/shm ]; then
+    etcd_data=/dev/shm/neuron-test-etcd-$(printf '%s' "$CLUSTER_DIR" | sha256sum | cut -c1-12)
+    mkdir -p "$etcd_data"
+    ln -s "$etcd_data" "$CLUSTER_DIR/etcd"
+  else
+    mkdir -p "$CLUSTER_DIR/etcd"
+  fi
+fi
 PKI="$CLUSTER_DIR/pki"
 running() { [ -f "$CLUSTER_DIR/$1.pid" ] && kill -0 "$(cat "$CLUSTER_DIR/$1.pid")" 2>/dev/null; }
 start() {  # name, command...
