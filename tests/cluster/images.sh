@@ -169,11 +169,12 @@ for service in sys.argv[1:]:
 # image ID, which is one; each record holds the ID of an image that must still be in the store.
 RECORDS="$CACHE/records"
 mkdir -p "$RECORDS"
-# An image that passed its smoke run ($RECORDS/smoked-<ID of the unlabelled build>) is not run again:
-# the same ID is the same content.
+# An image that passed this script's smoke run ($RECORDS/smoked-<ID of the unlabelled build>-<hash of
+# this script>) is not run again: the same ID is the same content, and a changed smoke run runs anew.
+SMOKE_KEY=$(sha256sum tests/cluster/images.sh | cut -c1-12)
 smoke() {  # service image content-ID
   local svc=$1 image=$2 iid=$3 command
-  if [ -f "$RECORDS/smoked-${iid#sha256:}" ]; then
+  if [ -f "$RECORDS/smoked-${iid#sha256:}-$SMOKE_KEY" ]; then
     log "$image: smoke-run already passed (image ID ${iid:7:12})"
     return
   fi
@@ -218,7 +219,7 @@ asyncio.run(main())' \
         -c 'import neuron_dra_driver.app, neuron_common.kube, yaml, kubelet_api.dra.v1.api_pb2_grpc' \
         || { echo "$image: the driver's imports failed" >&2; exit 1; } ;;
   esac
-  record "smoked-${iid#sha256:}" "$iid"
+  record "smoked-${iid#sha256:}-$SMOKE_KEY" "$iid"
 }
 revision=$(git rev-parse HEAD)
 [ -z "$(git status --porcelain --untracked-files=no)" ] || revision="$revision-dirty"
