@@ -11,6 +11,7 @@ import tomllib
 from pathlib import Path
 
 import pytest
+from releasing import services
 
 REPO = Path(__file__).resolve().parent.parent
 DOCKERFILE = REPO / "services/Dockerfile"
@@ -30,10 +31,6 @@ def service_stages() -> dict[str, dict[str, str]]:
         elif current is not None:
             current[instruction] = argument
     return stages
-
-
-def services() -> list[str]:
-    return sorted(p.parent.name for p in (REPO / "services").glob("*/pyproject.toml"))
 
 
 def test_every_service_has_a_stage_and_nothing_else_does() -> None:

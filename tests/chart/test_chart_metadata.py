@@ -5,6 +5,7 @@ name no registry a user could be sent to in vain."""
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import tomllib
 from pathlib import Path
@@ -151,7 +152,7 @@ def test_a_version_with_build_metadata_gives_valid_labels_and_the_tags_a_release
     character nor an OCI tag's, so the chart writes "_" (as the release tags the images), or the API server
     refuses every object of the install."""
     chart = tmp_path / "neuron-helm-chart"
-    subprocess.run(["cp", "-r", str(CHART), str(chart)], check=True)
+    shutil.copytree(CHART, chart)
     meta = (chart / "Chart.yaml").read_text()
     meta = re.sub(r"^appVersion: .*$", 'appVersion: "1.2.3+build.7"', meta, flags=re.MULTILINE)
     (chart / "Chart.yaml").write_text(meta)
