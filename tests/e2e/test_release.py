@@ -20,6 +20,7 @@ import sys
 import tarfile
 import time
 import urllib.request
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import signing
 import yaml
 import yaml_streams
 from cluster_access import (
+    CLUSTER_DIR,
     CTR,
     REGISTRY,
     REPO,
@@ -305,12 +307,39 @@ def test_a_wrong_digest_fails_the_install_and_helm_test_shows_the_kubelets_pull_
     assert failed.returncode != 0, f"an install whose image cannot be pulled succeeded:\n{failed.stdout}"
     selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component=node-metrics"
     eventually(lambda: pod_images(selector) == [wrong], "the exporter's pod is the one with the wrong digest", 120)
-    result = helm("test", RELEASE, "-n", NAMESPACE, "--logs", "--timeout", "300s", check=False)
-    output = result.stdout + result.stderr
-    assert result.returncode != 0, output
+    output = failing_helm_test()
     # the test pod's log, printed by --logs: the check's reason, then the kubelet's waiting reason and message
     assert re.search(r"(ErrImagePull|ImagePullBackOff): .*" + re.escape(MISSING_DIGEST), output), output
     assert "not found" in output, output
+
+
+# what the test pod prints when its ConfigMap volume lacked its own script as it started: seen once in CI, in
+# the `helm test` after this upgrade, while the same ConfigMap (unchanged: the same resourceVersion) had served
+# the test just before; not reproduced here in five runs. The kubelet's own bug of that shape, a configMap
+# volume left empty under a running container (kubernetes/kubernetes#113242), is open.
+SCRIPT_MISSING = "can't open file '/opt/neuron-tests/helm_test.py'"
+
+
+def failing_helm_test() -> str:
+    """`helm test`'s output, which must report a failure. When the test pod could not read its own script
+    (above: the kubelet, not the check under test), what the kubelet logged about that pod becomes a
+    warning in the run's summary, for whoever finds the cause, and `helm test` runs once more."""
+    for attempt in (1, 2):
+        result = helm("test", RELEASE, "-n", NAMESPACE, "--logs", "--timeout", "300s", check=False)
+        output = result.stdout + result.stderr
+        assert result.returncode != 0, output
+        if SCRIPT_MISSING not in output or attempt == 2:
+            return output
+        pod = f"{RELEASE}-tests-components"
+        kubelet = (CLUSTER_DIR / "logs" / "kubelet.log").read_text(errors="replace").splitlines()
+        events = kubectl("get", "events", "-n", NAMESPACE, "--field-selector", f"involvedObject.name={pod}",
+                         check=False).stdout  # fmt: skip
+        warnings.warn(
+            f"helm test's pod could not open its script; running helm test again. Events:\n{events}\n"
+            "The kubelet on that pod:\n" + "\n".join(line for line in kubelet if pod in line)[-8000:],
+            stacklevel=1,
+        )
+    raise AssertionError("unreachable")
 
 
 def registry_contents() -> dict[str, list[str]]:
