@@ -50,10 +50,15 @@ create() {
   for path in "${PRIVATE[@]}"; do mkdir -p "$path" "$DIR/host$path"; done
   # a copy: up.sh adds the node's name; down.sh removes it again from this copy only
   cp /etc/hosts "$DIR/host/hosts"
+  # No way out, so no name server either: the host's is unreachable from here, and a lookup would wait
+  # for its timeout (cosign's for its TUF root took about 10 s a call); on loopback it is refused at once.
+  # CoreDNS forwards nothing (tests/cluster/peers/coredns.yaml), so cluster names still resolve.
+  echo "nameserver 127.0.0.1" > "$DIR/host/resolv.conf"
   unshare --mount="$NS/mnt" --net="$NS/net" --propagation private \
     bash -euc 'dir=$1; shift
       for path in "$@"; do mount --bind "$dir/host$path" "$path"; done
       mount --bind "$dir/host/hosts" /etc/hosts
+      [ ! -e /etc/resolv.conf ] || mount --bind "$dir/host/resolv.conf" /etc/resolv.conf
       ip link set lo up
       # a default route: the kubelet takes the node address from its interface, and kube-router needs one
       ip link add host0 type veth peer name host0-peer
