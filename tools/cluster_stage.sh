@@ -3,19 +3,19 @@
 # the cluster and e2e tests, then `make demo` and, once the stages beside have ended, a cluster-down
 # that must leave nothing (test_down).
 #
-# The e2e tests marked `isolated` (chart-testing's installs, the DRA module) run on a second cluster, in network and
-# mount namespaces of its own (tests/cluster/isolated.sh), at the same time as the cluster tests and
-# the rest of the e2e suite on the first: both mostly wait on pods. That cluster goes down when its
-# tests end; its output goes to .run/isolated.log and is printed then.
+# The e2e tests marked `isolated` (chart-testing's installs, the DRA module, the release) run on a second
+# cluster, in network and mount namespaces of its own (tests/cluster/isolated.sh), at the same time as
+# the cluster tests and the rest of the e2e suite on the first: both mostly wait on pods. That cluster
+# goes down when its tests end; its output goes to .run/isolated.log and is printed after the demo,
+# which runs as soon as the first cluster's suites end.
 #
 # `--beside "STAGE..."` (`make test`: integration-rest, integration-chart, unit) runs `make STAGE` for
 # each, in that order, at the same time as all of it. The cluster stage mostly waits (on pods,
 # probes, helm) and those stages mostly compute. One of them runs at a time while both clusters' e2e
-# suites run, two once the second cluster's have ended, all once the first's have
+# suites run, two once either cluster's have ended, all once both have
 # (`.run/isolated.done`, `.run/e2e.done`); each also starts when the one before it ends. Integration
 # first: the longest, in one process (its scheduling simulations and reduced benches run against
-# deadlines). The second cluster's suites end about 270 s before the first's: the chart's tests,
-# which have none, take that time. Unit last, on every core: begun only after all of integration, it
+# deadlines). Unit last, on every core: begun only after all of integration, it
 # once ended 135 s after the demo while the demo mostly waited and integration ran on one core (and
 # unit first, integration ran on alone for its last five minutes with the cores 20 to 50 % idle).
 # Unit at the same time as integration from the start, under SCHED_IDLE, was tried: the cores were 90 % busy
@@ -109,20 +109,10 @@ if [ $status -eq 0 ]; then $BIN/pytest -q -m cluster --durations=10 tests/cluste
 step "cluster tests"
 if [ $status -eq 0 ]; then $BIN/pytest -q -m "e2e and not isolated" --durations=25 tests/e2e || status=$?; fi
 step "e2e"
-if [ -n "$isolated_pid" ]; then
-  [ $status -eq 0 ] || kill -TERM -- "-$isolated_pid" 2>/dev/null
-  isolated_status=0
-  wait "$isolated_pid" || isolated_status=$?
-  step "waiting for e2e -m isolated"
-  echo "[make test] --- e2e -m isolated (ran on the second cluster) ---"
-  cat .run/isolated.log
-  echo "[make test] --- end of e2e -m isolated ---"
-  tests/cluster/isolated.sh down "$ISOLATED_DIR" || isolated_status=$?
-  [ $status -ne 0 ] || status=$isolated_status
-fi
-touch "$ISOLATED_DONE" "$E2E_DONE"  # every stage beside still waiting begins now, with the demo
-# test_down's `make demo` now, while the stages beside may still run: only its check that nothing is
-# left must wait for them (their tests run the services too); the demo itself need not.
+touch "$E2E_DONE"  # a stage beside still waiting may begin now, with the demo
+[ $status -eq 0 ] || [ -z "$isolated_pid" ] || kill -TERM -- "-$isolated_pid" 2>/dev/null
+# test_down's `make demo` now, while the second cluster's suites and the stages beside may still run:
+# only test_down's check that nothing is left must wait for them (their tests run the services too).
 if [ $status -eq 0 ]; then
   echo "[make test] make demo (tools/demo.sh; its output: .run/demo.log)"
   if tools/demo.sh > .run/demo.log 2>&1; then
@@ -134,6 +124,17 @@ if [ $status -eq 0 ]; then
   fi
   step "make demo"
 fi
+if [ -n "$isolated_pid" ]; then
+  isolated_status=0
+  wait "$isolated_pid" || isolated_status=$?
+  step "waiting for e2e -m isolated"
+  echo "[make test] --- e2e -m isolated (ran on the second cluster) ---"
+  cat .run/isolated.log
+  echo "[make test] --- end of e2e -m isolated ---"
+  tests/cluster/isolated.sh down "$ISOLATED_DIR" || isolated_status=$?
+  [ $status -ne 0 ] || status=$isolated_status
+fi
+touch "$ISOLATED_DONE"  # every stage beside still waiting begins now
 downed=0
 if [ $status -ne 0 ]; then  # test_down will not run: stop the cluster now, not after the stages beside
   tests/cluster/down.sh || true

@@ -59,7 +59,10 @@ SIMULATED_NODE = [
 ]  # fmt: skip
 MISSING_DIGEST = "sha256:" + "0" * 64
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1800)]
+# isolated: make cluster-test runs this module on its second cluster (whose loopback has a registry of its own),
+# beside the rest of the e2e suite: the release's builds, pushes and signatures take CPU while the first
+# cluster's suite mostly waits on pods, and the second cluster's suites ended minutes before the first's
+pytestmark = [pytest.mark.e2e, pytest.mark.isolated, pytest.mark.timeout(1800)]
 
 
 def pod_images(selector: str) -> list[str]:
