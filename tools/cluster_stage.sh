@@ -40,35 +40,19 @@ step() { echo "[make test] step: $1: $((SECONDS - step_began)) s"; step_began=$S
 ISOLATED_DONE=.run/isolated.done
 E2E_DONE=.run/e2e.done
 beside_slots() { echo $((1 + $([ -e "$ISOLATED_DONE" ] && echo 1 || echo 0) + $([ -e "$E2E_DONE" ] && echo 1 || echo 0))); }
-# The slots above fit one machine's speed: on a faster one the stages beside became the longest chain
-# (integration-rest, then integration-chart, then unit, one after another) while the cores were a fifth
-# idle. So a stage also begins when the cores were more than IDLE_PERCENT idle over the last
-# IDLE_SECONDS (/proc/stat: idle and iowait against all), whatever the slots say.
-IDLE_PERCENT=25
-IDLE_SECONDS=20
-cpu_times() { awk '/^cpu / {print $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9, $5 + $6; exit}' /proc/stat; }
 run_beside() {
-  local stage rc failed=0 pids=() running pid why total0 idle0 total1 idle1 window_began
+  local stage rc failed=0 pids=() running pid
   for stage in $beside; do
-    read -r total0 idle0 < <(cpu_times)
-    window_began=$SECONDS
-    while :; do  # a free slot, or idle cores
+    while :; do  # a free slot: fewer stages running than beside_slots
       running=0
       for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && running=$((running + 1)); done
-      [ "$running" -ge "$(beside_slots)" ] || { why="a free slot"; break; }
+      [ "$running" -ge "$(beside_slots)" ] || break
       sleep 2
-      [ $((SECONDS - window_began)) -ge $IDLE_SECONDS ] || continue
-      read -r total1 idle1 < <(cpu_times)
-      if [ $(((idle1 - idle0) * 100)) -gt $(((total1 - total0) * IDLE_PERCENT)) ]; then
-        why="the cores $(((idle1 - idle0) * 100 / (total1 - total0))) % idle over ${IDLE_SECONDS} s"
-        break
-      fi
-      total0=$total1 idle0=$idle1 window_began=$SECONDS
     done
     # as `make STAGE` alone would run: never pointed at the test cluster. At a lower CPU priority:
     # the cluster stage waits on the cluster's own processes (kubelet, API server, pods), which should
     # not queue behind these stages' test processes. make unit on every core, as alone.
-    echo "[make test] $stage begins beside the cluster stage, at $((SECONDS - began)) s of it ($why)"
+    echo "[make test] $stage begins beside the cluster stage, at $((SECONDS - began)) s of it"
     nice -n 10 env -u KUBECONFIG STAGE_QUIET_FAILURE=1 tools/stage.sh "$stage" make --no-print-directory "$stage" \
       > ".run/$stage.log" 2>&1 &
     pids+=($!)
