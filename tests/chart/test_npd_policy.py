@@ -157,6 +157,9 @@ async def _attempts(cp: ControlPlane, tokens: Tokens) -> dict[str, str]:
         }
         attempts = {
             "own condition": status(detector, "node-a", condition("NeuronHealth", "True")),
+            "EKS's AcceleratedHardwareReady": status(
+                detector, "node-a", condition("AcceleratedHardwareReady", "False")
+            ),
             "another condition type": status(detector, "node-a", condition("Ready", "False")),
             "another node's condition": status(detector, "node-b", condition("NeuronHealth", "True")),
             "a token bound to no pod": status(stranger, "node-a", condition("NeuronHealth", "True")),
@@ -184,13 +187,16 @@ async def _attempts(cp: ControlPlane, tokens: Tokens) -> dict[str, str]:
 
 def test_a_detector_changes_only_its_own_node(apiserver: ControlPlane, tokens: Tokens) -> None:
     outcomes = asyncio.run(_attempts(apiserver, tokens))
-    allowed = {"own condition", "own taint and cordon", "an Event about its node"}
+    allowed = {"own condition", "EKS's AcceleratedHardwareReady", "own taint and cordon", "an Event about its node"}
     for name, outcome in outcomes.items():
         if name in allowed:
             assert outcome == "allowed", f"{name}: {outcome}"
         else:
             assert outcome.startswith("403"), (name, outcome)
-    assert "only the node conditions of its rules (NeuronHealth)" in outcomes["another condition type"]
+    assert (
+        "only the node conditions of its rules (NeuronHealth, AcceleratedHardwareReady)"
+        in (outcomes["another condition type"])
+    )
     assert "may not change node node-b" in outcomes["another node's taint"]
     assert "names none" in outcomes["a token bound to no pod"]
     assert "only its own taint" in outcomes["a label"]
@@ -208,7 +214,13 @@ async def _report(cp: ControlPlane, tokens: Tokens) -> list[str]:
     seen: list[str] = []
 
     async def step(health: str, *events: str) -> None:
-        reporter.set_conditions([ConditionStatus("NeuronHealth", health, f"Reason{health}", "m", 0.0)])
+        ready = "False" if health == "True" else "True"
+        reporter.set_conditions(
+            [
+                ConditionStatus("NeuronHealth", health, f"Reason{health}", "m", 0.0),
+                ConditionStatus("AcceleratedHardwareReady", ready, f"Reason{ready}", "m", 0.0, ready=True),
+            ]
+        )
         for message in events:
             reporter.event("NeuronHasError_X", message)
             assert await reporter.sync_once(), reporter.api_errors  # each Event sent before the next
@@ -219,7 +231,10 @@ async def _report(cp: ControlPlane, tokens: Tokens) -> list[str]:
         taints = [t["key"] for t in node["spec"].get("taints") or []]
         cordoned = node["spec"].get("unschedulable", False)
         by = (node["metadata"].get("annotations") or {}).get(CORDON_ANNOTATION)
-        seen.append(f"NeuronHealth={conditions['NeuronHealth']} Ready={conditions['Ready']} {taints} {cordoned} {by}")
+        seen.append(
+            f"NeuronHealth={conditions['NeuronHealth']} AcceleratedHardwareReady={conditions['AcceleratedHardwareReady']}"
+            f" Ready={conditions['Ready']} {taints} {cordoned} {by}"
+        )
 
     try:
         await step("False")
@@ -236,9 +251,9 @@ async def _report(cp: ControlPlane, tokens: Tokens) -> list[str]:
 
 def test_the_detectors_own_reporter_is_admitted(apiserver: ControlPlane, tokens: Tokens) -> None:
     assert asyncio.run(_report(apiserver, tokens)) == [
-        "NeuronHealth=False Ready=True [] False None",
-        f"NeuronHealth=True Ready=True ['{TAINT_KEY}'] True neuron-problem-detector",
-        "NeuronHealth=False Ready=True [] False None",
+        "NeuronHealth=False AcceleratedHardwareReady=True Ready=True [] False None",
+        f"NeuronHealth=True AcceleratedHardwareReady=False Ready=True ['{TAINT_KEY}'] True neuron-problem-detector",
+        "NeuronHealth=False AcceleratedHardwareReady=True Ready=True [] False None",
         "NeuronHasError_X node-a count=2",
     ]
 

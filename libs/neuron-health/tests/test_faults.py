@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import re
 from pathlib import Path
 
@@ -85,3 +86,46 @@ def test_readme_fault_table_is_generated_from_the_table() -> None:
     assert begin in readme, "docs/device-plugin.md lacks the generated fault table"
     table = readme.split(begin, 1)[1].split(end, 1)[0].strip()
     assert table == faults.markdown_table(), "docs/device-plugin.md's fault table is stale: paste `neuron-sim faults`"
+
+
+# --- the remediation ladder (issue 56) --------------------------------------------------------------
+
+
+def test_eks_node_monitoring_agents_four_reasons_come_out_of_the_rule_unchanged() -> None:
+    # shared/reference/fleet-and-scale.md: the agent's reasons for the four kinds it matches
+    eks = {
+        "SRAM_UNCORRECTABLE_ERROR": "NeuronSRAMUncorrectableError",
+        "NC_UNCORRECTABLE_ERROR": "NeuronNCUncorrectableError",
+        "HBM_UNCORRECTABLE_ERROR": "NeuronHBMUncorrectableError",
+        "DMA_ERROR": "NeuronDMAError",
+    }
+    assert {kind: faults.BY_KIND[kind].accelerated_hardware_reason for kind in eks} == eks
+    assert faults.BY_KIND["HBM_REPAIRABLE_UNCORRECTABLE_ERROR"].accelerated_hardware_reason == (
+        "NeuronHBMRepairableUncorrectableError"
+    )
+    reasons = [f.accelerated_hardware_reason for f in faults.BY_KIND.values()]
+    assert len(set(reasons)) == len(reasons), "two fault kinds share an AcceleratedHardwareReady reason"
+    assert all(re.fullmatch(r"Neuron[A-Z][A-Za-z]+", r) for r in reasons), reasons
+
+
+def test_every_rung_follows_the_severity_and_no_fault_claims_a_device_reset_without_a_source() -> None:
+    rungs = {f.kind: f.rung for f in faults.BY_KIND.values()}
+    assert rungs["HBM_REPAIRABLE_UNCORRECTABLE_ERROR"] is faults.Rung.REBOOT
+    assert rungs["HBM_UNCORRECTABLE_ERROR"] is faults.Rung.REPLACE
+    assert rungs["UNKNOWN_HW_ERROR"] is faults.Rung.REPLACE
+    assert rungs["HANG_ON_COLLECTIVES"] is faults.Rung.EVENT
+    for f in faults.BY_KIND.values():
+        # the condition others replace nodes on turns False exactly where the device leaves service
+        assert f.rung.needs_new_boot_or_instance == f.takes_device_out, f.kind
+    # nothing in AWS's documentation or the driver's source says a reset clears a fault: no fault says so
+    assert not [f.kind for f in faults.BY_KIND.values() if f.cleared_by_device_reset]
+    reset = dataclasses.replace(faults.BY_KIND["HBM_REPAIRABLE_UNCORRECTABLE_ERROR"], cleared_by_device_reset=True)
+    assert reset.rung is faults.Rung.DEVICE_RESET
+    assert not reset.rung.needs_new_boot_or_instance
+
+
+def test_docs_remediation_ladder_is_generated_from_the_table() -> None:
+    page = (Path(__file__).resolve().parents[3] / "docs" / "remediation.md").read_text()
+    begin, end = "<!-- ladder:begin (neuron-sim faults --ladder) -->", "<!-- ladder:end -->"
+    assert begin in page, "docs/remediation.md lacks the generated ladder"
+    assert page.split(begin, 1)[1].split(end, 1)[0].strip() == faults.remediation_table()

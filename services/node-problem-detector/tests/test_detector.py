@@ -92,3 +92,59 @@ def test_state_round_trip_and_garbage(tmp_path: Path) -> None:
     assert fresh.problems == {}
     assert warning is not None
     assert "unreadable" in warning
+
+
+# --- AcceleratedHardwareReady, the condition EKS node auto repair and Karpenter act on (issue 56) -----
+
+
+def test_accelerated_hardware_ready_turns_false_for_faults_that_need_a_reboot_or_a_new_instance() -> None:
+    s = DetectorState(boot_id="b1")
+    health, ready = s.conditions(DEFAULT, now=100, accelerated_hardware=True)
+    assert (health.type, health.unhealthy) == ("NeuronHealth", False)
+    assert (ready.type, ready.status, ready.reason, ready.unhealthy) == (
+        "AcceleratedHardwareReady", "True", "NeuronAcceleratedHardwareIsReady", False,
+    )  # fmt: skip
+    s.add(match("NEURON_HW_ERR=HBM_REPAIRABLE_UNCORRECTABLE_ERROR nd-id=3"), now=150)
+    _, ready = s.conditions(DEFAULT, now=160, accelerated_hardware=True)
+    assert (ready.status, ready.reason, ready.last_transition) == (
+        "False", "NeuronHBMRepairableUncorrectableError", 160,
+    )  # fmt: skip
+    s.add(match("NEURON_HW_ERR=HBM_UNCORRECTABLE_ERROR nd-id=4 nc-id=1"), now=170)
+    health, ready = s.conditions(DEFAULT, now=180, accelerated_hardware=True)
+    # the latest fault names it, in EKS's node monitoring agent's own words; the transition stays
+    assert (ready.status, ready.reason, ready.last_transition, ready.unhealthy) == (
+        "False", "NeuronHBMUncorrectableError", 160, True,
+    )  # fmt: skip
+    assert "neuron3" in ready.message
+    assert "neuron4" in ready.message
+    assert health.unhealthy
+    assert health.status == "True"
+    s.clear_devices({3, 4})  # a reload mends the repairable one only
+    _, ready = s.conditions(DEFAULT, now=190, accelerated_hardware=True)
+    assert (ready.status, ready.reason) == ("False", "NeuronHBMUncorrectableError")
+    assert s.new_boot("b2")
+    _, ready = s.conditions(DEFAULT, now=200, accelerated_hardware=True)
+    assert (ready.status, ready.reason, ready.last_transition) == ("True", "NeuronAcceleratedHardwareIsReady", 200)
+
+
+def test_a_users_rule_whose_reason_the_table_does_not_know_leaves_accelerated_hardware_ready_alone() -> None:
+    r = rules.parse({"conditions": [{"type": "NeuronHealth", "reason": "Ok"}],
+                     "rules": [{"type": "permanent", "condition": "NeuronHealth", "reason": "SiteSpecific",
+                                "pattern": "OUR_OWN"}]})  # fmt: skip
+    s = DetectorState(boot_id="b1")
+    [m] = rules.match_message(r, "OUR_OWN nd-id=1")
+    s.add(m, now=1)
+    health, ready = s.conditions(r, now=2, accelerated_hardware=True)
+    assert health.status == "True"
+    assert (ready.status, ready.unhealthy) == ("True", False)
+
+
+def test_accelerated_hardware_ready_keeps_its_transition_across_a_restart(tmp_path: Path) -> None:
+    s = DetectorState(boot_id="b1")
+    s.add(match("NEURON_HW_ERR=DMA_ERROR nd-id=2 nc-id=0"), now=10)
+    _, before = s.conditions(DEFAULT, now=11, accelerated_hardware=True)
+    save_state(tmp_path / "state.json", s)
+    restored, warning = load_state(tmp_path / "state.json")
+    assert warning is None
+    _, after = restored.conditions(DEFAULT, now=500, accelerated_hardware=True)
+    assert (after.status, after.reason, after.last_transition) == ("False", "NeuronDMAError", before.last_transition)

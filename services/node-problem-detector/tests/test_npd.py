@@ -528,3 +528,47 @@ def test_kernel_log_format_from_its_environment_twin(tmp_path: Path) -> None:
     cfg = config_mod.parse(["--node-name", NODE], env=env)
     assert (cfg.kernel_log_format, cfg.kmsg_path) == ("syslog", tmp_path / "kern.log")
     assert config_mod.parse(["--node-name", NODE], env={}).kernel_log_format == "kmsg"
+
+
+# --- AcceleratedHardwareReady (issue 56): written beside NeuronHealth unless EKS's agent owns it ---------
+
+
+def ready_condition(api: FakeApiServer) -> tuple[str, str] | None:
+    c = api.condition(NODE, "AcceleratedHardwareReady")
+    return None if c is None else (c["status"], c["reason"])
+
+
+async def test_accelerated_hardware_ready_is_written_beside_neuron_health(
+    tmp_path: Path, node: Path, api: FakeApiServer
+) -> None:
+    async with running(tmp_path, node, api, "--cordon") as det:
+        await eventually(lambda: ready_condition(api) == ("True", "NeuronAcceleratedHardwareIsReady"))
+        sim.inject_hw_error(node, "HBM_UNCORRECTABLE_ERROR", 2, 0)
+        await eventually(lambda: ready_condition(api) == ("False", "NeuronHBMUncorrectableError"))
+        await eventually(lambda: det.reporter.up_to_date)
+        assert status(api) == ("True", "NeuronHasError_HBM_UNCORRECTABLE_ERROR")
+        # the readiness polarity does not confuse remediation: the node is cordoned once, for the fault
+        assert api.nodes[NODE]["spec"]["unschedulable"] is True
+        assert "neuron2" in (api.condition(NODE, "AcceleratedHardwareReady") or {})["message"]
+
+
+async def test_where_eks_node_monitoring_agent_runs_it_owns_accelerated_hardware_ready(
+    tmp_path: Path, node: Path, api: FakeApiServer
+) -> None:
+    conditions = api.nodes[NODE]["status"]["conditions"]
+    conditions.append({"type": "KernelReady", "status": "True", "reason": "KernelIsReady", "message": ""})
+    async with running(tmp_path, node, api) as det:
+        sim.inject_hw_error(node, "HBM_UNCORRECTABLE_ERROR", 2, 0)
+        # the positive marker: the detector's own condition and Event have reached the API server
+        await eventually(lambda: status(api) == ("True", "NeuronHasError_HBM_UNCORRECTABLE_ERROR"))
+        await eventually(lambda: det.reporter.up_to_date)
+        assert det.reporter.agent_owns_accelerated_hardware is True
+        assert ready_condition(api) is None
+
+
+async def test_accelerated_hardware_ready_off_is_never_written(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
+    async with running(tmp_path, node, api, "--accelerated-hardware-condition", "off") as det:
+        sim.inject_hw_error(node, "DMA_ERROR", 1, 0)
+        await eventually(lambda: status(api) == ("True", "NeuronHasError_DMA_ERROR"))
+        await eventually(lambda: det.reporter.up_to_date)
+        assert ready_condition(api) is None

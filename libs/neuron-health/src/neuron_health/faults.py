@@ -18,6 +18,14 @@ Severities (`shared/reference/neuron-stack.md` section 3, "Kernel log" and the r
 A transient fault never takes a device out: the problem detector hands the device plugin only
 the problems that set a condition, so a transient fault that removed a device would act
 differently depending on which components are installed.
+
+Each fault also has its rung on the remediation ladder (`Fault.rung`, docs/remediation.md): what
+the fleet does about it. A rung follows from the severity, except the device reset, which a fault
+reaches only when `cleared_by_device_reset` says a reset of the device clears it. No fault says so
+today: the driver's `reset` node resets a device that no process holds open
+(shared/reference/neuron-stack.md, section 2), and neither AWS's documentation nor the driver's
+source says which fault a reset clears. A fault gets the property only with such a source, named in
+its `why`.
 """
 
 from __future__ import annotations
@@ -50,6 +58,20 @@ class Severity(enum.StrEnum):
         return self is Severity.UNTIL_REBOOT
 
 
+class Rung(enum.StrEnum):
+    """The remediation ladder's rungs, mildest first."""
+
+    EVENT = "event"  # an Event; the device stays in service
+    DEVICE_RESET = "device-reset"  # the node agent resets the idle device, then validates it
+    REBOOT = "reboot"  # cordon, drain, reboot, validate
+    REPLACE = "replace"  # cordon, drain, ask for a new instance
+
+    @property
+    def needs_new_boot_or_instance(self) -> bool:
+        """`AcceleratedHardwareReady` turns False: EKS node auto repair and Karpenter replace such a node."""
+        return self in (Rung.REBOOT, Rung.REPLACE)
+
+
 CONDITION = node_health.CONDITION
 HEALTHY_REASON = "NeuronHasNoError"
 HEALTHY_MESSAGE = "No Neuron hardware errors on this boot"
@@ -68,10 +90,27 @@ class Fault:
     driver_pattern: str | None = None  # a driver message; the named group `device` is the device index
     device_counters: tuple[str, ...] = ()  # stats/hardware/<name>
     core_counters: tuple[str, ...] = ()  # stats/status/<name>/total on any of the device's cores
+    cleared_by_device_reset: bool = False  # only with a source saying so (see the module's docstring)
 
     @property
     def takes_device_out(self) -> bool:
         return self.severity.takes_device_out
+
+    @property
+    def rung(self) -> Rung:
+        if self.severity is Severity.TRANSIENT:
+            return Rung.EVENT
+        if self.cleared_by_device_reset:
+            return Rung.DEVICE_RESET
+        return Rung.REBOOT if self.severity is Severity.UNTIL_REBOOT else Rung.REPLACE
+
+    @property
+    def accelerated_hardware_reason(self) -> str:
+        """The `AcceleratedHardwareReady` reason, in the form of EKS's node monitoring agent: its four
+        (`NeuronSRAMUncorrectableError`, `NeuronNCUncorrectableError`, `NeuronHBMUncorrectableError`,
+        `NeuronDMAError`) come out of this rule unchanged, so alerts and repair policies keyed on them hold."""
+        words = self.kind.split("_")
+        return "Neuron" + "".join(w if w in _ACRONYMS else w.capitalize() for w in words)
 
     @property
     def kernel_pattern(self) -> str | None:
@@ -84,6 +123,9 @@ class Fault:
     @property
     def counters(self) -> tuple[str, ...]:
         return self.device_counters + self.core_counters
+
+
+_ACRONYMS = frozenset({"SRAM", "HBM", "NC", "DMA", "HW"})
 
 
 def _hw(
@@ -242,4 +284,17 @@ def markdown_table() -> str:
         counters = ", ".join(f"`{c}`" for c in f.counters) or "-"
         out = "yes" if f.takes_device_out else "no"
         rows.append(f"| `{f.kind}` | {where} | {counters} | {f.severity} | {out} | `{f.reason}` | {f.why} |")
+    return "\n".join(rows)
+
+
+def remediation_table() -> str:
+    """The ladder as docs/remediation.md shows it: each fault's rung and `AcceleratedHardwareReady` reason."""
+    rows = [
+        "| Fault | Severity | Rung | `AcceleratedHardwareReady` | Reason there |",
+        "|---|---|---|---|---|",
+    ]
+    for f in (*FAULTS, UNKNOWN_FATAL, UNKNOWN_NOTICE):
+        ahr = "False" if f.rung.needs_new_boot_or_instance else "unchanged"
+        reason = f"`{f.accelerated_hardware_reason}`" if f.rung.needs_new_boot_or_instance else "-"
+        rows.append(f"| `{f.kind}` | {f.severity} | {f.rung} | {ahr} | {reason} |")
     return "\n".join(rows)

@@ -6,3 +6,11 @@ from __future__ import annotations
 
 CONDITION = "NeuronHealth"  # the NodeCondition type; True while the node has a Neuron hardware problem
 UNHEALTHY_TAINT = "aws.amazon.com/neuron-unhealthy"  # the detector's NoSchedule taint (npd.remediation.taint)
+
+# EKS's node monitoring agent's condition, which EKS node auto repair and Karpenter's node repair act on
+# (shared/reference/fleet-and-scale.md): False while the node needs a reboot or a new instance.
+ACCELERATED_HARDWARE_CONDITION = "AcceleratedHardwareReady"
+ACCELERATED_HARDWARE_READY_REASON = "NeuronAcceleratedHardwareIsReady"
+# The other conditions that agent writes on every node it runs on: where one of them is on a Node, the
+# agent runs there and owns AcceleratedHardwareReady, and the problem detector leaves it alone.
+EKS_NODE_MONITORING_AGENT_CONDITIONS = ("KernelReady", "NetworkingReady", "StorageReady", "ContainerRuntimeReady")

@@ -77,7 +77,8 @@ def _parser() -> argparse.ArgumentParser:
     n.add_argument("--instance-type", default="m5.xlarge", help="EC2 instance type in the DMI product name")
     n.add_argument("--force", action="store_true", help="replace a simulated node already under --root")
 
-    sub.add_parser("faults", help="print the hardware fault table (Markdown): the kinds `inject fault` takes")
+    f = sub.add_parser("faults", help="print the hardware fault table (Markdown): the kinds `inject fault` takes")
+    f.add_argument("--ladder", action="store_true", help="print each fault's remediation rung instead")
 
     mon = sub.add_parser(
         "monitor",
@@ -203,7 +204,7 @@ def _run(args: argparse.Namespace) -> int:
         print(f"created a simulated {args.instance_type} without Neuron devices under {args.root}")
         return 0
     if args.command == "faults":
-        print(faults.markdown_table())
+        print(faults.remediation_table() if args.ladder else faults.markdown_table())
         return 0
     if args.command == "monitor":
         from neuron_sim import monitor

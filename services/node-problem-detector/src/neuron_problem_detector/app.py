@@ -147,7 +147,9 @@ class Detector:
     def _publish(self) -> None:
         """Push the state everywhere it shows: file, conditions, verdicts, metrics."""
         self._save()
-        conditions = self.state.conditions(self.rules, wall_now())
+        conditions = self.state.conditions(
+            self.rules, wall_now(), accelerated_hardware=self.config.accelerated_hardware_condition != "off"
+        )
         self.reporter.set_conditions(conditions)
         for c in conditions:
             for reason in self.rules.reasons_of(c.type):

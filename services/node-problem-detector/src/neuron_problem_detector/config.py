@@ -40,6 +40,14 @@ class Reporting:
     max_pending_events: int = flag(1000, "Events kept while the API server is unreachable", type=positive_int)
     taint: bool = switch(False, "taint the node aws.amazon.com/neuron-unhealthy:NoSchedule while unhealthy")
     cordon: bool = switch(False, "cordon the node while unhealthy (never drains)")
+    accelerated_hardware_condition: str = flag(
+        "auto",
+        "write EKS's AcceleratedHardwareReady condition beside the rules' (False while a fault needs a reboot or a "
+        "new instance, which EKS node auto repair and Karpenter act on): 'auto' unless EKS's node monitoring agent "
+        "runs on the node (its KernelReady, NetworkingReady, StorageReady or ContainerRuntimeReady condition is "
+        "there), which then owns it; 'on' always; 'off' never",
+        choices=["auto", "on", "off"],
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from neuron_driver.files import replace_file
+from neuron_health import faults
+from neuron_model import node_health
 from neuron_problem_detector.rules import Match, Rules
 
 MESSAGE_LIMIT = 1024  # the API server keeps condition messages short; so do we
@@ -43,6 +45,11 @@ class ConditionStatus:
     reason: str
     message: str
     last_transition: float  # wall clock seconds
+    ready: bool = False  # a readiness condition (AcceleratedHardwareReady): "False" is the unhealthy status
+
+    @property
+    def unhealthy(self) -> bool:
+        return self.status == ("False" if self.ready else "True")
 
 
 @dataclass
@@ -103,24 +110,48 @@ class DetectorState:
         return True
 
     # -- views -----------------------------------------------------------------------------------
-    def conditions(self, rules: Rules, now: float) -> list[ConditionStatus]:
+    def conditions(self, rules: Rules, now: float, accelerated_hardware: bool = False) -> list[ConditionStatus]:
+        """The rules' conditions; with `accelerated_hardware`, also EKS's `AcceleratedHardwareReady`."""
         result = []
         for c in rules.conditions:
             active = sorted((p for p in self.problems.values() if p.condition == c.type), key=lambda p: p.since)
-            status = "True" if active else "False"
-            if self.statuses.get(c.type) != status:
-                self.statuses[c.type] = status
-                self.transitions[c.type] = now
+            status = self._status(c.type, "True" if active else "False", now)
             if active:
-                message = "; ".join(p.message for p in active)
-                if len(message) > MESSAGE_LIMIT:
-                    message = message[: MESSAGE_LIMIT - 3] + "..."
-                result.append(ConditionStatus(c.type, status, active[-1].reason, message, self.transitions[c.type]))
+                result.append(
+                    ConditionStatus(c.type, status, active[-1].reason, _joined(active), self.transitions[c.type])
+                )
             else:
                 result.append(
                     ConditionStatus(c.type, status, c.healthy_reason, c.healthy_message, self.transitions[c.type])
                 )
+        if accelerated_hardware:
+            result.append(self._accelerated_hardware(now))
         return result
+
+    def _status(self, ctype: str, status: str, now: float) -> str:
+        if self.statuses.get(ctype) != status:
+            self.statuses[ctype] = status
+            self.transitions[ctype] = now
+        return status
+
+    def _accelerated_hardware(self, now: float) -> ConditionStatus:
+        """False while a problem of the fault table's reboot or replacement rungs is active, with that
+        fault's reason in the agent's form; a rule of the user's own, whose reason the table does not
+        know, leaves it alone (its rung is unknown)."""
+        ctype = node_health.ACCELERATED_HARDWARE_CONDITION
+        needing: list[tuple[Problem, faults.Fault]] = []
+        for p in sorted(self.problems.values(), key=lambda p: p.since):
+            fault = faults.BY_REASON.get(p.reason)
+            if fault is not None and fault.rung.needs_new_boot_or_instance:
+                needing.append((p, fault))
+        status = self._status(ctype, "False" if needing else "True", now)
+        if needing:
+            reason = needing[-1][1].accelerated_hardware_reason
+            message = _joined([p for p, _ in needing])
+        else:
+            reason = node_health.ACCELERATED_HARDWARE_READY_REASON
+            message = "No Neuron hardware error on this boot needs a reboot or a new instance"
+        return ConditionStatus(ctype, status, reason, message, self.transitions[ctype], ready=True)
 
     def unhealthy_devices(self) -> dict[int, Problem]:
         latest: dict[int, Problem] = {}
@@ -162,6 +193,11 @@ class DetectorState:
         if counters is not None:
             state.counters = {(int(d), str(n)): int(v) for d, n, v in counters}
         return state
+
+
+def _joined(problems: list[Problem]) -> str:
+    message = "; ".join(p.message for p in problems)
+    return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."
 
 
 def load_state(path: Path) -> tuple[DetectorState, str | None]:

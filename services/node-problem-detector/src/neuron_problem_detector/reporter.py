@@ -15,6 +15,10 @@
   The de-duplication memory keeps at most `DEDUPE_ENTRIES` Events, none older than its window.
 - Remediation (off by default): a `NoSchedule` taint and/or cordon while a condition is True,
   removed when it clears; a cordon the detector did not make is never undone; never a drain.
+- `AcceleratedHardwareReady` (`--accelerated-hardware-condition=auto`) is left to EKS's node monitoring
+  agent wherever that agent runs: its other conditions on the Node say so, read at start and at every
+  heartbeat. Two writers of one condition would flip it at each other's heartbeat, and a node that
+  flips is one Karpenter's repair toleration never sees False for long enough.
 
 Every call goes through neuron_common.kube, the services' one API client: objects stay plain JSON,
 and no call waits in a thread.
@@ -122,6 +126,8 @@ class Reporter:
         self._last_heartbeat = 0.0
         self._node_uid: str | None = None
         self._remediated: bool | None = None
+        # None: not known yet; True: EKS's node monitoring agent runs here and owns AcceleratedHardwareReady
+        self.agent_owns_accelerated_hardware: bool | None = None
         self._backoff = Backoff(initial=0.5, maximum=30.0)
         self.wake = asyncio.Event()
 
@@ -131,6 +137,17 @@ class Reporter:
         if new != self.desired:
             self.desired = new
             self.wake.set()
+
+    @property
+    def wanted(self) -> dict[str, ConditionStatus]:
+        """The conditions this detector writes: the desired ones less any another agent owns."""
+        if self.agent_owns_accelerated_hardware:
+            return {t: c for t, c in self.desired.items() if t != node_health.ACCELERATED_HARDWARE_CONDITION}
+        return self.desired
+
+    @property
+    def unhealthy(self) -> bool:
+        return any(c.unhealthy for c in self.desired.values())
 
     def event(self, reason: str, message: str, warning: bool = True) -> None:
         now = time.time()
@@ -156,10 +173,10 @@ class Reporter:
     def up_to_date(self) -> bool:
         """The API server holds everything decided so far: the conditions, the taint or cordon, every
         Event. Tests wait on this where they would otherwise sleep and hope the reporter had run."""
-        if not self.api_up or self.pending or self._in_flight or self.synced_conditions != self.desired:
+        if not self.api_up or self.pending or self._in_flight or self.synced_conditions != self.wanted:
             return False
         if self.reporting.taint or self.reporting.cordon:
-            return self._remediated == any(c.status == "True" for c in self.desired.values())
+            return self._remediated == self.unhealthy
         return True
 
     # -- API calls -------------------------------------------------------------------------------------
@@ -169,7 +186,22 @@ class Reporter:
     async def current_conditions(self) -> dict[str, dict[str, Any]]:
         node = await self._read_node()
         self._node_uid = (node.get("metadata") or {}).get("uid")
-        return {c["type"]: c for c in (node.get("status") or {}).get("conditions") or [] if "type" in c}
+        current = {c["type"]: c for c in (node.get("status") or {}).get("conditions") or [] if "type" in c}
+        if self.reporting.accelerated_hardware_condition == "auto":
+            owned = any(t in current for t in node_health.EKS_NODE_MONITORING_AGENT_CONDITIONS)
+            if owned != self.agent_owns_accelerated_hardware:
+                log.info(
+                    "%s: %s",
+                    node_health.ACCELERATED_HARDWARE_CONDITION,
+                    "left to EKS's node monitoring agent, which runs on this node"
+                    if owned
+                    else "written by this detector (EKS's node monitoring agent does not run on this node)",
+                    extra={"node": self.node},
+                )
+            self.agent_owns_accelerated_hardware = owned
+        else:
+            self.agent_owns_accelerated_hardware = False
+        return current
 
     async def _patch_conditions(self, conditions: dict[str, ConditionStatus]) -> None:
         now = rfc3339(time.time())
@@ -263,18 +295,18 @@ class Reporter:
     async def sync_once(self) -> bool:
         """One attempt to bring the API server up to date; False when it failed."""
         try:
-            if self._node_uid is None:
-                await self.current_conditions()
             due = time.monotonic() - self._last_heartbeat >= self.reporting.heartbeat
-            if self.desired and (self.desired != self.synced_conditions or due):
+            if self._node_uid is None or (due and self.reporting.accelerated_hardware_condition == "auto"):
+                await self.current_conditions()  # at each heartbeat too: has the agent come or gone?
+            if self.wanted and (self.wanted != self.synced_conditions or due):
                 # what is sent is what counts as synced: a change made while the patch is on its way
                 # (the loop keeps deciding) is sent by the next attempt, not marked sent unsent
-                sending = dict(self.desired)
+                sending = dict(self.wanted)
                 await self._patch_conditions(sending)
                 self.synced_conditions = sending
                 self._last_heartbeat = time.monotonic()
             if self.reporting.taint or self.reporting.cordon:  # before the Events: remediation never waits on them
-                unhealthy = any(c.status == "True" for c in self.desired.values())
+                unhealthy = self.unhealthy
                 if unhealthy != self._remediated:
                     await self._remediate(unhealthy)
                     self._remediated = unhealthy
