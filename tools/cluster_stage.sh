@@ -21,6 +21,11 @@
 # Unit at the same time as integration from the start, under SCHED_IDLE, was tried: the cores were 90 % busy
 # (/proc/stat), unit got so little that it took 1,124 s and a test of its with a wall-clock wait
 # failed, and the cluster stage took longer too.
+# Why a slot rule of our own and not make's job server (`make -j N`) or its load limit (`make -l L`,
+# GNU parallel's `--load`): the slots follow events (each cluster's suites ending), which neither
+# can express, and a load-driven start is what the idle-cores rule measured (1c3b1a0, undone in
+# ed305e7): with it make test took 871 s against 859 s without (docs/testing.md); a fixed -j starts
+# every stage at once, which is the SCHED_IDLE arrangement measured above, or one at a time.
 # Their output goes to .run/STAGE.log and is printed when they end; each runs even after a failed one,
 # so that one failure does not hide another. test_down runs only after they have ended, since it
 # asserts that no service process is left on the machine; when the cluster stage fails, the cluster
