@@ -8,6 +8,8 @@ with it) and `namespace` where pods are shown, `$__rate_interval` for rates, `or
 a series may legitimately not exist yet, uids and panel ids that never change (users link to them).
 A test keeps the committed JSON equal to this script's output; others run every panel's query
 against a real Prometheus scraping real processes of the components named as the board's `sources`.
+Before writing, every series a panel or variable reads is looked up in the catalogues of the board's
+`sources` (tools/metric_names.py): a board naming a series they do not serve is not written.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import metric_names
 from grafana_foundation_sdk.builders import bargauge, gauge, prometheus, stat, table, timeseries
 from grafana_foundation_sdk.builders import dashboard as grafana
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
@@ -898,10 +901,29 @@ def render(build: Callable[[], Dashboard]) -> str:
     return json.dumps(build(), cls=JSONEncoder, indent=2, sort_keys=True) + "\n"
 
 
+def unserved(name: str, text: str) -> list[str]:
+    """What the board `name` (its JSON `text`) reads that its sources do not serve."""
+    board = json.loads(text)
+    exprs = [
+        (f"{name} {p['title']}", metric_names.grafana_concrete(t["expr"]))
+        for p in board["panels"]
+        for t in p["targets"]
+    ]
+    for variable in board.get("templating", {}).get("list", []):
+        if variable.get("type") == "query":
+            exprs.append((f"{name} variable {variable['name']}", variable["query"]["query"]))
+    return metric_names.problems(exprs, BOARDS[name].sources, metric_names.catalogues())
+
+
 def main() -> int:
+    rendered = {name: render(entry.build) for name, entry in BOARDS.items()}
+    wrong = [problem for name, text in rendered.items() for problem in unserved(name, text)]
+    if wrong:
+        print("not written: the boards read series their sources do not serve:", *wrong, sep="\n  ", file=sys.stderr)
+        return 1
     OUT.mkdir(parents=True, exist_ok=True)
-    for name, entry in BOARDS.items():
-        (OUT / name).write_text(render(entry.build))
+    for name, text in rendered.items():
+        (OUT / name).write_text(text)
     stale = sorted(p.name for p in OUT.glob("*.json") if p.name not in BOARDS)
     for name in stale:
         (OUT / name).unlink()

@@ -22,12 +22,12 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from aiohttp import web
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Counter
 
 from neuron_common import tls
 from neuron_common.config import MetricsSecurity
 from neuron_common.kube import Api, ApiError
-from neuron_common.metrics import MetricSet
+from neuron_common.metrics import MetricSet, Series
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,26 @@ class ReviewApi(Protocol):
     async def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]: ...
 
 
+PREFIX = "neuron_metrics_auth"
+
+
+def _declare(m: MetricSet) -> tuple[Counter, Counter]:
+    decisions = m.counter(
+        "decisions",
+        "Scrapes of /metrics by verdict: allowed, unauthenticated, forbidden, unavailable (API server)",
+        ["verdict"],
+        shown=[verdict.value for verdict in Verdict],
+    )
+    return decisions, m.counter("reviews", "TokenReviews sent to the API server (cache misses)")
+
+
+def catalogue() -> tuple[Series, ...]:
+    """The series every service with --metrics-auth=kubernetes serves beside its own."""
+    m = MetricSet(PREFIX)
+    _declare(m)
+    return m.series()
+
+
 class MetricsAuthorizer:
     def __init__(
         self,
@@ -70,14 +90,7 @@ class MetricsAuthorizer:
         self._max_cached = max_cached
         self._cache: OrderedDict[str, tuple[Verdict, float]] = OrderedDict()
         self._in_flight: dict[str, asyncio.Task[Verdict]] = {}
-        m = MetricSet("neuron_metrics_auth", registry)
-        self.decisions = m.counter(
-            "decisions",
-            "Scrapes of /metrics by verdict: allowed, unauthenticated, forbidden, unavailable (API server)",
-            ["verdict"],
-            shown=[verdict.value for verdict in Verdict],
-        )
-        self.reviews = m.counter("reviews", "TokenReviews sent to the API server (cache misses)")
+        self.decisions, self.reviews = _declare(MetricSet(PREFIX, registry))
 
     async def verdict(self, authorization: str | None) -> Verdict:
         token = _bearer(authorization)

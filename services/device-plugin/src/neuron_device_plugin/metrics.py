@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from neuron_common.metrics import MetricSet
+from neuron_common import metrics_auth
+from neuron_common.metrics import MetricSet, Series
 from neuron_common.node_labels import ultraserver_label_writes
+from neuron_health import layout_check
 
 
 class PluginMetrics:
     def __init__(self) -> None:
         m = MetricSet("neuron_device_plugin")
         self.registry = m.registry
+        self.series = m.series
         self.registrations = m.counter("registrations", "Successful registrations with the kubelet", ["resource"])
         self.registration_failures = m.counter("registration_failures", "Failed registration attempts", ["resource"])
         self.registered = m.gauge("registered", "1 while the resource is registered with the kubelet", ["resource"])
@@ -36,3 +39,9 @@ class PluginMetrics:
         self.node_label_writes = ultraserver_label_writes(m)
         self.node_report_up = m.gauge("node_report_up", "1 when the last NeuronNode write succeeded (--node-report)")
         self.errors = m.counter("errors", "Internal errors by kind", ["kind"])
+        self.health_sources_missing = layout_check.declare_gauge(m)
+
+
+def catalogue() -> tuple[Series, ...]:
+    """Every series the service serves on /metrics (with --metrics-auth=kubernetes, the authorizer's too)."""
+    return (*PluginMetrics().series(), *metrics_auth.catalogue())

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from neuron_common.metrics import MetricSet
+from neuron_common import metrics_auth
+from neuron_common.metrics import MetricSet, Series
 from neuron_common.node_labels import ultraserver_label_writes
+from neuron_health import layout_check
 
 
 class DriverMetrics:
     def __init__(self) -> None:
         m = MetricSet("neuron_dra")
         self.registry = m.registry
+        self.series = m.series
         self.prepare_duration = m.histogram(
             "prepare_duration_seconds",
             "Time to prepare or unprepare one claim (NodePrepareResources / NodeUnprepareResources)",
@@ -52,4 +55,10 @@ class DriverMetrics:
         )
         self.node_label_writes = ultraserver_label_writes(m)
         self.errors = m.counter("errors", "Internal errors by kind", ["kind"])
+        self.health_sources_missing = layout_check.declare_gauge(m)
         self.registered = m.gauge("registered", "1 while the kubelet has registered the driver")
+
+
+def catalogue() -> tuple[Series, ...]:
+    """Every series the service serves on /metrics (with --metrics-auth=kubernetes, the authorizer's too)."""
+    return (*DriverMetrics().series(), *metrics_auth.catalogue())

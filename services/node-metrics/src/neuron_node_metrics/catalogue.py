@@ -1,13 +1,18 @@
 """Every metric family the exporter serves: one place for names, types, labels and meaning.
 
 docs/node-metrics.md's metric table is generated from here (`neuron-node-metrics --list-metrics`), and
-a test keeps the two equal.
+a test keeps the two equal. `series()` is the exporter's catalogue as Prometheus sees it, in every
+naming: tests/test_metric_names.py holds the chart's rules and dashboards to it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+
+from neuron_common import metrics_auth
+from neuron_common.metrics import Series, exposed
+from neuron_driver.layout import DEVICE_MEM_CATEGORIES
 
 ATTRIBUTION = ("namespace", "pod", "container", "claim")
 
@@ -313,6 +318,67 @@ NEURON_MONITOR_STATUS = {
     "exec_bad_input": "incorrect_input",
     "execute_failed_to_queue": "failed_to_queue",
 }
+
+
+# Device memory categories a runtime reports per core (memory_used.usage_breakdown.neuroncore_memory_usage)
+CORE_MEMORY = ("constants", "model_code", "model_shared_scratchpad", "runtime_memory", "tensors")
+# neuron-monitor-prometheus's instance labels: instance_info's fields, renamed as it does
+NEURON_MONITOR_INSTANCE = ("instance_name", "instance_id", "instance_type", "availability_zone", "region", "subnet_id")
+_RUNTIME = (*NEURON_MONITOR_INSTANCE, "runtime_tag")
+# What `--naming neuron-monitor` serves besides the native families it keeps as they are: the series
+# neuron-monitor-prometheus names, and the sysfs families it has no name for, under their own names
+# with its `neuron_device_index` for `device`; with the labels the exporter gives them there (a
+# runtime series' instance labels only while neuron-monitor runs). A test holds these to what the
+# exporter serves.
+NEURON_MONITOR_SERIES: tuple[Series, ...] = (
+    Series("neuroncore_utilization_ratio", (*_RUNTIME, "neuroncore", *ATTRIBUTION)),
+    # from the runtime while neuron-monitor runs, else from sysfs per core (`neuroncore`)
+    Series("execution_status_total", (*_RUNTIME, "neuroncore", "status_type", *ATTRIBUTION)),
+    Series("execution_errors_total", (*_RUNTIME, "error_type", *ATTRIBUTION)),
+    Series("execution_latency_seconds", (*_RUNTIME, "percentile", *ATTRIBUTION)),
+    Series("neuron_runtime_memory_used_bytes", (*_RUNTIME, "memory_location", *ATTRIBUTION)),
+    Series("neuron_runtime_vcpu_usage_ratio", (*_RUNTIME, "usage_type", *ATTRIBUTION)),
+    *(
+        Series(f"neuroncore_memory_usage_{category}", (*_RUNTIME, "memory_location", "neuroncore", *ATTRIBUTION))
+        for category in dict.fromkeys((*DEVICE_MEM_CATEGORIES, *CORE_MEMORY))
+    ),
+    Series("hardware_ecc_events_total", ("neuron_device_index", "event_type", "fault", "severity", *ATTRIBUTION)),
+    Series(
+        "neuron_hardware_info",
+        (
+            *NEURON_MONITOR_INSTANCE,
+            "neuron_device_type",
+            "neuroncore_version",
+            "neuron_device_count",
+            "neuroncore_per_device_count",
+            "logical_neuroncore_config",
+        ),
+    ),
+    Series("instance_info", NEURON_MONITOR_INSTANCE),
+    Series("system_vcpu_count", NEURON_MONITOR_INSTANCE),
+    Series("system_vcpu_usage_ratio", (*NEURON_MONITOR_INSTANCE, "usage_type")),
+    *(
+        Series(f"system_{kind}_{measure}_bytes", NEURON_MONITOR_INSTANCE)
+        for kind in ("memory", "swap")
+        for measure in ("total", "used")
+    ),
+    Series("neuron_device_hardware_errors_total", ("neuron_device_index", "kind", "fault", "severity", *ATTRIBUTION)),
+    Series("neuron_device_host_memory_used_bytes", ("neuron_device_index", "category", *ATTRIBUTION)),
+    Series("neuron_device_memory_total_bytes", ("neuron_device_index",)),
+    Series("neuron_device_power_utilization_ratio", ("neuron_device_index", "stat")),
+    Series("neuron_core_allocation_info", ("neuroncore", *ATTRIBUTION)),
+)
+
+
+def series() -> tuple[Series, ...]:
+    """Every series the exporter serves on /metrics under any --naming, one entry a name, with every
+    label it carries under some naming (with --metrics-auth=kubernetes, the authorizer's series too).
+    Its counters have no `_created` series: the exporter renders its own exposition."""
+    labels: dict[str, dict[str, None]] = {}
+    native = (s for f in ALL_FAMILIES.values() for s in exposed(f.name, f.type, f.labels, created=False))
+    for s in (*native, *NEURON_MONITOR_SERIES, *metrics_auth.catalogue()):
+        labels.setdefault(s.name, {}).update(dict.fromkeys(s.labels))
+    return tuple(Series(name, tuple(names)) for name, names in labels.items())
 
 
 def markdown_table() -> str:

@@ -22,13 +22,12 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from neuron_node_metrics.attribution import Attribution, Owner
-from neuron_node_metrics.catalogue import ALL_FAMILIES, FAMILIES, Naming
+from neuron_node_metrics.catalogue import ALL_FAMILIES, CORE_MEMORY, FAMILIES, Naming
 from neuron_node_metrics.collector import Rows, owner_labels, pair
 from neuron_node_metrics.monitor_report import Report, Runtime
 
 # families neuron-monitor-prometheus names as this exporter does (with other labels)
 SHARED_NAMES = frozenset(name for name, f in ALL_FAMILIES.items() if f.neuron_monitor_name == name)
-CORE_MEMORY = ("constants", "model_code", "model_shared_scratchpad", "runtime_memory", "tensors")
 # neuron-monitor-prometheus's instance labels, from instance_info's fields
 INSTANCE_LABELS = (
     ("instance_name", "instance_name"),

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from neuron_common.metrics import MetricSet
+from neuron_common import metrics_auth
+from neuron_common.metrics import MetricSet, Series, exposed
 from neuron_scheduler_extender.failures import DegradedGroup
 from neuron_scheduler_extender.state import NodeState, RefusalKind, ViewStats
 
@@ -31,12 +32,59 @@ BIND_FAILURES = (
 )
 # Requests refused before they are read: no client certificate (with TLS), or a body over the limit.
 REQUEST_REFUSALS = ("unauthenticated", "too_large")
+# The families computed at scrape time (the collectors below): suffix -> (type, labels). The
+# collectors take their labels from here and the catalogue its series.
+COMPUTED: dict[str, tuple[str, tuple[str, ...]]] = {
+    "groups_degraded": ("gauge", ()),
+    "group_degraded": ("gauge", ("group", "ultraserver", "nodes")),
+    "group_failure_actions": ("counter", ("action",)),
+    **dict.fromkeys(
+        (
+            "reports",
+            "reports_stale",
+            "reports_invalid",
+            "pods_bound",
+            "pods_in_flight",
+            "pods_assumed",
+            "group_reservations",
+            "groups_partial",
+            "leader",
+        ),
+        ("gauge", ()),
+    ),
+    "view_age_seconds": ("gauge", ("source",)),
+    "node_cores": ("gauge", ("node",)),
+    "node_free_cores": ("gauge", ("node",)),
+    "node_free_device_groups": ("gauge", ("node", "size")),
+}
+
+
+def _gauge(suffix: str, documentation: str, value: float | None = None) -> GaugeMetricFamily:
+    kind, labels = COMPUTED[suffix]
+    assert kind == "gauge", suffix
+    if value is not None:
+        return GaugeMetricFamily(f"{PREFIX}_{suffix}", documentation, value=value)
+    return GaugeMetricFamily(f"{PREFIX}_{suffix}", documentation, labels=labels)
+
+
+def _counter(suffix: str, documentation: str) -> CounterMetricFamily:
+    kind, labels = COMPUTED[suffix]
+    assert kind == "counter", suffix
+    return CounterMetricFamily(f"{PREFIX}_{suffix}", documentation, labels=labels)
+
+
+def catalogue() -> tuple[Series, ...]:
+    """Every series the extender serves on /metrics (with --metrics-auth=kubernetes, the authorizer's too)."""
+    computed = (s for suffix, (kind, labels) in COMPUTED.items() for s in exposed(f"{PREFIX}_{suffix}", kind, labels,
+                created=False))  # fmt: skip
+    return (*Metrics().series(), *computed, *metrics_auth.catalogue())
 
 
 class Metrics:
     def __init__(self) -> None:
         m = MetricSet(PREFIX)
         self.registry = m.registry
+        self.series = m.series
         self.latency = m.histogram(
             "request_duration_seconds",
             "Time to answer kube-scheduler, per verb",
@@ -99,25 +147,22 @@ class _GroupCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         groups = self._degraded()
-        yield GaugeMetricFamily(
-            f"{PREFIX}_groups_degraded",
+        yield _gauge(
+            "groups_degraded",
             "UltraServer groups of pods with a node of their UltraServer unhealthy (NeuronHealth condition, "
             "the problem detector's taint, or unhealthy devices in its report)",
-            value=len(groups),
+            len(groups),
         )
-        info = GaugeMetricFamily(
-            f"{PREFIX}_group_degraded",
-            "1 per degraded UltraServer group of pods: its name, its UltraServer, its unhealthy nodes",
-            labels=["group", "ultraserver", "nodes"],
+        info = _gauge(
+            "group_degraded", "1 per degraded UltraServer group of pods: its name, its UltraServer, its unhealthy nodes"
         )
         for group in sorted(groups.values(), key=lambda g: g.group.key):
             info.add_metric([group.group.name, group.group.ultraserver, ",".join(f.node for f in group.failures)], 1)
         yield info
         counts = self._actions()
-        actions = CounterMetricFamily(
-            f"{PREFIX}_group_failure_actions",
+        actions = _counter(
+            "group_failure_actions",
             "What the leader did about degraded groups: Events created, pods evicted, API calls that failed",
-            labels=["action"],
         )
         for action in ("events", "evictions", "failures"):
             actions.add_metric([action], counts.get(action, 0))
@@ -151,20 +196,17 @@ class _ViewCollector(Collector):
             ("groups_partial", "UltraServer groups of pods with some pods bound and some not (yet)", s.groups_partial),
         )
         for name, documentation, value in view:
-            yield GaugeMetricFamily(f"{PREFIX}_{name}", documentation, value=value)
-        age = GaugeMetricFamily(
-            f"{PREFIX}_view_age_seconds",
+            yield _gauge(name, documentation, value)
+        age = _gauge(
+            "view_age_seconds",
             "Seconds since the API server last answered each source (list, event or bookmark); "
             "absent before the first answer",
-            labels=["source"],
         )
         for source, seconds in sorted(self.source_ages().items()):
             if seconds is not None:
                 age.add_metric([source], seconds)
         yield age
-        yield GaugeMetricFamily(
-            f"{PREFIX}_leader", "1 while this replica holds the lease (and answers)", value=int(self.leading())
-        )
+        yield _gauge("leader", "1 while this replica holds the lease (and answers)", int(self.leading()))
 
 
 class _NodeCollector(Collector):
@@ -172,19 +214,14 @@ class _NodeCollector(Collector):
         self._nodes = nodes
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
-        cores = GaugeMetricFamily(
-            f"{PREFIX}_node_cores", "NeuronCores of the node's healthy devices, from its report", labels=["node"]
+        cores = _gauge("node_cores", "NeuronCores of the node's healthy devices, from its report")
+        free_cores = _gauge(
+            "node_free_cores", "NeuronCores free on the node as the filter sees it: its report, less the pods in flight"
         )
-        free_cores = GaugeMetricFamily(
-            f"{PREFIX}_node_free_cores",
-            "NeuronCores free on the node as the filter sees it: its report, less the pods in flight",
-            labels=["node"],
-        )
-        free_groups = GaugeMetricFamily(
-            f"{PREFIX}_node_free_device_groups",
+        free_groups = _gauge(
+            "node_free_device_groups",
             "Valid connected device groups of `size` devices entirely free on the node, as the filter sees it: "
             "how many pods of that many devices it can still take",
-            labels=["node", "size"],
         )
         for state in self._nodes():
             if state.topology is None or state.free is None or state.capacity is None:
