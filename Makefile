@@ -98,7 +98,8 @@ k8s-next: ## build the newer Kubernetes release the scheduling bench compares DR
 demo: ## the chart on the real cluster over a simulated node (INSTANCE_TYPE, default trn1.32xlarge): capacity, a pod, its metrics, a hardware error
 	tools/demo.sh
 
-chart-docs: ## regenerate the values table of the chart's README from the comments in values.yaml
+chart-docs: ## regenerate the chart's values.schema.json (from values.yaml and the services' flags) and README.md (helm-docs)
+	$(PYTHON) tools/chart_schema.py
 	$(PYTHON) tools/chart_docs.py
 
 chart-lint: ## chart-testing's ct lint (yamale, yamllint, helm lint --strict) over every ci/*-values.yaml

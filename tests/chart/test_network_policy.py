@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from chart.test_chart import CHART, of_kind, refusal, render, sets
+from chart.test_chart import REPO, of_kind, refusal, render, sets
 from chart.test_pod_security import COMPONENTS
 from simcluster.controlplane import ControlPlane, private_control_plane
 
@@ -41,6 +41,8 @@ ALL_ON = sets(
     npd__networkPolicy__enabled=True,
     draDriver__networkPolicy__enabled=True,
     scheduler__kubeScheduler__networkPolicy__enabled=True,
+    remediation__enabled=True,
+    remediation__networkPolicy__enabled=True,
 )
 CUSTOM_SCRAPERS = [
     {"namespaceSelector": {"matchLabels": {"team": "observability"}}, "podSelector": {"matchLabels": {"app": "prom"}}},
@@ -154,7 +156,9 @@ def test_all_on_each_component_admits_its_port_from_the_scrapers_only() -> None:
     pods = pod_labels(docs)
     ports = container_ports(docs)
     found = policies(docs)
-    assert set(found) == set(ports) == {*AGENTS.values(), "scheduler-extender", "kube-scheduler"}
+    assert (
+        set(found) == set(ports) == {*AGENTS.values(), "scheduler-extender", "kube-scheduler", "remediation-controller"}
+    )
     for component, policy in found.items():
         spec = policy["spec"]
         assert spec["policyTypes"] == ["Ingress"], component
@@ -186,6 +190,7 @@ def test_ports_follow_the_values() -> None:
             npd__port=19842,
             draDriver__port=19844,
             scheduler__extender__port=19843,
+            remediation__port=19845,
         ),
     )
     ports = container_ports(docs)
@@ -193,6 +198,7 @@ def test_ports_follow_the_values() -> None:
         assert {p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]} == ports[component]
     assert ports["device-plugin"] == {19841}
     assert ports["scheduler-extender"] == {19843}
+    assert ports["remediation-controller"] == {19845}
 
 
 def test_the_scrapers_value_reaches_every_policy() -> None:
@@ -207,7 +213,7 @@ def test_no_scrapers_admits_none_and_never_everyone() -> None:
     for component, policy in found.items():
         for rule in policy["spec"]["ingress"]:
             assert rule.get("from"), f"{component}: a rule without peers admits everyone"
-    for component in ("device-plugin", "problem-detector", "dra-driver", "kube-scheduler"):
+    for component in ("device-plugin", "problem-detector", "dra-driver", "kube-scheduler", "remediation-controller"):
         assert found[component]["spec"]["ingress"] == [], component
     assert [selected(p, pod_labels(docs)) for p in found["node-metrics"]["spec"]["ingress"][0]["from"]] == [{"tests"}]
     (callers,) = found["scheduler-extender"]["spec"]["ingress"]
@@ -290,15 +296,15 @@ def test_the_dry_run_can_fail(apiserver: ControlPlane) -> None:
     assert all("cidr" in r for r in refusals), refusals
 
 
-# --- the README's table is what the chart renders ------------------------------------------------
+# --- docs/security.md's table is what the chart renders -------------------------------------------
 
-# the README names components as its Pod Security table does; every pod but the helm test pods has a policy
+# docs/security.md names components as its Pod Security table does; every pod but the helm test pods has a policy
 README_COMPONENTS = {name: component for name, component in COMPONENTS.items() if component != "tests"}
 
 
 def documented_policies() -> dict[str, tuple[str, str, int]]:
-    """The 'Network policies' table: component -> (value, default, port)."""
-    text = (CHART / "README.md").read_text()
+    """The 'Network policies' table of docs/security.md: component -> (value, default, port)."""
+    text = (REPO / "docs" / "security.md").read_text()
     section = text[text.index("## Network policies") :]
     table = section[section.index("| Component |") : section.index("\n\n", section.index("| Component |"))]
     rows = re.findall(r"^\| ([^|]+?) \| `([\w.]+)` \(\**(\w+)[^|]*\| [^|]*?\(?(\d+)\)? \|", table, re.MULTILINE)
@@ -309,7 +315,7 @@ def test_the_readmes_table_names_each_policys_value_default_and_port() -> None:
     documented = documented_policies()
     assert set(documented) == set(README_COMPONENTS.values())
     base = sets(
-        scheduler__enabled=True, draDriver__enabled=True,
+        scheduler__enabled=True, draDriver__enabled=True, remediation__enabled=True,
         devicePlugin__nodeSelector={"allocator": "device-plugin"}, draDriver__nodeSelector={"allocator": "dra"},
     )  # fmt: skip
     on_by_default = set(policies(render(*base)))

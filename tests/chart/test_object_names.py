@@ -1,7 +1,7 @@
-"""Object names and namespaces (issue 31 item 1; README.md, "Object names and namespaces"): by default the components
-AWS's chart also has are named and placed as it does, wherever the release is installed; `objectNames: release`
-and each component's `fullnameOverride`/`namespaceOverride` name and place them otherwise, and everything that
-refers to them follows."""
+"""Object names and namespaces (issue 31 item 1; docs/installing.md, "Object names and namespaces"): by default
+the components AWS's chart also has are named and placed as it does, wherever the release is installed;
+`objectNames: release` and each component's `fullnameOverride`/`namespaceOverride` name and place them otherwise,
+and everything that refers to them follows."""
 
 from __future__ import annotations
 

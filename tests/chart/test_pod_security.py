@@ -1,4 +1,4 @@
-"""The chart README's Pod Security table is true (issue 24 item 4): every pod the chart renders, on a
+"""The Pod Security table of docs/security.md is true (issue 24 item 4): every pod the chart renders, on a
 real node and in simulation mode, is created (server-side dry run) in namespaces enforcing each Pod
 Security Standards level on a real kube-apiserver; the strictest level that admits a component's
 pods is the one the table gives. A component the table leaves out, or a level it overstates or
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from chart.test_chart import CHART, render
+from chart.test_chart import REPO, render
 from chart_tools import sets
 from simcluster.controlplane import ControlPlane, private_control_plane
 
@@ -21,7 +21,7 @@ from neuron_common.kube import Api, ApiError
 pytestmark = pytest.mark.integration  # starts external processes: make integration
 
 LEVELS = ("restricted", "baseline", "privileged")  # strictest first
-README = CHART / "README.md"
+PAGE = REPO / "docs" / "security.md"
 # The table's rows name components as people do; the pods carry app.kubernetes.io/component.
 COMPONENTS = {
     "device plugin": "device-plugin",
@@ -30,6 +30,7 @@ COMPONENTS = {
     "DRA driver": "dra-driver",
     "scheduler extender": "scheduler-extender",
     "neuron-scheduler": "kube-scheduler",
+    "remediation controller": "remediation-controller",
     "helm test pods": "tests",
 }
 EVERYTHING = sets(
@@ -37,12 +38,13 @@ EVERYTHING = sets(
     devicePlugin__nodeSelector={"allocator": "device-plugin"},
     draDriver__nodeSelector={"allocator": "dra"},
     scheduler__enabled=True,
+    remediation__enabled=True,
     tests__enabled=True,
 )
 
 
 def documented_levels() -> dict[str, str]:
-    text = README.read_text()
+    text = PAGE.read_text()
     section = text[text.index("**Pod Security Standards.**") :]
     table = section[: section.index("\n\n", section.index("| Component |"))]
     rows = re.findall(r"^\| ([^|]+?) \| `(\w+)` \|", table, re.MULTILINE)
@@ -124,7 +126,7 @@ def test_every_component_meets_exactly_the_documented_level(apiserver: ControlPl
     args = [*EVERYTHING, *(sets(simulation__enabled=True) if mode == "simulation" else [])]
     rendered = pods(*args)
     expected = documented_levels()
-    assert set(rendered) == set(expected), "the README's table and the rendered components differ"
+    assert set(rendered) == set(expected), "docs/security.md's table and the rendered components differ"
     assert asyncio.run(strictest_admitting(apiserver, rendered)) == expected
 
 

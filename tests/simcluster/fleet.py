@@ -173,7 +173,7 @@ class PodSpec:
 
     def claim_object(self) -> dict[str, Any]:
         """The pod's own ResourceClaim, as a user who does not pick the instance type writes it from
-        the chart README: N devices of one connected group (`devicegroup<N>_id`; a ring publishes
+        docs/dra.md: N devices of one connected group (`devicegroup<N>_id`; a ring publishes
         groups of 2 too, a torus 4, 8 and 16 only); as many cores as every device of the fleet holds on
         one device, more within one group of 4 devices (which holds all of the largest core request)."""
         if self.devices:

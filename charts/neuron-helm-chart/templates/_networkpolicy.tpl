@@ -1,4 +1,4 @@
-{{/* NetworkPolicies (README.md, "Network policies"): ingress only, egress stays open. */}}
+{{/* NetworkPolicies (docs/security.md, "Network policies"): ingress only, egress stays open. */}}
 
 {{/* A component's NetworkPolicy over its pods (its selector labels), admitting ingress only as `rules` say: a list
      of (dict "port" N "from" peers), TCP. A rule whose `from` is empty is left out, as Kubernetes reads an empty

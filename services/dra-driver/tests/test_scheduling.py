@@ -1,5 +1,5 @@
 """The real kube-scheduler allocating from the driver's ResourceSlices, with the chart's
-DeviceClasses: what the claims in the chart README get. A private control plane, no kubelet: a
+DeviceClasses: what the claims in docs/dra.md get. A private control plane, no kubelet: a
 pod is bound and its claim allocated, nothing runs."""
 
 from __future__ import annotations

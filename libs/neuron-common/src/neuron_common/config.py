@@ -119,9 +119,12 @@ def listen_address(text: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
 def log_level(text: str) -> str:
     value = text.lower()
-    if value not in ("debug", "info", "warning", "error"):
+    if value not in LOG_LEVELS:
         raise argparse.ArgumentTypeError(f"must be debug, info, warning or error, got {text!r}")
     return value
 
