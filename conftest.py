@@ -7,6 +7,8 @@
   stays pure and in-process. NEURON_TEST_SPAWN_REPORT=<file> lists, per test, what it started.
 - Puts every test temporary (`tempfile`'s and pytest's own) on tmpfs when there is one
   (tests/scratch.py says why).
+- With CI=true, fails every skip but the few tests/skips.py lists, each with the machine condition
+  it stands for; a missing tool fails the test wherever it runs (tests/skips.py's `require`).
 - Turns off hypothesis's per-example deadline: it is a timed assertion, and `make test` runs the
   unit and integration stages beside the cluster stage on a shared machine. Speed is measured in
   `make bench`, not asserted in tests.
@@ -29,6 +31,9 @@ from hypothesis import settings
 sys.path.insert(0, str(Path(__file__).parent / "tests"))
 
 import scratch  # tests/, on the path only from the line above
+
+# With CI=true a skip fails the run unless tests/skips.py allows it (a machine condition, not a tool)
+pytest_plugins = ["skips"]
 
 settings.register_profile("neuron", deadline=None)
 settings.load_profile("neuron")

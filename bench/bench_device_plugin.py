@@ -32,6 +32,7 @@ from common import (
     rss_mb,
     scaled,
     stop_process,
+    until,
     until_async,
     work_dir,
 )
@@ -99,11 +100,10 @@ async def _python_floor(work: Path) -> list[Figure]:
         stop_process(server)
 
 
-def _grpc_ceiling_binary() -> Path | None:
-    """bench/grpc-ceiling built once per source version into the cache; None without Go."""
-    if shutil.which("go") is None:
-        print("  (go not installed: the Go gRPC floor is not measured)")
-        return None
+def _grpc_ceiling_binary() -> Path:
+    """bench/grpc-ceiling built once per source version into the cache."""
+    if shutil.which("go") is None:  # make setup builds every pinned tool with it: no Go, no set-up
+        raise BenchError("go is not installed: the Go gRPC floor cannot be built (make setup needs Go too)")
     digest = hashlib.sha256(b"".join((GRPC_CEILING / f).read_bytes() for f in ("go.mod", "go.sum", "main.go")))
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "neuron-helm-chart" / "bench"
     binary = cache / f"grpc-ceiling-{digest.hexdigest()[:16]}"
@@ -117,18 +117,18 @@ def _grpc_ceiling_binary() -> Path | None:
 
 def _go_floor(work: Path) -> list[Figure]:
     binary = _grpc_ceiling_binary()
-    if binary is None:
-        return []
     socket = work / "do-nothing-go.sock"
     server = subprocess.Popen([str(binary), "serve", str(socket)])
     figures: list[Figure] = []
     label = "Go gRPC floor: Allocate"
     try:
-        deadline = time.monotonic() + 10
-        while not socket.exists():
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise BenchError(f"the Go floor server never served {socket}")
-            time.sleep(0.01)
+
+        def served() -> bool:
+            if server.poll() is not None:
+                raise BenchError(f"the Go floor server ended before it served {socket}")
+            return socket.exists()
+
+        until(served, f"the Go floor server to serve {socket}", 10, 0.01)
         for callers, calls in LOADS:
             out = subprocess.run(
                 [str(binary), "load", "-socket", str(socket), "-callers", str(callers), "-calls", str(calls * 10)],

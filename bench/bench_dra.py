@@ -83,11 +83,13 @@ async def _measure(cp: ControlPlane, root: Path, work: Path) -> list[Figure]:
     figures: list[Figure] = []
     try:
         socket = registry / "neuron.aws.com-reg.sock"
-        deadline = time.monotonic() + 60
-        while not socket.exists():
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise BenchError("the driver never served its registration socket")
-            await asyncio.sleep(0.05)
+
+        def served() -> bool:
+            if proc.poll() is not None:
+                raise BenchError("the driver ended before it served its registration socket")
+            return socket.exists()
+
+        await until_async(served, "the driver to serve its registration socket", 60, 0.05)
         async with aio.insecure_channel(f"unix://{socket}") as ch:
             info = await reg_grpc.RegistrationStub(ch).GetInfo(reg.InfoRequest(), timeout=5)
             await reg_grpc.RegistrationStub(ch).NotifyRegistrationStatus(
@@ -146,8 +148,7 @@ async def _tainted(api: Api, name: str) -> bool:
 def run() -> list[Figure]:
     missing = missing_prerequisites()
     if missing:
-        print(f"  skipped: no kube-apiserver (run make setup): {', '.join(missing)}")
-        return []
+        raise BenchError(f"no kube-apiserver (run make setup): {', '.join(missing)}")
     with work_dir("bench-dra-") as work:
         root = work / "node"
         sim.create(root, "trn1.32xlarge")

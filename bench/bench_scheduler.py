@@ -57,7 +57,7 @@ import math
 import os
 from pathlib import Path
 
-from common import SMALL, Figure, percentile, work_dir
+from common import SMALL, BenchError, Figure, percentile, work_dir
 from simcluster.controlplane import k8s_release, missing_prerequisites, next_k8s_version
 from simcluster.fleet import DEFAULT_SCHEDULER
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command
@@ -163,9 +163,9 @@ def _next_release(work: Path) -> list[Figure]:
         print(f"  the comparison on Kubernetes {version} runs at full size only (the same simulation, another binary)")
         return []
     with k8s_release(version):
-        if missing_prerequisites():
-            print(f"  Kubernetes {version} not built (make k8s-next): the DRA comparison on it is skipped")
-            return []
+        missing = missing_prerequisites()
+        if missing:  # make bench builds it first: missing, the set-up is broken
+            raise BenchError(f"Kubernetes {version} is not built (make k8s-next): {', '.join(missing)}")
         default = asyncio.run(simulate(SIZE, DEFAULT_SCHEDULER, work / "next-default"))
         claims = asyncio.run(simulate(DRA_SIZE, DEFAULT_SCHEDULER, work / "next-dra-claims", dra=DRA_CLAIMS))
     default = dataclasses.replace(default, scheduler=f"{version}: {default.scheduler}")
@@ -177,8 +177,7 @@ def _next_release(work: Path) -> list[Figure]:
 def run() -> list[Figure]:
     missing = missing_prerequisites()
     if missing:
-        print(f"  not run: make setup provides {', '.join(missing)}")
-        return []
+        raise BenchError(f"no control plane to schedule on (run make setup): {', '.join(missing)}")
     with work_dir("neuron-scheduling-") as work:
         default = asyncio.run(simulate(SIZE, DEFAULT_SCHEDULER, work / "default"))
         figures = _placement_figures(default, None)
@@ -191,7 +190,6 @@ def run() -> list[Figure]:
         figures.append(Figure("DRA with claims: throughput / default's", claims.throughput / default.throughput, "x"))
         figures += _next_release(work)
         if extender_command() is None:
-            print("  neuron-scheduler: extender not installed: skipped")
-            return figures
+            raise BenchError("neuron-scheduler-extender is not installed (run make setup)")
         neuron = asyncio.run(simulate(SIZE, NEURON_SCHEDULER, work / "neuron"))
     return figures + _placement_figures(neuron, default.throughput) + _extender_figures(neuron)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -54,22 +54,21 @@ def recoverable_fault() -> faults.Fault:
     raise BenchError("the fault table has no device-counter fault that a driver reload clears")
 
 
-def until(predicate: Callable[[], bool], what: str, timeout: float = 30.0, interval: float = 0.005) -> None:
-    """Wait for `predicate`, failing with `what` (what was awaited) after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise BenchError(f"gave up after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
+def until(predicate: Callable[[], object], what: str, timeout: float = 30.0, interval: float = 0.005) -> Any:
+    """Wait for `predicate`, failing with `what` (what was awaited) after `timeout` seconds: tests/polling.py's
+    wait, at a bench's pace, raising BenchError."""
+    from polling import until as poll
+
+    return poll(predicate, what, timeout, interval, error=BenchError)
 
 
 async def until_async(
     predicate: Callable[[], object], what: str, timeout: float = 30.0, interval: float = 0.005
-) -> None:
+) -> Any:
     """`until` inside an event loop; `predicate` may be a coroutine function."""
     from polling import until_async as poll
 
-    await poll(predicate, what, timeout, interval, error=BenchError)
+    return await poll(predicate, what, timeout, interval, error=BenchError)
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from polling import until
 
 from neuron_common.kube import Api, ApiError
 
@@ -233,6 +234,15 @@ def pod_phase(name: str, namespace: str = "default") -> str:
     return str(read("pod", name, namespace=namespace).get("status", {}).get("phase", ""))
 
 
+def unschedulable(name: str, namespace: str = "default") -> str:
+    """The scheduler's message once it has tried the pod and found no node ("0/1 nodes are available:
+    1 Insufficient ..."), else "": the positive marker a test that a pod stays Pending waits for."""
+    for condition in read("pod", name, namespace=namespace).get("status", {}).get("conditions", []):
+        if condition["type"] == "PodScheduled" and condition.get("reason") == "Unschedulable":
+            return str(condition.get("message", "")) or "Unschedulable"
+    return ""
+
+
 def restart_kubelet() -> None:
     """Stop the test cluster's kubelet and start it again with up.sh (which starts what is missing)."""
     os.kill(int((CLUSTER_DIR / "kubelet.pid").read_text()), signal.SIGTERM)
@@ -244,19 +254,10 @@ def restart_kubelet() -> None:
         raise AssertionError(f"up.sh failed to restart the kubelet:\n{result.stdout}{result.stderr}")
 
 
-def eventually(predicate: Callable[[], object], what: str, timeout: float = 120, interval: float = 0.5) -> None:
-    """Poll until `predicate` is true; a failure names `what` and the last error on the way."""
-    deadline = time.monotonic() + timeout
-    last = ""
-    while True:
-        try:
-            if predicate():
-                return
-        except (AssertionError, KeyError, OSError, json.JSONDecodeError) as e:
-            last = f" (last error: {e})"
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout:.0f} s{last}")
-        time.sleep(interval)
+def eventually(predicate: Callable[[], object], what: str, timeout: float = 120, interval: float = 0.5) -> Any:
+    """Poll until `predicate` is true, through the errors of a cluster still settling; a failure names
+    `what` and the last error on the way."""
+    return until(predicate, what, timeout, interval, ignore=(AssertionError, KeyError, OSError, json.JSONDecodeError))
 
 
 # The project's images have no shell (they are built from scratch): a workload is Python run by the

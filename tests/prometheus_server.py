@@ -8,7 +8,6 @@ exporters checks exactly the boards they serve.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import importlib
 import json
@@ -27,7 +26,9 @@ from urllib.parse import urlencode
 import aiohttp
 import processes
 import yaml
+from polling import until_async
 from simcluster.controlplane import free_port
+from skips import require
 
 REPO = Path(__file__).resolve().parents[1]
 DASHBOARDS = REPO / "charts/neuron-helm-chart/dashboards"
@@ -127,7 +128,8 @@ def metrics_read(expr: str) -> set[str]:
 @contextlib.contextmanager
 def prometheus(work: Path, scrape_configs: Sequence[dict[str, Any]], rule_files: Sequence[Path] = ()) -> Iterator[str]:
     """A Prometheus scraping every second, storing in `work`; yields its base URL."""
-    assert PROMETHEUS is not None, "Debian's prometheus is installed by make setup"
+    require([] if PROMETHEUS else ["prometheus (Debian's)"], "make setup")
+    assert PROMETHEUS is not None
     work.mkdir(parents=True, exist_ok=True)
     config = {
         "global": {"scrape_interval": f"{SCRAPE_SECONDS}s", "evaluation_interval": f"{SCRAPE_SECONDS}s"},
@@ -159,13 +161,13 @@ async def query(base: str, expr: str, at: float | None = None) -> dict[str, Any]
 
 async def wait_for(base: str, expr: str, what: str, timeout: float = 60) -> None:
     """Until `expr` has a result (an `== 1`-style filter); Prometheus may not be up yet."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(aiohttp.ClientError, AssertionError):
-            if (await query(base, expr))["result"]:
-                return
-        await asyncio.sleep(0.5)
-    raise TimeoutError(f"Prometheus never saw {what}: {expr}")
+
+    async def answered() -> object:
+        return (await query(base, expr))["result"]
+
+    await until_async(
+        answered, f"Prometheus to see {what}: {expr}", timeout, 0.5, TimeoutError, (aiohttp.ClientError, AssertionError)
+    )
 
 
 async def scraped_instant(base: str, timeout: float = 30) -> float:
@@ -174,14 +176,15 @@ async def scraped_instant(base: str, timeout: float = 30) -> float:
     gauge read just then has no value although the exporter serves it: a query checked at this
     instant fails only on what it asks. Three scrape intervals back, so that a scrape begun before
     it has been stored by the time it is read."""
-    deadline = time.monotonic() + timeout
-    while True:
+
+    async def all_up() -> float | None:
         at = time.time() - 3 * SCRAPE_SECONDS
-        if numbers(await query(base, "min(up)", at)) == [1.0]:
-            return at
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{base}: no instant in {timeout} s at which every scrape succeeded")
-        await asyncio.sleep(0.5)
+        return at if numbers(await query(base, "min(up)", at)) == [1.0] else None
+
+    at: float = await until_async(
+        all_up, f"{base}: an instant at which every scrape succeeded", timeout, 0.5, TimeoutError
+    )
+    return at
 
 
 def numbers(data: dict[str, Any]) -> list[float]:

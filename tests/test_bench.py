@@ -11,10 +11,10 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from polling import until
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCHES = sorted(p.stem for p in (ROOT / "bench").glob("bench_*.py"))
@@ -53,7 +53,8 @@ def test_a_bench_that_fails_is_reported_and_the_rest_still_run(tmp_path: Path) -
     (bench / "common.py").write_text((ROOT / "bench" / "common.py").read_text())
     (bench / "run.py").write_text((ROOT / "bench" / "run.py").read_text())
     (tmp_path / "tests").mkdir()  # what run.py imports from tests/
-    (tmp_path / "tests" / "scratch.py").write_text((ROOT / "tests" / "scratch.py").read_text())
+    for module in ("scratch.py", "polling.py"):
+        (tmp_path / "tests" / module).write_text((ROOT / "tests" / module).read_text())
     (bench / "bench_a_hangs.py").write_text(
         "from common import BenchError, until\n"
         "TITLE = 'a bench whose wait has a deadline'\n"
@@ -102,11 +103,12 @@ def test_sigterm_stops_the_bench_and_what_it_started() -> None:
     )  # fmt: skip
     started: set[int] = set()
     try:
-        deadline = time.monotonic() + 120
-        while not (started := _children(bench.pid)) and time.monotonic() < deadline:
+
+        def children() -> set[int]:
             assert bench.poll() is None, "the bench ended before it started a process"
-            time.sleep(0.1)
-        assert started, "the device-plugin bench started no process within 2 minutes"
+            return _children(bench.pid)
+
+        started = until(children, "the device-plugin bench to start a process", 120, 0.1)
         bench.send_signal(signal.SIGTERM)
         assert bench.wait(timeout=60) == 128 + signal.SIGTERM
         left = {pid for pid in started if _alive(pid)}

@@ -18,9 +18,8 @@ from pathlib import Path
 
 import pytest
 from oracles.neuron_sets import exhaustive_fits, topology
-from simcluster.controlplane import missing_prerequisites
 from simcluster.fleet import DEFAULT_SCHEDULER, NAMESPACE
-from simcluster.schedulers import NEURON_SCHEDULER, extender_command
+from simcluster.schedulers import NEURON_SCHEDULER
 from simcluster.simulation import DRA_CLAIMS, DRA_EXTENDED, DRA_REDUCED, REDUCED, Outcome, simulate
 
 from neuron_model.placement import FreeState, PodRequest
@@ -28,7 +27,6 @@ from neuron_model.placement import FreeState, PodRequest
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    pytest.mark.skipif(bool(missing_prerequisites()), reason=f"make setup provides: {missing_prerequisites()}"),
 ]
 
 
@@ -136,7 +134,6 @@ def test_stranded_pods_are_those_some_node_could_take(default_run: Outcome) -> N
     assert then.stranded() == [p.name for p in default_run.pods if p.group is None and fits[p.request]]
 
 
-@pytest.mark.skipif(extender_command() is None, reason="neuron-scheduler-extender is not installed")
 def test_neuron_scheduler_places_only_where_a_valid_set_is_free(tmp_path: Path) -> None:
     outcome = asyncio.run(simulate(REDUCED, NEURON_SCHEDULER, tmp_path))
     assert_accounted(outcome)

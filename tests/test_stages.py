@@ -24,7 +24,8 @@ def run_unit_stage(tmp_path: Path, body: str, workers: list[str]) -> subprocess.
     (tmp_path / "test_probe.py").write_text(body)
     (tmp_path / "conftest.py").write_text((REPO / "conftest.py").read_text())
     (tmp_path / "tests").mkdir()  # what the conftest imports from tests/
-    (tmp_path / "tests" / "scratch.py").write_text((REPO / "tests" / "scratch.py").read_text())
+    for module in ("scratch.py", "skips.py"):
+        (tmp_path / "tests" / module).write_text((REPO / "tests" / module).read_text())
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *workers, "-m", "not integration", str(tmp_path)],
         env=dict(os.environ, NEURON_TEST_STAGE="unit"),

@@ -16,13 +16,13 @@ the real etcd, kube-apiserver and kube-scheduler of tests/simcluster, with Nodes
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import until_async
 from simcluster.api import Api
-from simcluster.controlplane import control_plane, missing_prerequisites
+from simcluster.controlplane import control_plane
 from simcluster.fleet import DEFAULT_SCHEDULER, GroupSpec, NodeSpec, PodSpec, fleet
 from simcluster.nodes import PODS
 from simcluster.schedulers import start_scheduler
@@ -34,7 +34,6 @@ from neuron_scheduler_extender.groups import LWS_GROUP_KEY
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    pytest.mark.skipif(bool(missing_prerequisites()), reason=f"make setup provides: {missing_prerequisites()}"),
 ]
 
 TOPOLOGY = server_id_label(4)  # as in AWS's example: exclusive-topology: ...ultraserver-server-id-4
@@ -77,10 +76,11 @@ def pod(name: str, group: GroupSpec, **spec: Any) -> dict[str, Any]:
 
 async def placed(api: Api, names: list[str], timeout: float = 60.0) -> dict[str, str]:
     """pod -> node once each pod is bound or reported unschedulable ("" then)."""
-    deadline = time.monotonic() + timeout
-    while True:
+    found: dict[str, str] = {}
+
+    async def all_placed() -> bool:
         items, _ = await api.list(PODS)
-        found: dict[str, str] = {}
+        found.clear()
         for item in items:
             name = item["metadata"]["name"]
             if name not in names:
@@ -89,11 +89,13 @@ async def placed(api: Api, names: list[str], timeout: float = 60.0) -> dict[str,
             refused = any(c["type"] == "PodScheduled" and c["status"] == "False" for c in conditions)
             if item["spec"].get("nodeName") or refused:
                 found[name] = item["spec"].get("nodeName", "")
-        if len(found) == len(names):
-            return found
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not scheduled within {timeout:.0f}s: {sorted(set(names) - set(found))}")
-        await asyncio.sleep(0.2)
+        return len(found) == len(names)
+
+    try:
+        await until_async(all_placed, "every pod placed", timeout, 0.2, TimeoutError)
+    except TimeoutError as e:
+        raise TimeoutError(f"{e}; not scheduled: {sorted(set(names) - set(found))}") from None
+    return found
 
 
 async def run(work: Path) -> tuple[list[NodeSpec], dict[str, str], dict[str, str]]:

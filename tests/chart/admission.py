@@ -3,8 +3,10 @@ message; for the admission-policy tests, which each try what an agent may and ma
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
+
+from polling import until_async
 
 from neuron_common.kube import ApiError
 
@@ -26,3 +28,19 @@ async def outcomes(attempts: Mapping[str, Awaitable[Any]]) -> dict[str, str]:
         except ApiError as exc:
             answers[name] = f"{exc.status} {exc.message}"
     return answers
+
+
+async def until_enforced(attempt: Callable[[], Awaitable[Any]], refusal: str) -> None:
+    """Repeats `attempt` until the API server refuses it (403) with `refusal` in its message: a new
+    admission policy takes a moment to be enforced after it is created."""
+
+    async def refused() -> bool:
+        try:
+            await attempt()
+        except ApiError as exc:
+            if exc.status == 403 and refusal in exc.message:
+                return True
+            raise  # not yet: the wait names the last answer
+        return False
+
+    await until_async(refused, f"the admission policy to refuse with {refusal!r}", 10.0, 0.05, ignore=(ApiError,))

@@ -16,7 +16,7 @@ from chart.test_chart import MONITORING_API, by_component, container, daemonset,
 from prometheus_server import generator
 from simcluster.controlplane import ControlPlane, private_control_plane
 
-from neuron_common.kube import Api, ApiError
+from neuron_common.kube import Api
 
 pytestmark = pytest.mark.integration  # starts external processes: make integration
 
@@ -327,14 +327,7 @@ async def _admission(cp: ControlPlane) -> dict[str, str]:
 async def _until_enforced(driver: Api) -> None:
     slices = "/apis/resource.k8s.io/v1/resourceslices"
     probe = _slice("node-b") | {"metadata": {"name": "probe"}}
-    for _ in range(200):
-        try:
-            await driver.apply(f"{slices}/probe", probe, "probe")
-        except ApiError as exc:
-            if exc.status == 403 and "may write only" in exc.message:
-                return
-        await asyncio.sleep(0.05)
-    raise AssertionError("the admission policy was never enforced")
+    await admission.until_enforced(lambda: driver.apply(f"{slices}/probe", probe, "probe"), "may write only")
 
 
 def test_a_driver_writes_only_its_own_nodes_slices(apiserver: ControlPlane) -> None:

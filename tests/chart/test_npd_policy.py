@@ -17,7 +17,7 @@ from chart import admission
 from chart.test_chart import render, sets
 from simcluster.controlplane import ControlPlane, private_control_plane
 
-from neuron_common.kube import Api, ApiError
+from neuron_common.kube import Api
 from neuron_problem_detector import config
 from neuron_problem_detector.detector import ConditionStatus
 from neuron_problem_detector.reporter import CORDON_ANNOTATION, TAINT_KEY, Reporter
@@ -117,19 +117,9 @@ async def _install(cp: ControlPlane) -> Tokens:
             {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 600}},
         )
         detector = as_detector(cp, bound["status"]["token"])
-        # the policy takes a moment to be enforced after it is created
-        for _ in range(200):
-            try:
-                await status(detector, "node-b", condition("NeuronHealth", "True"))
-            except ApiError as exc:
-                last = f"{exc.status} {exc.message}"
-                if exc.status == 403 and "may not change node node-b" in exc.message:
-                    break
-            else:
-                last = "allowed"
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError(f"the admission policy was never enforced; last answer: {last}")
+        await admission.until_enforced(
+            lambda: status(detector, "node-b", condition("NeuronHealth", "True")), "may not change node node-b"
+        )
         await detector.close()
         return Tokens(bound["status"]["token"], unbound["status"]["token"])
     finally:

@@ -16,7 +16,7 @@ from chart import admission
 from chart.test_chart import refusal, render, sets
 from simcluster.controlplane import ControlPlane, private_control_plane
 
-from neuron_common.kube import Api, ApiError
+from neuron_common.kube import Api
 from neuron_common.node_labels import NodeLabeler
 from neuron_model.ultraserver import LABEL_PREFIX, LABELS_FIELD_MANAGER, node_id_label, server_id_label
 
@@ -92,18 +92,10 @@ async def _scenario(cp: ControlPlane) -> dict[str, Any]:
         def patch(api: Api, node: str, body: dict[str, Any]) -> Any:
             return api.request("PATCH", f"/api/v1/nodes/{node}", body=body, content_type=MERGE)
 
-        # the policy takes a moment to be enforced after it is created
-        for _ in range(200):
-            try:
-                await patch(plugin_a, "node-b", {"metadata": {"labels": {server_id_label(4): SERVER}}})
-                last = "allowed"
-            except ApiError as exc:
-                last = f"{exc.status} {exc.message}"
-                if exc.status == 403 and "may not change node node-b" in exc.message:
-                    break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError(f"the admission policy was never enforced; last answer: {last}")
+        await admission.until_enforced(
+            lambda: patch(plugin_a, "node-b", {"metadata": {"labels": {server_id_label(4): SERVER}}}),
+            "may not change node node-b",
+        )
 
         desired = {server_id_label(4): SERVER, node_id_label(4): "1", server_id_label(2): PAIR}
         steps: list[dict[str, str]] = []

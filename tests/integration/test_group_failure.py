@@ -10,13 +10,13 @@ watches; an evicted pod bound to a node gets a deletionTimestamp (the kubelet wo
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+from polling import until_async
 from simcluster.api import Api
-from simcluster.controlplane import control_plane, missing_prerequisites
+from simcluster.controlplane import control_plane
 from simcluster.fleet import DEFAULT_SCHEDULER, NAMESPACE, GroupSpec, PodSpec, fleet
 from simcluster.nodes import PODS
 from simcluster.simulation import prepare
@@ -27,21 +27,22 @@ from neuron_scheduler_extender.failures import CONDITION, DEGRADED_REASON, EVICT
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(bool(missing_prerequisites()), reason=f"make setup provides: {missing_prerequisites()}"),
 ]
 
 EVENTS = f"/api/v1/namespaces/{NAMESPACE}/events"
 
 
 async def until(check: Any, timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {timeout:.0f}s")
-        await asyncio.sleep(0.2)
+    return await until_async(check, getattr(check, "__name__", ""), timeout, 0.2, TimeoutError)
+
+
+async def rounds_after(extender: Extender, rounds: int = 2) -> None:
+    """Until the group-health monitor has acted on `rounds` more rounds: the positive marker after
+    which what it has not done, it did not do for the state the test set (one round may have begun
+    before that state, hence two)."""
+    health = extender.group_health
+    seen = health.rounds
+    await until_async(lambda: health.rounds >= seen + rounds, "group-health rounds", 30, 0.05, TimeoutError)
 
 
 async def scenario(work: Path, evict: bool) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[str]]:
@@ -63,7 +64,7 @@ async def scenario(work: Path, evict: bool) -> tuple[list[dict[str, Any]], list[
             running = asyncio.create_task(extender.run())
             try:
                 await until(lambda: _synced(extender))
-                await asyncio.sleep(1.0)  # a healthy UltraServer: no Event
+                await rounds_after(extender)  # rounds over a healthy UltraServer: no Event
                 assert (await api.list(EVENTS))[0] == []
                 failed = specs[2].name
                 condition = {"type": CONDITION, "status": "True", "reason": "NeuronSramEccUncorrected"}
@@ -84,7 +85,7 @@ async def scenario(work: Path, evict: bool) -> tuple[list[dict[str, Any]], list[
                         return names if len(gone) == len(live) else []
 
                     await until(evicted)
-                await asyncio.sleep(1.0)  # further rounds announce nothing new
+                await rounds_after(extender)  # further rounds announce nothing new (asserted below)
             finally:
                 stop.set()
                 assert await asyncio.wait_for(running, 30) == 0

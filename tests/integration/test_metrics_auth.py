@@ -23,7 +23,7 @@ import processes
 import pytest
 import pytest_asyncio
 from polling import until_async
-from prometheus_server import PROMETHEUS, numbers, prometheus, query, wait_for
+from prometheus_server import numbers, prometheus, query, wait_for
 from secure_metrics import RBAC, SCRAPER_SA, install, token_of
 from simcluster.controlplane import ControlPlane, free_port, private_control_plane
 
@@ -31,7 +31,6 @@ from neuron_common.kube import Api
 from neuron_sim import node as sim
 
 pytestmark = [
-    pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is installed by make setup"),
     pytest.mark.integration,
 ]
 one_loop = pytest.mark.asyncio(loop_scope="module")

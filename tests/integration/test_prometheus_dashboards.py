@@ -26,19 +26,20 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import processes
 import pytest
 import pytest_asyncio
 import yaml
+from polling import until_async
 from prometheus_server import (
     AWS_DASHBOARD,
     DASHBOARDS,
-    PROMETHEUS,
     TESTED_SOURCES,
     awss_queries,
     check_awss_query,
@@ -67,7 +68,6 @@ QUERIES = panel_queries(frozenset({SOURCE}))
 AWS_QUERIES = awss_queries()
 
 pytestmark = [
-    pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is installed by make setup"),
     pytest.mark.integration,
 ]
 one_prometheus = pytest.mark.asyncio(loop_scope="module")  # the async tests share one Prometheus
@@ -235,16 +235,32 @@ async def test_variables_resolve(stack: str) -> None:
             assert (await r.json())["data"] == ["ml"]
 
 
+async def alerts_once(stack: str, done: Callable[[list[dict[str, Any]]], bool], timeout: float) -> list[dict[str, Any]]:
+    """Prometheus's alerts once `done` holds of them or, at the deadline, as they are then: the
+    caller's assertions say what is missing."""
+    last: list[dict[str, Any]] = []
+
+    async def answered() -> bool:
+        nonlocal last
+        async with aiohttp.ClientSession() as s, s.get(f"{stack}/api/v1/alerts") as r:
+            last = (await r.json())["data"]["alerts"]
+        return done(last)
+
+    with contextlib.suppress(TimeoutError):
+        await until_async(answered, "the alerts", timeout, 1.0, TimeoutError)
+    return last
+
+
+def alert_names(alerts: list[dict[str, Any]]) -> set[str]:
+    return {a["labels"]["alertname"] for a in alerts}
+
+
 @one_prometheus
 async def test_rules_load_and_the_ecc_alert_fires(stack: str) -> None:
-    deadline = time.monotonic() + 20
-    while True:
-        async with aiohttp.ClientSession() as s, s.get(f"{stack}/api/v1/alerts") as r:
-            alerts = (await r.json())["data"]["alerts"]
-        names = {a["labels"]["alertname"] for a in alerts}
-        if {"NeuronUncorrectableECC", "NeuronHardwareErrors"} <= names or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(1)
+    alerts = await alerts_once(
+        stack, lambda alerts: {"NeuronUncorrectableECC", "NeuronHardwareErrors"} <= alert_names(alerts), 20
+    )
+    names = alert_names(alerts)
     assert {"NeuronUncorrectableECC", "NeuronHardwareErrors"} <= names
     ecc = next(a for a in alerts if a["labels"]["alertname"] == "NeuronUncorrectableECC")
     assert ecc["labels"]["device"] == "3"
@@ -260,15 +276,17 @@ async def test_runtime_alerts_wait_on_the_idle_pod_and_the_errors(stack: str) ->
     """From the exporter's real runtime series: stuck-0's runtime runs nothing and infer-1 holds a core
     no runtime uses, so they alone are idle while held (pending: the rule waits 30 minutes); the
     stand-in's working runtimes report errors, the idle one none."""
-    deadline = time.monotonic() + 30
-    while True:
-        async with aiohttp.ClientSession() as s, s.get(f"{stack}/api/v1/alerts") as r:
-            alerts = (await r.json())["data"]["alerts"]
+
+    def idle_and_errors(alerts: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], set[str]]:
         idle = [a for a in alerts if a["labels"]["alertname"] == "NeuronCoresIdleWhileHeld"]
         errors = {a["labels"].get("pod", "") for a in alerts if a["labels"]["alertname"] == "NeuronExecutionErrors"}
-        if (len(idle) >= 2 and {"trainer-0", "infer-0", ""} <= errors) or time.monotonic() > deadline:
-            break
-        await asyncio.sleep(1)
+        return idle, errors
+
+    def fired(alerts: list[dict[str, Any]]) -> bool:
+        idle, errors = idle_and_errors(alerts)
+        return len(idle) >= 2 and {"trainer-0", "infer-0", ""} <= errors
+
+    idle, errors = idle_and_errors(await alerts_once(stack, fired, 30))
     assert sorted((a["labels"]["namespace"], a["labels"]["pod"], a["state"]) for a in idle) == [
         ("ml", "infer-1", "pending"),
         ("ml", "stuck-0", "pending"),

@@ -14,7 +14,6 @@ of the claims (tests/standins/dra_kubelet.py); the real ones are exercised by th
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import shutil
 import sys
 import tempfile
@@ -26,8 +25,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 import pytest_asyncio
-from prometheus_server import PROMETHEUS, check_panel_query, numbers, panel_queries, prometheus, query, wait_for
-from simcluster.controlplane import ControlPlane, control_plane, free_port, missing_prerequisites, wait_until_ready
+from polling import until_async
+from prometheus_server import check_panel_query, numbers, panel_queries, prometheus, query, wait_for
+from simcluster.controlplane import ControlPlane, control_plane, free_port, wait_until_ready
 from standins.dra_kubelet import Kubelet, allocated_claim
 
 from neuron_common.kube import Api
@@ -45,9 +45,6 @@ RATE_INTERVAL = "1m"  # the queries are evaluated just after the activity, over 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is installed by make setup"),
-    pytest.mark.skipif(bool(missing_prerequisites()), reason=f"make setup provides: {missing_prerequisites()}"),
-    pytest.mark.skipif(importlib.util.find_spec("neuron_dra_driver") is None, reason="neuron-dra-driver not installed"),
 ]
 one_prometheus = pytest.mark.asyncio(loop_scope="module")  # the async tests share one Prometheus
 
@@ -72,12 +69,12 @@ def start_driver(cp: ControlPlane, work: Path, root: Path, port: int) -> Path:
 
 async def registration_socket(cp: ControlPlane, registry: Path) -> None:
     socket = registry / Path(layout.DRA_REGISTRATION_SOCKET).name
-    deadline = time.monotonic() + 60
-    while not socket.exists():
-        cp.processes.check()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{DRIVER} never served {socket}")
-        await asyncio.sleep(0.1)
+
+    def served() -> bool:
+        cp.processes.check()  # the driver died: its log, at once
+        return socket.exists()
+
+    await until_async(served, f"{DRIVER} to serve {socket}", 60, 0.1, TimeoutError)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

@@ -23,13 +23,14 @@ from pathlib import Path
 import aiohttp
 import pytest
 import pytest_asyncio
-from prometheus_server import PROMETHEUS, check_panel_query, numbers, panel_queries, prometheus, query, wait_for
+from prometheus_server import check_panel_query, numbers, panel_queries, prometheus, query, wait_for
 from simcluster.api import Api, bounded
-from simcluster.controlplane import control_plane, free_port, missing_prerequisites, wait_until_ready
+from simcluster.controlplane import control_plane, free_port, wait_until_ready
 from simcluster.fleet import PodSpec, fleet, pod_stream
 from simcluster.nodes import PODS
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command, start_extender, start_scheduler
 from simcluster.simulation import prepare
+from skips import require
 
 EXTENDER, SCHEDULER = "neuron-scheduler-extender", "kube-scheduler"
 QUERIES = panel_queries(frozenset({EXTENDER, SCHEDULER}))
@@ -39,9 +40,6 @@ RATE_INTERVAL = "1m"  # the queries are evaluated just after the activity, over 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.slow,
-    pytest.mark.skipif(PROMETHEUS is None, reason="Debian's prometheus is installed by make setup"),
-    pytest.mark.skipif(bool(missing_prerequisites()), reason=f"make setup provides: {missing_prerequisites()}"),
-    pytest.mark.skipif(extender_command() is None, reason="neuron-scheduler-extender is not installed"),
 ]
 one_prometheus = pytest.mark.asyncio(loop_scope="module")  # the async tests share one Prometheus
 
@@ -56,6 +54,7 @@ class Stack:
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def stack() -> AsyncIterator[Stack]:
     command = extender_command()
+    require([] if command else ["neuron-scheduler-extender"], "make setup")
     assert command is not None
     work = Path(tempfile.mkdtemp(prefix="sched-prom-"))
     specs, stream = fleet(NODES, seed=3), pod_stream(PODS_ASKED, seed=3)

@@ -7,16 +7,17 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from skips import require
 
 RULES = Path(__file__).resolve().parents[2] / "charts/neuron-helm-chart/rules"
 PROMTOOL = shutil.which("promtool")
 pytestmark = [
-    pytest.mark.skipif(PROMTOOL is None, reason="promtool comes with Debian's prometheus (make setup)"),
     pytest.mark.integration,
 ]
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    require([] if PROMTOOL else ["promtool (Debian's prometheus)"], "make setup")
     assert PROMTOOL is not None
     return subprocess.run([PROMTOOL, *args], capture_output=True, text=True, check=False, timeout=60)
 

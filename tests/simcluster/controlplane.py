@@ -24,10 +24,11 @@ import socket
 import ssl
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from polling import until
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_GO_MOD = REPO / "tests/cluster/k8s/go.mod"
@@ -76,6 +77,22 @@ def missing_prerequisites() -> list[str]:
     missing = [f"{k8s_bin()}/{b}" for b in ("kube-apiserver", "kube-scheduler") if not (k8s_bin() / b).exists()]
     missing += [tool for tool in ("etcd", "openssl", "setpriv") if shutil.which(tool) is None]
     return missing
+
+
+def build_target() -> str:
+    """The make target that builds this release's binaries (make setup builds the pinned and the older ones)."""
+    version = k8s_version()
+    if version == next_k8s_version() and version != _pinned(K8S_GO_MOD):
+        return "make k8s-next"
+    return "make setup" if version == _pinned(K8S_GO_MOD) else "make setup (or make k8s-versions)"
+
+
+def require_prerequisites() -> None:
+    """Fails the test that wants a control plane where `make setup` has not provided one: a tool
+    missing is a broken set-up, never a skip (tests/skips.py)."""
+    from skips import require
+
+    require(missing_prerequisites(), build_target(), f"a Kubernetes {k8s_version()} control plane")
 
 
 def free_port() -> int:
@@ -224,12 +241,11 @@ def _ready(port: int, path: str, context: ssl.SSLContext | None) -> bool:
 def wait_until_ready(
     processes: Processes, what: str, port: int, path: str, timeout: float, tls: ssl.SSLContext | None
 ) -> None:
-    deadline = time.monotonic() + timeout
-    while not _ready(port, path, tls):
-        processes.check()
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not ready on 127.0.0.1:{port}{path} within {timeout:.0f}s")
-        time.sleep(0.2)
+    def ready() -> bool:
+        processes.check()  # a process that died fails the wait at once, with its log
+        return _ready(port, path, tls)
+
+    until(ready, f"{what} ready on 127.0.0.1:{port}{path}", timeout, 0.2, TimeoutError)
 
 
 @contextlib.contextmanager
@@ -237,7 +253,9 @@ def control_plane(
     work: Path, *, ready_timeout: float = 120.0, apiserver_args: Sequence[str] = ()
 ) -> Iterator[ControlPlane]:
     """etcd and kube-apiserver in `work`, ready to serve; stopped (with everything else started
-    through `processes`) on exit. `apiserver_args`: more flags (e.g. a feature gate off)."""
+    through `processes`) on exit. `apiserver_args`: more flags (e.g. a feature gate off). Fails the
+    test, naming what is missing and its make target, where the binaries are not built."""
+    require_prerequisites()
     work.mkdir(parents=True, exist_ok=True)
     processes = Processes(work / "logs")
     try:
@@ -286,14 +304,9 @@ def control_plane(
 @contextlib.contextmanager
 def private_control_plane(prefix: str, *, apiserver_args: Sequence[str] = ()) -> Iterator[ControlPlane]:
     """A private control plane for a test module or session, in a fresh temporary directory
-    removed afterwards; skips the test (naming what is missing) where `make setup` has not run."""
+    removed afterwards; fails the test (naming what is missing) where `make setup` has not run."""
     import tempfile
 
-    import pytest
-
-    missing = missing_prerequisites()
-    if missing:
-        pytest.skip(f"no kube-apiserver to test against (run make setup): {', '.join(missing)}")
     work = Path(tempfile.mkdtemp(prefix=prefix))
     try:
         with control_plane(work, apiserver_args=apiserver_args) as cp:

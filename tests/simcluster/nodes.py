@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from polling import until_async
+
 from neuron_device_plugin.node_report import FIELD_MANAGER, MIN_GAP  # the real plugin's writes
 from neuron_model.allocator import Topology, choose_cores, choose_devices
 from neuron_model.placement import FreeState, PodRequest, place
@@ -169,13 +171,12 @@ class SimulatedNodes:
 
     async def drain(self, timeout: float) -> None:
         """Until every pod status and report change seen so far is written (bounded)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+
+        def written() -> bool:
             reports = any(n.write_pending or n.writing or n.changed_since_write for n in self.nodes.values())
-            if not self._statuses_unwritten and not reports:
-                return
-            await asyncio.sleep(0.1)
-        raise TimeoutError(f"pod statuses and reports not written within {timeout:.0f}s")
+            return not self._statuses_unwritten and not reports
+
+        await until_async(written, "pod statuses and reports written", timeout, 0.1, TimeoutError)
 
     async def _watch_pods(self) -> None:
         items, version = await self.api.list(PODS)

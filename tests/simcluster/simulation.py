@@ -12,6 +12,7 @@ schedulers start from the same empty cluster.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -24,6 +25,7 @@ from typing import Any
 
 import psutil
 import yaml
+from polling import until_async
 
 from neuron_model.placement import FreeState, PodRequest, place, refusal
 from neuron_model.report import NodeReport
@@ -218,16 +220,15 @@ class Outcome:
 
 
 async def _wait_established(api: Api, name: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+
+    async def established() -> bool:
         crd = await api.request("GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
-        if any(
+        return any(
             c["type"] == "Established" and c["status"] == "True"
             for c in (crd.get("status") or {}).get("conditions") or []
-        ):
-            return
-        await asyncio.sleep(0.2)
-    raise TimeoutError(f"CRD {name} not established within {timeout:.0f}s")
+        )
+
+    await until_async(established, f"CRD {name} established", timeout, 0.2, TimeoutError)
 
 
 async def prepare(
@@ -298,18 +299,21 @@ async def _until_settled(
     """Until every pod is bound, or nothing was bound for `size.quiet` seconds and every unbound
     pod was reported unschedulable; True when `size.deadline` came first."""
     begun = time.monotonic()
-    while True:
-        await asyncio.sleep(0.5)
+
+    def settled() -> bool:
         cp.processes.check()
         watch()
         unbound = [p.name for p in stream if p.name not in nodes.bound_at]
         if not unbound:
-            return False
-        last = max([begun, *nodes.bound_at.values()])
-        if time.monotonic() - last >= size.quiet and all(p in nodes.unschedulable for p in unbound):
-            return False
-        if time.monotonic() - begun > size.deadline:
             return True
+        last = max([begun, *nodes.bound_at.values()])
+        return time.monotonic() - last >= size.quiet and all(p in nodes.unschedulable for p in unbound)
+
+    try:
+        await until_async(settled, "every pod bound or refused", size.deadline, 0.5, TimeoutError)
+    except TimeoutError:
+        return True
+    return False
 
 
 # The DRA runs (the default scheduler only): the nodes are DRA nodes, and the same pods either ask for
@@ -332,7 +336,7 @@ async def simulate(
     names = [s.name for s in specs]
     command = extender_command() if scheduler == NEURON_SCHEDULER else None
     if scheduler == NEURON_SCHEDULER and command is None:
-        raise RuntimeError("neuron-scheduler needs the extender's command, which is not installed")
+        raise RuntimeError("neuron-scheduler needs the extender's command, which make setup installs")
     started = time.monotonic()
     with control_plane(work) as cp:
         # the pod creator's 16 before the scheduler starts; then the kubelets' status and report writers
@@ -391,11 +395,15 @@ async def simulate(
                 extender.rss_peak_mb = max(extender.rss_peak_mb, extender.rss_end_mb)
 
             pods, _ = await api.list(PODS)
-            seen_by = time.monotonic() + 10  # the watch may lag the list by a few events
-            while any(p["spec"].get("nodeName") and p["metadata"]["name"] not in nodes.bound_at for p in pods):
-                if time.monotonic() > seen_by:
-                    break  # the accounting will show which
-                await asyncio.sleep(0.1)
+            # the watch may lag the list by a few events; past 10 s the accounting will show which
+            with contextlib.suppress(TimeoutError):
+                await until_async(
+                    lambda: all(not p["spec"].get("nodeName") or p["metadata"]["name"] in nodes.bound_at for p in pods),
+                    "the watch to see every binding listed",
+                    10,
+                    0.1,
+                    TimeoutError,
+                )
             await nodes.drain(60)
             objects, _ = await api.list(REPORTS)
             stop.set()

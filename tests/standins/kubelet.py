@@ -41,6 +41,7 @@ from pathlib import Path
 
 import grpc
 from grpc import aio
+from polling import until_async
 
 from kubelet_api import DEVICE_PLUGIN_VERSION, HEALTHY, UNHEALTHY
 from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
@@ -260,13 +261,15 @@ class FakeKubelet:
 
     async def wait_registered(self, resources: Iterable[str], timeout: float = 10.0) -> None:
         wanted = set(resources)
-        deadline = time.monotonic() + timeout
-        while not all(
-            r in self.endpoints and self.endpoints[r].updates > 0 and not self.endpoints[r].stopped for r in wanted
-        ):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"plugins not registered: {sorted(wanted - set(self.endpoints))}")
-            await asyncio.sleep(0.01)
+        await until_async(
+            lambda: all(
+                r in self.endpoints and self.endpoints[r].updates > 0 and not self.endpoints[r].stopped for r in wanted
+            ),
+            f"plugins registered: {sorted(wanted)}",
+            timeout,
+            0.01,
+            TimeoutError,
+        )
 
     async def wait_update(self, resource: str, timeout: float = 5.0) -> None:
         await asyncio.wait_for(self.endpoints[resource].updated.wait(), timeout)

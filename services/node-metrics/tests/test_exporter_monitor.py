@@ -16,14 +16,13 @@ import shlex
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
-from polling import until_async
+from polling import until, until_async
 from processes import stop as stop_process
 from prometheus_client.parser import text_string_to_metric_families
 from standins.kubelet import Allocation, FakeKubelet
@@ -244,11 +243,12 @@ def test_the_exporter_process_with_the_standin(tmp_path: Path) -> None:
         stderr=subprocess.PIPE,
     )
     try:
-        deadline, text = time.monotonic() + 20, ""
-        while time.monotonic() < deadline and "neuron_core_utilization_ratio{" not in text:
-            time.sleep(0.2)
-            with contextlib.suppress(OSError):
-                text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+
+        def runtime_series() -> str:
+            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
+            return text if "neuron_core_utilization_ratio{" in text else ""
+
+        text = until(runtime_series, "the exporter to serve the runtimes' series", 20, 0.2, ignore=(OSError,))
         cores = {lb["core"] for lb, _ in series(text, "neuron_core_utilization_ratio")}
         assert cores == {"0", "1"}  # inf2.xlarge: one device of two cores, which both runtimes use
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -23,6 +24,7 @@ import aiohttp
 import pytest
 from broken_loop import break_loop_and_probe
 from flag_errors import refusal
+from polling import until_async
 from standins.apiserver import FakeApiServer, serving
 
 from neuron_driver.kmsg import KERN_ERR, format_hw_error, format_record
@@ -47,6 +49,14 @@ async def api() -> AsyncIterator[FakeApiServer]:
 @pytest.fixture
 def node(tmp_path: Path) -> Path:
     sim.create(tmp_path / "node", "trn1.32xlarge")
+    return tmp_path / "node"
+
+
+# The driver generations the simulator writes (neuron_driver.driver_layout.SIMULATED), by a version of
+# each: the counter tests below run on every one, the rest on the default tree (before 2.28).
+@pytest.fixture(params=[None, "2.28.0.0", "2.30.2.0"], ids=["pre-2.28", "2.28", "2.30.2"])
+def generation_node(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
+    sim.create(tmp_path / "node", "trn1.32xlarge", driver_version=request.param)
     return tmp_path / "node"
 
 
@@ -75,12 +85,7 @@ async def running(tmp_path: Path, node: Path, api: FakeApiServer, *args: str) ->
 
 
 async def eventually(predicate: Callable[[], object], timeout: float = 8.0) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
+    await until_async(predicate, timeout=timeout)
 
 
 def status(api: FakeApiServer) -> tuple[str, str] | None:
@@ -117,8 +122,10 @@ async def scrape(det: Detector) -> str:
         return await r.text()
 
 
-async def test_counters_growing(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
-    async with running(tmp_path, node, api):
+async def test_counters_growing(tmp_path: Path, generation_node: Path, api: FakeApiServer) -> None:
+    node = generation_node
+    async with running(tmp_path, node, api) as det:
+        assert det.layout.ok, det.layout.lines()
         await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
         sim.bump_counter(node, 9, "mem_ecc_repairable_uncorrected", by=2)
         await eventually(lambda: status(api) == ("True", "NeuronHasError_HBM_REPAIRABLE_UNCORRECTABLE_ERROR"))
@@ -132,8 +139,9 @@ async def test_counters_growing(tmp_path: Path, node: Path, api: FakeApiServer) 
 
 
 async def test_a_reload_does_not_clear_what_needs_a_new_instance(
-    tmp_path: Path, node: Path, api: FakeApiServer
+    tmp_path: Path, generation_node: Path, api: FakeApiServer
 ) -> None:
+    node = generation_node
     async with running(tmp_path, node, api) as det:
         sim.bump_counter(node, 9, "mem_ecc_uncorrected")
         sim.inject_fault(node, "NC_UNCORRECTABLE_ERROR", 2, via="core-counter", core=1)
@@ -144,6 +152,41 @@ async def test_a_reload_does_not_clear_what_needs_a_new_instance(
         await eventually(lambda: det.reporter.up_to_date)
         assert status(api)[0] == "True"
         assert set(verdicts.read_verdicts(tmp_path / "verdicts", node)) == {2, 9}
+
+
+async def test_a_moved_counter_directory_is_said_on_the_node_not_read_as_healthy(
+    tmp_path: Path, api: FakeApiServer
+) -> None:
+    node = tmp_path / "node"
+    sim.create(node, "trn2.3xlarge", driver_version="2.30.2.0")
+    sim.move_node(node, 0, "stats/hardware", "stats/hardware_v2")  # as a driver that moved the node shows it
+    async with running(tmp_path, node, api) as det:
+        await eventually(lambda: any(e["reason"] == "NeuronHealthCountersUnreadable" for e in api.event_list()))
+        metrics = await scrape(det)
+        ready = det.ready()[1]
+    [event] = [e for e in api.event_list() if e["reason"] == "NeuronHealthCountersUnreadable"]
+    assert event["type"] == "Warning"
+    assert event["message"].startswith("health counters unreadable on driver 2.30.2.0: ")
+    assert "stats/hardware/mem_ecc_uncorrected on neuron0 (directory stats/hardware gone" in event["message"]
+    assert f"neuron_npd_health_sources_missing {float(len(det.layout.missing))}" in metrics
+    assert "health counters unreadable: " in ready
+
+
+async def test_the_firmwares_verdict_sets_the_condition_and_a_link_fault_only_an_event(
+    tmp_path: Path, api: FakeApiServer
+) -> None:
+    node = tmp_path / "node"
+    sim.create(node, "trn2.48xlarge", driver_version="2.30.2.0")
+    async with running(tmp_path, node, api):
+        await eventually(lambda: status(api) == ("False", "NeuronHasNoError"))
+        sim.set_unhealthy_components(node, 6, ["link_efa"])
+        await eventually(lambda: any(e["reason"] == "NeuronUnhealthy_LINK_EFA" for e in api.event_list()))
+        assert status(api) == ("False", "NeuronHasNoError")  # the device serves work on this node
+        sim.set_unhealthy_components(node, 5, ["hbm"])
+        await eventually(lambda: status(api) == ("True", "NeuronHasError_UNHEALTHY_HBM"))
+    [link] = [e for e in api.event_list() if e["reason"] == "NeuronUnhealthy_LINK_EFA"]
+    assert "neuron6" in link["message"]
+    assert set(verdicts.read_verdicts(tmp_path / "verdicts", node)) == {5}
 
 
 async def test_flood_of_unrelated_lines_and_garbage(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
@@ -496,15 +539,23 @@ async def test_a_fault_line_in_a_syslog_file_through_rotation(tmp_path: Path, no
     assert "neuron7 nc-id=0" in second["message"]
     assert (tmp_path / "verdicts" / "neuron5.json").exists()
     assert "neuron_npd_kmsg_malformed_total 1.0" in metrics
-    # a restart on the same boot replays the look-back but reports nothing twice
+    # a restart on the same boot replays the look-back but reports nothing twice: a new fault written
+    # after the replayed lines, once reported, proves they were read and handled before it
     async with running(tmp_path, node, api, *args) as det:
         await eventually(lambda: det._kmsg_ok and det.reporter.up_to_date)
-        await asyncio.sleep(0.5)
-    assert len(api.event_list()) == 2
+        append_text(
+            log, traditional_line(format_hw_error("NC_UNCORRECTABLE_ERROR", 9, 0, sim.serial_for("trn1.32xlarge", 9)))
+        )
+        await eventually(lambda: any("neuron9 " in e["message"] for e in api.event_list()))
+    assert [e["reason"] for e in api.event_list()] == [
+        "NeuronHasError_SRAM_UNCORRECTABLE_ERROR",
+        "NeuronHasError_DMA_ERROR",
+        "NeuronHasError_NC_UNCORRECTABLE_ERROR",
+    ]
     # back to /dev/kmsg on the same boot: its small sequence numbers are not taken for handled ones
     async with running(tmp_path, node, api):
         sim.inject_hw_error(node, "HBM_UNCORRECTABLE_ERROR", 3, 0)
-        await eventually(lambda: len(api.event_list()) == 3)
+        await eventually(lambda: len(api.event_list()) == 4)
 
 
 @pytest.mark.parametrize(
@@ -572,3 +623,32 @@ async def test_accelerated_hardware_ready_off_is_never_written(tmp_path: Path, n
         await eventually(lambda: status(api) == ("True", "NeuronHasError_DMA_ERROR"))
         await eventually(lambda: det.reporter.up_to_date)
         assert ready_condition(api) is None
+
+
+async def test_a_restarted_detector_does_not_cordon_again_for_a_workflow_an_admin_cancelled(
+    tmp_path: Path, node: Path, api: FakeApiServer
+) -> None:
+    from neuron_model import remediation
+
+    boot = (node / "proc/sys/kernel/random/boot_id").read_text().strip()
+    api.nodes[NODE]["status"]["nodeInfo"] = {"bootID": boot}
+    sim.inject_hw_error(node, "HBM_UNCORRECTABLE_ERROR", 2, 0)
+    cancelled = remediation.WorkflowState(
+        fault="HBM_UNCORRECTABLE_ERROR", reason="NeuronHasError_HBM_UNCORRECTABLE_ERROR", rung="replace",
+        boot_id=boot, phase=remediation.Phase.CANCELLED, started=1.0, since=2.0, why="uncordoned by an admin",
+    )  # fmt: skip
+    api.nodes[NODE]["metadata"]["annotations"][remediation.STATE_ANNOTATION] = cancelled.dump()
+    async with running(tmp_path, node, api, "--cordon", "--taint") as det:
+        await eventually(lambda: status(api) == ("True", "NeuronHasError_HBM_UNCORRECTABLE_ERROR"))
+        await eventually(lambda: det.reporter.up_to_date)  # the remediation step has run
+    spec = api.nodes[NODE]["spec"]
+    assert not spec.get("unschedulable", False), "cordoned again after an admin's uncordon cancelled it"
+    assert [t["key"] for t in spec["taints"]] == ["aws.amazon.com/neuron-unhealthy"]  # the taint is not the cordon
+    # another boot's cancellation says nothing about this one: the cordon comes back
+    api.nodes[NODE]["metadata"]["annotations"][remediation.STATE_ANNOTATION] = dataclasses.replace(
+        cancelled, boot_id="an-earlier-boot"
+    ).dump()
+    (tmp_path / "again").mkdir()
+    async with running(tmp_path / "again", node, api, "--cordon") as det:
+        await eventually(lambda: det.reporter.up_to_date)
+    assert api.nodes[NODE]["spec"]["unschedulable"] is True
