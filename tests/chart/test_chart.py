@@ -500,7 +500,7 @@ def _reports() -> list[dict[str, Any]]:
             busy = NodeReport(f"{name}-busy", None, it.topology, it.devices, it.torus_shape, it.adjacency(),
                               cores_per_device, 2, frozenset(range(1, total, 3)), frozenset({it.devices - 1}),
                               frozenset({"ml/train-0", "default/infer"}), now, ultraserver,
-                              pending_cores=frozenset({0}))  # fmt: skip
+                              pending_cores=frozenset({0}), multi_node_unfit=frozenset({0}))  # fmt: skip
             objects += [idle.to_object(), busy.to_object()]
     return objects
 
@@ -570,7 +570,9 @@ def test_the_crd_types_every_field_of_the_report_and_its_columns_read_it() -> No
     (busy,) = [r for r in _reports() if r["metadata"]["name"] == "trn2u-48xlarge-2-busy"]
     status = busy["status"]  # every optional field present
     assert (
-        set(status_schema["properties"]) == set(status) == {*status_schema["required"], "ultraServer", "pendingCores"}
+        set(status_schema["properties"])
+        == set(status)
+        == {*status_schema["required"], "ultraServer", "pendingCores", "multiNodeUnfitDevices"}
     )
     ultra = status_schema["properties"]["ultraServer"]
     assert set(ultra["properties"]) == {*status["ultraServer"], "reason"}  # reason: pending and invalid only
@@ -968,7 +970,7 @@ def test_the_agents_need_the_privileged_scc_as_the_readme_says() -> None:
         assert container(ds)["securityContext"]["runAsUser"] == 0
         assert container(ds)["securityContext"]["capabilities"]["drop"] == ["ALL"]
         assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
-    readme = (CHART / "README.md").read_text()
+    readme = (REPO / "docs" / "openshift.md").read_text()
     for component in ("device plugin", "node metrics", "problem detector"):
         assert f"| {component} | `privileged` |" in readme
     assert "| helm test pods | `restricted-v2` |" in readme
@@ -1036,7 +1038,7 @@ def test_device_config_selector() -> None:
 def test_the_device_config_table_names_only_values_that_exist() -> None:
     """Each row's chart values exist in values.yaml."""
     values = yaml.safe_load((CHART / "values.yaml").read_text())
-    readme = (CHART / "README.md").read_text()
+    readme = (REPO / "docs" / "migrating-from-aws.md").read_text()
     section = readme.split("## Coming from the AWS Neuron operator", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in section.split("|---|---|", 1)[1].splitlines() if line.startswith("| `")]
     fields = [re.match(r"\| `(\w+)`", row)[1] for row in rows]  # type: ignore[index]

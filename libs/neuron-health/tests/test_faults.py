@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from neuron_driver import layout
 from neuron_driver.kmsg import format_hw_error
 from neuron_health import faults
 from neuron_health.faults import Severity
@@ -21,7 +22,10 @@ def test_a_counter_or_kernel_name_belongs_to_one_fault() -> None:
 
 def test_only_condition_setting_faults_take_a_device_out() -> None:
     for fault in (*faults.FAULTS, faults.UNKNOWN_FATAL, faults.UNKNOWN_NOTICE):
-        assert fault.takes_device_out is fault.severity.takes_device_out is (fault.severity is not Severity.TRANSIENT)
+        in_service = fault.severity in (Severity.TRANSIENT, Severity.MULTI_NODE_UNFIT)
+        assert fault.takes_device_out is fault.severity.takes_device_out is (not in_service)
+        # a link fault keeps the device for work on this node and only marks it unfit for multi-node work
+        assert fault.severity.unfit_for_multi_node is (fault.severity is Severity.MULTI_NODE_UNFIT)
         assert fault.severity.clears_on_driver_reload is (fault.severity is Severity.UNTIL_REBOOT)
         if fault.takes_device_out:
             assert fault.reason == f"NeuronHasError_{fault.kind}"  # AWS's reasons, so existing alerts keep working
@@ -65,11 +69,19 @@ def test_patterns_compile_and_unknown_patterns_exclude_every_known_kind() -> Non
 
 
 def test_sim_injects_every_fault_through_every_source(tmp_path: Path) -> None:
-    sim.create(tmp_path, "trn1.2xlarge")
+    sim.create(tmp_path, "trn2.3xlarge", driver_version="2.30.2.0")
     for fault in faults.FAULTS:
-        assert "kernel line" in sim.inject_fault(tmp_path, fault.kind, 0, via="kernel")
-        for counter in fault.device_counters[:1]:
+        if fault.kernel_pattern:
+            assert "kernel line" in sim.inject_fault(tmp_path, fault.kind, 0, via="kernel")
+        for counter in [c for c in fault.device_counters if not layout.is_firmware_counter(c)][:1]:
             assert sim.inject_fault(tmp_path, fault.kind, 0, via="device-counter") == f"{counter}=1"
+        if fault.kind == "HEALTHCHECK_HEARTBEAT_STALE":  # stale by standing still, not by a write
+            with pytest.raises(sim.SimError, match="standing still"):
+                sim.inject_fault(tmp_path, fault.kind, 0, via="firmware")
+        elif "firmware" in sim.sources_of(fault):
+            component = fault.device_counters[0].removeprefix(layout.FIRMWARE_COUNTER_PREFIX)
+            assert component in sim.inject_fault(tmp_path, fault.kind, 0, via="firmware").split("=")[1].split(",")
+        assert sim.sources_of(fault) or fault.kind == "HEALTHCHECK_HEARTBEAT_STALE", fault.kind
         for counter in fault.core_counters[:1]:
             assert sim.inject_fault(tmp_path, fault.kind, 0, via="core-counter", core=1) == f"{counter}=1"
     with pytest.raises(sim.SimError, match="does not show through"):

@@ -293,7 +293,7 @@ class TestSwitch:
     """Trainium3's NeuronSwitch: every set of a node's devices is connected."""
 
     def test_there_are_trainium3_types(self) -> None:
-        assert TRN3 == ["trn3.48xlarge", "trn3e.24xlarge"]
+        assert TRN3 == ["trn3.48xlarge", "trn3e.24xlarge", "trn3p.48xlarge"]  # trn3pd98.3xlarge: one device
 
     @settings(max_examples=300, deadline=None)
     @given(st.sampled_from(TRN3_TOPOLOGIES), st.data())

@@ -29,6 +29,8 @@ EXPECTED = {
     # device counts unconfirmed (instance_types.TRN3_UNCONFIRMED); cores, HBM, switch and PCI id confirmed
     "trn3.48xlarge": (16, 8, 144, TopologyKind.SWITCH, 0x7564),
     "trn3e.24xlarge": (4, 8, 144, TopologyKind.SWITCH, 0x7564),
+    "trn3p.48xlarge": (16, 8, 144, TopologyKind.SWITCH, 0x7564),
+    "trn3pd98.3xlarge": (1, 8, 144, TopologyKind.SINGLE, 0x7564),
 }
 
 
@@ -79,7 +81,37 @@ def test_trainium3_is_a_switch_of_eight_core_devices_with_its_driver_names() -> 
 def test_a_trainium3_node_without_a_product_name_is_told_by_its_device_count() -> None:
     assert guess_instance_type("Trn3", 16) == get_instance_type("trn3.48xlarge")
     assert guess_instance_type("Trn3", 4) == get_instance_type("trn3e.24xlarge")
-    assert guess_instance_type("Trn3", 1) is None  # the driver's single-device 3xlarge types are not in the table
+    assert guess_instance_type("Trn3", 1) == get_instance_type("trn3pd98.3xlarge")  # the driver's 3xlarge types
+
+
+def test_the_drivers_trainium3_names_are_the_truth_and_the_charts_map_onto_them() -> None:
+    from neuron_model.instance_types import ALIASES, ALL_NAMES, TRN3_DRIVER_TYPES, TRN3_UNCONFIRMED
+
+    # shared/reference/fleet-and-scale.md, "Today's Neuron driver": the HAL's list, every one known
+    driver = {
+        "trn3e.24xlarge", "trn3.48xlarge", "trn3s-es.48xlarge", "trn3sn.48xlarge", "trn3sn-es.48xlarge",
+        "trn3p.48xlarge", "trn3pd98.3xlarge", "trn3s-es.3xlarge", "trn3sn.3xlarge", "trn3sn-es.3xlarge",
+    }  # fmt: skip
+    assert set(TRN3_DRIVER_TYPES) == driver
+    for name in driver:
+        it = get_instance_type(name)
+        assert it.family.name == "trn3"
+        assert it.name == TRN3_DRIVER_TYPES[name]
+    assert get_instance_type("trn3sn-es.48xlarge") == get_instance_type("trn3.48xlarge")  # one PDS platform
+    assert get_instance_type("trn3sn.3xlarge").devices == TRN3_UNCONFIRMED.trn3_3xlarge_devices
+    assert get_instance_type("trn3p.48xlarge").devices == TRN3_UNCONFIRMED.trn3p_48xlarge_devices
+    # AWS's chart 1.10 names: trn3s-es.48xlarge is the driver's; the other two map, unconfirmed
+    assert get_instance_type("trn3s-es.48xlarge").name == "trn3.48xlarge"
+    assert dict(TRN3_UNCONFIRMED.chart_names) == {
+        "trn3n.48xlarge": "trn3.48xlarge",
+        "trn3en.24xlarge": "trn3e.24xlarge",
+    }
+    assert get_instance_type("trn3n.48xlarge") == get_instance_type("trn3.48xlarge")
+    assert get_instance_type("trn3en.24xlarge") == get_instance_type("trn3e.24xlarge")
+    assert set(ALL_NAMES) == set(INSTANCE_TYPES) | set(ALIASES)
+    assert not set(ALIASES) & set(INSTANCE_TYPES)
+    with pytest.raises(UnknownInstanceTypeError):
+        get_instance_type("trn3x.48xlarge")
 
 
 def test_trainium3_unconfirmed_facts_live_in_one_place() -> None:

@@ -41,6 +41,18 @@ def test_round_trip(free: set[int], unhealthy: set[int], pending: set[int]) -> N
     assert NodeReport.from_object(report.to_object()) == report
 
 
+def test_failing_links_round_trip_and_an_older_plugins_report_has_none() -> None:
+    report = dataclasses.replace(trn1({0, 1}), multi_node_unfit=frozenset({3, 7}))
+    obj = report.to_object()
+    assert obj["status"]["multiNodeUnfitDevices"] == [3, 7]
+    assert NodeReport.from_object(obj) == report
+    del obj["status"]["multiNodeUnfitDevices"]  # a plugin older than the field
+    assert NodeReport.from_object(obj).multi_node_unfit == frozenset()
+    obj["status"]["multiNodeUnfitDevices"] = [16]
+    with pytest.raises(ReportError, match="multiNodeUnfitDevices: expected indices below 16"):
+        NodeReport.from_object(obj)
+
+
 def test_a_report_from_a_plugin_older_than_pending_cores_has_none_pending() -> None:
     # during a rolling upgrade the extender reads reports of plugins that do not write the field yet
     obj = trn1({0, 1}).to_object()

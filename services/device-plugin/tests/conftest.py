@@ -64,9 +64,10 @@ async def start_plugin(short_tmp: Path) -> AsyncIterator[Callable[..., object]]:
         kubelet: bool = True,
         wait: bool = True,
         before_plugin: Callable[[FakeKubelet], Awaitable[object]] | None = None,
+        driver_version: str | None = None,
     ) -> Harness:
         root = short_tmp / f"node{len(harnesses)}"
-        sim.create(root, instance_type, lnc)
+        sim.create(root, instance_type, lnc, driver_version=driver_version)
         plugin_dir = short_tmp / f"dp{len(harnesses)}"
         fake = FakeKubelet(plugin_dir, short_tmp / f"pr{len(harnesses)}")
         if kubelet:

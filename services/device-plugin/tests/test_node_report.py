@@ -21,6 +21,7 @@ import sim_nodes
 from flag_errors import refusal
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from polling import until_async
 from standins.apiserver import FakeApiServer
 
 from kubelet_api.podresources_client import Holding
@@ -92,6 +93,16 @@ def test_an_idle_node_reports_everything_free_with_the_plugins_topology(
     # the figures the kubelet sees: every advertised ID healthy
     assert len(report.free_cores) == sum(a.healthy for a in state.advertised(CORE))
     assert len(report.free_devices) == sum(a.healthy for a in state.advertised(NEURON))
+
+
+def test_a_failing_link_is_reported_and_its_device_stays_free(inventory: Callable[..., NodeInventory]) -> None:
+    state = plugin_state(inventory("trn2.48xlarge"))
+    state.set_multi_node_unfit({6: ("UNHEALTHY_LINK_EFA",), 99: ("UNHEALTHY_LINK_EFA",)})  # 99: not a device
+    report = report_of(state)
+    assert report.multi_node_unfit == {6}
+    assert 6 in report.free_devices
+    assert report.unhealthy_devices == frozenset()
+    assert NodeReport.from_object(report.to_object()).multi_node_unfit == {6}
 
 
 def test_the_logical_core_setting_is_the_nodes(inventory: Callable[..., NodeInventory]) -> None:
@@ -455,11 +466,7 @@ async def api() -> Any:
 
 
 async def eventually(predicate: Callable[[], object], timeout: float = 10.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.05)
+    await until_async(predicate, timeout=timeout)
 
 
 async def test_the_plugin_applies_its_report_and_follows_allocations_and_outages(

@@ -17,6 +17,7 @@ import pytest
 from broken_loop import break_loop_and_probe
 from grpc import aio
 from oracles.neuron_sets import exhaustive_devices
+from polling import until_async
 from standins.kubelet import AdmissionError, Allocation
 
 from kubelet_api import HEALTHY, UNHEALTHY
@@ -41,11 +42,7 @@ EXPECTED = {  # instance type: (devices, logical cores) with the default logical
 
 
 async def eventually(predicate, timeout: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.02)
+    await until_async(predicate, timeout=timeout, interval=0.02)
 
 
 async def next_health_check(h) -> None:  # type: ignore[no-untyped-def]
@@ -241,12 +238,26 @@ async def test_more_than_free_is_refused_by_admission(start_plugin) -> None:  # 
         await h.kubelet.allocate(NEURON, 4, pod="b")
 
 
+# The driver generations the simulator writes (neuron_driver.driver_layout.SIMULATED), by a version of
+# each; a representative pair of the health tests runs on every one, the rest on the default tree.
+DRIVER_VERSIONS = pytest.mark.parametrize(
+    "driver_version", [None, "2.28.0.0", "2.30.2.0"], ids=["pre-2.28", "2.28", "2.30.2"]
+)
+
+
 class TestHealth:
-    async def test_repairable_error_recovers_after_a_driver_reload(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
-        h = await start_plugin("trn1.32xlarge")
+    @DRIVER_VERSIONS
+    async def test_repairable_error_recovers_after_a_driver_reload(self, start_plugin, driver_version) -> None:  # type: ignore[no-untyped-def]
+        h = await start_plugin("trn1.32xlarge", driver_version=driver_version)
+        assert h.plugin.layout.ok, h.plugin.layout.lines()
         sim.bump_counter(h.root, 5, "mem_ecc_repairable_uncorrected")
-        await eventually(lambda: "neuron5" not in h.kubelet.healthy(NEURON))
-        assert {"neuroncore10", "neuroncore11"}.isdisjoint(h.kubelet.healthy(NEURONCORE))  # cores follow
+        # the cores follow, on their own ListAndWatch stream: the kubelet may hear of them a moment later
+        await eventually(
+            lambda: (
+                "neuron5" not in h.kubelet.healthy(NEURON)
+                and {"neuroncore10", "neuroncore11"}.isdisjoint(h.kubelet.healthy(NEURONCORE))
+            )
+        )
         assert h.kubelet.capacity(NEURON) == 16
         h.clock.advance(2.0)  # longer than the 1 s quiet period: time alone does not mend it
         await next_health_check(h)
@@ -263,8 +274,9 @@ class TestHealth:
         await eventually(lambda: "neuron6" not in h.kubelet.healthy(NEURON))
         assert "neuron4" in h.kubelet.healthy(NEURON)
 
-    async def test_permanent_error_never_recovers(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
-        h = await start_plugin("trn1.32xlarge")
+    @DRIVER_VERSIONS
+    async def test_permanent_error_never_recovers(self, start_plugin, driver_version) -> None:  # type: ignore[no-untyped-def]
+        h = await start_plugin("trn1.32xlarge", driver_version=driver_version)
         sim.bump_counter(h.root, 3, "sram_ecc_uncorrected")
         await eventually(lambda: "neuron3" not in h.kubelet.healthy(NEURON))
         h.clock.advance(2.0)  # longer than the 1 s quiet period
@@ -308,6 +320,27 @@ class TestHealth:
         sim.bump_counter(h.root, 3, "mem_ecc_uncorrected")
         await eventually(lambda: "neuron3" not in h.kubelet.healthy(NEURON))
         assert h.plugin.metrics.errors.labels("counters")._value.get() == 0
+
+    async def test_a_moved_health_counter_is_logged_and_counted_at_start(self, start_plugin, short_tmp, caplog) -> None:  # type: ignore[no-untyped-def]
+        async def move(_: object) -> None:  # the first harness's node, before the plugin reads it
+            sim.move_node(short_tmp / "node0", 0, "stats/hardware", "stats/hardware_v2")
+
+        h = await start_plugin("trn2.3xlarge", driver_version="2.30.2.0", before_plugin=move)
+        missing = h.plugin.layout.missing
+        assert h.plugin.metrics.health_sources_missing._value.get() == len(missing) > 0
+        assert "health counters unreadable: stats/hardware/mem_ecc_uncorrected not found on neuron0" in caplog.text
+        assert "found at stats/hardware_v2/mem_ecc_uncorrected" in caplog.text
+
+    async def test_the_firmwares_verdict_takes_a_failing_device_out_and_keeps_a_link_fault_in(  # type: ignore[no-untyped-def]
+        self, start_plugin
+    ) -> None:
+        h = await start_plugin("trn2.48xlarge", driver_version="2.30.2.0")
+        sim.set_unhealthy_components(h.root, 6, ["link_efa"])  # unfit for multi-node work only
+        sim.set_unhealthy_components(h.root, 5, ["hbm"])
+        await eventually(lambda: "neuron5" not in h.kubelet.healthy(NEURON))
+        assert h.plugin.state.verdict(5).fault == "UNHEALTHY_HBM"
+        assert "neuron6" in h.kubelet.healthy(NEURON)
+        assert len(h.kubelet.healthy(NEURON)) == 15
 
     async def test_core_status_counter(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
         h = await start_plugin("trn2.48xlarge", lnc=1)

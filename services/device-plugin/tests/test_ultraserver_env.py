@@ -5,10 +5,10 @@ identity that is pending, unreadable or without such a group refuses the contain
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
+from polling import until_async
 from standins.kubelet import AdmissionError
 
 from neuron_device_plugin import config
@@ -78,14 +78,13 @@ def test_whole_node_env_by_identity_state() -> None:
 async def released(h, pod: str) -> None:  # type: ignore[no-untyped-def]
     """Until the kubelet was told the pod's silicon is held (the other resource's IDs turn
     Unhealthy), then, once the plugin's next List sees the release, that every ID is back."""
-    deadline = asyncio.get_running_loop().time() + 5
-    while len(h.kubelet.healthy(NEURON)) == 16 and len(h.kubelet.healthy(NEURONCORE)) == 64:
-        assert asyncio.get_running_loop().time() < deadline, "the hand-out was not seen in time"
-        await asyncio.sleep(0.02)
+
+    def healthy() -> tuple[int, int]:
+        return len(h.kubelet.healthy(NEURON)), len(h.kubelet.healthy(NEURONCORE))
+
+    await until_async(lambda: healthy() != (16, 64), "the hand-out seen by the kubelet", 5, 0.02)
     h.kubelet.release(pod)
-    while len(h.kubelet.healthy(NEURON)) < 16 or len(h.kubelet.healthy(NEURONCORE)) < 64:
-        assert asyncio.get_running_loop().time() < deadline, "the release was not seen in time"
-        await asyncio.sleep(0.02)
+    await until_async(lambda: healthy() == (16, 64), "the release seen by the kubelet", 5, 0.02)
 
 
 async def test_a_container_holding_every_device_gets_the_identity(start_plugin) -> None:  # type: ignore[no-untyped-def]

@@ -258,6 +258,38 @@ async def _tainted_are(h: Harness, names: set[str]) -> bool:
     return await _tainted(h) == names
 
 
+async def test_the_firmwares_verdict_taints_a_failing_device_and_not_a_link_fault(start_driver, short_tmp) -> None:  # type: ignore[no-untyped-def]
+    root = short_tmp / "trn2-2.30.2"
+    sim.create(root, "trn2.48xlarge", driver_version="2.30.2.0")
+    h: Harness = await start_driver(root=root)
+    assert h.driver.layout.ok
+    await eventually(lambda: _has_device(h, "neurondevice5"))
+    sim.set_unhealthy_components(h.root, 6, ["link_efa"])  # unfit for multi-node work, not out of service
+    sim.set_unhealthy_components(h.root, 5, ["hbm"])
+    await eventually(lambda: _device_tainted(h, "neurondevice5"))
+    (taint,) = (await _device(h, "neurondevice5"))["taints"]
+    assert (taint["key"], taint["value"]) == ("neuron.aws.com/unhealthy", "UNHEALTHY_HBM")
+    link = await _device(h, "neurondevice6")
+    assert not link.get("taints")
+    # in service for work on this node; a claim spanning nodes selects against the attribute
+    assert link["attributes"]["multiNodeUnfit"] == {"string": "UNHEALTHY_LINK_EFA"}
+    assert "multiNodeUnfit" not in (await _device(h, "neurondevice7"))["attributes"]
+    sim.set_unhealthy_components(h.root, 6, [])  # the link is back: fit again
+    await eventually(lambda: _attribute_gone(h, "neurondevice6", "multiNodeUnfit"))
+
+
+async def _has_device(h: Harness, name: str) -> bool:
+    return any(d["name"] == name for s in await h.slices() for d in s["spec"].get("devices") or [])
+
+
+async def _attribute_gone(h: Harness, name: str, attribute: str) -> bool:
+    return attribute not in (await _device(h, name))["attributes"]
+
+
+async def _device_tainted(h: Harness, name: str) -> bool:
+    return name in await _tainted(h)
+
+
 async def test_without_device_taints_a_device_error_takes_it_out(start_driver) -> None:  # type: ignore[no-untyped-def]
     h: Harness = await start_driver("inf2.24xlarge", "--no-device-taints")
     await eventually(lambda: _has_devices(h, 6 + 12 + INF2_24_ARCS))

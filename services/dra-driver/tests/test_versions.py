@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from dra_harness import Harness, eventually
-from simcluster.controlplane import ControlPlane, k8s_release, missing_prerequisites, private_control_plane
+from simcluster.controlplane import ControlPlane, k8s_release, private_control_plane
 from simcluster.schedulers import start_scheduler
 from test_scheduling import allocation, claim_and_pod, create_node, ready_for_claims, unschedulable
 
@@ -33,9 +33,7 @@ def older(request: pytest.FixtureRequest, apiserver: ControlPlane) -> Iterator[t
     first) and every other test keep the pinned release."""
     version = f"v{request.param}"
     with contextlib.ExitStack() as stack:
-        with k8s_release(version):
-            if missing_prerequisites():
-                pytest.skip(f"Kubernetes {version} is not built (make k8s-versions)")
+        with k8s_release(version):  # not built: the control plane fails the test, naming make setup
             cp = stack.enter_context(private_control_plane(f"dra-{version}-"))
             start_scheduler(cp, "default-scheduler")
         ready_for_claims(cp)

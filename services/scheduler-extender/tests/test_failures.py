@@ -112,6 +112,40 @@ class TestNodeHealth:
         assert node_failure(None, NodeHealth("x")) == ""
 
 
+def linked_cluster(unfit_node: str, devices: list[int]) -> ClusterView:
+    """`cluster()`, with the firmware of `unfit_node` listing a link of `devices` failing."""
+    reports = []
+    for s, server in (("a", A), ("b", B)):
+        for i in range(4):
+            obj = report_object(f"{s}-{i}", "trn2u.48xlarge", ultraserver=trn2u_identity(server, i))
+            if obj["metadata"]["name"] == unfit_node:
+                obj["status"]["multiNodeUnfitDevices"] = devices
+            reports.append(obj)
+    pods = [lws_pod(f"llama-{i}", node=f"a-{i}", phase="Running") for i in range(4)]
+    return view_of(*reports, pods=pods)
+
+
+class TestFailingLinks:
+    """Issue 57: a failing link keeps the node's devices in service and its UltraServer group from being chosen."""
+
+    def test_a_failing_link_is_a_failure_for_groups_and_no_unhealthy_device(self) -> None:
+        view = linked_cluster("a-1", [6])
+        report = view.reports["a-1"]
+        assert report.multi_node_unfit == {6}
+        assert report.unhealthy_devices == frozenset()  # the node's own work is unaffected
+        assert node_failure(report, None) == (
+            "failing link on device 6 (unfit for multi-node work) in its NeuronNode report"
+        )
+
+    def test_the_group_over_it_is_degraded(self) -> None:
+        view = linked_cluster("a-2", [0, 1])
+        (group,) = degraded_groups(view.group_placements(), view.reports, {}).values()
+        assert group.group.ultraserver == A
+        assert [(f.node, f.what) for f in group.failures] == [
+            ("a-2", "failing link on devices 0, 1 (unfit for multi-node work) in its NeuronNode report")
+        ]
+
+
 class TestDegradedGroups:
     def test_a_healthy_ultraserver_degrades_nothing(self) -> None:
         view = cluster()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
@@ -28,7 +28,8 @@ class CounterKind(enum.StrEnum):
     CORE_MEM = "core_mem"  # per core: memory_usage/{host_mem,device_mem}/<field>
     CORE_OTHER = "core_other"  # per core: stats/other_info/<name>
     HOST_MEM = "host_mem"  # per device: memory_usage/host_mem/<category>/<field>
-    HARDWARE = "hardware"  # per device: stats/hardware/<name>
+    HARDWARE = "hardware"  # per device: stats/hardware/<name> (the corrected ECC counts too, driver 2.30.2)
+    HEALTH_STATUS = "health_status"  # per device: stats/hardware/health_status/<name> (driver 2.28)
 
 
 DEVICE_LEVEL = -1
@@ -43,11 +44,20 @@ class CounterKey(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
+class FirmwareVerdict:
+    """A device's `health_status/unhealthy_components` and `healthcheck_heartbeat` (driver 2.30.2)."""
+
+    unhealthy: frozenset[str] | None  # the failing subsystems; None when unreadable or absent
+    heartbeat: str | None  # the heartbeat's text, opaque (its format is documented nowhere here)
+
+
+@dataclass(frozen=True, slots=True)
 class CounterSnapshot:
     values: dict[CounterKey, int]
     power: dict[int, PowerReading]
     issues: tuple[ScanIssue, ...]
     files_read: int
+    firmware: dict[int, FirmwareVerdict] = field(default_factory=dict)
 
     def get(self, kind: CounterKind, device: int, core: int, name: str, field: str = "") -> int | None:
         return self.values.get(CounterKey(kind, device, core, name, field))
@@ -66,6 +76,16 @@ def _listdir(path: Path) -> list[str]:
         return []
 
 
+def _listfiles(path: Path, exclude: Collection[str] = ()) -> list[str]:
+    """The files of a directory, not its subdirectories (stats/hardware holds health_status/ from 2.28)."""
+    return [n for n in _listdir(path) if n not in exclude and not os.path.isdir(path / n)]
+
+
+def parse_unhealthy_components(text: str) -> frozenset[str]:
+    """`hbm,link_efa` -> {"hbm", "link_efa"}; an empty file (nothing failing) -> the empty set."""
+    return frozenset(part.strip() for part in text.replace("\n", ",").split(",") if part.strip())
+
+
 class CounterReader:
     def __init__(
         self,
@@ -76,20 +96,24 @@ class CounterReader:
         status_names: Collection[str] | None = None,
         status_fields: Collection[str] = layout.STATUS_FIELDS,
         select: Callable[[CounterKey], bool] | None = None,
+        firmware: bool = False,
     ) -> None:
         """`kinds`, `status_names` and `status_fields` narrow what is read; `select`, when
-        given, keeps only the counters it accepts (e.g. only `present` memory figures)."""
+        given, keeps only the counters it accepts (e.g. only `present` memory figures);
+        `firmware` also reads each device's firmware verdict (`FirmwareVerdict`) where it has one."""
         self.inventory = inventory
         self._device_dirs = {d.index: d.sysfs_path for d in inventory.devices}
         self._plan: list[tuple[bytes, CounterKey]] = []
         self._power: list[tuple[int, Path]] = []
+        self._firmware: list[tuple[int, Path, Path]] = []
         self._status_fields = tuple(f for f in layout.STATUS_FIELDS if f in status_fields)
         self._select = select
         wanted = frozenset(kinds)
         for dev in inventory.devices:
             ddir = Path(dev.sysfs_path)
             if CounterKind.HARDWARE in wanted:
-                for name in _listdir(ddir / "stats" / "hardware") or list(layout.HARDWARE_COUNTERS):
+                hardware = layout.hardware_dir(ddir)
+                for name in _listfiles(hardware) or list(layout.HARDWARE_COUNTERS):
                     self._add(
                         layout.hardware_counter_file(ddir, name),
                         CounterKind.HARDWARE,
@@ -98,6 +122,19 @@ class CounterReader:
                         name,
                         "",
                     )
+            health_status = layout.health_status_dir(ddir)
+            if CounterKind.HEALTH_STATUS in wanted:
+                text_files = (layout.UNHEALTHY_COMPONENTS_FILE, layout.HEARTBEAT_FILE)
+                for name in _listfiles(health_status, exclude=text_files):
+                    self._add(health_status / name, CounterKind.HEALTH_STATUS, dev.index, DEVICE_LEVEL, name, "")
+            if firmware and (health_status / layout.UNHEALTHY_COMPONENTS_FILE).exists():
+                self._firmware.append(
+                    (
+                        dev.index,
+                        health_status / layout.UNHEALTHY_COMPONENTS_FILE,
+                        health_status / layout.HEARTBEAT_FILE,
+                    )
+                )
             if CounterKind.HOST_MEM in wanted:
                 for cat in layout.HOST_MEM_CATEGORIES:
                     for fld in layout.MEM_FIELDS:
@@ -159,11 +196,17 @@ class CounterReader:
 
     @property
     def file_count(self) -> int:
-        return len(self._plan) + len(self._power)
+        return len(self._plan) + len(self._power) + 2 * len(self._firmware)
+
+    @property
+    def firmware_devices(self) -> frozenset[int]:
+        """Devices whose firmware verdict one read() reads."""
+        return frozenset(device for device, _, _ in self._firmware)
 
     def paths(self) -> list[bytes]:
         """Every file one read() opens; the benchmark reads these in a tight loop as its floor."""
-        return [p for p, _ in self._plan] + [os.fsencode(p) for _, p in self._power]
+        firmware = [os.fsencode(p) for _, u, h in self._firmware for p in (u, h)]
+        return [p for p, _ in self._plan] + [os.fsencode(p) for _, p in self._power] + firmware
 
     def read(self) -> CounterSnapshot:
         values: dict[CounterKey, int] = {}
@@ -202,9 +245,25 @@ class CounterReader:
                 self._record_failure(device, os.fsencode(ppath), exc, issues, vanished)
             except ValueError as exc:
                 issues.append(ScanIssue(IssueKind.MALFORMED, str(ppath), str(exc)))
+        verdicts: dict[int, FirmwareVerdict] = {}
+        for device, unhealthy_path, heartbeat_path in self._firmware:
+            if device in vanished:
+                continue
+            unhealthy: frozenset[str] | None = None
+            heartbeat: str | None = None
+            try:
+                unhealthy = parse_unhealthy_components(read_bytes(unhealthy_path).decode("ascii", "replace"))
+            except OSError as exc:
+                self._record_failure(device, os.fsencode(unhealthy_path), exc, issues, vanished)
+            try:
+                heartbeat = read_bytes(heartbeat_path).decode("ascii", "replace").strip()
+            except OSError as exc:
+                if device not in vanished:
+                    self._record_failure(device, os.fsencode(heartbeat_path), exc, issues, vanished)
+            verdicts[device] = FirmwareVerdict(unhealthy, heartbeat)
         for issue in issues:
             ISSUE_LOG.report(issue)
-        return CounterSnapshot(values, power, tuple(issues), len(self._plan) + len(self._power))
+        return CounterSnapshot(values, power, tuple(issues), self.file_count, verdicts)
 
     def _record_failure(
         self, device: int, path: bytes, exc: OSError, issues: list[ScanIssue], vanished: set[int]
@@ -233,5 +292,24 @@ def device_totals(values: Mapping[CounterKey, int], expected: Iterable[CounterKe
 
 
 def devices_reset(previous: Mapping[tuple[int, str], int], current: Mapping[tuple[int, str], int]) -> set[int]:
-    """Devices whose counters went back down: the driver was reloaded and counts afresh."""
-    return {device for (device, name), value in current.items() if value < previous.get((device, name), 0)}
+    """Devices whose counters went back down: the driver was reloaded and counts afresh. The firmware's
+    verdict (`layout.FIRMWARE_COUNTERS`) is a state, not a count: a subsystem it stops listing mended."""
+    return {
+        device
+        for (device, name), value in current.items()
+        if value < previous.get((device, name), 0) and not layout.is_firmware_counter(name)
+    }
+
+
+def firmware_totals(firmware: Mapping[int, FirmwareVerdict]) -> dict[tuple[int, str], int]:
+    """The firmware's verdict as counters by (device, name): 1 for each subsystem `unhealthy_components`
+    lists, 0 for each it does not; nothing for a device whose list could not be read (unknown)."""
+    totals: dict[tuple[int, str], int] = {}
+    for device, verdict in firmware.items():
+        if verdict.unhealthy is None:
+            continue
+        for component in layout.UNHEALTHY_COMPONENTS:
+            totals[device, layout.firmware_counter(component)] = int(component in verdict.unhealthy)
+        for component in sorted(verdict.unhealthy - frozenset(layout.UNHEALTHY_COMPONENTS)):
+            totals[device, layout.firmware_counter(component)] = 1  # newer than this stack: seen, not judged
+    return totals

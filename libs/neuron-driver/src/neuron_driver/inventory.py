@@ -24,7 +24,12 @@ from neuron_driver.parse import parse_connected_devices, parse_core_count, parse
 from neuron_driver.ultraserver import read_ultraserver
 from neuron_model import pci
 from neuron_model.allocator import Topology
-from neuron_model.instance_types import INSTANCE_TYPES, InstanceType, TopologyKind, guess_instance_type
+from neuron_model.instance_types import (
+    InstanceType,
+    TopologyKind,
+    guess_instance_type,
+    lookup_instance_type,
+)
 from neuron_model.ultraserver import State, UltraServerReading
 
 T = TypeVar("T")
@@ -347,8 +352,9 @@ def _instance_type(
         name = read_text(dmi).strip()
     except SysfsError:
         name = ""  # not every host exposes DMI; the devices still tell the family
-    if name in INSTANCE_TYPES:
-        return INSTANCE_TYPES[name], name, InstanceTypeSource.DMI
+    known = lookup_instance_type(name)  # a table entry, or another name of its hardware
+    if known is not None:
+        return known, name, InstanceTypeSource.DMI
     families = {r.family_name for r in raws if r.family_name}
     guess = guess_instance_type(next(iter(families)), len(raws)) if len(families) == 1 else None
     if name and raws:

@@ -7,6 +7,7 @@ import json
 import logging
 import sys
 
+from neuron_driver import driver_layout
 from neuron_driver.inventory import NodeInventory, scan
 
 
@@ -66,9 +67,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="neuron-inventory", description=__doc__)
     p.add_argument("--root", default="/", help="host root holding sys/, dev/ and opt/aws/ (default /)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="compare what the driver exposes with what the stack reads for its version "
+        "(sys/module/neuron/version, else the tree itself): name every path expected and not found, per "
+        "device; exit 1 if any is missing",
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.ERROR)  # issues are part of the output already
     inv = scan(args.root)
+    if args.check:
+        report = driver_layout.check_layout(args.root, inv)
+        if args.json:
+            print(json.dumps(report.to_dict(), indent=2))
+        else:
+            print("\n".join(report.lines()))
+        return 0 if inv.devices and report.ok else 1
     print(json.dumps(inv.to_dict(), indent=2) if args.json else render_text(inv))
     return 0 if inv.devices else 1
 

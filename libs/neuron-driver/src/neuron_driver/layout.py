@@ -168,6 +168,60 @@ HARDWARE_COUNTERS: tuple[str, ...] = (
     "mem_ecc_repairable_uncorrected",
 )
 
+# Driver 2.30.2 (AWS's release notes, `release-notes/components/runtime.rst`): correctable ECC counts.
+# The notes name the nodes but not their directory; neither the docs nor the driver sources stored
+# here say more, so they are taken to sit beside the uncorrected ones in stats/hardware/, and the
+# layout check (`driver_layout`) names them when a 2.30.2 driver does not have them there.
+CORRECTED_COUNTERS: tuple[str, ...] = ("sram_ecc_corrected", "mem_ecc_corrected")
+
+# Driver 2.28.0: stats/hardware/health_status/, the firmware's cached health registers (read-only
+# u32 values, sysfs_notify on a change). Names from aws-neuron-driver `neuron_sysfs_metrics.c`
+# (`health_status_attrs_info_tbl`, aws-neuronx-dkms 2.28.0.0 and 2.29).
+HEALTH_STATUS_DIR = "health_status"
+HEALTH_STATUS_COUNTERS: tuple[str, ...] = (
+    "hbm_ecc_err_count",
+    "repairable_hbm_ecc_err_count",
+    "sram_ecc_err_count",
+    "hw_error_event",
+)
+# Driver 2.30.2, TRN2 and TRN3: the firmware's verdict, in health_status/ (release notes). The
+# heartbeat's format is documented nowhere stored here: the stack treats its text as opaque and
+# only asks whether it changes.
+UNHEALTHY_COMPONENTS_FILE = "unhealthy_components"
+HEARTBEAT_FILE = "healthcheck_heartbeat"
+# The subsystems `unhealthy_components` names, comma-separated (release notes, driver 2.30.2).
+UNHEALTHY_COMPONENTS: tuple[str, ...] = (
+    "hbm",
+    "sram",
+    "firmware_service_api",
+    "firmware_service_processor",
+    "link_intraserver",
+    "link_host",
+    "link_efa",
+    "link_interserver",
+    "link_switch",
+    "axi_fabric",
+)
+
+# The firmware's verdict as counters of the fault table, by (device, name) like the driver's own: 1
+# while `unhealthy_components` lists the subsystem (or the heartbeat is stale), else 0. They are the
+# stack's names, not files: the counter watch makes them from `unhealthy_components` and
+# `healthcheck_heartbeat`, so the verdict flows through the one pipeline the counters do.
+FIRMWARE_COUNTER_PREFIX = "unhealthy_components:"
+HEARTBEAT_STALE_COUNTER = "healthcheck_heartbeat:stale"
+
+
+def firmware_counter(component: str) -> str:
+    return FIRMWARE_COUNTER_PREFIX + component
+
+
+FIRMWARE_COUNTERS: tuple[str, ...] = (*(firmware_counter(c) for c in UNHEALTHY_COMPONENTS), HEARTBEAT_STALE_COUNTER)
+
+
+def is_firmware_counter(name: str) -> bool:
+    return name.startswith(FIRMWARE_COUNTER_PREFIX) or name == HEARTBEAT_STALE_COUNTER
+
+
 OTHER_INFO: tuple[str, ...] = (
     "model_load_count",
     "reset_req_count",
@@ -212,3 +266,20 @@ def hardware_counter_file(device: Path, name: str) -> Path:
 
 def power_file(device: Path) -> Path:
     return device / "stats" / "power" / "utilization"
+
+
+def hardware_dir(device: Path) -> Path:
+    return device / "stats" / "hardware"
+
+
+def health_status_dir(device: Path) -> Path:
+    return hardware_dir(device) / HEALTH_STATUS_DIR
+
+
+def health_status_file(device: Path, name: str) -> Path:
+    return health_status_dir(device) / name
+
+
+def power_raw_file(device: Path) -> Path:
+    """Driver 2.29: live per-die power utilisation (release notes; `utilization_raw` in the driver)."""
+    return device / "stats" / "power" / "utilization_raw"

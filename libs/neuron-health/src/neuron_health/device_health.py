@@ -52,6 +52,17 @@ def counter_findings(
     return findings
 
 
+def multi_node_unfit(totals: Mapping[tuple[int, str], int]) -> dict[int, tuple[str, ...]]:
+    """Devices a `multi-node-unfit` fault shows on now (the firmware lists one of their links failing),
+    with the faults' kinds. A state, not growth: a link the firmware stops listing is fit again."""
+    unfit: dict[int, set[str]] = {}
+    for (device, name), value in totals.items():
+        fault = faults.BY_COUNTER.get(name)
+        if value and fault is not None and fault.severity.unfit_for_multi_node:
+            unfit.setdefault(device, set()).add(fault.kind)
+    return {device: tuple(sorted(kinds)) for device, kinds in sorted(unfit.items())}
+
+
 @dataclass(frozen=True, slots=True)
 class Verdict:
     healthy: bool
@@ -222,6 +233,8 @@ class DeviceHealth:
         self.on_transition = on_transition
         self.warn_unknown_devices = warn_unknown_devices
         self.external: dict[int, str] = {}  # device -> reason, from the problem detector's verdicts
+        # device -> the multi-node-unfit faults on it: in service here, unfit for work spanning nodes
+        self.multi_node_unfit: dict[int, tuple[str, ...]] = {}
         self.known: set[int] = set()
         self._verdicts: dict[int, Verdict] = {}
         self._event = asyncio.Event()
@@ -276,6 +289,25 @@ class DeviceHealth:
             self.external = dict(unhealthy)
             self.refresh_health()
 
+    def set_multi_node_unfit(self, unfit: Mapping[int, tuple[str, ...]]) -> None:
+        """The devices unfit for multi-node work now (`multi_node_unfit`); a change fires `changed`, so
+        what publishes it (the DRA driver's slices) publishes again. Verdicts are not touched."""
+        unfit = {d: kinds for d, kinds in unfit.items() if d in self.known}
+        if unfit == self.multi_node_unfit:
+            return
+        for device in sorted(set(unfit) | set(self.multi_node_unfit)):
+            now, before = unfit.get(device), self.multi_node_unfit.get(device)
+            if now != before:
+                self.logger.warning(
+                    "device %d is %s for multi-node work%s",
+                    device,
+                    "unfit" if now else "fit again",
+                    f": {', '.join(now)}" if now else "",
+                    extra={"device": device, "multi_node_unfit": ",".join(now or ())},
+                )
+        self.multi_node_unfit = dict(unfit)
+        self._notify()
+
     def refresh_health(self) -> bool:
         """Recompute the verdicts (a quiet period may have ended); log and pass on the transitions;
         fire `changed` if any verdict changed."""
@@ -302,4 +334,6 @@ class DeviceHealth:
 
 
 def _rank(severity: Severity) -> int:
-    return (Severity.TRANSIENT, Severity.UNTIL_REBOOT, Severity.REPLACE_INSTANCE).index(severity)
+    return (Severity.TRANSIENT, Severity.MULTI_NODE_UNFIT, Severity.UNTIL_REBOOT, Severity.REPLACE_INSTANCE).index(
+        severity
+    )

@@ -15,6 +15,11 @@ Severities (`shared/reference/neuron-stack.md` section 3, "Kernel log" and the r
 - `replace-instance`: the device leaves allocatable and `NeuronHealth` turns True until the node
   boots again; the instance should be replaced (a driver reload does not mend the silicon).
 
+- `multi-node-unfit`: a link of the device to other nodes (or to its peers in the server) is down
+  (the firmware's `link_*` verdicts, driver 2.30.2): the device stays allocatable and serves work on
+  this node, and the node is unfit for work that spans nodes (an UltraServer group, an EFA job). The
+  detector reports it as an Event; like `transient`, it never takes the device out.
+
 A transient fault never takes a device out: the problem detector hands the device plugin only
 the problems that set a condition, so a transient fault that removed a device would act
 differently depending on which components are installed.
@@ -37,12 +42,14 @@ from dataclasses import dataclass
 from functools import cache
 from types import MappingProxyType
 
+from neuron_driver import layout
 from neuron_driver.kmsg import search
 from neuron_model import node_health
 
 
 class Severity(enum.StrEnum):
     TRANSIENT = "transient"
+    MULTI_NODE_UNFIT = "multi-node-unfit"
     UNTIL_REBOOT = "until-reboot"
     REPLACE_INSTANCE = "replace-instance"
 
@@ -51,7 +58,12 @@ class Severity(enum.StrEnum):
         """The one name for "takes the device out of service": the device plugin advertises it
         Unhealthy (it leaves allocatable), the DRA driver drops or taints it in its slices, and the
         problem detector sets the `NeuronHealth` condition and writes the device's verdict."""
-        return self is not Severity.TRANSIENT
+        return self not in (Severity.TRANSIENT, Severity.MULTI_NODE_UNFIT)
+
+    @property
+    def unfit_for_multi_node(self) -> bool:
+        """The device serves work on this node but not work spanning nodes (a link fault)."""
+        return self is Severity.MULTI_NODE_UNFIT
 
     @property
     def clears_on_driver_reload(self) -> bool:
@@ -98,7 +110,7 @@ class Fault:
 
     @property
     def rung(self) -> Rung:
-        if self.severity is Severity.TRANSIENT:
+        if not self.severity.takes_device_out:  # transient, multi-node-unfit: the device stays in service
             return Rung.EVENT
         if self.cleared_by_device_reset:
             return Rung.DEVICE_RESET
@@ -125,7 +137,7 @@ class Fault:
         return self.device_counters + self.core_counters
 
 
-_ACRONYMS = frozenset({"SRAM", "HBM", "NC", "DMA", "HW"})
+_ACRONYMS = frozenset({"SRAM", "HBM", "NC", "DMA", "HW", "EFA", "API", "AXI"})
 
 
 def _hw(
@@ -208,6 +220,59 @@ FAULTS: tuple[Fault, ...] = (
     ),
 )
 
+
+def _firmware(component: str, severity: Severity, why: str) -> Fault:
+    """A subsystem the firmware's verdict (`health_status/unhealthy_components`, driver 2.30.2) lists.
+    AWS's release notes name the subsystems and nothing more: no action, no meaning beyond the name.
+    So each severity follows the nearest fault AWS does give an action for, said in its `why`."""
+    kind = f"UNHEALTHY_{component.upper()}"
+    reason = f"NeuronHasError_{kind}" if severity.takes_device_out else f"NeuronUnhealthy_{component.upper()}"
+    return Fault(kind, severity, reason, why, device_counters=(layout.firmware_counter(component),))
+
+
+_LINK_WHY = (
+    "the firmware's verdict lists this link failing: work on this node is unaffected, work spanning "
+    "nodes or devices over it is not; no source names an action"
+)
+
+FIRMWARE_FAULTS: tuple[Fault, ...] = (
+    _firmware("hbm", Severity.REPLACE_INSTANCE, "the firmware marks HBM failing: as HBM_UNCORRECTABLE_ERROR"),
+    _firmware("sram", Severity.REPLACE_INSTANCE, "the firmware marks SRAM failing: as SRAM_UNCORRECTABLE_ERROR"),
+    _firmware(
+        "axi_fabric",
+        Severity.REPLACE_INSTANCE,
+        "the device's on-chip fabric is failing: silicon, which a reboot does not mend (as NC_UNCORRECTABLE_ERROR)",
+    ),
+    _firmware(
+        "firmware_service_api",
+        Severity.UNTIL_REBOOT,
+        "a firmware service stopped answering: a reboot (or driver reload) starts the firmware afresh",
+    ),
+    _firmware(
+        "firmware_service_processor",
+        Severity.UNTIL_REBOOT,
+        "the firmware's service processor failed: a reboot (or driver reload) starts it afresh",
+    ),
+    _firmware(
+        "link_host",
+        Severity.UNTIL_REBOOT,
+        "the device's link to the host failed: nothing on this node can use the device until it is set up again",
+    ),
+    _firmware("link_efa", Severity.MULTI_NODE_UNFIT, _LINK_WHY),
+    _firmware("link_interserver", Severity.MULTI_NODE_UNFIT, _LINK_WHY),
+    _firmware("link_switch", Severity.MULTI_NODE_UNFIT, _LINK_WHY),
+    _firmware("link_intraserver", Severity.MULTI_NODE_UNFIT, _LINK_WHY),
+    Fault(
+        "HEALTHCHECK_HEARTBEAT_STALE",
+        Severity.UNTIL_REBOOT,
+        "NeuronHasError_HEALTHCHECK_HEARTBEAT_STALE",
+        "the firmware's health checks stopped (its heartbeat moved, then stood still): its verdict is no "
+        "longer news, so the device is not trusted until the firmware starts afresh",
+        device_counters=(layout.HEARTBEAT_STALE_COUNTER,),
+    ),
+)
+FAULTS = FAULTS + FIRMWARE_FAULTS
+
 # A NEURON_HW_ERR kind this table does not know: trust the line's own action.
 UNKNOWN_FATAL = Fault(
     "UNKNOWN_HW_ERROR",
@@ -279,6 +344,8 @@ def markdown_table() -> str:
             where = ", ".join(f"`NEURON_HW_ERR={n}`" for n in f.kernel_names)
         elif f.driver_pattern:
             where = f"`{f.driver_pattern}`"
+        elif f.counters:  # the firmware's verdict: it shows in no kernel line
+            where = "-"
         else:
             where = "any other `NEURON_HW_ERR=` kind" + (", `action=TERMINATE_INSTANCE`" if f.takes_device_out else "")
         counters = ", ".join(f"`{c}`" for c in f.counters) or "-"

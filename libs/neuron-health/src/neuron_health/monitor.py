@@ -7,13 +7,13 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
 from neuron_driver.inventory import NodeInventory
 from neuron_health import faults
-from neuron_health.device_health import Finding, counter_findings
+from neuron_health.device_health import Finding, counter_findings, multi_node_unfit
 from neuron_health.pipeline import CounterRead, CounterWatch, KernelLogSource, OnError
 from neuron_health.verdicts import read_verdicts
 
@@ -33,6 +33,8 @@ class HealthSink(Protocol):
     def driver_reloaded(self, devices: Iterable[int]) -> None: ...
 
     def set_external_verdicts(self, unhealthy: dict[int, str]) -> None: ...
+
+    def set_multi_node_unfit(self, unfit: Mapping[int, tuple[str, ...]]) -> None: ...
 
     def refresh_health(self) -> bool: ...
 
@@ -92,6 +94,7 @@ class HealthMonitor:
             log.info("the driver's counters went back down (driver reloaded) on device(s) %s", sorted(read.reloaded))
             self.state.driver_reloaded(read.reloaded)
         self.state.observe(counter_findings(read.previous, read.totals))
+        self.state.set_multi_node_unfit(multi_node_unfit(read.totals))
         if self.verdict_dir is not None:
             self.state.set_external_verdicts(read_verdicts(self.verdict_dir, self.host_root))
         self.state.refresh_health()

@@ -14,12 +14,22 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from collections.abc import Callable, Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from neuron_common.lifecycle import sleep_or_stop
-from neuron_driver.counters import CounterKey, CounterKind, CounterReader, device_totals, devices_reset
+from neuron_driver import layout
+from neuron_driver.counters import (
+    CounterKey,
+    CounterKind,
+    CounterReader,
+    FirmwareVerdict,
+    device_totals,
+    devices_reset,
+    firmware_totals,
+)
 from neuron_driver.inventory import InventoryTracker, NodeInventory
 from neuron_driver.kmsg import KmsgRecord
 from neuron_health.kernel_log import KmsgFollower, Malformed
@@ -95,10 +105,42 @@ class CounterRead:
     inventory: NodeInventory | None  # the new inventory when the node's devices changed, else None
 
 
+# How long a heartbeat may stand still before it is stale. The firmware's refresh rate is documented
+# nowhere stored here (docs/driver-versions.md), so this is generous: minutes, not seconds.
+HEARTBEAT_STALE_AFTER = 300.0
+
+
+class HeartbeatWatch:
+    """Whether each device's `healthcheck_heartbeat` still moves. Its format is documented nowhere, so
+    its text is opaque: a heartbeat is stale once it has been seen to change and then stands still for
+    `stale_after`. One never seen to change is not judged (a firmware whose heartbeat this stack has
+    not yet seen move may beat slower than it watched); the problem detector logs it."""
+
+    def __init__(self, stale_after: float, clock: Callable[[], float]) -> None:
+        self.stale_after = stale_after
+        self.clock = clock
+        self._last: dict[int, tuple[str, float, bool]] = {}  # device -> (text, since, seen moving)
+
+    def observe(self, firmware: Mapping[int, FirmwareVerdict]) -> dict[tuple[int, str], int]:
+        now = self.clock()
+        totals: dict[tuple[int, str], int] = {}
+        for device, verdict in firmware.items():
+            if verdict.heartbeat is None:
+                continue
+            text, since, moving = self._last.get(device, (verdict.heartbeat, now, False))
+            if verdict.heartbeat != text:
+                text, since, moving = verdict.heartbeat, now, True
+            self._last[device] = (text, since, moving)
+            totals[device, layout.HEARTBEAT_STALE_COUNTER] = int(moving and now - since >= self.stale_after)
+        return totals
+
+
 class CounterWatch:
     """The one counter watch: the node's devices (rescanned when they change) and their error
     counters, read every `interval`. Device counters are read every time; the per-core status
-    counters in `status_names` (many: 5 a core) every `status_every` reads, to keep idle CPU low."""
+    counters in `status_names` (many: 5 a core) every `status_every` reads, to keep idle CPU low.
+    From driver 2.30.2 the firmware's verdict is read with the device counters, as the counters
+    `layout.FIRMWARE_COUNTERS` (1 while a subsystem is listed failing or the heartbeat is stale)."""
 
     def __init__(
         self,
@@ -110,9 +152,12 @@ class CounterWatch:
         status_every: int = 1,
         on_error: OnError = _ignore,
         previous: Mapping[tuple[int, str], int] | None = None,
+        heartbeat_stale_after: float = HEARTBEAT_STALE_AFTER,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`inventory`: the node as already scanned (else scanned at the first read). `previous`: the
-        values an earlier watch on this boot left (`last`), which the first read is measured against."""
+        values an earlier watch on this boot left (`last`), which the first read is measured against.
+        `heartbeat_stale_after`, `clock`: when a heartbeat that stopped moving is stale (`HeartbeatWatch`)."""
         self.host_root = host_root
         self.interval = interval
         self.status_names = frozenset(status_names)
@@ -123,6 +168,7 @@ class CounterWatch:
         self._readers: tuple[CounterReader, CounterReader | None] | None = None
         self._previous: dict[tuple[int, str], int] | None = dict(previous) if previous is not None else None
         self._reads = 0
+        self.heartbeats = HeartbeatWatch(heartbeat_stale_after, clock)
 
     @property
     def last(self) -> Mapping[tuple[int, str], int] | None:
@@ -130,7 +176,7 @@ class CounterWatch:
         return self._previous
 
     def _make_readers(self, inventory: NodeInventory) -> None:
-        hardware = CounterReader(inventory, kinds={CounterKind.HARDWARE}, power=False)
+        hardware = CounterReader(inventory, kinds={CounterKind.HARDWARE}, power=False, firmware=True)
         status = None
         if self.status_names:
             status = CounterReader(
@@ -153,13 +199,16 @@ class CounterWatch:
             self._make_readers(changed)
         assert self._readers is not None
         hardware, status = self._readers
-        values = hardware.read().values
+        snapshot = hardware.read()
+        values = snapshot.values
         expected: frozenset[CounterKey] = frozenset()
         if status is not None and self._reads % self.status_every == 0:
             values = {**values, **status.read().values}
             expected = status.keys
         self._reads += 1
         totals = device_totals(values, expected)
+        totals.update(firmware_totals(snapshot.firmware))
+        totals.update(self.heartbeats.observe(snapshot.firmware))
         previous = self._previous
         reloaded = frozenset(devices_reset(previous, totals)) if previous is not None else frozenset()
         if previous is not None and reloaded:

@@ -76,6 +76,19 @@ class Trn3Unconfirmed:
     # unconfirmed: the modes a trn3.48xlarge (PDS, node_cnt 4) lists in `ultraserver_mode`, as the driver's
     # mode numbers (1 = X4, 4 = X1; share/neuron_driver_shared.h): what the simulator writes.
     pds_modes: tuple[int, ...] = (1, 4)
+    # unconfirmed: trn3p.48xlarge (the driver's ULTRASERVER platform) has 16 devices, as the PDS 48xlarge
+    # types; the driver names it (v4_platform_map) but no routing table or page here gives its count.
+    trn3p_48xlarge_devices: int = 16
+    # unconfirmed: the driver's 3xlarge types (ndhal_instance_type_3xl) have one device each: a 3xlarge is
+    # 1/16 of a 48xlarge, as trn2.3xlarge is of trn2.48xlarge; the driver only tells them apart by name.
+    trn3_3xlarge_devices: int = 1
+    # unconfirmed: AWS's chart 1.10 (a third-party copy of its values) lists trn3n.48xlarge and
+    # trn3en.24xlarge, names the driver does not have. Read as trn1n.32xlarge is to trn1.32xlarge (the same
+    # Neuron hardware, more network): the hardware of the driver's trn3.48xlarge and trn3e.24xlarge.
+    chart_names: tuple[tuple[str, str], ...] = (
+        ("trn3n.48xlarge", "trn3.48xlarge"),
+        ("trn3en.24xlarge", "trn3e.24xlarge"),
+    )
 
 
 TRN3_UNCONFIRMED: Final = Trn3Unconfirmed()
@@ -212,6 +225,7 @@ def expected_adjacency(
 _TRN3_48XL = TRN3_UNCONFIRMED.trn3_48xlarge_devices
 _TRN3E_24XL = TRN3_UNCONFIRMED.trn3e_24xlarge_devices
 _TRN3_NUMA = TRN3_UNCONFIRMED.numa_nodes
+_TRN3P_48XL = TRN3_UNCONFIRMED.trn3p_48xlarge_devices
 
 
 def _it(
@@ -249,17 +263,57 @@ INSTANCE_TYPES: Mapping[str, InstanceType] = MappingProxyType(
             # (4): a node of an UltraServer. trn3e.24xlarge is MAX (node_cnt 1: no group of nodes).
             _it("trn3.48xlarge", "trn3", _TRN3_48XL, TopologyKind.SWITCH, numa_nodes=_TRN3_NUMA, ultraserver=True),
             _it("trn3e.24xlarge", "trn3", _TRN3E_24XL, TopologyKind.SWITCH, numa_nodes=_TRN3_NUMA),
+            # ULTRASERVER platform: an UltraServer's node, as trn3.48xlarge's PDS
+            _it("trn3p.48xlarge", "trn3", _TRN3P_48XL, TopologyKind.SWITCH, numa_nodes=_TRN3_NUMA, ultraserver=True),
+            # the driver's 3xlarge types (ndhal_instance_type_3xl): one device, nothing to connect
+            _it("trn3pd98.3xlarge", "trn3", TRN3_UNCONFIRMED.trn3_3xlarge_devices, TopologyKind.SINGLE),
         )
     }
 )
 
+# Every Trainium3 type the driver names (aws-neuron-driver v4/neuron_dhal_v4.c @ 9cc489e: v4_platform_map
+# and ndhal_instance_type_3xl; the -dev0/-dev1 names are AWS's own test platforms), which is what a
+# Trainium3 node's DMI product name can say, to the table entry of its hardware. The driver groups
+# them by platform (MAX, PDS, ULTRASERVER, 3xlarge) and handles each group alike: one entry a group.
+TRN3_DRIVER_TYPES: Mapping[str, str] = MappingProxyType(
+    {
+        "trn3e.24xlarge": "trn3e.24xlarge",  # MAX
+        "trn3.48xlarge": "trn3.48xlarge",  # PDS
+        "trn3s-es.48xlarge": "trn3.48xlarge",
+        "trn3sn.48xlarge": "trn3.48xlarge",
+        "trn3sn-es.48xlarge": "trn3.48xlarge",
+        "trn3p.48xlarge": "trn3p.48xlarge",  # ULTRASERVER
+        "trn3pd98.3xlarge": "trn3pd98.3xlarge",  # 3xlarge
+        "trn3s-es.3xlarge": "trn3pd98.3xlarge",
+        "trn3sn.3xlarge": "trn3pd98.3xlarge",
+        "trn3sn-es.3xlarge": "trn3pd98.3xlarge",
+    }
+)
+
+# Other names of a table entry's hardware: the driver's names beyond each group's entry, and AWS's
+# chart names (TRN3_UNCONFIRMED.chart_names). A node reporting one is that entry, under its own name.
+ALIASES: Mapping[str, str] = MappingProxyType(
+    {
+        **{name: entry for name, entry in TRN3_DRIVER_TYPES.items() if name != entry},
+        **dict(TRN3_UNCONFIRMED.chart_names),
+    }
+)
+
+# Every name a node can be placed by: the chart's placement list must hold all of them.
+ALL_NAMES: tuple[str, ...] = (*INSTANCE_TYPES, *ALIASES)
+
+
+def lookup_instance_type(name: str) -> InstanceType | None:
+    """The table entry a name (an entry's own, or an alias of its hardware) stands for; None if unknown."""
+    return INSTANCE_TYPES.get(ALIASES.get(name, name))
+
 
 def get_instance_type(name: str) -> InstanceType:
-    try:
-        return INSTANCE_TYPES[name]
-    except KeyError:
-        known = ", ".join(INSTANCE_TYPES)
-        raise UnknownInstanceTypeError(f"unknown Neuron instance type {name!r}; known types: {known}") from None
+    it = lookup_instance_type(name)
+    if it is None:
+        known = ", ".join(ALL_NAMES)
+        raise UnknownInstanceTypeError(f"unknown Neuron instance type {name!r}; known types: {known}")
+    return it
 
 
 def guess_instance_type(sysfs_family: str | None, device_count: int) -> InstanceType | None:

@@ -53,6 +53,9 @@ class NodeReport:
     heartbeat: dt.datetime  # when the plugin last wrote it (aware, UTC)
     ultraserver: UltraServerReading | None = None  # None or State.NONE: not an UltraServer node
     pending_cores: frozenset[int] = frozenset()  # held through own hand-outs, by no pod in `pods` yet
+    # devices in service here whose link to other nodes fails (the firmware's link_* verdict): the node
+    # is unfit for work that spans nodes, such as an UltraServer group
+    multi_node_unfit: frozenset[int] = frozenset()
 
     @property
     def free_devices(self) -> frozenset[int]:
@@ -88,6 +91,7 @@ class NodeReport:
                 "unhealthyDevices": sorted(self.unhealthy_devices),
                 "pods": sorted(self.pods),
                 "pendingCores": sorted(self.pending_cores),
+                "multiNodeUnfitDevices": sorted(self.multi_node_unfit),
                 "heartbeatTime": self.heartbeat.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 # the printer columns' figures, so `kubectl get neuronnodes` reads at a glance
                 "devices": f"{len(self.free_devices)}/{self.device_count}",
@@ -125,6 +129,9 @@ class NodeReport:
         # absent from the reports of plugins older than the field: nothing is known to be pending
         pending = field("pendingCores", kind=list) if "pendingCores" in status else []
         pending_cores = _index_set(pending, count * cpd, name, "pendingCores")
+        # absent from the reports of plugins older than the field: no link is known to fail
+        unfit = field("multiNodeUnfitDevices", kind=list) if "multiNodeUnfitDevices" in status else []
+        multi_node_unfit = _index_set(unfit, count, name, "multiNodeUnfitDevices")
         pods = field("pods", kind=list)
         if not all(isinstance(p, str) and "/" in p for p in pods):
             raise ReportError(f"NeuronNode {name}: status.pods: expected namespace/name strings")
@@ -148,6 +155,7 @@ class NodeReport:
             heartbeat=heartbeat,
             ultraserver=_ultraserver_from(status.get("ultraServer"), name),
             pending_cores=pending_cores,
+            multi_node_unfit=multi_node_unfit,
         )
 
 

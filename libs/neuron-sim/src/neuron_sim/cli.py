@@ -9,7 +9,7 @@ from pathlib import Path
 from neuron_driver import layout
 from neuron_driver.kmsg import KERN_ERR
 from neuron_health import faults
-from neuron_model.instance_types import INSTANCE_TYPES, UnknownInstanceTypeError
+from neuron_model.instance_types import ALL_NAMES, INSTANCE_TYPES, UnknownInstanceTypeError
 from neuron_sim import node as sim
 
 
@@ -25,9 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument(
         "--instance-type",
         required=True,
-        choices=sorted(INSTANCE_TYPES),
+        choices=sorted(ALL_NAMES),
         metavar="TYPE",
-        help="one of: " + ", ".join(INSTANCE_TYPES),
+        help="one of: " + ", ".join(ALL_NAMES),
     )
     c.add_argument("--root", required=True, type=Path, help="directory to write the node under")
     c.add_argument(
@@ -44,8 +44,10 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--force", action="store_true", help="replace a simulated node already under --root")
     c.add_argument(
         "--driver-version",
-        help="write sys/module/neuron/version (the loaded driver's MODULE_VERSION, e.g. 2.25.4.0); without it "
-        "the node tells no driver version",
+        help="write sys/module/neuron/version (the loaded driver's MODULE_VERSION, e.g. 2.30.2.0) and that "
+        "driver generation's sysfs tree: before 2.28; 2.28 (stats/hardware/health_status/); 2.30.2 "
+        "(unhealthy_components and healthcheck_heartbeat on trn2/trn3, the corrected ECC counts). 2.31 moved "
+        "nodes to paths no source here names, so it is refused. Without it: no version, the tree before 2.28",
     )
 
     u = sub.add_parser(
@@ -141,9 +143,35 @@ def _parser() -> argparse.ArgumentParser:
         "--via",
         choices=sim.FAULT_SOURCES,
         default="kernel",
-        help="a kernel line, or one more on the fault's device counter or core status counter",
+        help="a kernel line, one more on the fault's device counter or core status counter, or the firmware's "
+        "verdict (unhealthy_components; the default for its faults)",
     )
     ft.add_argument("--core", type=int, default=0, help="physical core, for a kernel line or a core counter")
+
+    fw = isub.add_parser(
+        "unhealthy-components",
+        help="set the firmware's verdict, health_status/unhealthy_components (driver 2.30.2, trn2/trn3)",
+    )
+    fw.add_argument("--device", type=int, required=True)
+    fw.add_argument(
+        "--components",
+        required=True,
+        help="comma-separated failing subsystems (" + ", ".join(layout.UNHEALTHY_COMPONENTS) + "); '' clears it",
+    )
+    hb = isub.add_parser(
+        "heartbeat",
+        help="beat health_status/healthcheck_heartbeat once (driver 2.30.2); one never beaten again goes stale",
+    )
+    hb.add_argument("--device", type=int, required=True)
+    hb.add_argument("--value", help="write this text instead of the next beat")
+    mv = isub.add_parser(
+        "move-node",
+        help="rename a directory or file of a device's tree (e.g. stats/hardware to stats/hardware_v2), as a "
+        "driver that moved a node shows it",
+    )
+    mv.add_argument("--device", type=int, required=True)
+    mv.add_argument("--path", required=True, help="relative to the device's directory, e.g. stats/hardware")
+    mv.add_argument("--to", required=True, help="its new path, relative to the device's directory")
 
     isub.add_parser("reload-driver", help="every error counter back to zero, as after reloading the driver")
 
@@ -191,7 +219,8 @@ def _run(args: argparse.Namespace) -> int:
         it = sim.create(
             args.root, args.instance_type, args.lnc, args.char_devices, args.force, driver_version=args.driver_version
         )
-        print(f"created a simulated {it.name} ({it.devices} devices) under {args.root}")
+        alias = f", the hardware of {it.name}" if it.name != args.instance_type else ""
+        print(f"created a simulated {args.instance_type} ({it.devices} devices{alias}) under {args.root}")
         return 0
     if args.command == "create-ultraserver":
         roots = sim.create_ultraserver(
@@ -233,6 +262,12 @@ def _run(args: argparse.Namespace) -> int:
         print(sim.inject_hw_error(root, args.kind, args.device, args.core, args.action, args.serial))
     elif what == "fault":
         print(sim.inject_fault(root, args.kind, args.device, args.via, args.core))
+    elif what == "unhealthy-components":
+        print(sim.set_unhealthy_components(root, args.device, args.components.split(",")))
+    elif what == "heartbeat":
+        print(sim.beat_heartbeat(root, args.device, args.value))
+    elif what == "move-node":
+        print(sim.move_node(root, args.device, args.path, args.to))
     elif what == "reload-driver":
         sim.reload_driver(root)
     elif what == "kmsg":

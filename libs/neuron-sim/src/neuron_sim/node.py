@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from neuron_driver import layout
+from neuron_driver import driver_layout, layout
 from neuron_driver.files import replace_file
 from neuron_driver.kmsg import KERN_ERR, KERN_INFO, format_hw_error, format_record
 from neuron_health import faults
@@ -166,8 +166,10 @@ def create(
         raise SimError(
             f"--lnc {lnc} is not supported on {it.name} (supported: {', '.join(map(str, it.family.supported_lnc))})"
         )
+    generation = generation_of(driver_version)
     root = _fresh_root(root, force)
-    write_attr(layout.HostLayout(root).dmi_product_name, it.name + "\n")
+    # the name asked for, which may be another name of the entry's hardware (instance_types.ALIASES)
+    write_attr(layout.HostLayout(root).dmi_product_name, instance_type + "\n")
     write_attr(layout.HostLayout(root).boot_id, str(uuid.uuid4()) + "\n")
     if lnc is not None:
         write_attr(layout.HostLayout(root).lnc_config, f"{lnc}\n")
@@ -177,16 +179,34 @@ def create(
     layout.HostLayout(root).dev_dir.mkdir(parents=True, exist_ok=True)
     adjacency = it.adjacency()
     for index in range(it.devices):
-        _write_device(root, it, index, adjacency[index])
+        _write_device(root, it, index, adjacency[index], generation)
         _make_dev_node(root, index, char_devices)
     _write_pci_functions(root, it)
     kmsg = layout.HostLayout(root).kmsg
     kmsg.touch()
     append_kmsg(root, "neuron: loading out-of-tree module taints kernel.", KERN_INFO)
     append_kmsg(root, f"neuron: Neuron Driver initialized, {it.devices} device(s) found", KERN_INFO)
-    state = {"instance_type": it.name, "lnc": lnc, "char_devices": char_devices}
+    state = {"instance_type": it.name, "lnc": lnc, "char_devices": char_devices, "generation": generation.name}
     write_attr(root / STATE_DIR / "state.json", json.dumps(state, indent=2) + "\n")
     return it
+
+
+def generation_of(driver_version: str | None) -> driver_layout.Generation:
+    """The sysfs generation a driver version writes; without a version, the tree before 2.28 (the
+    simulator's tree before it knew generations, which every existing test reads)."""
+    if not driver_version:
+        return driver_layout.PRE_2_28
+    version = driver_layout.parse_version(driver_version)
+    if version is None:
+        raise SimError(f"--driver-version must be a dotted version such as 2.30.2.0, got {driver_version!r}")
+    generation = driver_layout.generation_for(version)
+    if not generation.paths_known:
+        known = ", ".join(g.name for g in driver_layout.SIMULATED)
+        raise SimError(
+            f"driver {driver_version} is generation {generation.name}, which moved sysfs nodes to paths no "
+            f"source here names (docs/driver-versions.md); the simulator writes the trees of {known}"
+        )
+    return generation
 
 
 def create_non_neuron(root: Path, instance_type: str = "m5.xlarge", force: bool = False) -> None:
@@ -263,7 +283,13 @@ def _core_files(it: InstanceType) -> tuple[tuple[str, str], ...]:
     return tuple((str(path), text) for path, text in files)
 
 
-def _write_device(root: Path, it: InstanceType, index: int, connected: tuple[int, ...]) -> None:
+def _write_device(
+    root: Path,
+    it: InstanceType,
+    index: int,
+    connected: tuple[int, ...],
+    generation: driver_layout.Generation = driver_layout.PRE_2_28,
+) -> None:
     write = _FreshWriter()
     d = layout.HostLayout(root).device_dir(index)
 
@@ -283,6 +309,10 @@ def _write_device(root: Path, it: InstanceType, index: int, connected: tuple[int
     write_attr(arch / "device_name", fam.device_name + "\n")
     for name in layout.HARDWARE_COUNTERS:
         write_attr(layout.hardware_counter_file(d, name), "0\n")
+    # Each generation's files, as the layout check expects them: one list for both.
+    for relative in generation.device_paths(fam.name):
+        name = relative.rsplit("/", 1)[-1]
+        write_attr(d / relative, "\n" if name == layout.UNHEALTHY_COMPONENTS_FILE else "0\n")
     write_attr(layout.power_file(d), f"0,{int(time.time())},0,0,0\n")
     for cat in layout.HOST_MEM_CATEGORIES:
         for fld in layout.MEM_FIELDS:
@@ -350,9 +380,12 @@ def counter_path(root: Path, device: int, name: str, core: int | None = None, fi
     d = _device_dir(root, device)
     if core is None:
         path = layout.hardware_counter_file(d, name)
-        if not path.exists():
+        if not path.is_file():
+            path = layout.health_status_file(d, name)  # driver 2.28's firmware counters
+        if not path.is_file() or name in (layout.UNHEALTHY_COMPONENTS_FILE, layout.HEARTBEAT_FILE):
+            known = (*layout.HARDWARE_COUNTERS, *layout.CORRECTED_COUNTERS, *layout.HEALTH_STATUS_COUNTERS)
             raise SimError(
-                f"device {device} has no hardware counter {name!r} (known: {', '.join(layout.HARDWARE_COUNTERS)})"
+                f"device {device} has no hardware counter {name!r} (known, by driver generation: {', '.join(known)})"
             )
         return path
     c = layout.core_dir(d, core)
@@ -502,7 +535,7 @@ def inject_hw_error(
     return append_kmsg(root, format_hw_error(kind, device, core, serial, action), KERN_ERR)
 
 
-FAULT_SOURCES = ("kernel", "device-counter", "core-counter")
+FAULT_SOURCES = ("kernel", "device-counter", "core-counter", "firmware")
 
 
 def inject_fault(root: Path, kind: str, device: int, via: str = "kernel", core: int = 0) -> str:
@@ -511,17 +544,98 @@ def inject_fault(root: Path, kind: str, device: int, via: str = "kernel", core: 
     fault = faults.BY_KIND.get(kind)
     if fault is None or fault in (faults.UNKNOWN_FATAL, faults.UNKNOWN_NOTICE):
         raise SimError(f"unknown fault kind {kind!r}; one of: {', '.join(f.kind for f in faults.FAULTS)}")
+    firmware = [c for c in fault.device_counters if layout.is_firmware_counter(c)]
+    if via == "firmware":
+        if not firmware:
+            raise SimError(f"{kind} does not show through 'firmware' (the firmware's verdict)")
+        if firmware[0] == layout.HEARTBEAT_STALE_COUNTER:
+            raise SimError(
+                "a heartbeat goes stale by standing still: beat it once (inject heartbeat) and let "
+                "the watch's stale-after pass"
+            )
+        component = firmware[0].removeprefix(layout.FIRMWARE_COUNTER_PREFIX)
+        path = layout.health_status_file(_device_dir(root, device), layout.UNHEALTHY_COMPONENTS_FILE)
+        listed = [c for c in (path.read_text().strip().split(",") if path.exists() else []) if c]
+        chosen = listed if component in listed else [*listed, component]
+        return f"unhealthy_components={set_unhealthy_components(root, device, chosen)}"
     if via == "kernel":
         if fault.kernel_names:
             return f"kernel line {inject_hw_error(root, fault.kernel_names[0], device, core)}"
-        example = DRIVER_LINE_EXAMPLES[kind].format(device=device)
-        return f"kernel line {append_kmsg(root, example, KERN_ERR)}"
-    counters = fault.device_counters if via == "device-counter" else fault.core_counters
-    if via not in FAULT_SOURCES[1:] or not counters:
-        raise SimError(f"{kind} does not show through {via!r}")
+        if kind in DRIVER_LINE_EXAMPLES:
+            example = DRIVER_LINE_EXAMPLES[kind].format(device=device)
+            return f"kernel line {append_kmsg(root, example, KERN_ERR)}"
+        raise SimError(f"{kind} does not show through 'kernel' (it shows through {', '.join(sources_of(fault))})")
+    # the firmware's verdict is no file to bump: `via="firmware"` writes it
+    counters = [
+        c
+        for c in (fault.device_counters if via == "device-counter" else fault.core_counters)
+        if not layout.is_firmware_counter(c)
+    ]
+    if via not in FAULT_SOURCES[1:3] or not counters:
+        raise SimError(f"{kind} does not show through {via!r} (it shows through {', '.join(sources_of(fault))})")
     name = counters[0]
     value = bump_counter(root, device, name, core if via == "core-counter" else None)
     return f"{name}={value}"
+
+
+def sources_of(fault: faults.Fault) -> list[str]:
+    """The `via`s `inject_fault` takes for a fault (none for a stale heartbeat: time makes it, not a write)."""
+    firmware = any(layout.is_firmware_counter(c) and c != layout.HEARTBEAT_STALE_COUNTER for c in fault.device_counters)
+    counters = [c for c in fault.device_counters if not layout.is_firmware_counter(c)]
+    return [
+        via
+        for via, has in zip(FAULT_SOURCES, (fault.kernel_pattern, counters, fault.core_counters, firmware), strict=True)
+        if has
+    ]
+
+
+def set_unhealthy_components(root: Path, device: int, components: Iterable[str]) -> str:
+    """The firmware's verdict on a device (driver 2.30.2, trn2/trn3): its failing subsystems, as the
+    driver writes them (comma-separated); none clears it."""
+    chosen = [c.strip() for c in components if c.strip()]
+    unknown = [c for c in chosen if c not in layout.UNHEALTHY_COMPONENTS]
+    if unknown:
+        raise SimError(f"unknown component(s) {', '.join(unknown)}; one of: {', '.join(layout.UNHEALTHY_COMPONENTS)}")
+    path = layout.health_status_file(_device_dir(root, device), layout.UNHEALTHY_COMPONENTS_FILE)
+    if not path.exists():
+        raise SimError(
+            f"device {device} has no {layout.UNHEALTHY_COMPONENTS_FILE}: create the node with "
+            f"--driver-version 2.30.2 or later on trn2 or trn3"
+        )
+    text = ",".join(chosen)
+    write_attr(path, text + "\n")
+    return text
+
+
+def beat_heartbeat(root: Path, device: int, value: str | None = None) -> str:
+    """One beat of the firmware's `healthcheck_heartbeat` (it moves on by one), or `value` written as is.
+    A heartbeat nobody beats again goes stale, as a firmware that stopped its health checks does."""
+    path = layout.health_status_file(_device_dir(root, device), layout.HEARTBEAT_FILE)
+    if not path.exists():
+        raise SimError(
+            f"device {device} has no {layout.HEARTBEAT_FILE}: create the node with --driver-version 2.30.2 or later"
+        )
+    if value is None:
+        try:
+            value = str(int(path.read_text().strip()) + 1)
+        except ValueError:
+            value = "1"
+    write_attr(path, value + "\n")
+    return value
+
+
+def move_node(root: Path, device: int, relative: str, to: str) -> Path:
+    """Rename a directory or file of a device's tree (`stats/hardware` -> `stats/hardware_v2`), as a
+    driver that moved a node shows it: for checking that nothing reads such a tree as healthy."""
+    d = _device_dir(root, device)
+    source, target = d / relative, d / to
+    if not source.exists():
+        raise SimError(f"device {device} has no {relative}")
+    if target.exists():
+        raise SimError(f"device {device} already has {to}")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    os.replace(source, target)
+    return target
 
 
 # What the driver writes, for the table's driver-message faults (`neuron_health.faults`).
@@ -535,8 +649,10 @@ DRIVER_LINE_EXAMPLES = {
 def reload_driver(root: Path) -> None:
     """As after `rmmod neuron; modprobe neuron`: every error counter starts again from zero."""
     for device_path in sorted(layout.HostLayout(root).devices_dir.glob("neuron*")):
+        # health_status/ holds the firmware's own registers and verdict: a reload reads them afresh
         for path in device_path.glob("stats/hardware/*"):
-            write_attr(path, "0\n")
+            if path.is_file():
+                write_attr(path, "0\n")
         for path in device_path.glob("neuron_core*/stats/status/*/*"):
             write_attr(path, "0\n")
 

@@ -26,6 +26,7 @@ from neuron_device_plugin.server import DevicePluginServicer
 from neuron_device_plugin.state import PluginState
 from neuron_driver.inventory import scan_at_start
 from neuron_driver.ultraserver import read_ultraserver
+from neuron_health import layout_check
 from neuron_health.kernel_log import host_timezone
 from neuron_health.monitor import HealthMonitor, KmsgWatcher
 
@@ -51,6 +52,7 @@ class Plugin:
         self.stop = stop
         self.metrics = PluginMetrics()
         inventory = scan_at_start(config.host_root, log, host_root=str(config.host_root))
+        self.layout = layout_check.check_at_start(config.host_root, inventory, log, self.metrics.health_sources_missing)
         self.state = PluginState(
             inventory,
             config.resources,

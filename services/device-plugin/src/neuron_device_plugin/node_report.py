@@ -77,6 +77,7 @@ def build_report(
         # `pods`; the extender, which counts the bound pods missing from `pods` itself, needs to know
         # it is among what they hold, or it counts that silicon twice
         pending_cores=unheld_cores(state.listed_holdings(), healthy) - free_cores,
+        multi_node_unfit=frozenset(d for d in state.health.multi_node_unfit if d < count),
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from kubelet_api import HEALTHY, UNHEALTHY
@@ -136,6 +136,9 @@ class PluginState:
 
     def set_external_verdicts(self, unhealthy: dict[int, str]) -> None:
         self.health.set_external_verdicts(unhealthy)
+
+    def set_multi_node_unfit(self, unfit: Mapping[int, tuple[str, ...]]) -> None:
+        self.health.set_multi_node_unfit(unfit)
 
     def refresh_health(self) -> bool:
         return self.health.refresh_health()

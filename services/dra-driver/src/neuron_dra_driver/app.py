@@ -23,6 +23,7 @@ from neuron_dra_driver.publisher import SlicePublisher
 from neuron_driver import layout
 from neuron_driver.inventory import scan_at_start
 from neuron_driver.ultraserver import read_ultraserver
+from neuron_health import layout_check
 from neuron_health.device_health import DeviceHealth
 from neuron_health.kernel_log import host_timezone
 from neuron_health.monitor import HealthMonitor, KmsgWatcher
@@ -51,6 +52,7 @@ class DraDriver:
         self.api = api
         self.metrics = DriverMetrics()
         inventory = scan_at_start(config.host_root, log)
+        self.layout = layout_check.check_at_start(config.host_root, inventory, log, self.metrics.health_sources_missing)
         # Read by the slice publisher (an unhealthy device leaves the pool) and by
         # NodePrepareResources (a claim on an unhealthy device is refused with the reason).
         self.health = DeviceHealth(inventory, config.health_quiet_period, time.monotonic, logger=log)
@@ -103,6 +105,7 @@ class DraDriver:
             publish_groups=self.config.publish_groups,
             placement=self.placement.attributes,
             ultraserver=self.driver.ultraserver(),
+            multi_node_unfit=dict(self.health.multi_node_unfit),
         )
 
     def taints(self) -> dict[int, slices.Taint]:

@@ -48,7 +48,7 @@ using it. `<why>` is the fault table's kind, `DeviceAbsent`, or `ProblemDetector
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -137,6 +137,8 @@ class NodeDevices:
     publish_groups: bool = True  # ring arcs as devices (only with the shared counters of publish_cores)
     placement: Mapping[str, str] = field(default_factory=dict)  # from the Node's labels (placement_labels)
     ultraserver: UltraServerReading | None = None  # the driver's UltraServer identity, read for each publish
+    # device -> its multi-node-unfit faults (a failing link: neuron_health.device_health.multi_node_unfit)
+    multi_node_unfit: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
 
     def without_taints(self) -> NodeDevices:
         """The same node with its tainted devices left out instead (an API server that drops taints)."""
@@ -157,6 +159,19 @@ def _quantity(n_bytes: int) -> str:
 
 def counter_set_name(device: int) -> str:
     return f"{COUNTER_SET_PREFIX}-{device // MAX_COUNTERS_PER_SET}"
+
+
+# Set (to the faults' kinds) on a device, core, ring arc or whole node while one of its devices has a
+# multi-node-unfit fault: it serves work on this node, and a claim for work spanning nodes selects
+# against it with `!("multiNodeUnfit" in device.attributes["neuron.aws.com"])`. Absent otherwise,
+# so a healthy node's slices are as before.
+MULTI_NODE_UNFIT_ATTRIBUTE = "multiNodeUnfit"
+
+
+def _mark_unfit(attributes: dict[str, Any], model: NodeDevices, members: Iterable[int]) -> None:
+    kinds = sorted({kind for d in members for kind in model.multi_node_unfit.get(d, ())})
+    if kinds:
+        attributes[MULTI_NODE_UNFIT_ATTRIBUTE] = _string(",".join(kinds)[:64])
 
 
 def _common(model: NodeDevices, kind: str, device: int, groups: Mapping[int, Mapping[int, int]]) -> dict[str, Any]:
@@ -210,6 +225,7 @@ def devices(model: NodeDevices) -> list[dict[str, Any]]:
     for d in healthy:
         attributes = _common(model, DEVICE_KIND, d.index, groups)
         attributes["coreCount"] = _int(len(d.logical_cores))
+        _mark_unfit(attributes, model, (d.index,))
         entry: dict[str, Any] = {"name": device_name(d.index), "attributes": attributes}
         if memory:
             entry["capacity"] = {"memory": {"value": _quantity(memory)}}
@@ -222,6 +238,7 @@ def devices(model: NodeDevices) -> list[dict[str, Any]]:
             for core in d.logical_cores:
                 attributes = _common(model, CORE_KIND, d.index, groups)
                 attributes["coreId"] = _int(core)
+                _mark_unfit(attributes, model, (d.index,))
                 entry = {"name": core_name(core), "attributes": attributes, "consumesCounters": [_consumes(d.index, 1)]}
                 _taint(entry, model.taints.get(d.index))
                 result.append(entry)
@@ -260,6 +277,7 @@ def ring_groups(model: NodeDevices) -> list[dict[str, Any]]:
             attributes["deviceCount"] = _int(size)
             attributes["firstDeviceId"] = _int(first)
             attributes["coreCount"] = _int(sum(len(present[d].logical_cores) for d in members))
+            _mark_unfit(attributes, model, members)
             counters: dict[str, dict[str, dict[str, str]]] = {}
             for d in members:
                 counters.setdefault(counter_set_name(d), {})[device_name(d)] = {
@@ -291,6 +309,7 @@ def whole_node(model: NodeDevices) -> list[dict[str, Any]]:
     attributes["deviceCount"] = _int(len(present))
     attributes["coreCount"] = _int(sum(len(d.logical_cores) for d in present))
     attributes.update(ultraserver_attributes(model.ultraserver))
+    _mark_unfit(attributes, model, (d.index for d in present))
     counters: dict[str, dict[str, dict[str, str]]] = {}
     for d in present:
         counters.setdefault(counter_set_name(d.index), {})[device_name(d.index)] = {"value": str(len(d.logical_cores))}

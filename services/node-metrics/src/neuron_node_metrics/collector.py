@@ -24,7 +24,7 @@ from prometheus_client.samples import Sample
 
 from neuron_driver.counters import CounterKey, CounterKind, CounterReader
 from neuron_driver.inventory import InventoryTracker, NodeInventory
-from neuron_health import faults
+from neuron_health import faults, layout_check
 from neuron_node_metrics.attribution import Attribution, Owner
 from neuron_node_metrics.catalogue import FAMILIES, NEURON_MONITOR_STATUS, Naming
 
@@ -157,6 +157,9 @@ class NeuronCollector(Collector):
         self._owner_cache: tuple[Attribution | None, dict[int, str], dict[int, str]] = (None, {}, {})
         self._tracker = InventoryTracker(host_root)
         self.inventory = self._tracker.inventory
+        # what the driver exposes against what is read, logged once at start; `layout.missing` is
+        # for a gauge (`neuron_exporter_health_sources_missing`) once the catalogue serves one
+        self.layout = layout_check.check_at_start(host_root, self.inventory, log)
         self._build()
 
     # -- per inventory ------------------------------------------------------------------------

@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from neuron_common import metrics_auth
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
 from neuron_common.lifecycle import sleep_or_stop
-from neuron_common.metrics import MetricSet
+from neuron_common.metrics import MetricSet, Series
 from neuron_common.runner import run_service
 from neuron_common.supervisor import Loop, Supervisor
+from neuron_driver.inventory import scan_at_start
 from neuron_driver.kmsg import KmsgRecord
-from neuron_health import verdicts
+from neuron_health import layout_check, verdicts
 from neuron_health.kernel_log import host_timezone
 from neuron_health.pipeline import CounterRead, CounterWatch, KernelLogSource
 from neuron_problem_detector import rules as rules_mod
@@ -47,6 +49,16 @@ class Metrics:
         self.read_errors = m.counter(
             "read_errors", "Failed reads of a health source, by source (counters, kernel_log)", ["source"]
         )
+        self.health_sources_missing = layout_check.declare_gauge(m)
+        self._sets = (npd, m)
+
+    def series(self) -> tuple[Series, ...]:
+        return tuple(s for metric_set in self._sets for s in metric_set.series())
+
+
+def catalogue() -> tuple[Series, ...]:
+    """Every series the detector serves on /metrics (with --metrics-auth=kubernetes, the authorizer's too)."""
+    return (*Metrics(rules_mod.default_rules()).series(), *metrics_auth.catalogue())
 
 
 class Detector:
@@ -77,6 +89,11 @@ class Detector:
         self.kube = api if api is not None else Api.from_kubeconfig(config.kubeconfig, API_TIMEOUT)
         self.reporter = Reporter(self.kube, config.node_name, self.rules.source, config)
         self._publish()
+        inventory = scan_at_start(config.host_root, log)
+        self.layout = layout_check.check_at_start(config.host_root, inventory, log, self.metrics.health_sources_missing)
+        if not self.layout.ok:
+            # a counter the stack cannot find is never read: say so on the node, not only in a log
+            self.reporter.event(layout_check.REASON, self.layout.summary()[:1024])
         self.supervisor = Supervisor(stop)
         self.http = HealthServer.for_service(
             config.listen, self.metrics.registry, self.supervisor, self.ready, config.metrics_security, api=self.kube
@@ -100,13 +117,15 @@ class Detector:
             core_counters,
             on_error=lambda source: count(source).inc(),
             previous=self.state.counters,
+            inventory=inventory,
         )
 
     # -- health ------------------------------------------------------------------------------------
     def ready(self) -> tuple[bool, str]:
         api = "reachable" if self.reporter.api_up else "unreachable (state is kept and delivered when it returns)"
         kmsg = "following" if self._kmsg_ok else "not readable"
-        return True, f"kernel log {kmsg}; API server {api}; {len(self.state.problems)} active problem(s)"
+        layout = "" if self.layout.ok else f"; health counters unreadable: {len(self.layout.missing)} path(s)"
+        return True, f"kernel log {kmsg}; API server {api}; {len(self.state.problems)} active problem(s){layout}"
 
     # -- changes -------------------------------------------------------------------------------------
     def handle(self, matches: list[Match]) -> None:

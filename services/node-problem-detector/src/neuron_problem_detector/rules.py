@@ -59,7 +59,7 @@ class Rule:
     @property
     def core_counter(self) -> bool:
         """The counter is a per-core execution status (summed over the device's cores)."""
-        return self.counter is not None and self.counter not in layout.HARDWARE_COUNTERS
+        return self.counter is not None and self.counter not in DEVICE_COUNTERS
 
 
 @dataclass(frozen=True)
@@ -250,7 +250,9 @@ def parse(data: Any, where: str = "rules") -> Rules:
     return Rules(source, tuple(conditions), tuple(rules))
 
 
-KNOWN_COUNTERS = frozenset(layout.HARDWARE_COUNTERS) | frozenset(layout.STATUS_NAMES)
+# a device's own: stats/hardware and, from driver 2.30.2, the firmware's verdict (layout.FIRMWARE_COUNTERS)
+DEVICE_COUNTERS = frozenset(layout.HARDWARE_COUNTERS) | frozenset(layout.FIRMWARE_COUNTERS)
+KNOWN_COUNTERS = DEVICE_COUNTERS | frozenset(layout.STATUS_NAMES)
 
 
 def match_message(rules: Rules, message: str) -> list[Match]:

@@ -72,6 +72,12 @@ def node_failure(report: NodeReport | None, health: NodeHealth | None) -> str:
         devices = ", ".join(str(d) for d in sorted(report.unhealthy_devices))
         plural = "s" if len(report.unhealthy_devices) > 1 else ""
         what.append(f"unhealthy device{plural} {devices} in its NeuronNode report")
+    if report is not None and report.multi_node_unfit:
+        # a failing link (EFA, NeuronLink between servers, the switch): fine for work on the node
+        # alone, which this does not judge; a group spanning nodes must not be placed on it
+        devices = ", ".join(str(d) for d in sorted(report.multi_node_unfit))
+        plural = "s" if len(report.multi_node_unfit) > 1 else ""
+        what.append(f"failing link on device{plural} {devices} (unfit for multi-node work) in its NeuronNode report")
     return "; ".join(what)
 
 
