@@ -27,6 +27,8 @@ ALLOWED: dict[str, set[str]] = {
     "neuron_problem_detector": {"neuron_model", "neuron_driver", "neuron_health", "neuron_common"},
     # placement and the report only: no sysfs, no kernel log, no simulator
     "neuron_scheduler_extender": {"neuron_model", "neuron_common"},
+    # the fault table's ladder, and the API server: no sysfs, no kernel log, no simulator
+    "neuron_remediation": {"neuron_model", "neuron_health", "neuron_common"},
 }
 
 

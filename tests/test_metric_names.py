@@ -102,6 +102,7 @@ def test_what_each_service_registers_is_its_catalogue() -> None:
     from neuron_device_plugin.metrics import PluginMetrics
     from neuron_problem_detector.app import Metrics as DetectorMetrics
     from neuron_problem_detector.rules import default_rules
+    from neuron_remediation.metrics import Metrics as RemediatorMetrics
     from neuron_scheduler_extender.metrics import Metrics as ExtenderMetrics
     from neuron_scheduler_extender.state import ViewStats
 
@@ -114,6 +115,7 @@ def test_what_each_service_registers_is_its_catalogue() -> None:
         ("neuron-dra-driver", DriverMetrics()),
         ("neuron-problem-detector", DetectorMetrics(default_rules())),
         ("neuron-scheduler-extender", extender),
+        ("neuron-remediator", RemediatorMetrics()),
     ):
         MetricsAuthorizer(None, metrics.registry)  # type: ignore[arg-type]  # what --metrics-auth adds
         families, samples = _registered(metrics.registry)

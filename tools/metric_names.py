@@ -47,6 +47,7 @@ def catalogues() -> dict[str, dict[str, Series]]:
     from neuron_device_plugin.metrics import catalogue as device_plugin
     from neuron_node_metrics.catalogue import series as node_metrics
     from neuron_problem_detector.app import catalogue as problem_detector
+    from neuron_remediation.metrics import catalogue as remediator
     from neuron_scheduler_extender.metrics import catalogue as scheduler_extender
 
     ours = {
@@ -55,6 +56,7 @@ def catalogues() -> dict[str, dict[str, Series]]:
         "neuron-dra-driver": dra_driver(),
         "neuron-scheduler-extender": scheduler_extender(),
         "neuron-problem-detector": problem_detector(),
+        "neuron-remediator": remediator(),
     }
     return {component: _by_name(s) for component, s in {**ours, **EXTERNAL}.items()}
 

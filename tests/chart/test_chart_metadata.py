@@ -52,7 +52,7 @@ def test_artifacthub_images_are_the_project_images_the_chart_renders() -> None:
     listed = yaml.safe_load(ANNOTATIONS["artifacthub.io/images"])
     assert [entry["name"] for entry in listed] == sorted(services())
     # the DRA driver replaces the device plugin on a node, so its image comes from a second rendering
-    everything = rendered_images(*sets(scheduler__enabled=True)) | rendered_images(
+    everything = rendered_images(*sets(scheduler__enabled=True, remediation__enabled=True)) | rendered_images(
         *sets(devicePlugin__enabled=False, draDriver__enabled=True)
     )
     project_images = {i for i in everything if "/neuron-helm-chart/" in i}

@@ -32,6 +32,7 @@ from neuron_dra_driver import config as dra_driver
 from neuron_device_plugin import config as device_plugin
 from neuron_node_metrics import config as node_metrics
 from neuron_problem_detector import config as problem_detector
+from neuron_remediation import config as remediation
 from neuron_scheduler_extender import config as scheduler_extender
 
 pytestmark = pytest.mark.integration  # runs helm
@@ -144,6 +145,7 @@ PARSERS: dict[str, Callable[[list[str], dict[str, str]], object]] = {
     "neuron-helm-chart/node-problem-detector": problem_detector.parse,
     "neuron-helm-chart/dra-driver": dra_driver.parse,
     "neuron-helm-chart/scheduler-extender": scheduler_extender.parse,
+    "neuron-helm-chart/remediation-controller": remediation.parse,
 }
 
 
@@ -153,8 +155,13 @@ def _mounted(value: str, mounts: tuple[str, ...], root: Path) -> str:
     for mount in sorted(mounts, key=len, reverse=True):
         if path == mount or path.startswith(mount.rstrip("/") + "/"):
             moved = root / path.lstrip("/")
-            (root / mount.lstrip("/")).mkdir(parents=True, exist_ok=True)
-            if path != mount:
+            # `root` is shared by the module's tests, which xdist runs in any order: one container's
+            # file (the detector's --verdict-dir, below its state mount) is another's mount point
+            mount_dir = root / mount.lstrip("/")
+            if mount_dir.is_file():
+                mount_dir.unlink()
+            mount_dir.mkdir(parents=True, exist_ok=True)
+            if path != mount and not moved.exists():
                 moved.parent.mkdir(parents=True, exist_ok=True)
                 moved.touch()
             return f"{flag}{eq}{moved}"
@@ -211,6 +218,10 @@ def test_every_service_is_parsed_in_some_rendering(root: Path) -> None:
         flags = dict(a[2:].split("=", 1) for a in c.args if a.startswith("--") and "=" in a)
         assert str(cfg.host_root) == _mounted(flags["host-root"], c.mounts, root), c.where
         assert cfg.naming == flags["naming"], c.where
+    # all-on's breaker, and the namespaces of the chart's own components kept from every drain
+    for _, cfg in seen["neuron-helm-chart/remediation-controller"]:
+        assert cfg.safety.max_percent == 1, "all-on-values.yaml: a breaker that never opens on a test cluster"
+        assert NAMESPACE in cfg.policy.keep_namespaces
 
 
 # -- the check can fail ------------------------------------------------------------------------

@@ -425,3 +425,22 @@ release names alone are 28. */}}
     path: /etc/localtime
     type: File
 {{- end -}}
+
+{{/* The namespaces this chart's components run in (a JSON list, the release namespace first): a remediation drain
+     never moves their pods. Every component's, enabled or not, so turning one on later needs no new list. */}}
+{{- define "neuron.ownNamespaces" -}}
+{{- $namespaces := list .Release.Namespace -}}
+{{- range list "device-plugin" "dra-driver" "node-metrics" "problem-detector" "scheduler-extender" "kube-scheduler" "remediation-controller" -}}
+{{- $namespaces = append $namespaces (include "neuron.componentNamespace" (dict "root" $ "component" .)) -}}
+{{- end -}}
+{{- $namespaces | uniq | toJson -}}
+{{- end -}}
+
+{{/* A map as `key=value,key=value` (sorted by key), the form of the services' map flags. */}}
+{{- define "neuron.pairs" -}}
+{{- $pairs := list -}}
+{{- range $key, $value := . -}}
+{{- $pairs = append $pairs (printf "%s=%s" $key $value) -}}
+{{- end -}}
+{{- join "," $pairs -}}
+{{- end -}}

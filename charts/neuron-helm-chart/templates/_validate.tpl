@@ -66,6 +66,14 @@
 {{- end -}}
 {{- end -}}
 {{- end -}}
+{{- with .Values.remediation -}}
+{{- if and .enabled (gt (int .replicas) 1) (not .leaderElection.enabled) -}}
+{{- fail (printf "remediation.replicas=%d needs remediation.leaderElection.enabled: replicas that do not elect a leader would each cordon and drain nodes, and each count only its own against the breaker" (int .replicas)) -}}
+{{- end -}}
+{{- if and .enabled $.Values.npd.enabled $.Values.npd.remediation.cordon -}}
+{{- fail "remediation.enabled and npd.remediation.cordon both cordon nodes: an admin's uncordon cancels the controller's workflow, and the detector would cordon the node again. Set npd.remediation.cordon=false (the controller cordons, and uncordons only what it cordoned)" -}}
+{{- end -}}
+{{- end -}}
 {{- if and (include "neuron.extenderNetworkPolicy" .) (not .Values.scheduler.kubeScheduler.enabled) (not .Values.scheduler.extender.networkPolicy.schedulerFrom) -}}
 {{- fail "scheduler.extender.networkPolicy.enabled admits the extender's verbs only from neuron-scheduler, but scheduler.kubeScheduler.enabled=false: name the pods of your own kube-scheduler in scheduler.extender.networkPolicy.schedulerFrom (a podSelector with a namespaceSelector, or an ipBlock of your control-plane nodes), or set scheduler.extender.networkPolicy.enabled=false" -}}
 {{- end -}}
@@ -81,8 +89,8 @@
 {{- include "neuron.validateNames" . -}}
 {{- end -}}
 
-{{/* Object names and namespaces (objectNames, <component>.fullnameOverride and namespaceOverride; README.md, "Object
-     names and namespaces"): contradictions, and another release already holding AWS's names. */}}
+{{/* Object names and namespaces (objectNames, <component>.fullnameOverride and namespaceOverride; docs/installing.md,
+     "Object names and namespaces"): contradictions, and another release already holding AWS's names. */}}
 {{- define "neuron.validateNames" -}}
 {{- $s := .Values.scheduler -}}
 {{- /* the installed components with a name of their own, and their main workload: key -> (component, kind) */ -}}

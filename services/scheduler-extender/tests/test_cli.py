@@ -6,8 +6,8 @@ import pytest
 from flag_errors import refusal
 from processes import run_module
 
+from neuron_common.leader import Lease
 from neuron_scheduler_extender import config as config_mod
-from neuron_scheduler_extender.leader import Lease
 
 
 def test_defaults() -> None:

@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 from extender_objects import NOW, binding_args, extender_args, pod_object, report_object
 from fake_api import NEURON_NODES, PODS, FakeApi
+from polling import until_async
 from prometheus_client.parser import text_string_to_metric_families
 
 from neuron_common.kube import ApiError
@@ -52,11 +53,7 @@ class Running:
 
 
 async def until(predicate: Callable[[], Any], what: str) -> None:
-    for _ in range(2000):
-        if await predicate() if asyncio.iscoroutinefunction(predicate) else predicate():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"not reached: {what}")
+    await until_async(predicate, what, 10.0, 0.005)
 
 
 @pytest.fixture

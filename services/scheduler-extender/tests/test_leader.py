@@ -7,9 +7,10 @@ import contextlib
 import datetime as dt
 
 from fake_api import FakeApi
+from polling import until_async
 
 from neuron_common.kube import ApiError
-from neuron_scheduler_extender.leader import LeaderElector, Lease, micro_time
+from neuron_common.leader import LeaderElector, Lease, micro_time
 
 LEASE = "/apis/coordination.k8s.io/v1/namespaces/ns/leases/neuron-scheduler-extender"
 
@@ -121,11 +122,7 @@ async def test_run_acquires_and_releases() -> None:
     e.on_change = changes.append
     stop = asyncio.Event()
     task = asyncio.create_task(e.run(stop))
-    for _ in range(500):
-        if e.leading:
-            break
-        await asyncio.sleep(0.01)
-    assert e.leading
+    await until_async(lambda: e.leading, "leading", 5.0, 0.01)
     stop.set()
     await asyncio.wait_for(task, 5)
     assert changes == [True, False]

@@ -9,10 +9,11 @@ from typing import Any
 import pytest
 from extender_objects import NAMES, NOW, pod_object, report_object
 from fake_api import NEURON_NODES, PODS, FakeApi
+from polling import until_async
 
 from neuron_common.backoff import Backoff
+from neuron_common.reflector import Reflector, Resource
 from neuron_scheduler_extender.pods import PodRecord, pod_record
-from neuron_scheduler_extender.sources import Reflector, Resource
 from neuron_scheduler_extender.state import ClusterView, report_record
 
 
@@ -29,11 +30,7 @@ class Recorder:
 
 
 async def until(predicate: Callable[[], bool], what: str) -> None:
-    for _ in range(2000):
-        if predicate():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError(f"not reached: {what}")
+    await until_async(predicate, what, 10.0, 0.005)
 
 
 @pytest.fixture

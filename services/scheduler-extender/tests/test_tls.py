@@ -80,10 +80,7 @@ async def extender(pki: dict[str, Any]) -> AsyncIterator[Callable[..., Any]]:
         ext = Extender(cfg, stop, api=api)  # type: ignore[arg-type]
         ext.endpoints.now = lambda: NOW
         started.append((stop, asyncio.create_task(ext.run())))
-        for _ in range(1000):
-            if ext.http.bound_port and ext.synced():
-                break
-            await asyncio.sleep(0.01)
+        await until_async(lambda: ext.http.bound_port and ext.synced(), "the extender serving, synced", 10.0, 0.01)
         return ext
 
     yield _start
@@ -143,15 +140,9 @@ async def test_a_standby_relays_to_the_leader_over_mutual_tls(
 ) -> None:
     api = await world()
     first = await extender(api, "--identity=first")
-    for _ in range(500):
-        if first.leader.leading:
-            break
-        await asyncio.sleep(0.01)
+    await until_async(lambda: first.leader.leading, "the first extender leading", 5.0, 0.01)
     second = await extender(api, "--identity=second")
-    for _ in range(500):
-        if second.leader.leader_url:
-            break
-        await asyncio.sleep(0.01)
+    await until_async(lambda: second.leader.leader_url, "the second one knowing the leader", 5.0, 0.01)
     assert not second.leader.leading
     assert second.leader.leader_url.startswith("https://")
     args = extender_args(pod_object("p", devices=1), ["n1"])

@@ -16,6 +16,7 @@ of resident memory to import; the node agents (the DRA driver) stay without them
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import logging
 import os
@@ -101,6 +102,38 @@ def event_object(
         "reportingComponent": component,
         "reportingInstance": instance,
     }
+
+
+def news_name(name: str, *identity: str) -> str:
+    """An Event's name for the same news on the same object (`identity`: who it is about and what it
+    says): told again, by a new leader whose memory starts empty or after a restart, it counts on the
+    Event already there (`create_or_count`) instead of adding one."""
+    digest = hashlib.sha256("\0".join(identity).encode()).hexdigest()[:16]
+    return f"{name[:236]}.{digest}"  # 253, a name's limit, with the dot and the digest
+
+
+class EventApi(Protocol):
+    async def create(self, path: str, body: Mapping[str, Any]) -> dict[str, Any]: ...
+
+    async def get(self, path: str) -> dict[str, Any]: ...
+
+    async def patch(self, path: str, body: Mapping[str, Any], content_type: str) -> dict[str, Any]: ...
+
+
+async def create_or_count(api: EventApi, event: Mapping[str, Any], now: float) -> None:
+    """Creates `event` (an `event_object`); when its name is taken, the same news was told before, and
+    Kubernetes' way is one Event, counted: its count goes up instead. Raises the API's ApiError."""
+    namespace, name = event["metadata"]["namespace"], event["metadata"]["name"]
+    events = f"/api/v1/namespaces/{namespace}/events"
+    try:
+        await api.create(events, event)
+    except ApiError as exc:
+        if exc.status != 409:
+            raise
+        told = await api.get(f"{events}/{name}")
+        count = told.get("count")
+        count = count if isinstance(count, int) else 1
+        await api.patch(f"{events}/{name}", {"count": count + 1, "lastTimestamp": rfc3339(now)}, MERGE_PATCH)
 
 
 class ObjectReader(Protocol):

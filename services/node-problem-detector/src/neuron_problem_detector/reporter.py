@@ -39,7 +39,7 @@ import aiohttp
 
 from neuron_common.backoff import Backoff
 from neuron_common.kube import MERGE_PATCH, STRATEGIC_MERGE_PATCH, ApiError, event_object, rfc3339
-from neuron_model import node_health
+from neuron_model import node_health, remediation
 from neuron_problem_detector.config import Reporting
 from neuron_problem_detector.detector import ConditionStatus
 
@@ -262,6 +262,29 @@ class Reporter:
             # AlreadyExists: an earlier create of this very Event landed though its reply was lost
         self._remember(e.key, name, e.count)
 
+    def _cancelled(self, node: Mapping[str, Any]) -> bool:
+        """The remediation controller's workflow for this fault was cancelled on this boot (an admin
+        uncordoned the node, or opted it out): the admin's word stands, so no cordon again for it."""
+        text = ((node.get("metadata") or {}).get("annotations") or {}).get(remediation.STATE_ANNOTATION)
+        if not text:
+            return False
+        try:
+            state = remediation.load(text)
+        except remediation.StateError:
+            return False
+        boot = ((node.get("status") or {}).get("nodeInfo") or {}).get("bootID")
+        cancelled = (
+            state.phase is remediation.Phase.CANCELLED
+            and state.boot_id == boot
+            and any(c.reason == state.reason for c in self.desired.values())
+        )
+        if cancelled:
+            log.warning(
+                "remediation: not cordoning node %s: its workflow for %s was cancelled on this boot (%s)",
+                self.node, state.reason, state.why or "uncordoned by an admin",
+            )  # fmt: skip
+        return cancelled
+
     async def _remediate(self, unhealthy: bool) -> None:
         node = await self._read_node()
         metadata, spec = node.get("metadata") or {}, node.get("spec") or {}
@@ -275,7 +298,7 @@ class Reporter:
             patch.setdefault("spec", {})["taints"] = taints
         if has_taint and not unhealthy:
             patch.setdefault("spec", {})["taints"] = [t for t in taints if t.get("key") != TAINT_KEY]
-        if self.reporting.cordon and unhealthy and not spec.get("unschedulable"):
+        if self.reporting.cordon and unhealthy and not spec.get("unschedulable") and not self._cancelled(node):
             patch.setdefault("spec", {})["unschedulable"] = True
             patch["metadata"]["annotations"] = {CORDON_ANNOTATION: SELF}
         if not unhealthy and annotations.get(CORDON_ANNOTATION) == SELF:

@@ -10,8 +10,10 @@ from typing import Any
 
 from neuron_common.health_server import HealthServer
 from neuron_common.kube import Api
+from neuron_common.leader import AlwaysLeader, LeaderElector
 from neuron_common.lifecycle import sleep_or_stop
 from neuron_common.metrics_auth import MetricsAuthorizer
+from neuron_common.reflector import Reflector, Resource
 from neuron_common.runner import run_service
 from neuron_common.supervisor import Loop, Supervisor
 from neuron_model import report
@@ -20,11 +22,9 @@ from neuron_scheduler_extender.config import Config
 from neuron_scheduler_extender.endpoints import MAX_BODY, Endpoints, Forwarder
 from neuron_scheduler_extender.failures import NodeHealth, node_health
 from neuron_scheduler_extender.group_health import GroupHealthMonitor, NodeHealthIndex
-from neuron_scheduler_extender.leader import AlwaysLeader, LeaderElector
 from neuron_scheduler_extender.metrics import Metrics
 from neuron_scheduler_extender.pods import PodRecord, ResourceNames, pod_record
 from neuron_scheduler_extender.protocol import BindingArgs
-from neuron_scheduler_extender.sources import Reflector, Resource
 from neuron_scheduler_extender.state import ClusterView, ReportRecord, report_record
 
 # Only bound pods that still run can hold silicon; the API server filters out the rest.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import socket
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -23,7 +22,7 @@ from neuron_common.config import (
     require_files,
     switch,
 )
-from neuron_scheduler_extender.leader import Lease
+from neuron_common.leader import LeaderElection
 
 DEFAULT_LISTEN = "0.0.0.0:9843"
 
@@ -47,7 +46,7 @@ class TlsFiles:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Config(Listening, ApiRequests, ResourcePrefix, ServiceConfig):
+class Config(LeaderElection, Listening, ApiRequests, ResourcePrefix, ServiceConfig):
     """kube-scheduler extender for AWS Neuron: filter passes a node only where the pod's devices or
     cores can be given as a connected set (from the NeuronNode reports each node's device plugin
     publishes, and the pods bound there), prioritize prefers the node left least fragmented, bind
@@ -63,6 +62,11 @@ class Config(Listening, ApiRequests, ResourcePrefix, ServiceConfig):
             "advertises"
         },
         "api_timeout": {"help": "timeout of one API server request (not watches)"},
+        "leader_elect": {
+            "help": "take part in leader election on a Lease; only the leader is ready (run 2 replicas for "
+            "availability)"
+        },
+        "lease_name": {"default": "neuron-scheduler-extender"},
     }
 
     report_max_age: float = flag(
@@ -82,33 +86,11 @@ class Config(Listening, ApiRequests, ResourcePrefix, ServiceConfig):
         "condition, the problem detector's taint, or unhealthy devices in its NeuronNode report), so its controller "
         "places it again; off: the group is only reported (Events on its pods, a metric)",
     )
-    leader_elect: bool = switch(
-        True,
-        "take part in leader election on a Lease; only the leader is ready (run 2 replicas for availability)",
-    )
-    lease_name: str = flag("neuron-scheduler-extender", "name of the Lease")
-    lease_namespace: str = flag(
-        "", "namespace of the Lease (default $POD_NAMESPACE, which the chart sets, else default)"
-    )
-    identity: str = flag(
-        "", "this replica's name in the Lease (default $POD_NAME or the host name, plus a random suffix)"
-    )
     advertise_url: str = flag(
         "",
         "URL the other replica forwards requests to while this one leads (default http://$POD_IP:<listen port>, "
         "which the chart sets)",
     )  # "{port}" stands for the listening port until it is known
-    lease_duration: float = flag(
-        "15s",
-        "how long a standby waits after the last renewal it saw before taking the lease",
-        type=positive_duration,
-    )
-    renew_deadline: float = flag(
-        "10s",
-        "the leader stops leading when it could not renew for this long (less than --lease-duration)",
-        type=positive_duration,
-    )
-    retry_period: float = flag("2s", "time between attempts to take or renew the lease", type=positive_duration)
     scheduler_names: frozenset[str] = flag(
         "neuron-scheduler",
         "the schedulerNames whose pods /bind binds, comma-separated (the chart's second scheduler and its other "
@@ -129,21 +111,9 @@ class Config(Listening, ApiRequests, ResourcePrefix, ServiceConfig):
         "certificate's first DNS name)",
     )
     tls: TlsFiles | None = derived()
-    lease: Lease = derived()
 
     @classmethod
     def resolve(cls, p: argparse.ArgumentParser, v: dict[str, Any], environ: Mapping[str, str]) -> None:
-        if v["leader_elect"] and not v["renew_deadline"] < v["lease_duration"]:
-            p.error(
-                f"--renew-deadline ({v['renew_deadline']:g}s) must be shorter than --lease-duration "
-                f"({v['lease_duration']:g}s): a leader cut off from the API server must stop before a standby can "
-                "take over"
-            )
-        if v["leader_elect"] and not v["retry_period"] < v["renew_deadline"]:
-            p.error(
-                f"--retry-period ({v['retry_period']:g}s) must be shorter than --renew-deadline "
-                f"({v['renew_deadline']:g}s)"
-            )
         if v["advertise_url"] and not v["advertise_url"].startswith(("http://", "https://")):
             p.error(f"--advertise-url must be an http:// or https:// URL, got {v['advertise_url']!r}")
         tls_flags = ("--tls-cert-file", "--tls-key-file", "--client-ca-file")
@@ -161,16 +131,6 @@ class Config(Listening, ApiRequests, ResourcePrefix, ServiceConfig):
             listen_host if listen_host not in ("0.0.0.0", "::", "") else socket.gethostname()
         )
         v["advertise_url"] = v["advertise_url"].rstrip("/") or f"{scheme}://{_bracketed(host)}:{{port}}"
-        v["identity"] = v["identity"] or f"{environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-        v["lease_namespace"] = v["lease_namespace"] or environ.get("POD_NAMESPACE") or "default"
-        v["lease"] = Lease(
-            v["lease_namespace"],
-            v["lease_name"],
-            v["identity"],
-            v["lease_duration"],
-            v["renew_deadline"],
-            v["retry_period"],
-        )
 
 
 def _bracketed(host: str) -> str:

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from neuron_common.kube import MERGE_PATCH, ApiError, event_object, rfc3339
+from neuron_common.kube import ApiError, create_or_count, event_object, news_name
 from neuron_common.lifecycle import sleep_or_stop
 from neuron_scheduler_extender.failures import (
     EVICTED_REASON,
@@ -38,13 +37,6 @@ class EventApi(Protocol):
     async def get(self, path: str) -> dict[str, Any]: ...
 
     async def patch(self, path: str, body: Mapping[str, Any], content_type: str) -> dict[str, Any]: ...
-
-
-def event_name(pod: GroupPod, reason: str, message: str) -> str:
-    """The same name for the same news on the same pod: told again (by a new leader, whose memory
-    starts empty, or after a restart), it counts on the Event already there instead of adding one."""
-    digest = hashlib.sha256(f"{pod.uid}\0{reason}\0{message}".encode()).hexdigest()[:16]
-    return f"{pod.name[:236]}.{digest}"  # 253, a name's limit, with the dot and the digest
 
 
 class NodeHealthIndex:
@@ -87,6 +79,9 @@ class GroupHealthMonitor:
         self.events_sent = 0
         self.evictions = 0
         self.failures = 0
+        # rounds acted on (leading, synced): who waits for the monitor to have seen a state counts
+        # two more, since one may have begun before the state
+        self.rounds = 0
 
     def degraded(self) -> dict[str, DegradedGroup]:
         return degraded_groups(self.view.group_placements(), self.view.reports, self.health.nodes)
@@ -126,27 +121,18 @@ class GroupHealthMonitor:
                 self.failures += 1
                 retry_eviction(self.memory, pod)
                 log.warning("could not evict pod %s (trying again): %s", pod.key, exc)
+        self.rounds += 1
 
     async def _event(self, pod: GroupPod, reason: str, message: str, *, warning: bool = True) -> None:
         now = self.wall_clock().timestamp()
         involved = {"apiVersion": "v1", "kind": "Pod", "namespace": pod.namespace, "name": pod.name, "uid": pod.uid}
-        name = event_name(pod, reason, message)
+        name = news_name(pod.name, pod.uid, reason, message)
         event = event_object(
             name=name, namespace=pod.namespace, involved=involved, reason=reason,
             message=message, type="Warning" if warning else "Normal", count=1, first=now, last=now,
             component=COMPONENT, instance=self.identity,
         )  # fmt: skip
-        events = f"/api/v1/namespaces/{pod.namespace}/events"
-        try:
-            await self.api.create(events, event)
-        except ApiError as exc:
-            if exc.status != 409:
-                raise
-            # the same news on the same pod, told before: Kubernetes' way is one Event, counted
-            told = await self.api.get(f"{events}/{name}")
-            count = told.get("count")
-            count = count if isinstance(count, int) else 1
-            await self.api.patch(f"{events}/{name}", {"count": count + 1, "lastTimestamp": rfc3339(now)}, MERGE_PATCH)
+        await create_or_count(self.api, event, now)
 
     async def _evict(self, pod: GroupPod) -> None:
         await self.api.create(

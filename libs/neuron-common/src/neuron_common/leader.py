@@ -1,9 +1,10 @@
 """Leader election on a coordination.k8s.io/v1 Lease, as client-go's leaderelection does it.
 
-Only the leader answers: it alone remembers the pods it bound a moment ago. The leader writes the
-URL it serves at into the Lease (annotation `LEADER_URL`); a standby forwards what it receives
-there (see `endpoints`), watches the same sources, and takes over when the lease expires (or at
-once, when the leader releases it on SIGTERM).
+Only the leader acts: the scheduler extender's leader alone remembers the pods it bound a moment
+ago, and the remediation controller's alone cordons, drains and counts against its breaker. The
+leader writes the URL it serves at into the Lease (annotation `LEADER_URL`; the extender's standby
+forwards what it receives there), and a standby watches the same sources and takes over when the
+lease expires (or at once, when the leader releases it on SIGTERM).
 - A replica that finds the lease free, expired or released writes itself in as holder; the write
   carries the lease's resourceVersion, so of two replicas racing, one wins and the other gets 409.
 - Expiry is judged by this replica's own clock: the lease is expired when its record has not
@@ -16,14 +17,18 @@ once, when the leader releases it on SIGTERM).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import datetime as dt
 import logging
+import socket
 import time
+import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from neuron_common.config import derived, flag, positive_duration, switch
 from neuron_common.kube import ApiError
 from neuron_common.lifecycle import sleep_or_stop
 
@@ -219,3 +224,57 @@ class AlwaysLeader:
 
     async def run(self, stop: asyncio.Event) -> None:
         await stop.wait()
+
+
+@dataclass(frozen=True, kw_only=True)
+class LeaderElection:
+    """The flags of leader election on a Lease, for a service's config (neuron_common.config); the
+    service words --leader-elect and sets --lease-name's default in its `FLAGS`. `lease` is made from
+    them, and the timing is checked at start."""
+
+    leader_elect: bool = switch(True, "take part in leader election on a Lease; only the leader acts")
+    lease_name: str = flag("", "name of the Lease")
+    lease_namespace: str = flag(
+        "", "namespace of the Lease (default $POD_NAMESPACE, which the chart sets, else default)"
+    )
+    identity: str = flag(
+        "", "this replica's name in the Lease (default $POD_NAME or the host name, plus a random suffix)"
+    )
+    lease_duration: float = flag(
+        "15s",
+        "how long a standby waits after the last renewal it saw before taking the lease",
+        type=positive_duration,
+    )
+    renew_deadline: float = flag(
+        "10s",
+        "the leader stops leading when it could not renew for this long (less than --lease-duration)",
+        type=positive_duration,
+    )
+    retry_period: float = flag("2s", "time between attempts to take or renew the lease", type=positive_duration)
+    lease: Lease = derived()
+
+    @classmethod
+    def resolve(cls, p: argparse.ArgumentParser, v: dict[str, Any], environ: Mapping[str, str]) -> None:
+        if v["leader_elect"] and not v["renew_deadline"] < v["lease_duration"]:
+            p.error(
+                f"--renew-deadline ({v['renew_deadline']:g}s) must be shorter than --lease-duration "
+                f"({v['lease_duration']:g}s): a leader cut off from the API server must stop before a standby can "
+                "take over"
+            )
+        if v["leader_elect"] and not v["retry_period"] < v["renew_deadline"]:
+            p.error(
+                f"--retry-period ({v['retry_period']:g}s) must be shorter than --renew-deadline "
+                f"({v['renew_deadline']:g}s)"
+            )
+        if v["leader_elect"] and not v["lease_name"]:
+            p.error("--lease-name must not be empty")
+        v["identity"] = v["identity"] or f"{environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}"
+        v["lease_namespace"] = v["lease_namespace"] or environ.get("POD_NAMESPACE") or "default"
+        v["lease"] = Lease(
+            v["lease_namespace"],
+            v["lease_name"],
+            v["identity"],
+            v["lease_duration"],
+            v["renew_deadline"],
+            v["retry_period"],
+        )

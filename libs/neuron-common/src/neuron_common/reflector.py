@@ -1,6 +1,7 @@
 """Keeping the view in step with the API server: list, then watch from the list's resourceVersion.
 
-One `Reflector` per resource (NeuronNodes, Pods), as client-go's reflector does it:
+One `Reflector` per resource (the scheduler extender's NeuronNodes, Pods and Nodes; the remediation
+controller's Nodes and Pods), as client-go's reflector does it:
 - list page by page, reducing each object at once to what the view keeps (`reduce`), and hand
   the whole set over (`replace`); the first list done makes the source `synced`;
 - watch from the list's resourceVersion with bookmarks, applying each event (`apply`); when the
