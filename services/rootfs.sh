@@ -169,8 +169,11 @@ group: files
 hosts: files dns
 EOF
 
-# --- what of Debian the image holds, for its SBOM (tools/sbom.py) ----------------------------------
-python3 "$src/debian_inventory.py" "$out" "$out$venv/share/neuron-helm-chart/debian-packages.tsv"
+# --- what of Debian the image holds, for its SBOM (syft, tools/release.py) -----------------------
+# os-release names the distribution, without which syft gives the Debian packages no purl (and a
+# vulnerability scanner cannot match them); the dpkg records are the packages' whose files OUT holds.
+copy_path /etc/os-release
+python3 "$src/debian_inventory.py" "$out"
 
 # --- bytecode of the interpreter and the third-party packages ------------------------------------
 # The Kubernetes client keeps its bytecode (25 MB) without its 34 MB of generated source, mostly

@@ -1,7 +1,8 @@
 """verify_wheels.py LOCK DIR: every wheel in DIR has a digest LOCK lists for its name and version
-(services/image-wheels.lock, written by tools/image_wheels.py). Run by services/rootfs.sh before it
-installs anything, with the base image's python3 and nothing else: an image holds no third-party
-code but what was reviewed into the lock, whatever was put into the build context."""
+(services/image-wheels.lock, requirements with hashes as `uv pip compile --generate-hashes` writes
+them, run by tools/image_wheels.py lock). Run by services/rootfs.sh before it installs anything, with
+the base image's python3 and nothing else: an image holds no third-party code but what was reviewed
+into the lock, whatever was put into the build context."""
 
 from __future__ import annotations
 
@@ -16,15 +17,21 @@ def normalize(name: str) -> str:
 
 
 def allowed(lock_text: str) -> dict[tuple[str, str], set[str]]:
-    """(normalized name, version) -> the sha256 digests the lock allows."""
+    """(normalized name, version) -> the sha256 digests the lock allows. The lock is pip's requirements
+    format: `name==version --hash=sha256:...`, an entry continued over lines by a trailing backslash, a
+    comment from a `#` at a line's start or after a space. Anything else in it is an error, not skipped:
+    this reader decides what an image may hold."""
     found: dict[tuple[str, str], set[str]] = {}
-    for line in lock_text.splitlines():
-        entry = line.strip()
-        if not entry or entry.startswith("#"):
+    for line in lock_text.replace("\\\n", " ").splitlines():
+        entry = re.sub(r"(^|\s)#.*", "", line).strip()
+        if not entry:
             continue
-        requirement, *hashes = entry.split()
-        name, version = requirement.split("==", 1)
-        found.setdefault((normalize(name), version), set()).update(h.removeprefix("--hash=sha256:") for h in hashes)
+        requirement, *options = entry.split()
+        name, equals, version = requirement.partition("==")
+        hashes = [o.removeprefix("--hash=sha256:") for o in options]
+        if not equals or not name or not hashes or not all(re.fullmatch(r"[0-9a-f]{64}", h) for h in hashes):
+            raise ValueError(f"the lock's entry {entry[:80]!r} is not name==version --hash=sha256:<digest>...")
+        found.setdefault((normalize(name), version), set()).update(hashes)
     return found
 
 
@@ -48,7 +55,11 @@ def main(argv: list[str]) -> int:
         return 2
     lock, directory = Path(argv[0]), Path(argv[1])
     wheels = sorted(directory.glob("*.whl"))
-    problems = refusals(lock.read_text(), wheels)
+    try:
+        problems = refusals(lock.read_text(), wheels)
+    except ValueError as e:
+        print(f"verify_wheels: {lock}: {e}", file=sys.stderr)
+        return 1
     for problem in problems:
         print(f"verify_wheels: {problem}", file=sys.stderr)
     if problems:

@@ -93,9 +93,11 @@ def test_the_image_lock_covers_every_distribution_the_images_need_at_its_pinned_
     tool = load("image_wheels", REPO / "tools" / "image_wheels.py")
     assert tool.check() == []
     # the check fails on a stale lock: a needed distribution missing, another at a version not pinned
-    stale = [line for line in tool.LOCK.read_text().splitlines() if not line.startswith("orjson==")]
-    stale = [re.sub(r"^aiohttp==[^ ]+", "aiohttp==0.1", line) for line in stale]
-    (tmp_path / "lock").write_text("\n".join(stale))
+    # (uv's format: an entry's hashes continue it over lines, each ending with a backslash but the last)
+    stale = re.sub(r"^orjson==(?:.*\\\n)*.*\n", "", tool.LOCK.read_text(), flags=re.M)
+    stale = re.sub(r"^aiohttp==\S+", "aiohttp==0.1", stale, flags=re.M)
+    assert stale.count("==") == tool.LOCK.read_text().count("==") - 1
+    (tmp_path / "lock").write_text(stale)
     monkeypatch.setattr(tool, "LOCK", tmp_path / "lock")
     assert tool.check() == [
         "aiohttp: the lock has 0.1, constraints.txt pins 3.14.5",
@@ -108,7 +110,8 @@ def test_a_wheel_outside_the_lock_or_with_another_digest_is_refused(tmp_path: Pa
     good = tmp_path / "orjson-3.13.0-cp311-cp311-manylinux_2_17_x86_64.whl"
     good.write_bytes(b"the reviewed bytes")
     digest = hashlib.sha256(b"the reviewed bytes").hexdigest()
-    lock = f"# header\norjson==3.13.0 --hash=sha256:{digest}\n"
+    # as uv pip compile --generate-hashes writes it: every file of the version, one hash a line
+    lock = f"# header\norjson==3.13.0 \\\n    --hash=sha256:{'0' * 64} \\\n    --hash=sha256:{digest}\n"
     assert verify.refusals(lock, [good]) == []
     tampered = tmp_path / "other" / good.name
     tampered.parent.mkdir()
@@ -122,3 +125,108 @@ def test_a_wheel_outside_the_lock_or_with_another_digest_is_refused(tmp_path: Pa
         f"{older.name}: orjson 3.12.0 is not in the lock",
         f"{good.name}: its sha256 is not the one the lock lists",
     ]
+    # a lock entry this reader cannot take whole is an error, never a line skipped
+    for broken in ["orjson>=3.13.0 --hash=sha256:" + digest, "orjson==3.13.0", "orjson==3.13.0 --hash=md5:00"]:
+        with pytest.raises(ValueError, match="is not name==version --hash=sha256"):
+            verify.allowed(broken)
+
+
+# --- the pages a newcomer reads stay short, and their links lead somewhere (issue 54) -----------
+
+README_MAX_LINES = 160
+README_MAX_LINE_CHARS = 400
+CHART_README_MAX_PROSE_LINES = 200
+FENCE = re.compile(r"^ {0,3}(```|~~~).*?^ {0,3}\1[^\n]*$", re.M | re.S)
+CODE_SPAN = re.compile(r"(`+).*?\1", re.S)
+LINK = re.compile(r"\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
+HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t#]*$", re.M)
+
+
+def linked_pages() -> list[Path]:
+    """The pages whose links must resolve: the front page, the chart's README and every page under docs/."""
+    return [REPO / "README.md", REPO / "charts" / "neuron-helm-chart" / "README.md", *sorted(REPO.glob("docs/*.md"))]
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a page's headings: the heading's text lower-cased, every character but letters,
+    digits, spaces, '-' and '_' dropped, spaces made '-'; a repeated one gets -1, -2, ..."""
+    seen: dict[str, int] = {}
+    anchors = set()
+    for match in HEADING.finditer(FENCE.sub("", markdown)):
+        text = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", match[2])  # a link in a heading shows its text
+        slug = re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        anchors.add(slug if count == 0 else f"{slug}-{count}")
+    return anchors
+
+
+def broken_links(page: Path) -> list[str]:
+    """Every relative link of `page` (outside code) whose file does not exist, or whose #anchor names no heading."""
+    text = CODE_SPAN.sub("", FENCE.sub("", page.read_text()))
+    broken = []
+    for target in LINK.findall(text):
+        if re.match(r"[a-zA-Z][a-zA-Z0-9+.\-]*:", target):  # https:, mailto: ...: not a file of this repository
+            continue
+        path, _, anchor = target.partition("#")
+        linked = (page.parent / path).resolve() if path else page
+        if not linked.exists():
+            broken.append(f"{target}: no such file")
+        elif anchor and linked.suffix == ".md" and anchor not in github_anchors(linked.read_text()):
+            broken.append(f"{target}: no such heading")
+    return broken
+
+
+def chart_readme_prose(text: str) -> list[str]:
+    """The chart README's lines but the rows of the values table generated under its `## Values` heading."""
+    lines = text.splitlines()
+    assert "## Values" in lines, "the chart README has no '## Values' section"
+    values = lines.index("## Values") + 1
+    return lines[:values] + [line for line in lines[values:] if not line.startswith("|")]
+
+
+def test_the_front_page_is_short() -> None:
+    lines = (REPO / "README.md").read_text().splitlines()
+    assert len(lines) <= README_MAX_LINES, f"README.md has {len(lines)} lines; move detail to docs/"
+    long = [n for n, line in enumerate(lines, 1) if len(line) > README_MAX_LINE_CHARS]
+    assert not long, f"README.md lines {long} are over {README_MAX_LINE_CHARS} characters"
+
+
+def test_the_chart_readme_is_short_apart_from_its_values_table() -> None:
+    prose = chart_readme_prose((REPO / "charts" / "neuron-helm-chart" / "README.md").read_text())
+    assert len(prose) <= CHART_README_MAX_PROSE_LINES, f"the chart README has {len(prose)} lines of prose"
+
+
+def test_the_chart_readme_prose_count_leaves_out_only_the_values_table() -> None:
+    text = (
+        "# chart\n| a | b |\n\n## Values\n\n<!-- begin -->\n| Key | Default |\n|---|---|\n| `x` | `1` |\n<!-- end -->\n"
+    )
+    assert chart_readme_prose(text) == ["# chart", "| a | b |", "", "## Values", "", "<!-- begin -->", "<!-- end -->"]
+
+
+@pytest.mark.parametrize("page", linked_pages(), ids=lambda p: str(p.relative_to(REPO)))
+def test_every_relative_link_leads_to_a_file_and_heading(page: Path) -> None:
+    assert broken_links(page) == []
+
+
+def test_the_link_check_finds_a_missing_file_and_a_missing_heading(tmp_path: Path) -> None:
+    (tmp_path / "other.md").write_text("# The page (`x.y`)\n\n## Same\n\n## Same\n\n```\n# not a heading\n```\n")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "[ok](other.md#the-page-xy) [ok](other.md#same-1) [ok](#top) [ok](https://example.com/x)\n"
+        "`[in code](gone.md)`\n\n# Top\n\n"
+        "[gone](gone.md) [bad](other.md#not-a-heading) [code](other.md#not-a-heading-1) [self](#nowhere)\n"
+    )
+    assert broken_links(page) == [
+        "gone.md: no such file",
+        "other.md#not-a-heading: no such heading",
+        "other.md#not-a-heading-1: no such heading",
+        "#nowhere: no such heading",
+    ]
+
+
+def test_the_front_page_indexes_every_page_under_docs() -> None:
+    readme = (REPO / "README.md").read_text()
+    index = readme.split("## Documentation", 1)[1].split("\n## ", 1)[0]
+    listed = set(re.findall(r"^\| \[[^\]]+\]\((docs/[^)#]+\.md)\)", index, re.M))
+    assert listed == {str(p.relative_to(REPO)) for p in REPO.glob("docs/*.md")}

@@ -2,26 +2,31 @@
 
     python tools/image_wheels.py needed        the distributions the packages under libs/ and services/
                                                depend on (tests aside), one per line
-    python tools/image_wheels.py lock          download them (with constraints.txt, this machine's pip
-                                               settings) and write services/image-wheels.lock: every
-                                               wheel as `name==version --hash=sha256:...`
+    python tools/image_wheels.py lock          resolve them with constraints.txt and write
+                                               services/image-wheels.lock with `uv pip compile
+                                               --generate-hashes` (uv, pinned in constraints.txt)
     python tools/image_wheels.py check         the lock names every needed distribution at the version
                                                constraints.txt pins; exit 1 naming what to re-lock
 
 tests/cluster/images.sh downloads exactly the lock's files with `pip download --require-hashes`, and
 services/rootfs.sh refuses a wheel in the build context whose digest the lock does not list, so an
-image holds no third-party code but what was reviewed into the lock. The lock is for this
-platform's wheels (CPython 3.11, x86_64 glibc), the one the images are built for.
+image holds no third-party code but what was reviewed into the lock.
+
+The lock is resolved for the images' platform, not this machine's: CPython 3.11 on x86_64 glibc 2.36
+(Debian bookworm, the images' base), which uv targets with --python-version and --python-platform;
+that is why uv and not pip-tools' pip-compile, which resolves for the interpreter it runs on. Like
+pip-compile, uv lists the hash of every file the index serves for each pinned version (every
+platform's wheel and the sdist: 1,273 hashes for 32 distributions, where the hand-written lock had
+the 32 wheels the images install), not only this platform's: the lock admits the files published
+for exactly these versions, and pip (--only-binary) picks this platform's wheel among them.
 """
 
 from __future__ import annotations
 
 import glob
-import hashlib
 import re
 import subprocess
 import sys
-import tempfile
 import tomllib
 from pathlib import Path
 
@@ -33,6 +38,8 @@ from verify_wheels import normalize  # noqa: E402
 LOCK = REPO / "services" / "image-wheels.lock"
 CONSTRAINTS = REPO / "constraints.txt"
 SETUPTOOLS = "setuptools==84.2.1"  # the build backend the packages need, as a wheel for offline builds
+# The images' interpreter and platform (the base's python3 and glibc: tests/cluster/images.sh's bookworm).
+PYTHON_VERSION, PYTHON_PLATFORM = "3.11", "x86_64-manylinux_2_36"
 _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -65,31 +72,20 @@ def read_lock(text: str) -> dict[str, str]:
     return {name: version for name, version in verify_wheels.allowed(text)}
 
 
-def wheel_identity(filename: str) -> tuple[str, str]:
-    """(normalized name, version) of a wheel file (PEP 427: name-version-...whl)."""
-    name, version = filename.split("-")[:2]
-    return normalize(name), version
-
-
 def lock() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "-d", tmp, "--only-binary=:all:", "-c", str(CONSTRAINTS),
-             *needed(), SETUPTOOLS],
-            check=True,
-        )  # fmt: skip
-        lines = []
-        for wheel in sorted(Path(tmp).glob("*.whl")):
-            name, version = wheel_identity(wheel.name)
-            digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-            lines.append(f"{name}=={version} --hash=sha256:{digest}")
-    header = (
-        "# The wheels the service images install, by hash: written by `python tools/image_wheels.py lock`\n"
-        "# (CPython 3.11, x86_64 glibc); checked by tools/image_wheels.py check, used by tests/cluster/images.sh\n"
-        "# and services/rootfs.sh. Re-lock after changing constraints.txt or a package's dependencies.\n"
-    )
-    LOCK.write_text(header + "\n".join(sorted(lines)) + "\n")
-    print(f"wrote {LOCK.relative_to(REPO)}: {len(lines)} wheels")
+    uv = Path(sys.executable).parent / "uv"  # make setup installs it into the venv (requirements-dev.txt)
+    # on stdout, not -o LOCK: uv keeps the hashes an existing output file lists, so a re-lock would carry
+    # over whatever an earlier lock held instead of what the index serves now
+    compiled = subprocess.run(
+        [uv, "pip", "compile", "--quiet", "--generate-hashes", "--no-annotate", "--only-binary", ":all:",
+         "--python-version", PYTHON_VERSION, "--python-platform", PYTHON_PLATFORM, "-c", CONSTRAINTS,
+         "--custom-compile-command", "python tools/image_wheels.py lock", "-"],
+        input="".join(f"{r}\n" for r in [*needed(), SETUPTOOLS]), capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    if compiled.returncode != 0:
+        raise SystemExit(f"uv pip compile failed:\n{compiled.stderr}")
+    LOCK.write_text(compiled.stdout)
+    print(f"wrote {LOCK.relative_to(REPO)}: {len(read_lock(compiled.stdout))} distributions")
 
 
 def check() -> list[str]:

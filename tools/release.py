@@ -23,6 +23,8 @@ passes it.
 from __future__ import annotations
 
 import argparse
+import copy
+import hashlib
 import ipaddress
 import json
 import os
@@ -31,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,6 +45,8 @@ REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "neuron-helm-chart"
 IMAGES_SH = REPO / "tests" / "cluster" / "images.sh"
 IMAGES_TSV = REPO / "build" / "images.tsv"
+IMAGE_WHEELS = REPO / "build" / "wheels"  # the wheels images.sh put in the build context, the lock's own
+IMAGE_LOCK = REPO / "services" / "image-wheels.lock"
 RECORD = REPO / "build" / "release-{version}.json"
 NAMESPACE = "neuron"  # $REGISTRY/neuron/<service> for the images, oci://$REGISTRY/neuron for the chart
 SOURCE_REPOSITORY_PREFIX = "neuron-helm-chart/"  # values.yaml's repositories of the project's images (make images)
@@ -248,6 +253,95 @@ def cosign() -> str:
     return _venv_tool("cosign")  # tools/build-cosign.sh
 
 
+def syft() -> str:
+    return _venv_tool("syft")  # tools/build-syft.sh
+
+
+def _verify_wheels() -> Any:
+    """services/verify_wheels.py, the image lock's reader that the image build runs: imported when an SBOM is
+    written, so that the release's refusals before the build need nothing but this file."""
+    if str(REPO / "services") not in sys.path:
+        sys.path.insert(0, str(REPO / "services"))
+    import verify_wheels
+
+    return verify_wheels
+
+
+def normalize(name: str) -> str:
+    return str(_verify_wheels().normalize(name))
+
+
+def own_packages() -> set[str]:
+    """The normalized names of the project's own distributions (libs/ and services/)."""
+    return {
+        normalize(tomllib.loads(p.read_text())["project"]["name"])
+        for p in [*REPO.glob("libs/*/pyproject.toml"), *REPO.glob("services/*/pyproject.toml")]
+    }
+
+
+def syft_sbom(source: str, name: str, version: str, out: Path) -> dict[str, Any]:
+    """syft's SPDX 2.3 document of a syft source (`oci-archive:PATH` for an image, `dir:PATH`), written to OUT
+    and returned. Offline: syft asks for no update, and reads nothing but the source."""
+    env = dict(os.environ, SYFT_CHECK_FOR_APP_UPDATE="false")
+    run(syft(), "scan", source, "--quiet", "--output", f"spdx-json={out}", "--source-name", name,
+        "--source-version", version, env=env)  # fmt: skip
+    document: dict[str, Any] = json.loads(out.read_text())
+    return document
+
+
+def wheel_digests(directory: Path) -> dict[tuple[str, str], str]:
+    """(normalized name, version) -> the sha256 of that wheel in DIRECTORY."""
+    digests = {}
+    for wheel in directory.glob("*.whl"):
+        name, version = wheel.name.split("-")[:2]
+        digests[(normalize(name), version)] = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    return digests
+
+
+def with_provenance(
+    document: dict[str, Any], wheels: Mapping[tuple[str, str], str], lock_text: str, own: set[str], revision: str
+) -> dict[str, Any]:
+    """syft's document with what syft cannot know added, and checked against the lock.
+
+    Why this is ours: syft reads the venv's installed distributions (their .dist-info), which keep no
+    digest of the wheel they came from (pip records one only for a URL install), so syft's SPDX
+    packages for Python carry no checksum (it writes package checksums for Java archives and Go
+    modules alone); nor can it tell the project's own packages from the third-party ones. Each
+    third-party Python package gets the sha256 of the wheel the image build installed (WHEELS, the
+    build context), which must be one the lock admits; a distribution the lock never admitted is an
+    error, not a silent entry. The project's own packages name the commit they were built from."""
+    document = copy.deepcopy(document)
+    admitted = _verify_wheels().allowed(lock_text)
+    for package in document["packages"]:
+        purls = [r["referenceLocator"] for r in package.get("externalRefs", []) if r["referenceType"] == "purl"]
+        if not any(purl.startswith("pkg:pypi/") for purl in purls):
+            continue
+        name, version = package["name"], package["versionInfo"]
+        key = normalize(name)
+        if key in own:
+            package["sourceInfo"] = f"built from neuron-helm-chart commit {revision}"
+            continue
+        digest = wheels.get((key, version))
+        if digest is None or digest not in admitted.get((key, version), set()):
+            raise ReleaseError(f"{name} {version} is in the image but not in the image lock")
+        package["checksums"] = [{"algorithm": "SHA256", "checksumValue": digest}]
+    document["creationInfo"]["creators"].append("Tool: neuron-helm-chart tools/release.py")
+    return document
+
+
+def image_sbom(image_id: str, service: str, version: str, out: Path) -> dict[str, Any]:
+    """The SPDX SBOM of a local image: podman's OCI archive of it read by syft (no registry: the same for any
+    REGISTRY, and nothing pulled back), with the provenance syft cannot know."""
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = Path(tmp) / "image.tar"
+        run("podman", "save", "-q", "--format", "oci-archive", "-o", archive, image_id)
+        document = syft_sbom(f"oci-archive:{archive}", f"{NAMESPACE}/{service}", version, out)
+    revision = run("git", "rev-parse", "HEAD").stdout.strip()
+    document = with_provenance(document, wheel_digests(IMAGE_WHEELS), IMAGE_LOCK.read_text(), own_packages(), revision)
+    out.write_text(json.dumps(document, indent=1) + "\n")
+    return document
+
+
 def check_sign_key(sign_key: str) -> Path:
     if not sign_key:
         raise ReleaseError(
@@ -264,7 +358,7 @@ def check_sign_key(sign_key: str) -> Path:
 
 class Signer:
     """Signs what the release pushed with cosign and the release key, and attests each image's SBOM
-    (SPDX, tools/sbom.py) as a signed in-toto statement beside it in the registry. No transparency
+    (SPDX, written by syft: image_sbom) as a signed in-toto statement beside it in the registry. No transparency
     log: the signatures verify with the release's public key alone (`cosign verify --key ...
     --insecure-ignore-tlog`), which works the same in an air-gapped registry."""
 
@@ -280,7 +374,8 @@ class Signer:
 
     def attest_sbom(self, service: str, local_image: str, ref: str, version: str) -> Path:
         sbom = self.workdir / f"sbom-{service}-{version}.spdx.json"
-        run(sys.executable, REPO / "tools" / "sbom.py", local_image, service, version, sbom)
+        log(f"writing the SBOM of {local_image[:19]} with syft")
+        image_sbom(local_image, service, version, sbom)
         log(f"attesting the SBOM of {ref}")
         run(cosign(), "attest", *self.flags, "--type", "spdxjson", "--predicate", sbom, ref)
         return sbom

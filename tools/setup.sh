@@ -88,6 +88,9 @@ tests/cluster/peers.sh build >/dev/null
 # --- cosign, which signs releases and verifies them in the release tests, from its pinned Go module (cached)
 tools/build-cosign.sh >/dev/null
 
+# --- syft, which writes each released image's SBOM, from its pinned Go module (cached) -----------
+tools/build-syft.sh >/dev/null
+
 # --- helm-docs, which renders the chart's README.md (make chart-docs), from its pinned Go module (cached)
 tools/build-helm-docs.sh >/dev/null
 

@@ -19,6 +19,7 @@ import re
 import sys
 import tarfile
 import time
+import tomllib
 import urllib.request
 import warnings
 from collections.abc import Iterator
@@ -43,6 +44,7 @@ from cluster_access import (
     read,
     run,
 )
+from loading import load
 from releasing import RELEASE_PY, repo_copy, services
 
 CHART = REPO / "charts" / "neuron-helm-chart"
@@ -191,17 +193,25 @@ def test_each_image_carries_a_signed_sbom_of_what_it_holds(
     released: dict[str, str], release_key: tuple[Path, Path]
 ) -> None:
     record = json.loads((REPO / "build" / f"release-{VERSION}.json").read_text())
-    lock = (REPO / "services" / "image-wheels.lock").read_text()
+    admitted = load("verify_wheels", REPO / "services" / "verify_wheels.py").allowed(
+        (REPO / "services" / "image-wheels.lock").read_text()
+    )
     for svc, ref in record["images"].items():
         subject, sbom = signing.attested_sbom(ref, release_key[1])
         assert "sha256:" + subject["digest"]["sha256"] == ref.rsplit("@", 1)[1]  # about this very image
+        assert any(c.startswith("Tool: syft-") for c in sbom["creationInfo"]["creators"]), sbom["creationInfo"]
         packages = {p["name"].lower(): p for p in sbom["packages"]}
         # the service's own package, built from the commit, and its third-party ones by the lock's digest
-        assert f"neuron-{svc}".replace("neuron-node-problem-detector", "neuron-problem-detector") in packages, svc
+        own = packages[tomllib.loads((REPO / "services" / svc / "pyproject.toml").read_text())["project"]["name"]]
+        assert own["sourceInfo"].startswith("built from neuron-helm-chart commit "), own
         aiohttp = packages["aiohttp"]
-        assert f"aiohttp=={aiohttp['versionInfo']} --hash=sha256:{aiohttp['checksums'][0]['checksumValue']}" in lock
-        # what of Debian the image took: the interpreter and the C library at least
-        debian = {p["name"] for p in sbom["packages"] if "pkg:deb/" in p["externalRefs"][0]["referenceLocator"]}
+        assert aiohttp["checksums"][0]["checksumValue"] in admitted[("aiohttp", aiohttp["versionInfo"])]
+        # what of Debian the image took: the interpreter and the C library at least, by their purls
+        debian = {
+            p["name"]
+            for p in sbom["packages"]
+            if any(r["referenceLocator"].startswith("pkg:deb/debian/") for r in p.get("externalRefs", []))
+        }
         assert {"libc6", "libpython3.11-minimal"} <= debian, (svc, sorted(debian))
 
 
