@@ -112,7 +112,7 @@ fi
 # --durations: where the stage's time goes, in every run's log, for whoever next makes it shorter
 if [ $status -eq 0 ]; then $BIN/pytest -q -m cluster --durations=10 tests/cluster || status=$?; fi
 step "cluster tests"
-if [ $status -eq 0 ]; then $BIN/pytest -q -m "e2e and not isolated" --durations=25 tests/e2e || status=$?; fi
+if [ $status -eq 0 ]; then $BIN/pytest -q -m "e2e and not isolated and not multinode" --durations=25 tests/e2e || status=$?; fi
 step "e2e"
 touch "$E2E_DONE"  # a stage beside still waiting may begin now, with the demo
 [ $status -eq 0 ] || [ -z "$isolated_pid" ] || kill -TERM -- "-$isolated_pid" 2>/dev/null

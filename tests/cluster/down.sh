@@ -37,6 +37,8 @@ pod_cgroups() {
 }
 pod_processes() { pod_cgroups | xargs -r cat 2>/dev/null | sort -un; }
 
+# 0. The other nodes of a multi-node cluster (tests/cluster/nodes.sh), each in its own namespaces
+[ ! -f "$CLUSTER_DIR/nodes.env" ] || CLUSTER_DIR="$CLUSTER_DIR" tests/cluster/nodes.sh down || status_nodes=1
 # 1. The kubelet first: stopped, it can no longer start a container we are about to kill
 #    (it restarted one in the window between the two once, and that one outlived the runtime).
 stop_named kubelet
@@ -77,7 +79,7 @@ if tests/registry.sh status "$CLUSTER_DIR/registry" >/dev/null; then  # its stor
   tests/registry.sh stop "$CLUSTER_DIR/registry"
 fi
 pkill -f "containerd-shim-runc-v2 .*$CLUSTER_DIR" 2>/dev/null || true
-status=0
+status=${status_nodes:-0}
 leftover=$(pod_processes)
 if [ -n "$leftover" ]; then
   log "still in the pods' cgroups after everything stopped: $(echo $leftover)"

@@ -29,7 +29,7 @@ for project in services/*/pyproject.toml; do SERVICES+=("$(basename "$(dirname "
 BASE_RECIPE=(--variant=minbase --include=python3,python3-venv,binutils bookworm)
 BASE_KEY=$(printf '%s\n' "${BASE_RECIPE[@]}" | sha256sum | cut -c1-12)
 BASE_IMAGE=localhost/neuron-base:bookworm-$BASE_KEY
-podman_args() { sed -n "s/^$1: *//p" tools/podman.args; }  # the one list of podman's options, with sbom.py
+podman_args() { sed -n "s/^$1: *//p" tools/podman.args; }  # the one list of podman's options
 read -ra PODMAN <<< "podman $(podman_args global)"
 read -ra LIMITS <<< "$(podman_args run)"
 log() { printf '[images] %s\n' "$*"; }
@@ -53,7 +53,18 @@ mkdir -p "$CACHE" build/wheels
 exec 9>build/.images.lock
 flock 9
 
-import_images() {  # what build/images.tsv lists, into $CLUSTER_DIR's containerd
+import_images() {  # into every node's containerd: the cluster's, and those of tests/cluster/nodes.sh's nodes
+  local node_dir
+  import_node
+  [ -f "$CLUSTER_DIR/nodes.env" ] || return 0
+  for node_dir in "$CLUSTER_DIR"/nodes/*/; do
+    [ -S "$node_dir/containerd/containerd.sock" ] || continue
+    log "into node $(basename "$node_dir")"
+    # its containerd's socket is a path here too: no need to enter the node's namespaces
+    CLUSTER_DIR=${node_dir%/} CTR_SOCK="${node_dir}containerd/containerd.sock" CTR="${node_dir}containerd/bin/ctr" import_node
+  done
+}
+import_node() {  # what build/images.tsv lists, into $CLUSTER_DIR's containerd
   # $CLUSTER_DIR/imported/<service>: the image ID last imported into this cluster's containerd (whose
   # image store, like this record, outlives cluster-down); the same ID, still listed, is not imported again
   mkdir -p "$CLUSTER_DIR/imported"
@@ -71,7 +82,7 @@ import_images() {  # what build/images.tsv lists, into $CLUSTER_DIR's containerd
     log "$image imported into the cluster's containerd"
   done 3< build/images.tsv
   # the chart's second scheduler (scheduler.enabled): the cluster cannot pull registry.k8s.io
-  tests/cluster/kube-scheduler-image.sh
+  CLUSTER_DIR=$CLUSTER_DIR tests/cluster/kube-scheduler-image.sh
 }
 if [ "$build" = 0 ]; then
   [ -f build/images.tsv ] || { echo "no build to import (build/images.tsv): run make images-build first" >&2; exit 1; }
@@ -213,6 +224,10 @@ asyncio.run(main())' \
         --entrypoint /opt/neuron/bin/python "$image" \
         -c 'import kubernetes.client, kubernetes.config, neuron_model.instance_types; kubernetes.client.CoreV1Api' \
         || { echo "$image: the helm test pods' imports failed" >&2; exit 1; } ;;
+    remediation-controller)  # without an API server it cannot list the fleet: its modules must import
+      "${PODMAN[@]}" run --rm "${LIMITS[@]}" --network none --read-only --entrypoint /opt/neuron/bin/python "$image" \
+        -c 'import neuron_remediation.app, neuron_remediation.planner, neuron_common.leader, neuron_common.kube' \
+        || { echo "$image: the controller's imports failed" >&2; exit 1; } ;;
     dra-driver)  # without a kubelet and an API server it cannot serve: every module and stub must import,
       # and the YAML parser neuron_common.kube reads a --kubeconfig with (imported only then)
       "${PODMAN[@]}" run --rm "${LIMITS[@]}" --network none --read-only --entrypoint /opt/neuron/bin/python "$image" \

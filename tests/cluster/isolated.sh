@@ -8,6 +8,10 @@
 #                               images of the last build (images.sh --import-only)
 #   isolated.sh exec DIR CMD... run CMD in its namespaces, with CLUSTER_DIR and KUBECONFIG set to it
 #   isolated.sh down DIR        down.sh inside, then remove the namespaces and what they held
+#   isolated.sh ns DIR          only create the namespaces (tests/cluster/nodes.sh: a node of a cluster).
+#                               With UPLINK="IFNAME A.B.C ROUTE...": also a veth pair to the namespace
+#                               this runs in, its end there named IFNAME (address A.B.C.1, the caller
+#                               configures it), the other end inside (A.B.C.2/24), each ROUTE via A.B.C.1
 #
 # What keeps the two apart:
 # - the network namespace: its own loopback (API server on 127.0.0.1:6443, kubelet, registry), pod
@@ -21,7 +25,7 @@
 set -euo pipefail
 caller_dir=$PWD
 cd "$(dirname "$0")/../.."
-usage() { echo "usage: $0 up DIR | exec DIR CMD... | down DIR" >&2; exit 2; }
+usage() { echo "usage: $0 up DIR | exec DIR CMD... | down DIR | ns DIR" >&2; exit 2; }
 log() { printf '[isolated] %s\n' "$*"; }
 die() { printf '[isolated] error: %s\n' "$*" >&2; exit 1; }
 [ $# -ge 2 ] || usage
@@ -55,7 +59,7 @@ create() {
   # CoreDNS forwards nothing (tests/cluster/peers/coredns.yaml), so cluster names still resolve.
   echo "nameserver 127.0.0.1" > "$DIR/host/resolv.conf"
   unshare --mount="$NS/mnt" --net="$NS/net" --propagation private \
-    bash -euc 'dir=$1; shift
+    bash -euc 'dir=$1 parent=$2 uplink=$3; shift 3
       for path in "$@"; do mount --bind "$dir/host$path" "$path"; done
       mount --bind "$dir/host/hosts" /etc/hosts
       [ ! -e /etc/resolv.conf ] || mount --bind "$dir/host/resolv.conf" /etc/resolv.conf
@@ -65,7 +69,16 @@ create() {
       ip link set host0-peer up
       ip addr add 10.89.0.1/24 dev host0
       ip link set host0 up
-      ip route add default dev host0' _ "$DIR" "${PRIVATE[@]}"
+      ip route add default dev host0
+      if [ -n "$uplink" ]; then
+        set -- $uplink
+        ip link add uplink0 type veth peer name "$1" netns "$parent"
+        ip addr add "$2.2/24" dev uplink0
+        ip link set uplink0 up
+        gateway=$2.1; shift 2
+        for route in "$@"; do ip route add "$route" via "$gateway" dev uplink0; done
+        sysctl -qw net.ipv4.ip_forward=1
+      fi' _ "$DIR" "$$" "${UPLINK:-}" "${PRIVATE[@]}"
 }
 
 case $action in
@@ -74,6 +87,10 @@ case $action in
     exists || { log "creating its network and mount namespaces ($NS)"; create; }
     in_ns tests/cluster/up.sh
     in_ns tests/cluster/images.sh --import-only
+    ;;
+  ns)
+    [ $# -eq 0 ] || usage
+    exists || create
     ;;
   exec)
     [ $# -ge 1 ] || usage

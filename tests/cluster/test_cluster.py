@@ -29,6 +29,7 @@ from cluster_access import (
     pod_phase,
     read,
     restart_kubelet,
+    unschedulable,
 )
 
 PAUSE = "registry.k8s.io/pause:3.10"
@@ -125,7 +126,9 @@ def test_pod_with_two_cores_gets_its_device_and_env(device_plugin: subprocess.Po
 
 def test_a_pod_asking_for_more_than_is_free_stays_pending(device_plugin: subprocess.Popen[bytes]) -> None:
     kubectl("apply", "-f", "-", stdin=pod_manifest("too-many", {"aws.amazon.com/neuron": 17}))
-    time.sleep(5)
+    # the scheduler's verdict on it first: only after it is Pending a proof that nothing placed it
+    refused = eventually(lambda: unschedulable("too-many"), "the scheduler to refuse too-many", 60)
+    assert "Insufficient aws.amazon.com/neuron" in refused, refused
     assert pod_phase("too-many") == "Pending"
     kubectl("delete", "pod", "too-many", "--wait=false")
 

@@ -128,3 +128,45 @@ def test_cluster_down_after_the_demo_leaves_no_process_even_while_the_kubelet_re
         ["pgrep", "-f", f"containerd-shim-runc-v2 .*{CLUSTER_DIR}"], capture_output=True, text=True, check=False
     )
     assert shims.stdout == "", f"runtime shims left: {shims.stdout}"
+
+
+# --- a multi-node cluster (NODES=<n> make cluster-up, tests/cluster/nodes.sh) ------------------------
+
+
+def multinode_leftovers(cluster_dir: Path) -> list[str]:
+    """What a multi-node cluster at cluster_dir left in this network and mount namespace: its nodes'
+    processes (each started with its node directory, under cluster_dir/nodes, on its command line),
+    the mounts keeping their namespaces and private paths, the host ends of their veth pairs, the
+    raw table's guard, its layout file. Its nodes' pods are in cgroups neuron-* (checked above)."""
+    nodes_dir = f"{cluster_dir}/nodes/"
+    left = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if nodes_dir in cmdline and "pytest" not in cmdline:
+            left.append(f"process {proc.name}: {cmdline.strip()}")
+    left += [f"mount {line.split()[4]}" for line in Path("/proc/self/mountinfo").read_text().splitlines()
+             if line.split()[4].startswith(nodes_dir)]  # fmt: skip
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True, check=True).stdout
+    left += [f"link {m}" for m in re.findall(r"^\d+: (neuron-n\d+)[@:]", links, re.MULTILINE)]
+    raw = subprocess.run(["iptables", "-t", "raw", "-S"], capture_output=True, text=True, check=True).stdout
+    left += [f"rule {line}" for line in raw.splitlines() if "neuron-test-nodes" in line]
+    if (cluster_dir / "nodes.env").exists():
+        left.append(f"{cluster_dir / 'nodes.env'}")
+    return left
+
+
+def test_no_node_of_a_multi_node_cluster_is_left() -> None:
+    """After cluster-down, nothing of the nodes nodes.sh started: no process, mount, namespace (held only
+    by those two), veth, rule, ipset (each node's went with its network namespace; this one's are
+    checked above) or cgroup. Last in this module: the cluster is down by now."""
+    ran = [d for d in (CLUSTER_DIR, ISOLATED_DIR) if list(d.glob("nodes/*/logs/kubelet.log"))]
+    if not ran:
+        pytest.skip("no multi-node cluster ran here (NODES=3 make cluster-up): nothing to check")
+    assert sorted(Path("/sys/fs/cgroup").glob("*/neuron-*")) == [], "a node's kubelet cgroups are left"
+    for cluster_dir in ran:
+        assert multinode_leftovers(cluster_dir) == [], f"left by the multi-node cluster at {cluster_dir}"

@@ -6,6 +6,8 @@
 # (node.kubernetes.io/instance-type) over a simulated Neuron node with real character devices.
 # Idempotent: components already running are left alone. Everything is on 127.0.0.1 or unix
 # sockets; runtime state lives in $CLUSTER_DIR (default .run/cluster, untracked).
+# NODES=<n> (1 to 4; NODE_TYPES, ULTRASERVER): n real nodes, this one and n-1 more in namespaces of
+# their own (tests/cluster/nodes.sh, which runs this script in each of them with CONTROL_DIR set).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 REPO=$PWD
@@ -25,6 +27,48 @@ PY="$REPO/.venv/bin/python"
 # The cgroup the kubelet puts its kubepods under ("" for the root): a second cluster on this machine
 # (tests/cluster/isolated.sh) gets its own, so that neither kubelet's cleanup sees the other's pods.
 KUBELET_CGROUP_ROOT="${KUBELET_CGROUP_ROOT:-}"
+# A node joining the cluster whose directory CONTROL_DIR is (tests/cluster/nodes.sh sets these, in the
+# node's own network namespace): no control plane, registry or CoreDNS of its own; the API server on the
+# first node's bridge address, which routes through the host end of the node's veth pair.
+CONTROL_DIR="${CONTROL_DIR:-}"
+API_HOST=127.0.0.1
+NODE_IP="${NODE_IP:-}"             # the address the kubelet reports and serves on ("" : the kubelet's choice)
+NODE_POD_CIDR="$POD_CIDR"          # this node's pods' subnet (host-local IPAM)
+BRIDGE_ADDR=10.88.0.1/16           # the pod bridge's address, the pods' gateway
+IP_MASQ=true
+KUBELET_ADDRESS=127.0.0.1
+PROBE_POD=apicheck
+PROBE_ARGS=()
+if [ -n "$CONTROL_DIR" ]; then
+  API_HOST=10.88.0.1
+  NODE_POD_CIDR="${NODE_POD_CIDR_JOIN:?}" BRIDGE_ADDR="${BRIDGE_ADDR_JOIN:?}" KUBELET_ADDRESS=0.0.0.0
+  PROBE_POD="apicheck-$NODE_NAME" PROBE_ARGS=("--overrides={\"apiVersion\": \"v1\", \"spec\": {\"nodeName\": \"$NODE_NAME\"}}")
+fi
+# Several nodes: the cluster's layout (NODES, NODE_TYPES, ULTRASERVER) is kept in nodes.env while it
+# runs, so that a later up.sh (a kubelet restart's) brings back the same cluster.
+if [ -z "$CONTROL_DIR" ]; then
+  if [ -f "$CLUSTER_DIR/nodes.env" ]; then
+    requested="${NODES:-}"
+    # shellcheck source=/dev/null
+    . "$CLUSTER_DIR/nodes.env"
+    [ -z "$requested" ] || [ "$requested" = "$NODES" ] \
+      || { printf '[cluster-up] error: the cluster runs %s nodes: make cluster-down first\n' "$NODES" >&2; exit 1; }
+  fi
+  NODES="${NODES:-1}"
+  case $NODES in 1|2|3|4) ;; *) printf '[cluster-up] error: NODES=%s: 1 to 4\n' "$NODES" >&2; exit 1 ;; esac
+  if [ "$NODES" -gt 1 ] && [ ! -f "$CLUSTER_DIR/nodes.env" ]; then
+    mkdir -p "$CLUSTER_DIR"
+    NODES=$NODES tests/cluster/nodes.sh plan > "$CLUSTER_DIR/nodes.env.new" || exit 1
+    mv "$CLUSTER_DIR/nodes.env.new" "$CLUSTER_DIR/nodes.env"
+  fi
+  if [ "$NODES" -gt 1 ]; then
+    # the first node's pods keep 10.88.0.0/24; nodes.sh gives node i 10.88.<i>.0/24. No masquerade: pods
+    # talk to pods of other nodes by their own addresses, and to nothing outside this machine's namespaces.
+    NODE_POD_CIDR=10.88.0.0/24 BRIDGE_ADDR=10.88.0.1/24 IP_MASQ=false NODE_IP=10.88.0.1
+    PROBE_ARGS=("--overrides={\"apiVersion\": \"v1\", \"spec\": {\"nodeName\": \"$NODE_NAME\"}}")
+    INSTANCE_TYPE=$(tests/cluster/nodes.sh type 1)
+  fi
+fi
 
 log() { printf '[cluster-up] %s\n' "$*"; }
 die() { printf '[cluster-up] error: %s\n' "$*" >&2; exit 1; }
@@ -40,7 +84,7 @@ mkdir -p "$CLUSTER_DIR"/{pki,logs,containerd/root,containerd/state,cni/net.d,kub
 # etcd syncs its log to disk on every write, and the cluster writes all the time (each node status,
 # lease and event), on a CI disk whose writes cost system time in a make test that is CPU-bound
 # (tests/scratch.py). The data goes with the cluster anyway.
-if [ ! -e "$CLUSTER_DIR/etcd" ]; then
+if [ -z "$CONTROL_DIR" ] && [ ! -e "$CLUSTER_DIR/etcd" ]; then
   if [ -d /dev/shm ] && [ -w /dev/shm ]; then
     etcd_data=/dev/shm/neuron-test-etcd-$(printf '%s' "$CLUSTER_DIR" | sha256sum | cut -c1-12)
     mkdir -p "$etcd_data"
@@ -74,18 +118,23 @@ cert() {  # name, subject, extensions (or "")
   openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -CAcreateserial -days 365 \
     -out "$PKI/$name.crt" "${extarg[@]}" 2>/dev/null
 }
+if [ -n "$CONTROL_DIR" ]; then  # the cluster's CA signs this node's certificates
+  for f in ca.crt ca.key; do [ -f "$PKI/$f" ] || cp "$CONTROL_DIR/pki/$f" "$PKI/$f"; done
+fi
 if [ ! -f "$PKI/ca.crt" ]; then
   openssl genrsa -out "$PKI/ca.key" 2048 2>/dev/null
   openssl req -x509 -new -key "$PKI/ca.key" -subj "/CN=neuron-test-ca" -days 365 -out "$PKI/ca.crt" 2>/dev/null
 fi
+if [ -z "$CONTROL_DIR" ]; then
 cert apiserver "/CN=kube-apiserver" "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,IP:10.88.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local
 extendedKeyUsage=serverAuth"
-cert admin "/O=system:masters/CN=admin" "extendedKeyUsage=clientAuth"
 cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "extendedKeyUsage=clientAuth"
 cert controller-manager "/CN=system:kube-controller-manager" "extendedKeyUsage=clientAuth"
 cert scheduler "/CN=system:kube-scheduler" "extendedKeyUsage=clientAuth"
+fi
+cert admin "/O=system:masters/CN=admin" "extendedKeyUsage=clientAuth"
 cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "extendedKeyUsage=clientAuth"
-cert kubelet-serving "/CN=$NODE_NAME" "subjectAltName=IP:127.0.0.1,DNS:$NODE_NAME,DNS:localhost
+cert kubelet-serving "/CN=$NODE_NAME" "subjectAltName=IP:127.0.0.1,${NODE_IP:+IP:$NODE_IP,}DNS:$NODE_NAME,DNS:localhost
 extendedKeyUsage=serverAuth"
 [ -f "$PKI/sa.key" ] || { openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null; openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null; }
 
@@ -95,7 +144,7 @@ apiVersion: v1
 kind: Config
 clusters:
 - name: neuron-test
-  cluster: {server: "https://127.0.0.1:6443", certificate-authority: "$PKI/ca.crt"}
+  cluster: {server: "https://$API_HOST:6443", certificate-authority: "$PKI/ca.crt"}
 users:
 - name: $1
   user: {client-certificate: "$PKI/$2.crt", client-key: "$PKI/$2.key"}
@@ -114,6 +163,7 @@ KUBECTL=("$REPO/.venv/bin/kubectl" --kubeconfig "$CLUSTER_DIR/admin.kubeconfig")
 # --- the node's name resolves to this machine (kubectl logs/exec dial the node by name) -------
 grep -qE "^127\.0\.0\.1[[:space:]].*\b$NODE_NAME\b" /etc/hosts || echo "127.0.0.1 $NODE_NAME  # neuron-helm-chart test cluster" >> /etc/hosts
 
+if [ -z "$CONTROL_DIR" ]; then
 # --- control plane ------------------------------------------------------------------------------
 start etcd etcd --name neuron-test --data-dir "$CLUSTER_DIR/etcd" \
   --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
@@ -150,8 +200,11 @@ kind: Endpoints
 metadata: {name: kubernetes, namespace: default}
 subsets: [{addresses: [{ip: 10.88.0.1}], ports: [{name: https, port: 6443, protocol: TCP}]}]
 EOF
+fi
 
 # --- the simulated Neuron node, with real character devices ------------------------------------
+# Several nodes: nodes.sh writes each one's (its instance type, an UltraServer's identity).
+[ "${NODES:-1}" = 1 ] || CLUSTER_DIR="${CONTROL_DIR:-$CLUSTER_DIR}" tests/cluster/nodes.sh sim "${NODE_INDEX:-1}"
 # Written again when something left it without character devices (pods would fail with "not a device
 # node"), or an older neuron-sim left it without the PCI class node-feature-discovery needs.
 if ! "$PY" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get("char_devices") else 1)' \
@@ -208,8 +261,8 @@ state = "$CLUSTER_DIR/containerd/state"
 EOF
 cat > "$CLUSTER_DIR/cni/net.d/10-neuron-test.conflist" <<EOF
 {"cniVersion": "1.0.0", "name": "neuron-test", "plugins": [
-  {"type": "bridge", "bridge": "neuron0br", "isGateway": true, "ipMasq": true,
-   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR", "gateway": "10.88.0.1"}]],
+  {"type": "bridge", "bridge": "neuron0br", "isGateway": true, "ipMasq": $IP_MASQ,
+   "ipam": {"type": "host-local", "ranges": [[{"subnet": "$NODE_POD_CIDR", "gateway": "${BRIDGE_ADDR%/*}"}]],
             "routes": [{"dst": "0.0.0.0/0"}]}},
   {"type": "portmap", "capabilities": {"portMappings": true}}]}
 EOF
@@ -226,11 +279,15 @@ done
 # The bridge (and its address, where the API server is advertised) exists before any pod.
 ip link show neuron0br >/dev/null 2>&1 || ip link add neuron0br type bridge
 # (grep without -q reads to the end: with pipefail, grep -q exiting early makes the producer die of SIGPIPE and the test false)
-ip addr show dev neuron0br | grep 10.88.0.1/16 >/dev/null || ip addr add 10.88.0.1/16 dev neuron0br
+ip addr show dev neuron0br | grep "$BRIDGE_ADDR" >/dev/null || ip addr add "$BRIDGE_ADDR" dev neuron0br
 ip link set neuron0br up
-tests/registry.sh start "$CLUSTER_DIR/registry" "${REGISTRY_ADDR##*:}" \
-  || die "the registry did not start on $REGISTRY_ADDR (is the port taken?)"
-log "registry on $REGISTRY_ADDR (storage: $CLUSTER_DIR/registry)"
+# several nodes: nothing a pod sends leaves this machine's namespaces (nodes.sh)
+[ -n "$CONTROL_DIR" ] || [ "$NODES" = 1 ] || tests/cluster/nodes.sh guard
+if [ -z "$CONTROL_DIR" ]; then
+  tests/registry.sh start "$CLUSTER_DIR/registry" "${REGISTRY_ADDR##*:}" \
+    || die "the registry did not start on $REGISTRY_ADDR (is the port taken?)"
+  log "registry on $REGISTRY_ADDR (storage: $CLUSTER_DIR/registry)"
+fi
 # The cluster's own ctr, for images.sh, down.sh and the tests: $CLUSTER_DIR/containerd/bin/ctr
 ln -sfn "$CONTAINERD_BIN" "$CLUSTER_DIR/containerd/bin"
 CTR="$CLUSTER_DIR/containerd/bin/ctr"
@@ -261,7 +318,7 @@ start kube-proxy "$BIN/kube-proxy" --kubeconfig="$CLUSTER_DIR/admin.kubeconfig" 
 cat > "$CLUSTER_DIR/kubelet/config.yaml" <<EOF
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
-address: 127.0.0.1
+address: $KUBELET_ADDRESS
 port: 10250
 readOnlyPort: 0
 failCgroupV1: false
@@ -295,18 +352,19 @@ if [ -n "$KUBELET_CGROUP_ROOT" ]; then  # the kubelet refuses a cgroup root that
   echo "cgroupRoot: /$KUBELET_CGROUP_ROOT" >> "$CLUSTER_DIR/kubelet/config.yaml"
 fi
 start kubelet "$BIN/kubelet" --config="$CLUSTER_DIR/kubelet/config.yaml" --kubeconfig="$CLUSTER_DIR/kubelet.kubeconfig" \
-  --hostname-override="$NODE_NAME" \
+  --hostname-override="$NODE_NAME" ${NODE_IP:+--node-ip="$NODE_IP"} \
   --node-labels="node.kubernetes.io/instance-type=$INSTANCE_TYPE" --v=1
 wait_for "node $NODE_NAME Ready" 120 bash -c \
   "'${KUBECTL[0]}' --kubeconfig '$CLUSTER_DIR/admin.kubeconfig' get node '$NODE_NAME' -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True"
 # --- readiness: a pod reaches the API server through the kubernetes Service -------------------
 wait_for "kube-proxy's rule for the kubernetes Service" 60 bash -c "iptables -t nat -S KUBE-SERVICES | grep -q 10.96.0.1/32"
 probe() {  # [name to reach the API server by]
-  "${KUBECTL[@]}" delete pod apicheck --ignore-not-found --wait=true >/dev/null
+  "${KUBECTL[@]}" delete pod "$PROBE_POD" --ignore-not-found --wait=true >/dev/null
   local args=(); [ $# -eq 0 ] || args=(-- "$@")
-  "${KUBECTL[@]}" run apicheck --image="$APICHECK_IMAGE" --image-pull-policy=Never --restart=Never "${args[@]}" >/dev/null
+  "${KUBECTL[@]}" run "$PROBE_POD" --image="$APICHECK_IMAGE" --image-pull-policy=Never --restart=Never \
+    ${PROBE_ARGS[@]+"${PROBE_ARGS[@]}"} "${args[@]}" >/dev/null
   for _ in $(seq 1 150); do
-    case $("${KUBECTL[@]}" get pod apicheck -o jsonpath='{.status.phase}' 2>/dev/null) in
+    case $("${KUBECTL[@]}" get pod "$PROBE_POD" -o jsonpath='{.status.phase}' 2>/dev/null) in
       Succeeded) return 0 ;;
       Failed) return 1 ;;
     esac
@@ -317,8 +375,8 @@ probe() {  # [name to reach the API server by]
 probe_until() {  # what failed, [name to reach the API server by]
   local what=$1; shift
   for attempt in 1 2 3 4 5; do
-    if probe "$@"; then log "$("${KUBECTL[@]}" logs apicheck | tr -d '\n' | head -c 120)"; return 0; fi
-    log "in-cluster API probe failed (attempt $attempt): $("${KUBECTL[@]}" logs apicheck 2>&1 | tail -c 300)"
+    if probe "$@"; then log "$("${KUBECTL[@]}" logs "$PROBE_POD" | tr -d '\n' | head -c 120)"; return 0; fi
+    log "in-cluster API probe failed (attempt $attempt): $("${KUBECTL[@]}" logs "$PROBE_POD" 2>&1 | tail -c 300)"
     sleep 2
   done
   die "$what"
@@ -326,12 +384,13 @@ probe_until() {  # what failed, [name to reach the API server by]
 wait_for "the default service account" 60 "${KUBECTL[@]}" get serviceaccount default
 probe_until "no pod could reach the API server through the kubernetes Service"
 # --- cluster DNS and the NetworkPolicy enforcer (tests/cluster/peers.sh) ------------------------
-tests/cluster/peers.sh install || die "cluster DNS did not start"
+[ -n "$CONTROL_DIR" ] || tests/cluster/peers.sh install || die "cluster DNS did not start"
 # kube-router's network policy controller alone, on the host like kube-proxy (see peers.sh for why this one)
 start kube-router "$(tests/cluster/peers.sh path kube-router)" --kubeconfig="$CLUSTER_DIR/admin.kubeconfig" \
   --hostname-override="$NODE_NAME" --run-firewall=true --run-router=false --run-service-proxy=false --enable-cni=false \
   --service-cluster-ip-range=10.96.0.0/24 --health-port=0 --metrics-port=0
 wait_for "kube-router's network policy chains" 60 bash -c "iptables -S FORWARD | grep KUBE-ROUTER-FORWARD >/dev/null"
 probe_until "no pod could reach the API server by its DNS name (kubernetes.default.svc)" kubernetes.default.svc
-"${KUBECTL[@]}" delete pod apicheck --wait=false >/dev/null
+"${KUBECTL[@]}" delete pod "$PROBE_POD" --wait=false >/dev/null
 log "node $NODE_NAME is Ready; kubeconfig: $CLUSTER_DIR/admin.kubeconfig"
+if [ -z "$CONTROL_DIR" ] && [ "$NODES" -gt 1 ]; then tests/cluster/nodes.sh up || die "the other nodes did not come up"; fi

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from cluster_access import (
     run,
     secret_value,
     sim,
+    unschedulable,
     workload_pod,
 )
 from nfd_tools import nfd_bin, worker_env
@@ -270,7 +270,9 @@ def test_four_devices_form_a_torus_row_and_too_many_stay_pending() -> None:
         kubectl(
             "apply", "-f", "-", stdin=pod_manifest("too-many", {f"{RESOURCE}/neuron": 13}, "import time; time.sleep(1)")
         )
-        time.sleep(5)
+        # the scheduler's verdict on it first: only after it is Pending a proof that nothing placed it
+        refused = eventually(lambda: unschedulable("too-many", WORKLOADS), "the scheduler to refuse too-many", 60)
+        assert f"Insufficient {RESOURCE}/neuron" in refused, refused
         assert pod_phase("too-many", WORKLOADS) == "Pending"
         events = kubectl(
             "get", "events", "-n", WORKLOADS, "--field-selector", "involvedObject.name=too-many", "-o", "json"
@@ -467,6 +469,8 @@ def test_trn2_48xlarge_advertises_16_devices_and_64_cores(kube_cluster: Cluster)
 NFD_NAMESPACE = "node-feature-discovery"
 NFD_LABEL = "feature.node.kubernetes.io/aws-neuron"
 NFD_MASTER_PORT = 18089
+# the label of a second NodeFeature of the node, the positive marker that nfd-master has handled the first
+NFD_MARKER = "feature.node.kubernetes.io/e2e-handled"
 NON_NEURON_ROOT = SIM_ROOT.parent / "e2e-non-neuron"
 
 
@@ -502,6 +506,7 @@ def nfd_master(tmp_path: Path) -> Iterator[None]:
         kubectl("delete", "namespace", NFD_NAMESPACE, "--ignore-not-found", "--wait=false", check=False)
         annotations = ("feature-labels", "master.version", "worker.version", "feature-annotations")
         kubectl("annotate", "node", NODE, *(f"nfd.node.kubernetes.io/{a}-" for a in annotations), check=False)
+        kubectl("label", "node", NODE, f"{NFD_MARKER}-", check=False)
         kubectl("label", "node", NODE, f"{NFD_LABEL}=true", "--overwrite")  # as cluster_prepared left it
         run("rm", "-rf", NON_NEURON_ROOT)
 
@@ -516,6 +521,28 @@ def publish_features(root: Path, tmp_path: Path) -> None:
         cwd=root, env=worker_env(NODE, NFD_NAMESPACE), capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
+
+
+def nfd_master_has_handled_the_node() -> None:
+    """Publishes a second NodeFeature of the node, whose only content is a label, and waits for
+    nfd-master to set it, then to take it off again once the object is gone. nfd-master merges all
+    the node's NodeFeatures, seen in order on one watch: with the marker set, the worker's NodeFeature
+    published before it has been handled, and a label it did not bring then, it never will."""
+    marker = {
+        "apiVersion": "nfd.k8s-sigs.io/v1alpha1",
+        "kind": "NodeFeature",
+        "metadata": {"name": "e2e-handled", "namespace": NFD_NAMESPACE,
+                     "labels": {"nfd.node.kubernetes.io/node-name": NODE}},
+        "spec": {"labels": {NFD_MARKER: "true"}},
+    }  # fmt: skip
+    kubectl("apply", "-f", "-", stdin=json.dumps(marker))
+
+    def labels() -> dict[str, str]:
+        return node()["metadata"].get("labels", {})  # type: ignore[no-any-return]
+
+    eventually(lambda: labels().get(NFD_MARKER) == "true", f"nfd-master setting {NFD_MARKER}", 60)
+    kubectl("delete", "nodefeature", "e2e-handled", "-n", NFD_NAMESPACE, "--wait=true")
+    eventually(lambda: NFD_MARKER not in labels(), f"nfd-master taking {NFD_MARKER} off", 60)
 
 
 def nfd_label() -> str | None:
@@ -537,7 +564,7 @@ def test_real_nfd_labels_the_node_from_its_simulated_pci_devices(
     features = read("nodefeature", NODE, namespace=NFD_NAMESPACE)
     functions = [e["attributes"] for e in features["spec"]["features"]["instances"]["pci.device"]["elements"]]
     assert len([f for f in functions if (f["vendor"], f["device"]) == ("1d0f", "7164")]) == 16, functions
-    time.sleep(3)  # nfd-master has seen the NodeFeature by now; with no rule it sets nothing
+    nfd_master_has_handled_the_node()
     assert nfd_label() is None, "no rule yet, so no label"
     # placement.mode=nfd and the NodeFeatureRule (its API is served: the CRDs are installed)
     install(kube_cluster, values=CHART / "ci" / "nfd-values.yaml")
