@@ -144,7 +144,10 @@ def pulled_chart(tmp_path: Path) -> Path:
 def rendered_images(chart: Path) -> set[str]:
     images: set[str] = set()
     # the DRA driver replaces the device plugin on a node, so its image comes from a second rendering
-    for values in (["scheduler.enabled=true"], ["devicePlugin.enabled=false", "draDriver.enabled=true"]):
+    for values in (
+        ["scheduler.enabled=true", "remediation.enabled=true"],
+        ["devicePlugin.enabled=false", "draDriver.enabled=true"],
+    ):
         sets = [a for v in values for a in ("--set", v)]
         out = helm("template", RELEASE, str(chart), *sets, "--kube-version", "v1.36.3").stdout
         for doc in yaml_streams.load_all(out):
