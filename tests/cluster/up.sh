@@ -41,7 +41,9 @@ PROBE_POD=apicheck
 PROBE_ARGS=()
 if [ -n "$CONTROL_DIR" ]; then
   API_HOST=10.88.0.1
-  NODE_POD_CIDR="${NODE_POD_CIDR_JOIN:?}" BRIDGE_ADDR="${BRIDGE_ADDR_JOIN:?}" KUBELET_ADDRESS=0.0.0.0
+  # no masquerade here either: a pod's packets must reach another node from the pod's own address, the
+  # one NetworkPolicy peers name (masqueraded to this node's IP, kube-router on the far node refused them)
+  NODE_POD_CIDR="${NODE_POD_CIDR_JOIN:?}" BRIDGE_ADDR="${BRIDGE_ADDR_JOIN:?}" KUBELET_ADDRESS=0.0.0.0 IP_MASQ=false
   PROBE_POD="apicheck-$NODE_NAME" PROBE_ARGS=("--overrides={\"apiVersion\": \"v1\", \"spec\": {\"nodeName\": \"$NODE_NAME\"}}")
 fi
 # Several nodes: the cluster's layout (NODES, NODE_TYPES, ULTRASERVER) is kept in nodes.env while it
