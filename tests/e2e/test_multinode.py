@@ -44,6 +44,7 @@ from cluster_access import (
 )
 from simcluster.fleet import GroupSpec, PodSpec
 
+from neuron_model import node_health, remediation
 from neuron_model.instance_types import get_instance_type
 from neuron_model.ultraserver import Mode
 
@@ -416,3 +417,347 @@ def test_an_ultraserver_group_runs_one_pod_a_node_each_with_its_devices_and_ultr
         assert seen["ultraserver_mode"] == [str(int(Mode.X4))], seen  # the runtime's mode number for 4 nodes
         assert seen["ultraserver_node_id"] == [str(node.index - 1)], seen
     kubectl("delete", "pod", "-n", WORKLOADS, *names, "--wait=true", "--timeout=60s")
+
+
+# --- remediation across nodes (issue 56): drain within the breaker, resume after a restart ------------
+
+HBM_FAULT = "HBM_UNCORRECTABLE_ERROR"  # the replace-instance rung: cordon, drain, ask for a new instance
+
+
+def workflow(node: Node) -> dict[str, Any] | None:
+    """The remediation controller's state on the node (its annotation), or None."""
+    text = read("node", node.name)["metadata"].get("annotations", {}).get(remediation.STATE_ANNOTATION)
+    return None if text is None else dict(json.loads(text))
+
+
+def node_events(node: Node, reason: str) -> list[str]:
+    selector = f"involvedObject.kind=Node,involvedObject.name={node.name},reason={reason}"
+    listed = read("events", namespace="default", field_selector=selector)["items"]
+    return [str(e.get("message", "")) for e in listed]
+
+
+def condition(node: Node, kind: str) -> str | None:
+    for c in read("node", node.name)["status"].get("conditions", []):
+        if c["type"] == kind:
+            return str(c["status"])
+    return None
+
+
+def one_device_deployment(name: str, replicas: int, affinity: dict[str, Any]) -> list[dict[str, Any]]:
+    """A Deployment whose pods each hold one device, and a PodDisruptionBudget of minAvailable 1 over it."""
+    labels = {"app": name}
+    template = json.loads(workload_pod(name, WORKLOADS, WORKLOAD_IMAGE, {"limits": {f"{RESOURCE}/neuron": 1}}))
+    spec = template["spec"]
+    spec.update(restartPolicy="Always", affinity=affinity)
+    return [
+        {
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name, "namespace": WORKLOADS},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": spec}},
+        },
+        {
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name, "namespace": WORKLOADS},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": labels}},
+        },
+    ]  # fmt: skip
+
+
+def running_pods(app: str) -> list[dict[str, Any]]:
+    listed = read("pods", namespace=WORKLOADS, selector=f"app={app}")["items"]
+    return [
+        p for p in listed
+        if p.get("status", {}).get("phase") == "Running" and not p["metadata"].get("deletionTimestamp")
+        and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+    ]  # fmt: skip
+
+
+def leader_of(lease: str) -> str:
+    return str(read("lease", lease, namespace=NAMESPACE)["spec"].get("holderIdentity") or "")
+
+
+def test_remediation_drains_one_faulty_node_at_a_time_and_resumes_a_drain_after_its_restart(
+    nodes: list[Node],
+) -> None:
+    """The remediation controller with a 25 % breaker over the four nodes. An uncorrectable HBM fault on
+    node A, which holds one replica of a 2-replica Deployment under a PDB (minAvailable 1) and a bare
+    pod: A is cordoned and drained (the replica runs again on another node, the PDB never broken; the
+    bare pod deleted, with an Event), AcceleratedHardwareReady is False and a new instance is asked for.
+    Faults on B and C meanwhile wait, each with an Event naming the breaker. Once A boots again
+    healthy its workflow ends and B's starts; B's drain waits on a PDB, the controller's leader is
+    deleted mid-drain, and the new leader resumes the same workflow, which ends once the PDB allows."""
+    if len(nodes) < 4:
+        pytest.skip("needs four nodes: the 25 % breaker then allows one (ULTRASERVER=trn2u NODES=4 make cluster-up)")
+    helm(
+        "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reset-then-reuse-values",
+        "--set", "remediation.enabled=true", "--set", "remediation.maxPercent=25", "--set", "remediation.maxNodes=1",
+        "--set", "remediation.rateLimit=10", "--set", "remediation.resync=2s",
+        "--wait", "--timeout", "300s",
+    )  # fmt: skip
+    lease = next(
+        name.rsplit("/", 1)[-1]
+        for name in kubectl("get", "leases", "-n", NAMESPACE, "-o", "name").split()
+        if "remediation" in name
+    )
+    eventually(lambda: bool(leader_of(lease)), "a remediation controller leading", timeout=120)
+    spread = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": "kubernetes.io/hostname"}]}}  # fmt: skip
+    kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List",
+                                                  "items": one_device_deployment("web", 2, spread)}))  # fmt: skip
+    eventually(lambda: len(running_pods("web")) == 2, "both web replicas running", timeout=180)
+    by_name = {n.name: n for n in nodes}
+    a = by_name[running_pods("web")[0]["spec"]["nodeName"]]
+    b, c = [n for n in nodes if n != a][:2]
+    kubectl("apply", "-f", "-", stdin=workload_pod("bare", WORKLOADS, WORKLOAD_IMAGE,
+                                                   {"limits": {f"{RESOURCE}/neuron": 1}}, nodeName=a.name))  # fmt: skip
+    prefer_b = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": {
+        "matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "In", "values": [b.name]}]}}]}}  # fmt: skip
+    stuck = one_device_deployment("stuck", 1, prefer_b)
+    kubectl("apply", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": stuck}))
+    eventually(lambda: phase("bare") == "Running", "the bare pod running on A", timeout=180)
+    eventually(lambda: [p["spec"]["nodeName"] for p in running_pods("stuck")] == [b.name], "stuck running on B")
+
+    web_low: list[int] = []
+    done = threading.Event()
+
+    def watch() -> None:  # the PDB: never fewer than one web replica Ready
+        while not done.is_set():
+            ready = len(running_pods("web"))
+            if ready < 1:
+                web_low.append(ready)
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        sim_on(a, "fault", "--kind", HBM_FAULT, "--device", "3")
+        eventually(
+            lambda: (workflow(a) or {}).get("phase") in ("draining", "requested"), "A's workflow begun", timeout=180
+        )
+        for node in (b, c):
+            sim_on(node, "fault", "--kind", HBM_FAULT, "--device", "3")
+        for node in (b, c):
+            eventually(
+                lambda node=node: any("breaker" in m for m in node_events(node, "RemediationHeld")),
+                f"{node.name} held by the breaker, with an Event saying so",
+                timeout=180,
+            )
+            assert workflow(node) is None
+            assert not read("node", node.name)["spec"].get("unschedulable"), f"{node.name} cordoned past the breaker"
+        eventually(lambda: (workflow(a) or {}).get("phase") == "requested", "A drained and its new instance asked for",
+                   timeout=240)  # fmt: skip
+        node_a = read("node", a.name)
+        assert node_a["spec"].get("unschedulable") is True
+        assert remediation.REQUEST_ANNOTATION in node_a["metadata"]["annotations"]
+        assert condition(a, node_health.ACCELERATED_HARDWARE_CONDITION) == "False"
+        assert node_events(a, "ReplacementRequested"), "no Event asking for A's new instance"
+        eventually(lambda: len(running_pods("web")) == 2, "the evicted web replica running again", timeout=180)
+        assert a.name not in {p["spec"]["nodeName"] for p in running_pods("web")}
+        eventually(lambda: not kubectl("get", "pod", "-n", WORKLOADS, "bare", "--ignore-not-found"), "bare deleted")
+        deleted = json.loads(kubectl("get", "events", "-n", WORKLOADS, "--field-selector",
+                                     "involvedObject.name=bare,reason=RemediationPodDeleted", "-o", "json"))["items"]  # fmt: skip
+        assert deleted, "no Event for the bare pod's deletion"
+    finally:
+        done.set()
+        watcher.join(timeout=30)
+    assert web_low == [], "the PodDisruptionBudget was broken"
+
+    # C opted out; A boots again healthy: its workflow ends and B's, held until now, begins
+    kubectl("label", "node", c.name, f"{remediation.OPT_OUT_LABEL}=true", "--overwrite")
+    try:
+        sim_on(a, "reboot")
+        restart_plugins(a)
+        eventually(lambda: workflow(a) is None, "A's workflow ended once it booted again healthy", timeout=180)
+        assert not read("node", a.name)["spec"].get("unschedulable")
+        eventually(lambda: (workflow(b) or {}).get("phase") == "draining", "B draining", timeout=120)
+        eventually(lambda: bool(node_events(b, "RemediationDrainWaiting")), "B's drain waiting on stuck's PDB")
+        started = workflow(b)["started"]  # type: ignore[index]
+        assert workflow(c) is None, "C is opted out"
+        old_leader = leader_of(lease)
+        kubectl("delete", "pod", "-n", NAMESPACE, old_leader.split("_", 1)[0], "--wait=true", "--timeout=60s")
+        eventually(lambda: leader_of(lease) not in ("", old_leader), "another replica leading", timeout=120)
+        kubectl("delete", "pdb", "-n", WORKLOADS, "stuck")
+        eventually(lambda: (workflow(b) or {}).get("phase") == "requested", "B's drain resumed and ended", timeout=180)
+        assert workflow(b)["started"] == started, "the new leader began B's workflow again instead of resuming it"  # type: ignore[index]
+        eventually(lambda: [p["spec"]["nodeName"] != b.name for p in running_pods("stuck")] == [True], "stuck moved")
+    finally:
+        kubectl("label", "node", c.name, f"{remediation.OPT_OUT_LABEL}-", check=False)
+        kubectl("delete", "deployment,pdb", "-n", WORKLOADS, "web", "stuck", "--ignore-not-found", check=False)
+        kubectl("delete", "pod", "-n", WORKLOADS, "bare", "--ignore-not-found", "--wait=false", check=False)
+        helm(
+            "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reset-then-reuse-values",
+            "--set", "remediation.enabled=false", "--wait", "--timeout", "300s",
+        )  # fmt: skip
+        for node in nodes:
+            sim_on(node, "reboot")
+            restart_plugins(node)
+            kubectl("uncordon", node.name, check=False)
+            kubectl("taint", "node", node.name, f"{remediation.TAINT}-", check=False)
+            kubectl("annotate", "node", node.name, f"{remediation.STATE_ANNOTATION}-",
+                    f"{remediation.REQUEST_ANNOTATION}-", check=False)  # fmt: skip
+
+
+# --- a helm upgrade rolls the node agents across the nodes -----------------------------------------
+
+ROLLED = {"devicePlugin": "device-plugin", "nodeMetrics": "node-metrics", "npd": "problem-detector"}
+
+
+def agents_missing(nodes: list[Node]) -> dict[str, list[str]]:
+    """For each rolled DaemonSet's component, the nodes with no Ready pod of it just now."""
+    listed = read("pods", namespace=NAMESPACE)["items"]
+    missing: dict[str, list[str]] = {}
+    for component in ROLLED.values():
+        ready = {
+            p["spec"].get("nodeName")
+            for p in listed
+            if p["metadata"].get("labels", {}).get("app.kubernetes.io/component") == component
+            and not p["metadata"].get("deletionTimestamp")
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p.get("status", {}).get("conditions", []))
+        }
+        missing[component] = sorted(n.name for n in nodes if n.name not in ready)
+    return missing
+
+
+def daemonset_of(component: str) -> dict[str, Any]:
+    listed = json.loads(
+        kubectl("get", "daemonsets", "-n", NAMESPACE, "-l", f"app.kubernetes.io/component={component}", "-o", "json")
+    )["items"]
+    assert len(listed) == 1, [d["metadata"]["name"] for d in listed]
+    return dict(listed[0])
+
+
+def test_a_helm_upgrade_rolls_the_node_agents_one_node_at_a_time_and_no_running_pod_loses_its_devices(
+    nodes: list[Node],
+) -> None:
+    """A changed pod template for the device plugin, the exporter and the detector (`podAnnotations`,
+    as a config change is): each DaemonSet rolls across every node with never more nodes at once
+    without a Ready pod of it than its `maxUnavailable`, and a pod holding two devices throughout
+    keeps running, keeps them, and the new device plugin counts them as taken."""
+    holder_node = nodes[-1]
+    limits = {"limits": {f"{RESOURCE}/neuron": 2}}
+    kubectl(
+        "apply", "-f", "-", stdin=workload_pod("holder", WORKLOADS, WORKLOAD_IMAGE, limits, nodeName=holder_node.name)
+    )
+    eventually(lambda: "cores=" in logs("holder"), "the holder printed its devices", timeout=180)
+    held = sorted(line for line in logs("holder").splitlines() if line.startswith("device="))
+    assert len(held) == 2, held
+    total = devices(holder_node)
+    taken = f"{total - 2}/{total}"
+    eventually(lambda: read("neuronnodes", holder_node.name)["status"].get("devices") == taken, f"{taken} free")
+    limit = {
+        component: int(daemonset_of(component)["spec"]["updateStrategy"]["rollingUpdate"]["maxUnavailable"])
+        for component in ROLLED.values()
+    }
+    before = {c: daemonset_of(c)["metadata"]["generation"] for c in ROLLED.values()}
+    assert agents_missing(nodes) == {c: [] for c in ROLLED.values()}
+
+    worst: dict[str, list[str]] = {c: [] for c in ROLLED.values()}
+    dips: list[str] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for component, missing in agents_missing(nodes).items():
+                if len(missing) > len(worst[component]):
+                    worst[component] = missing
+            short = [n.name for n in nodes if allocatable(n) != str(devices(n))]
+            if len(short) > limit["device-plugin"]:
+                dips.append(f"nodes short of devices at once: {short}")
+            time.sleep(0.3)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        stamp = str(time.time_ns())
+        helm(
+            "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reset-then-reuse-values",
+            *(arg for value in ROLLED for arg in ("--set-string", f"{value}.podAnnotations.e2e-rollout={stamp}")),
+            "--wait", "--timeout", "600s",
+        )  # fmt: skip
+        for component in ROLLED.values():
+            name = daemonset_of(component)["metadata"]["name"]
+            kubectl("rollout", "status", "-n", NAMESPACE, f"daemonset/{name}", "--timeout=300s")
+    finally:
+        done.set()
+        watcher.join(timeout=30)
+    for component in ROLLED.values():
+        daemonset = daemonset_of(component)
+        assert daemonset["metadata"]["generation"] > before[component], f"{component} did not roll"
+        assert daemonset["status"].get("updatedNumberScheduled") == len(nodes), daemonset["status"]
+        # something was watched: each DaemonSet's pods were replaced, one node at a time at most
+        assert 1 <= len(worst[component]) <= limit[component], (component, worst[component])
+    assert dips == []
+    status = pod("holder")["status"]
+    assert status["phase"] == "Running", status
+    assert status["containerStatuses"][0]["restartCount"] == 0, status
+    still = kubectl("exec", "-n", WORKLOADS, "holder", "--", WORKLOAD_PYTHON, "-c",
+                    "import glob; print('\\n'.join('device=' + d for d in sorted(glob.glob('/dev/neuron*'))))")  # fmt: skip
+    assert sorted(still.split()) == held
+    eventually(
+        lambda: read("neuronnodes", holder_node.name)["status"].get("devices") == taken,
+        f"the new device plugin on {holder_node.name} counting the holder's two devices as taken",
+    )
+    kubectl("delete", "pod", "-n", WORKLOADS, "holder", "--wait=true", "--timeout=60s")
+
+
+# --- one pod spec, the device plugin on one node and DRA on another --------------------------------
+
+ALLOCATOR = "neuron.aws.com/allocator"
+
+
+def test_the_same_pod_spec_runs_through_the_device_plugin_on_one_node_and_through_dra_on_another(
+    nodes: list[Node],
+) -> None:
+    """A mixed cluster (docs/dra.md): devicePlugin.nodeSelector and draDriver.nodeSelector on one label
+    with two values. The same `aws.amazon.com/neuron: 4` pod, pinned once to each node: through the
+    device plugin its four devices are a connected set; through DRA (the DeviceClass's
+    extendedResourceName) the scheduler makes the claim itself, and that claim has no constraint, so
+    whether its four are connected is reported, not asserted. Runs last: it changes the release."""
+    plugin_node, dra_node = nodes[0], nodes[1]
+    for node in (plugin_node, dra_node):
+        assert get_instance_type(node.instance_type).torus_shape == (4, 4), node
+    kubectl("label", "node", plugin_node.name, f"{ALLOCATOR}=device-plugin", "--overwrite")
+    kubectl("label", "node", dra_node.name, f"{ALLOCATOR}=dra", "--overwrite")
+    try:
+        helm(
+            "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reset-then-reuse-values",
+            "--set-string", f"devicePlugin.nodeSelector.{ALLOCATOR.replace('.', chr(92) + '.')}=device-plugin",
+            "--set", "draDriver.enabled=true",
+            "--set-string", f"draDriver.nodeSelector.{ALLOCATOR.replace('.', chr(92) + '.')}=dra",
+            "--wait", "--timeout", "600s",
+        )  # fmt: skip
+        eventually(
+            lambda: bool(
+                json.loads(
+                    kubectl("get", "resourceslices", "--field-selector", f"spec.nodeName={dra_node.name}", "-o", "json")
+                )["items"]
+            ),
+            f"the DRA driver's ResourceSlices of {dra_node.name}",
+            timeout=180,
+        )
+        limits = {"limits": {f"{RESOURCE}/neuron": 4}}
+        for node, name in ((plugin_node, "through-plugin"), (dra_node, "through-dra")):
+            selector = {"kubernetes.io/hostname": node.name}
+            kubectl(
+                "apply", "-f", "-", stdin=workload_pod(name, WORKLOADS, WORKLOAD_IMAGE, limits, nodeSelector=selector)
+            )
+        held: dict[str, set[int]] = {}
+        for node, name in ((plugin_node, "through-plugin"), (dra_node, "through-dra")):
+            eventually(lambda name=name: "cores=" in logs(name), f"{name} printed its devices", timeout=240)
+            assert pod(name)["spec"]["nodeName"] == node.name
+            held[name] = {
+                int(line.removeprefix("device=/dev/neuron")) for line in logs(name).splitlines()
+                if line.startswith("device=")
+            }  # fmt: skip
+            assert len(held[name]) == 4, (name, held[name])
+        assert not pod("through-plugin")["status"].get("extendedResourceClaimStatus")
+        assert pod("through-dra")["status"].get("extendedResourceClaimStatus"), "DRA made no claim for the pod"
+        adjacency = get_instance_type(plugin_node.instance_type).adjacency()
+        assert connected(held["through-plugin"], adjacency), held
+        print(
+            f"DRA's four devices for an extended-resource pod: {sorted(held['through-dra'])}, "
+            f"connected={connected(held['through-dra'], adjacency)} (the generated claim has no constraint)"
+        )
+        kubectl("delete", "pod", "-n", WORKLOADS, "through-plugin", "through-dra", "--wait=true", "--timeout=60s")
+    finally:
+        for node in (plugin_node, dra_node):
+            kubectl("label", "node", node.name, f"{ALLOCATOR}-", check=False)
