@@ -158,6 +158,22 @@ def test_neuron_scheduler_places_only_where_a_valid_set_is_free(tmp_path: Path) 
             assert f"group {group.index} ({group.size} pods of {by_pod[name].devices} devices)" in message, message
 
 
+def test_neuron_scheduler_preempts_only_where_a_valid_set_follows(tmp_path: Path) -> None:
+    """Issue 59 item 1: once the fleet is full, 20 pods of higher priority (bench/bench_preemption.py's
+    run at the reduced size). Every one is placed, on a valid set, and every pod preempted made room
+    on a node that then took one of them."""
+    outcome = asyncio.run(simulate(REDUCED, NEURON_SCHEDULER, tmp_path, urgent=20))
+    urgent = {p.name for p in outcome.urgent}
+    assert len(urgent) == 20
+    placed = [a for a in outcome.admissions if a.pod in urgent]
+    assert {a.pod for a in placed} == urgent, sorted(urgent - {a.pod for a in placed})
+    invalid = [f"{a.pod} on {a.node}: {a.reason}" for a in outcome.admissions if not a.valid]
+    assert not invalid, "\n".join(invalid)
+    assert outcome.deleted, "nothing was preempted: the fleet was not full, the run shows nothing"
+    assert all(not p.startswith("urgent-") for p in outcome.deleted)
+    assert outcome.needless_preemptions() == []
+
+
 @pytest.mark.parametrize("mode", [DRA_EXTENDED, DRA_CLAIMS])
 def test_dra_never_hands_out_silicon_twice_and_gives_exactly_what_was_asked(tmp_path: Path, mode: str) -> None:
     """The default scheduler allocating from the DRA driver's slices (DeviceClasses from the chart):

@@ -121,6 +121,8 @@ def test_the_extender_reads_only_what_it_needs() -> None:
         {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
         # Nodes for their NeuronHealth condition and taint; Events on the pods of a degraded UltraServer group
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+        # PodDisruptionBudgets, which preemption weighs its victims against
+        {"apiGroups": ["policy"], "resources": ["poddisruptionbudgets"], "verbs": ["list", "watch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "get", "patch"]},
     ]
     assert "--evict-degraded-groups" not in container(named(docs, "Deployment", EXTENDER))["args"]
@@ -189,6 +191,7 @@ def test_the_kube_scheduler_configuration() -> None:
             "prioritizeVerb": "prioritize",
             "weight": 10,
             "bindVerb": "bind",
+            "preemptVerb": "preempt",
             "enableHTTPS": True,
             "tlsConfig": {
                 "serverName": f"{EXTENDER}.kube-system.svc",

@@ -456,6 +456,50 @@ def test_the_second_scheduler_runs_the_clusters_own_version() -> None:
     assert lease["spec"]["holderIdentity"]
 
 
+# --- preemption (issue 59 item 1) ------------------------------------------------------------------
+BATCH_CLASS, URGENT_CLASS = "neuron-e2e-batch", "neuron-e2e-urgent"
+ROWS = [list(range(r, r + 4)) for r in range(0, 16, 4)]
+
+
+def test_a_high_priority_4_device_pod_evicts_exactly_the_pods_of_one_row_and_runs_there() -> None:
+    """The node full of one-device pods of low priority; a 4-device pod of high priority. kube-scheduler's
+    own preemption would evict the four pods started last, most of the time no torus row, and the pod
+    would stay Pending; the extender's preempt verb makes the victims the four pods of one row."""
+    for name, value in ((BATCH_CLASS, 100), (URGENT_CLASS, 1_000_000)):
+        kubectl("apply", "-f", "-", stdin=json.dumps({
+            "apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass", "metadata": {"name": name}, "value": value,
+        }))  # fmt: skip
+    batch = [f"batch-{d:02d}" for d in range(16)]
+    try:
+        for name in batch:
+            limits = {"limits": {f"{RESOURCE}/neuron": 1}}
+            kubectl("apply", "-f", "-", stdin=workload_pod(name, WORKLOADS, WORKLOAD_IMAGE, limits,
+                                                           schedulerName=SCHEDULER, priorityClassName=BATCH_CLASS))  # fmt: skip
+        for name in batch:
+            eventually(lambda n=name: pod_phase(n, WORKLOADS) == "Running", f"{name} running", timeout=300)  # type: ignore[misc]
+        held = {name: devices_of(name) for name in batch}
+        assert sorted(d for devices in held.values() for d in devices) == list(range(16)), held
+        eventually(lambda: report()["status"]["freeDevices"] == [], "the report shows the node full")
+
+        limits = {"limits": {f"{RESOURCE}/neuron": 4}}
+        kubectl("apply", "-f", "-", stdin=workload_pod("urgent", WORKLOADS, WORKLOAD_IMAGE, limits,
+                                                       schedulerName=SCHEDULER, priorityClassName=URGENT_CLASS))  # fmt: skip
+        eventually(lambda: pod_phase("urgent", WORKLOADS) == "Running", "the 4-device pod running", timeout=300)
+        row = devices_of("urgent")
+        assert row in ROWS, row
+        left = {p["metadata"]["name"] for p in read("pods", namespace=WORKLOADS)["items"]
+                if p["metadata"]["name"].startswith("batch-") and p["metadata"].get("deletionTimestamp") is None}  # fmt: skip
+        evicted = set(batch) - left
+        # exactly the pods that held the row, no other
+        assert evicted == {name for name, devices in held.items() if devices[0] in row}, (evicted, held, row)
+        assert all(pod_phase(name, WORKLOADS) == "Running" for name in left)
+        events = kubectl("get", "events", "-n", WORKLOADS, "--field-selector", "reason=Preempted", "-o", "json")
+        assert {e["involvedObject"]["name"] for e in json.loads(events)["items"]} == evicted
+    finally:
+        delete_pods("urgent", *batch)
+        kubectl("delete", "priorityclass", BATCH_CLASS, URGENT_CLASS, "--ignore-not-found", check=False)
+
+
 # --- UltraServer groups: four more nodes, Node objects without a kubelet -----------------------
 #
 # The cluster has one real node, and a group spans nodes. These four are Node objects of a simulated

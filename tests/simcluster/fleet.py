@@ -166,6 +166,7 @@ class PodSpec:
     devices: int  # aws.amazon.com/neuron
     cores: int  # aws.amazon.com/neuroncore
     group: GroupSpec | None = None
+    priority_class: str = ""  # a PriorityClass name; "" leaves the pod at priority 0
 
     @property
     def request(self) -> PodRequest:
@@ -208,6 +209,7 @@ class PodSpec:
                 "schedulerName": scheduler,
                 "automountServiceAccountToken": False,
                 "terminationGracePeriodSeconds": 0,
+                **({"priorityClassName": self.priority_class} if self.priority_class else {}),
                 "containers": [
                     {"name": "main", "image": "registry.k8s.io/pause:3.10", "resources": {"limits": limits}}
                 ],
@@ -264,6 +266,37 @@ def pod_stream(count: int, seed: int, groups: int = 0) -> list[PodSpec]:
         else:
             pods.append(PodSpec(f"pod-{len(pods):05d}", 0, size(CORE_SIZES)))
     return pods
+
+
+# The preemption run (bench/bench_preemption.py): after the stream above has filled the fleet at
+# priority 0, a second stream of larger pods at this priority, which only preemption can place.
+URGENT_CLASS = "neuron-bench-urgent"
+URGENT_PRIORITY = 1000
+URGENT_SIZES: Mapping[int, int] = {4: 6, 8: 3, 16: 1}
+
+
+def priority_class(name: str = URGENT_CLASS, value: int = URGENT_PRIORITY) -> dict[str, Any]:
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": name},
+        "value": value,
+        "preemptionPolicy": "PreemptLowerPriority",
+    }
+
+
+def urgent_stream(count: int, seed: int) -> list[PodSpec]:
+    """`count` pods of 4, 8 or 16 devices at URGENT_PRIORITY, named after the first stream's."""
+    rng = random.Random(f"urgent-{seed}")
+    return [
+        PodSpec(
+            f"urgent-{i:05d}",
+            rng.choices(list(URGENT_SIZES), weights=list(URGENT_SIZES.values()))[0],
+            0,
+            priority_class=URGENT_CLASS,
+        )
+        for i in range(count)
+    ]
 
 
 def pod_request(pod: Mapping[str, Any]) -> PodRequest:

@@ -85,6 +85,10 @@ class SimNode:
             pods=frozenset(f"{NAMESPACE}/{pod}" for pod in self.holdings),
             heartbeat=now,
             ultraserver=self.spec.reading,
+            pod_cores={
+                f"{NAMESPACE}/{pod}": frozenset(cores).union(*(topo.cores_of(d) for d in devices))
+                for pod, (devices, cores) in self.holdings.items()
+            },
         ).to_object()
 
 
@@ -118,6 +122,8 @@ class SimulatedNodes:
         self.admissions: list[Admission] = []
         self.bound_at: dict[str, float] = {}  # pod -> monotonic time its binding was seen
         self.running_at: dict[str, float] = {}  # pod -> monotonic time its Running status was written
+        self.deleted: dict[str, tuple[str, float]] = {}  # pod deleted while holding silicon -> (node, monotonic time)
+        self.nominations: dict[str, list[tuple[str, float]]] = {}  # pending pod -> nominatedNodeName as it changed
         self.unschedulable: dict[str, str] = {}  # unbound pod -> the scheduler's last message
         self.report_writes = 0
         self._status_queue: asyncio.Queue[str] = asyncio.Queue()
@@ -199,6 +205,8 @@ class SimulatedNodes:
         name = pod["metadata"]["name"]
         node = pod["spec"].get("nodeName")
         if kind == "DELETED":
+            if node in self.nodes and name in self.nodes[node].holdings:
+                self.deleted[name] = (node, time.monotonic())
             self._release(name, node)
             return
         if node and name not in self.bound_at:
@@ -212,6 +220,9 @@ class SimulatedNodes:
                 self._statuses_unwritten += 1
                 self._status_queue.put_nowait(name)
         elif not node:
+            nominated = pod.get("status", {}).get("nominatedNodeName")
+            if nominated and self.nominations.get(name, [("", 0.0)])[-1][0] != nominated:
+                self.nominations.setdefault(name, []).append((nominated, time.monotonic()))
             scheduled = next(
                 (c for c in pod.get("status", {}).get("conditions", []) if c["type"] == "PodScheduled"), None
             )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ def scheduler_config(kubeconfig: Path, scheduler_name: str, extender_url: str | 
                 "prioritizeVerb": "prioritize",
                 "weight": EXTENDER_WEIGHT,
                 "bindVerb": "bind",
+                "preemptVerb": "preempt",
                 "enableHTTPS": False,
                 "nodeCacheCapable": True,
                 "httpTimeout": "10s",
@@ -81,8 +83,11 @@ class Scheduler:
         return found
 
 
-def start_scheduler(cp: ControlPlane, scheduler_name: str, extender_url: str | None = None) -> Scheduler:
-    """Starts kube-scheduler with one profile, its metrics readable without credentials."""
+def start_scheduler(
+    cp: ControlPlane, scheduler_name: str, extender_url: str | None = None, *, args: Sequence[str] = ()
+) -> Scheduler:
+    """Starts kube-scheduler with one profile, its metrics readable without credentials. `args`:
+    more flags (e.g. feature gates, which kube-scheduler reads from its command line, not its config)."""
     name = "kube-scheduler" if scheduler_name == DEFAULT_SCHEDULER else scheduler_name
     config = cp.dir / f"{name}.yaml"
     config.write_text(json.dumps(scheduler_config(cp.kubeconfig, scheduler_name, extender_url), indent=1))
@@ -93,6 +98,7 @@ def start_scheduler(cp: ControlPlane, scheduler_name: str, extender_url: str | N
         "--bind-address=127.0.0.1",
         f"--secure-port={port}",
         "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+        *args,
     ]
     return Scheduler(name, cp.processes.start(name, argv), port)
 

@@ -32,7 +32,17 @@ from neuron_model.report import NodeReport
 from simcluster.api import Api, bounded
 from simcluster.controlplane import ControlPlane, control_plane, free_port, wait_until_ready
 from simcluster.dra import DEVICE_CLASSES, chart_device_classes
-from simcluster.fleet import DEFAULT_SCHEDULER, NAMESPACE, GroupSpec, NodeSpec, PodSpec, fleet, pod_stream
+from simcluster.fleet import (
+    DEFAULT_SCHEDULER,
+    NAMESPACE,
+    GroupSpec,
+    NodeSpec,
+    PodSpec,
+    fleet,
+    pod_stream,
+    priority_class,
+    urgent_stream,
+)
 from simcluster.nodes import PODS, REPORTS, WRITERS, Admission, SimulatedNodes
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command, start_extender, start_scheduler
 
@@ -133,6 +143,22 @@ class Outcome:
     cpu_seconds: dict[str, float]
     attempts: dict[str, float]  # the scheduler's scheduling attempts by result: scheduled, unschedulable, error
     extender: ExtenderFigures | None = None
+    # the preemption run: the second stream, of higher priority, created once the first has settled,
+    # and the pods deleted while they held silicon (preempted: nothing else deletes a pod) -> (node, when)
+    urgent: list[PodSpec] = field(default_factory=list)
+    deleted: dict[str, tuple[str, float]] = field(default_factory=dict)
+    bound_at: dict[str, float] = field(default_factory=dict)  # pod -> when its binding was seen
+    nominations: dict[str, list[tuple[str, float]]] = field(default_factory=dict)  # pod -> (node, when) nominated
+
+    def needless_preemptions(self) -> list[str]:
+        """Pods preempted on a node that took no pod of the second stream after it: evicted for
+        nothing (kube-scheduler's own preemption, counting devices, evicts such pods when the
+        ones it frees form no valid set, and the extender then refuses the node)."""
+        placed: dict[str, list[float]] = {}
+        for admission in self.admissions:
+            if admission.pod.startswith("urgent-"):
+                placed.setdefault(admission.node, []).append(self.bound_at[admission.pod])
+        return [pod for pod, (node, when) in self.deleted.items() if not any(t >= when for t in placed.get(node, ()))]
 
     @property
     def placed_valid(self) -> int:
@@ -325,14 +351,22 @@ DRA_CLAIMS = "claims with group constraints"
 
 
 async def simulate(
-    size: Size, scheduler: str, work: Path, log: Callable[[str], None] = print, dra: str | None = None
+    size: Size,
+    scheduler: str,
+    work: Path,
+    log: Callable[[str], None] = print,
+    dra: str | None = None,
+    urgent: int = 0,
 ) -> Outcome:
     """One run of `scheduler` (DEFAULT_SCHEDULER or NEURON_SCHEDULER) in `work`, an empty directory
-    the caller removes afterwards; `dra`: DRA_EXTENDED or DRA_CLAIMS, with the default scheduler."""
+    the caller removes afterwards; `dra`: DRA_EXTENDED or DRA_CLAIMS, with the default scheduler.
+    `urgent`: once the stream has settled, a second stream of so many pods of higher priority
+    (`fleet.urgent_stream`), which only preemption can place on the full fleet."""
     if dra is not None and (scheduler != DEFAULT_SCHEDULER or dra not in (DRA_EXTENDED, DRA_CLAIMS)):
         raise ValueError(f"no DRA run {dra!r} of {scheduler}")
     claims = dra == DRA_CLAIMS
     specs, stream = fleet(size.nodes, size.seed, size.ultraservers), pod_stream(size.pods, size.seed, size.groups)
+    second = urgent_stream(urgent, size.seed)
     names = [s.name for s in specs]
     command = extender_command() if scheduler == NEURON_SCHEDULER else None
     if scheduler == NEURON_SCHEDULER and command is None:
@@ -342,7 +376,9 @@ async def simulate(
         # the pod creator's 16 before the scheduler starts; then the kubelets' status and report writers
         # (WRITERS each) share them all
         async with Api(cp, connections=WRITERS + 16) as api:
-            requests = {p.name: p.request for p in stream}
+            requests = {p.name: p.request for p in (*stream, *second)}
+            if second:
+                await api.create("/apis/scheduling.k8s.io/v1/priorityclasses", priority_class())
             nodes = await prepare(api, specs, size.report_interval, dra=dra is not None, requests=requests)
             stop = asyncio.Event()
             kubelets = asyncio.create_task(nodes.run(stop))
@@ -381,6 +417,10 @@ async def simulate(
 
             begun = time.monotonic()
             timed_out = await _until_settled(size, stream, nodes, cp, watch)
+            if second and not timed_out:
+                await bounded(second, create, 16)
+                log(f"  [{scheduler}] the first stream settled; {len(second)} pods of higher priority created")
+                timed_out = await _until_settled(size, second, nodes, cp, watch)
             cpu_after = _cpu_seconds(pids)
             attempts = await kube_scheduler.attempts()
             cp.processes.stop(kube_scheduler.name)
@@ -411,9 +451,11 @@ async def simulate(
     return Outcome(
         scheduler=f"DRA, {dra}" if dra else scheduler,
         nodes=specs,
-        pods=stream,
+        pods=[*stream, *second],
         admissions=list(nodes.admissions),
-        unbound={p.name: nodes.unschedulable.get(p.name, "") for p in stream if p.name not in nodes.bound_at},
+        unbound={
+            p.name: nodes.unschedulable.get(p.name, "") for p in (*stream, *second) if p.name not in nodes.bound_at
+        },
         bound_in_api={p["metadata"]["name"]: p["spec"]["nodeName"] for p in pods if p["spec"].get("nodeName")},
         reports={o["metadata"]["name"]: NodeReport.from_object(o) for o in objects},
         free={name: node.free for name, node in nodes.nodes.items()},
@@ -423,4 +465,8 @@ async def simulate(
         cpu_seconds={n: cpu_after[n] - cpu_before[n] for n in pids},
         attempts=attempts,
         extender=extender,
+        urgent=second,
+        deleted=dict(nodes.deleted),
+        bound_at=dict(nodes.bound_at),
+        nominations=dict(nodes.nominations),
     )

@@ -157,3 +157,18 @@ def test_a_malformed_ultraserver_says_so(raw: Any, says: str) -> None:
     obj["status"]["ultraServer"] = raw
     with pytest.raises(ReportError, match=f"status.ultraServer: .*{re.escape(says)}"):
         NodeReport.from_object(obj)
+
+
+def test_pod_holdings_round_trip_and_an_older_plugins_report_has_none() -> None:
+    report = dataclasses.replace(trn1({0, 1}), pod_cores={"ml/train-0": frozenset({2, 3, 9})})
+    obj = report.to_object()
+    assert obj["status"]["podCores"] == [{"pod": "ml/train-0", "cores": [2, 3, 9]}]
+    assert NodeReport.from_object(obj) == report
+    obj["status"]["podCores"] = [{"pod": "ml/train-0", "cores": [32]}]
+    with pytest.raises(ReportError, match="podCores: expected indices below 32"):
+        NodeReport.from_object(obj)
+    obj["status"]["podCores"] = [{"pod": "train-0", "cores": [1]}]
+    with pytest.raises(ReportError, match="podCores: expected"):
+        NodeReport.from_object(obj)
+    del obj["status"]["podCores"]  # a plugin older than the field
+    assert NodeReport.from_object(obj).pod_cores == {}

@@ -199,6 +199,11 @@ def test_free_is_what_no_resource_holds_on_healthy_devices_and_matches_the_kubel
     listed = set(held_devices) | unhealthy
     assert report.pending_cores == {c for d in pending - listed for c in (2 * d, 2 * d + 1) if c not in held_cores}
     assert not report.pending_cores & report.free_cores
+    # each named pod's silicon, as cores: what evicting it frees (the extender's preemption)
+    assert report.pod_cores == {f"ml/d{d}": frozenset({2 * d, 2 * d + 1}) for d in held_devices} | {
+        f"ml/c{c}": frozenset({c}) for c in held_cores
+    }
+    assert NodeReport.from_object(report.to_object()).pod_cores == report.pod_cores
 
 
 def test_a_hand_out_is_pending_until_the_kubelets_list_names_its_pod(inventory: Callable[..., NodeInventory]) -> None:

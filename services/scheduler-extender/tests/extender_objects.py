@@ -5,7 +5,7 @@ extender's wire arguments (k8s.io/kube-scheduler extender/v1 types.go: capitalis
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from oracles.neuron_sets import topology
@@ -34,6 +34,7 @@ def node_report(
     age: float = 0.0,
     lnc: int | None = None,
     ultraserver: UltraServerReading | None = None,
+    pod_cores: Mapping[str, Iterable[int]] | None = None,
 ) -> NodeReport:
     """A report as a node's plugin publishes it: free cores (every healthy one unless given)."""
     it = INSTANCE_TYPES[instance_type]
@@ -56,6 +57,7 @@ def node_report(
         pods=frozenset(pods),
         heartbeat=(NOW - dt.timedelta(seconds=age)).replace(microsecond=0),
         ultraserver=ultraserver,
+        pod_cores={pod: frozenset(cores) for pod, cores in (pod_cores or {}).items()},
     )
 
 
@@ -111,6 +113,7 @@ def pod_object(
     scheduled_at: str = "",
     labels: dict[str, str] | None = None,
     annotations: dict[str, str] | None = None,
+    priority: int | None = None,
 ) -> dict[str, Any]:
     """A Pod as the API server returns it (the fields the scheduler and the extender read, and a few more)."""
     spec: dict[str, Any] = {
@@ -118,6 +121,8 @@ def pod_object(
         "schedulerName": "neuron-scheduler",
         "restartPolicy": "Never",
     }
+    if priority is not None:
+        spec["priority"] = priority  # admission resolves it from priorityClassName
     if init_containers:
         spec["initContainers"] = list(init_containers)
     if node:
@@ -164,6 +169,17 @@ def extender_args(pod: dict[str, Any], nodes: Sequence[str], *, cache_capable: b
     if cache_capable:
         return {"Pod": pod, "Nodes": None, "NodeNames": list(nodes)}
     return {"Pod": pod, "Nodes": {"metadata": {}, "items": [node_object(n) for n in nodes]}, "NodeNames": None}
+
+
+def preemption_args(pod: dict[str, Any], victims: Mapping[str, Iterable[str]], pdb: int = 0) -> dict[str, Any]:
+    """ExtenderPreemptionArgs as kube-scheduler marshals it with nodeCacheCapable: victims by UID."""
+    return {
+        "Pod": pod,
+        "NodeNameToVictims": None,
+        "NodeNameToMetaVictims": {
+            node: {"Pods": [{"UID": uid} for uid in uids], "NumPDBViolations": pdb} for node, uids in victims.items()
+        },
+    }
 
 
 def binding_args(pod: dict[str, Any], node: str) -> dict[str, Any]:

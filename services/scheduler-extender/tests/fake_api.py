@@ -23,6 +23,7 @@ from neuron_common.kube import ApiError, Gone, WatchEvent
 PODS = "/api/v1/pods"
 NEURON_NODES = "/apis/neuron.aws.com/v1alpha1/neuronnodes"
 NODES = "/api/v1/nodes"
+BUDGETS = "/apis/policy/v1/poddisruptionbudgets"
 
 
 def _matches(path: str, obj: Mapping[str, Any]) -> bool:
@@ -36,7 +37,7 @@ def _matches(path: str, obj: Mapping[str, Any]) -> bool:
 
 class FakeApi:
     def __init__(self) -> None:
-        self.objects: dict[str, dict[str, dict[str, Any]]] = {PODS: {}, NEURON_NODES: {}, NODES: {}}
+        self.objects: dict[str, dict[str, dict[str, Any]]] = {PODS: {}, NEURON_NODES: {}, NODES: {}, BUDGETS: {}}
         self.leases: dict[str, dict[str, Any]] = {}
         self.history: list[tuple[int, str, str, dict[str, Any] | None, dict[str, Any] | None]] = []
         self.rv = 100

@@ -11,8 +11,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from extender_objects import NOW, binding_args, extender_args, pod_object, report_object
+from extender_objects import NOW, binding_args, extender_args, pod_object, preemption_args, report_object
 from fake_api import NEURON_NODES, PODS, FakeApi
+from oracles.neuron_sets import topology
 from polling import until_async
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -174,6 +175,81 @@ class TestPrioritize:
         status, body = await ext.post("prioritize", {"Pod": 1})
         assert status == 400
         assert body == {"error": "ExtenderArgs.Pod: missing or not an object"}
+
+
+class TestPreempt:
+    """ExtenderPreemptionArgs in, ExtenderPreemptionResult out (k8s.io/kube-scheduler extender/v1 types.go)."""
+
+    async def test_victims_by_uid_that_free_a_connected_set_and_a_node_dropped(self, start: Callable[..., Any]) -> None:
+        topo = topology("trn1.32xlarge")
+        pods, reports = [], []
+        for node in ("full", "same"):
+            keys = [f"batch/{node}-{d}" for d in range(16)]
+            reports.append(
+                report_object(
+                    node, free_devices=[], pods=keys, pod_cores={k: topo.cores_of(d) for d, k in enumerate(keys)}
+                )
+            )
+            pods += [
+                pod_object(
+                    f"{node}-{d}",
+                    namespace="batch",
+                    node=node,
+                    devices=1,
+                    phase="Running",
+                    priority=0 if node == "full" else 1000,
+                )
+                for d in range(16)
+            ]
+        ext = await start(await cluster(*reports, pods=tuple(pods)))
+        await until(lambda: ext.extender.view.bound_to("batch/same-15"), "pods seen")
+        urgent = pod_object("urgent", namespace="ml", devices=4, priority=1000)
+        diagonal = {n: [f"uid-batch-{n}-{d}" for d in (0, 5, 10, 15)] for n in ("full", "same")}
+        status, body = await ext.post("preempt", preemption_args(urgent, diagonal, pdb=0))
+        assert status == 200
+        assert set(body) == {"NodeNameToMetaVictims"}
+        assert set(body["NodeNameToMetaVictims"]) == {"full"}  # "same": nothing of lower priority frees a set
+        victims = body["NodeNameToMetaVictims"]["full"]
+        assert victims["NumPDBViolations"] == 0
+        assert {v["UID"] for v in victims["Pods"]} == {f"uid-batch-full-{d}" for d in (12, 13, 14, 15)}
+        _, metrics = await ext.get("/metrics")
+        total = "neuron_scheduler_extender_preemption_nodes_total"
+        assert ext.metric(metrics, total, result="changed") == 1
+        assert ext.metric(metrics, total, result="dropped") == 1
+        assert ext.metric(metrics, total, result="kept") == 0
+        assert ext.metric(metrics, "neuron_scheduler_extender_request_duration_seconds_count", verb="preempt") == 1
+
+    @pytest.mark.parametrize(
+        ("body", "message"),
+        [
+            ({"NodeNameToMetaVictims": {}}, "ExtenderPreemptionArgs.Pod: missing"),
+            ({"Pod": {}, "NodeNameToMetaVictims": []}, "expected an object of node names"),
+            ({"Pod": {}, "NodeNameToMetaVictims": {"n1": {"Pods": [{}]}}}, "['n1'].Pods[0]: no UID"),
+        ],
+    )
+    async def test_a_malformed_request_is_a_400_and_nothing_is_evicted(
+        self, start: Callable[..., Any], body: Any, message: str
+    ) -> None:
+        ext = await start(await cluster(report_object("n1")))
+        status, answer = await ext.post("preempt", body)
+        assert status == 400
+        assert message in answer["error"]
+
+    async def test_the_whole_pods_of_a_cache_less_scheduler_are_read_by_their_uid(
+        self, start: Callable[..., Any]
+    ) -> None:
+        ext = await start(await cluster(report_object("n1", free_devices=range(4))))
+        victim = pod_object("v", node="n1", devices=1)
+        args = {
+            "Pod": pod_object("p", devices=4),
+            "NodeNameToVictims": {"n1": {"Pods": [victim], "NumPDBViolations": 1}},
+        }
+        status, body = await ext.post("preempt", args)
+        # the pod fits already: kube-scheduler's victims (for what it counts) stand, as it sent them
+        assert (status, body) == (
+            200,
+            {"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "uid-default-v"}], "NumPDBViolations": 1}}},
+        )
 
 
 class TestBind:

@@ -278,3 +278,70 @@ def test_every_group_lands_whole_on_one_ultraserver_or_waits_only_when_none_has_
             placed.append(outcome.passed[0])
         assert len({n.rsplit("-", 1)[0] for n in placed}) <= 1, f"group {g} split: {placed}"
         assert len(placed) in (0, size)
+
+
+def podgroup_pod(
+    name: str, pod_group: object, labels: dict[str, str] | None = None, **annotations: str
+) -> dict[str, Any]:
+    """A pod naming a PodGroup as Kubernetes 1.36 does (`spec.schedulingGroup.podGroupName`)."""
+    pod = pod_object(name, devices=16, labels=labels, annotations=dict(annotations))
+    pod["spec"]["schedulingGroup"] = {"podGroupName": pod_group}
+    return pod
+
+
+class TestPodGroupReference:
+    """A PodGroup reference and the chart's label name one group: never counted as two."""
+
+    def test_the_label_and_a_reference_to_the_same_name_are_the_labels_group(self) -> None:
+        labelled = pod_object("w", labels={GROUP_LABEL: "train"}, annotations={GROUP_SIZE_ANNOTATION: "4"})
+        both = podgroup_pod("w", "train", {GROUP_LABEL: "train"}, **{GROUP_SIZE_ANNOTATION: "4"})
+        assert (
+            group_request(both)
+            == group_request(labelled)
+            == GroupRequest(f"default/{GROUP_LABEL}=train", "group default/train", 4, 4)
+        )
+
+    def test_the_label_and_a_reference_to_another_name_are_an_error_naming_both(self) -> None:
+        pod = podgroup_pod("w", "other", {GROUP_LABEL: "train"}, **{GROUP_SIZE_ANNOTATION: "4"})
+        with pytest.raises(GroupError, match=r"'train'.*spec\.schedulingGroup\.podGroupName: 'other'"):
+            group_request(pod)
+
+    def test_a_reference_with_the_size_annotation_is_the_group_of_that_name(self) -> None:
+        pod = podgroup_pod("w", "train", **{GROUP_SIZE_ANNOTATION: "2", GROUP_NODES_ANNOTATION: "2"})
+        assert group_request(pod) == GroupRequest(f"default/{GROUP_LABEL}=train", "group default/train", 2, 2)
+        pod["metadata"]["namespace"] = "other"  # names are per namespace, as PodGroups are
+        found = group_request(pod)
+        assert found is not None
+        assert found.key == f"other/{GROUP_LABEL}=train"
+        with pytest.raises(GroupError, match=f"annotation {GROUP_NODES_ANNOTATION}"):
+            group_request(podgroup_pod("w", "train", **{GROUP_SIZE_ANNOTATION: "2", GROUP_NODES_ANNOTATION: "8"}))
+
+    @pytest.mark.parametrize("pod_group", ["train", "", None, 7])
+    def test_a_reference_alone_or_malformed_is_no_group_here(self, pod_group: object) -> None:
+        assert group_request(podgroup_pod("w", pod_group)) is None
+        # a malformed one does not stand in for the label either
+        if pod_group != "train":
+            assert group_request(podgroup_pod("w", pod_group, **{GROUP_SIZE_ANNOTATION: "4"})) is None
+
+    def test_a_leaderworkerset_group_keeps_its_own_key(self) -> None:
+        pod = lws_pod("llama-0")
+        pod["spec"]["schedulingGroup"] = {"podGroupName": "llama-group-1"}
+        assert group_request(pod) == group_request(lws_pod("llama-0"))
+
+    def test_pods_saying_their_group_either_way_fill_one_ultraserver_as_one_group(self) -> None:
+        size = {GROUP_SIZE_ANNOTATION: "4"}
+        pods = [
+            pod_object("w-0", devices=16, labels={GROUP_LABEL: "train"}, annotations=size),
+            podgroup_pod("w-1", "train", {GROUP_LABEL: "train"}, **size),
+            podgroup_pod("w-2", "train", **size),
+            podgroup_pod("w-3", "train", **size),
+        ]
+        view = view_of(*fleet(busy_a=1))  # only B holds 4 whole nodes
+        for i, pod in enumerate(pods):
+            outcome = filter_pod(view, pod)
+            assert outcome.passed == [f"b-{n}" for n in range(i, 4)], (pod["metadata"]["name"], outcome.passed)
+            bind(view, pod, outcome.passed[0])
+        members = view.members(f"default/{GROUP_LABEL}=train")
+        assert sorted(p.node for p in members) == ["b-0", "b-1", "b-2", "b-3"]
+        stats = view.stats(NOW)
+        assert (stats.group_reservations, stats.groups_partial) == (0, 0)

@@ -119,7 +119,7 @@ async def test_the_verbs_answer_only_the_releases_client_certificates(
     anonymous = client(pki, None)
     assert (await call(port, anonymous, "/healthz"))[0] == 200
     assert (await call(port, anonymous, "/metrics"))[0] == 200
-    for verb in ("filter", "prioritize", "bind"):
+    for verb in ("filter", "prioritize", "bind", "preempt"):
         status, text = await call(port, anonymous, f"/{verb}", args)
         assert status == 403, (verb, status, text)
         assert "client certificate" in text

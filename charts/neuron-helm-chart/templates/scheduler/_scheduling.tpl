@@ -105,6 +105,8 @@ extenders:
     prioritizeVerb: prioritize
     weight: {{ $x.weight }}
     bindVerb: bind
+    # kube-scheduler's preemption counts devices, not which: the extender picks victims that free a connected set
+    preemptVerb: preempt
     enableHTTPS: {{ $x.tls.enabled }}
     {{- if $x.tls.enabled }}
     tlsConfig:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from neuron_model.instance_types import TopologyKind
@@ -56,6 +56,9 @@ class NodeReport:
     # devices in service here whose link to other nodes fails (the firmware's link_* verdict): the node
     # is unfit for work that spans nodes, such as an UltraServer group
     multi_node_unfit: frozenset[int] = frozenset()
+    # "namespace/name" -> the global logical cores it holds (a whole device: all its cores), of the pods
+    # in `pods`: what evicting one would free, which a preemption must know to free a connected set
+    pod_cores: Mapping[str, frozenset[int]] = field(default_factory=dict)
 
     @property
     def free_devices(self) -> frozenset[int]:
@@ -92,6 +95,7 @@ class NodeReport:
                 "pods": sorted(self.pods),
                 "pendingCores": sorted(self.pending_cores),
                 "multiNodeUnfitDevices": sorted(self.multi_node_unfit),
+                "podCores": [{"pod": pod, "cores": sorted(self.pod_cores[pod])} for pod in sorted(self.pod_cores)],
                 "heartbeatTime": self.heartbeat.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
                 # the printer columns' figures, so `kubectl get neuronnodes` reads at a glance
                 "devices": f"{len(self.free_devices)}/{self.device_count}",
@@ -135,6 +139,15 @@ class NodeReport:
         pods = field("pods", kind=list)
         if not all(isinstance(p, str) and "/" in p for p in pods):
             raise ReportError(f"NeuronNode {name}: status.pods: expected namespace/name strings")
+        # absent from the reports of plugins older than the field: no pod's holdings are known
+        raw_holdings = field("podCores", kind=list) if "podCores" in status else []
+        pod_cores: dict[str, frozenset[int]] = {}
+        for entry in raw_holdings:
+            pod = entry.get("pod") if isinstance(entry, dict) else None
+            cores = entry.get("cores") if isinstance(entry, dict) else None
+            if not isinstance(pod, str) or "/" not in pod or not isinstance(cores, list):
+                raise ReportError(f"NeuronNode {name}: status.podCores: expected {{pod: namespace/name, cores: [...]}}")
+            pod_cores[pod] = _index_set(cores, count * cpd, name, "podCores")
         beat = field("heartbeatTime", kind=str)
         try:
             heartbeat = dt.datetime.strptime(beat, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
@@ -156,6 +169,7 @@ class NodeReport:
             ultraserver=_ultraserver_from(status.get("ultraServer"), name),
             pending_cores=pending_cores,
             multi_node_unfit=multi_node_unfit,
+            pod_cores=pod_cores,
         )
 
 

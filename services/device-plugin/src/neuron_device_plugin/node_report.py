@@ -71,6 +71,7 @@ def build_report(
         # a device of the instance that the plugin does not serve, unhealthy or absent, is not usable
         unhealthy_devices=frozenset(range(count)) - healthy.keys(),
         pods=state.holding_pods(),
+        pod_cores=state.pod_cores(),
         heartbeat=now,
         ultraserver=ultraserver,
         # Allocate does not name the pod, so until a List shows it its silicon is held by no pod in

@@ -212,6 +212,15 @@ class PluginState:
         """The pods ("namespace/name") the kubelet's last List showed holding one of our IDs."""
         return frozenset(f"{h.namespace}/{h.pod}" for h in self._kubelet)
 
+    def pod_cores(self) -> dict[str, frozenset[int]]:
+        """Per pod of `holding_pods`, the global logical cores its IDs cover (a device: all its cores)."""
+        held: dict[str, set[int]] = {}
+        for resource, index, owner in self._listed_entries():
+            pod = owner.rsplit("/", 1)[0]
+            cores = self.topology.cores_of(index) if resource.kind is Kind.DEVICE else (index,)
+            held.setdefault(pod, set()).update(cores)
+        return {pod: frozenset(cores) for pod, cores in held.items()}
+
     def verdict(self, device: int) -> Verdict:
         return self.health.verdict(device)
 

@@ -23,6 +23,7 @@ from neuron_scheduler_extender.endpoints import MAX_BODY, Endpoints, Forwarder
 from neuron_scheduler_extender.failures import NodeHealth, node_health
 from neuron_scheduler_extender.group_health import GroupHealthMonitor, NodeHealthIndex
 from neuron_scheduler_extender.metrics import Metrics
+from neuron_scheduler_extender.pdbs import Budget, budget
 from neuron_scheduler_extender.pods import PodRecord, ResourceNames, pod_record
 from neuron_scheduler_extender.protocol import BindingArgs
 from neuron_scheduler_extender.state import ClusterView, ReportRecord, report_record
@@ -32,6 +33,8 @@ BOUND_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 NEURON_NODES = Resource("neuronnodes", f"/apis/{report.GROUP}/{report.VERSION}/{report.PLURAL}")
 PODS = Resource("pods", "/api/v1/pods", {"fieldSelector": BOUND_PODS})
 NODES = Resource("nodes", "/api/v1/nodes")  # only for their Neuron health (failures.node_health)
+# for preemption's victims, as kube-scheduler weighs them (pdbs); not needed to be ready
+BUDGETS = Resource("poddisruptionbudgets", "/apis/policy/v1/poddisruptionbudgets")
 MAINTENANCE_INTERVAL = 10.0
 
 log = logging.getLogger(__name__)
@@ -58,6 +61,9 @@ class Extender:
             reduce=lambda obj: pod_record(obj, self.names),
             replace=self.view.replace_pods,
             apply=self.view.apply_pod,
+        )
+        self.budgets: Reflector[Budget] = Reflector(
+            self.api, BUDGETS, reduce=budget, replace=self.view.replace_budgets, apply=self.view.apply_budget
         )
         self.node_health = NodeHealthIndex(self.view.health)
         self.nodes: Reflector[NodeHealth] = Reflector(
@@ -184,6 +190,7 @@ class Extender:
             "leader-election": lambda: self.leader.run(self.stop),
             "maintenance": self.maintain,
             "nodes": lambda: self.nodes.run(self.stop),
+            "poddisruptionbudgets": lambda: self.budgets.run(self.stop),
             "group-health": lambda: self.group_health.run(self.stop),
         }
         if self.config.tls is not None:

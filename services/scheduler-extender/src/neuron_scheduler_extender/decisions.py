@@ -15,19 +15,25 @@
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, cast
 
 from neuron_model.allocator import Leftover, Topology
 from neuron_model.placement import FreeState, PodRequest, refusal
+from neuron_scheduler_extender import preemption
 from neuron_scheduler_extender.groups import GroupRequest
+from neuron_scheduler_extender.pdbs import Budget, Subject, violating
+from neuron_scheduler_extender.protocol import NodeVictims
 from neuron_scheduler_extender.state import (
+    HOLD_TTL,
     MEMO_SHAPES,
     ClusterView,
     Domain,
+    Hold,
     NodeState,
+    Occupant,
     Rank,
     Refusal,
     RefusalKind,
@@ -42,11 +48,19 @@ MAX_SCORE = 10  # kube-scheduler's MaxExtenderPriority
 @dataclass
 class FilterOutcome:
     """Every refused node is `FailedAndUnresolvableNodes`, even where evicting pods would free a
-    connected set: kube-scheduler's preemption cannot find that out. Its dry run takes lower-priority
-    pods off a node and runs its own filter plugins only, never an extender's; a node this extender
-    refuses had already passed those plugins with every pod on it, so each victim is reprieved, no
-    victim is left and the node is never a candidate. Marking it `FailedNodes` would only make
-    kube-scheduler run that futile dry run on it for every attempt of every pod that fits nowhere."""
+    connected set (the count free, the topology not): marking it `FailedNodes` could not make it a
+    preemption candidate, and would turn "preemption is not helpful" into an error. Read in
+    kube-scheduler v1.36.3: the extender filters only nodes that passed every filter plugin with the
+    pods on them (schedule_one.go `findNodesThatPassExtenders`); preemption's dry run on such a node
+    (default_preemption.go `SelectVictimsOnNode`) takes the lower-priority pods off and reprieves each
+    while the plugins, never an extender, still pass, so every one is reprieved; zero victims is then
+    an error status for the node (preemption.go `DryRunPreemption`: "expected at least one victim
+    pod on node"), which the PostFilter message and the scheduler's error log carry for every such
+    node, and with no other candidate the whole preemption fails with it. The preempt verb
+    (`preempt`) only ever sees nodes with victims, those short by count (it could name others, as
+    extender.go `convertToVictims` reads any node of its answer, but that is outside the verb's
+    documented contract, so it does not). Preemption for a pod whose count fits but whose set does
+    not is therefore the nodes short by count, where `preempt` picks victims that free a set."""
 
     passed: list[str] = field(default_factory=list)
     unresolvable: dict[str, Refusal] = field(default_factory=dict)
@@ -58,6 +72,28 @@ def judge(state: NodeState, pod: PodRequest) -> Refusal | None:
         return state.refusal
     assert state.situation is not None
     return verdict(state.situation, pod)
+
+
+# Who asks: (namespace/name, priority) of the pod, for the sets preemption holds (`ClusterView.hold`)
+Asker = tuple[str, int]
+
+
+def judge_held(view: ClusterView, state: NodeState, pod: PodRequest, who: Asker | None, now: dt.datetime) -> Verdict:
+    """`judge`, with the cores held on the node for other pods of the asker's priority or higher taken."""
+    held = view.held_against(state.node, who[1], who[0], now) if who is not None else frozenset()
+    if not held or state.refusal is not None:
+        return judge(state, pod)
+    assert state.topology is not None
+    assert state.free is not None
+    assert state.capacity is not None
+    free = FreeState.of(state.topology, state.free.cores - held)
+    found = verdict_of(state.topology, free, state.capacity, pod)
+    if found is None or judge(state, pod) is not None:
+        return found
+    return Refusal(
+        RefusalKind.PREEMPTION_HOLD,
+        f"{found.reason}, as the set freed here is held for a pod that preempted for it",
+    )
 
 
 def verdict(situation: Situation, pod: PodRequest) -> Verdict:
@@ -101,10 +137,12 @@ def filter_nodes(
     now: dt.datetime,
     group: GroupRequest | None = None,
     key: str = "",
+    who: Asker | None = None,
 ) -> FilterOutcome:
-    """`key`: the pod's namespace/name, for a pod of a `group` (left out of its group's bound pods)."""
+    """`key`: the pod's namespace/name, for a pod of a `group` (left out of its group's bound pods);
+    `who`: the pod's (namespace/name, priority), kept off sets held for preemptors of its priority or higher."""
     if group is not None:
-        return filter_group(view, pod, group, key, nodes, now)
+        return filter_group(view, pod, group, key, nodes, now, who)
     outcome = FilterOutcome()
     passed, unresolvable = outcome.passed, outcome.unresolvable
     asked: dict[Situation, Verdict] = {}  # this call's answers: most nodes share a few situations
@@ -115,7 +153,12 @@ def filter_nodes(
             unresolvable[state.node] = _reserved(held.group, held.domain)
             continue
         refused = state.refusal
-        if refused is None:
+        if refused is None and who is not None and view.held_against(state.node, who[1], who[0], now):
+            refused = judge_held(view, state, pod, who, now)
+            if refused is None:
+                passed.append(state.node)
+                continue
+        elif refused is None:
             situation = state.situation
             assert situation is not None
             found = asked.get(situation, _UNKNOWN)
@@ -209,7 +252,13 @@ def group_loss(before: Leftover, after: Leftover) -> tuple[tuple[int, int], ...]
 
 
 def bind_refusal(
-    view: ClusterView, pod: PodRequest, key: str, node: str, now: dt.datetime, group: GroupRequest | None = None
+    view: ClusterView,
+    pod: PodRequest,
+    key: str,
+    node: str,
+    now: dt.datetime,
+    group: GroupRequest | None = None,
+    priority: int | None = None,
 ) -> Refusal | None:
     """Why binding the pod to the node now would over-commit it, or split its group, or take
     capacity held for another group; None when it may go. The pod itself is left out of the node's
@@ -236,7 +285,8 @@ def bind_refusal(
         if domains - {here}:
             placed = ", ".join(sorted(d[1] if d else "a node without an UltraServer identity" for d in domains))
             return _elsewhere(group, placed)
-    refused = judge(view.node(node, now, excluding=key), pod)
+    who = (key, priority) if priority is not None else None
+    refused = judge_held(view, view.node(node, now, excluding=key), pod, who, now)
     if refused is None and group is not None and here is not None:
         view.reserve(group, here, now)  # held (again) for the rest of the group from this bind on
     return refused
@@ -244,7 +294,13 @@ def bind_refusal(
 
 # --- UltraServer groups ------------------------------------------------------------------------------
 def filter_group(
-    view: ClusterView, pod: PodRequest, group: GroupRequest, key: str, nodes: Iterable[str], now: dt.datetime
+    view: ClusterView,
+    pod: PodRequest,
+    group: GroupRequest,
+    key: str,
+    nodes: Iterable[str],
+    now: dt.datetime,
+    who: Asker | None = None,
 ) -> FilterOutcome:
     """The nodes of the one UltraServer group of nodes the pod's group is on (where its bound pods
     are, or its reservation), else of the one this call picks and reserves: where the rest of the
@@ -279,7 +335,7 @@ def filter_group(
         if state.node not in inside:
             outcome.unresolvable[state.node] = elsewhere
             continue
-        refused = judge(state, pod)
+        refused = judge_held(view, state, pod, who, now)
         if refused is None:
             outcome.passed.append(state.node)
         else:
@@ -375,3 +431,137 @@ def _reserved(group: GroupRequest, domain: Domain) -> Refusal:
         RefusalKind.RESERVED,
         f"held for {group.name} ({group.size} pods) on UltraServer {domain[1]} until its pods are bound",
     )
+
+
+# --- preemption ------------------------------------------------------------------------------------
+def preempt(
+    view: ClusterView,
+    pod: PodRequest,
+    priority: int,
+    candidates: Mapping[str, NodeVictims],
+    now: dt.datetime,
+    group: GroupRequest | None = None,
+    key: str = "",
+    preemptor: str = "",
+) -> dict[str, NodeVictims]:
+    """The preempt verb's answer: of kube-scheduler's candidate nodes, those where evicting some of
+    the pods of lower priority than `priority` frees a valid set for the pod, each with the victims
+    `preemption.choose` picks; the other candidates are left out.
+
+    On each node the victims are the Neuron pods chosen here, plus those of kube-scheduler's victims
+    this view does not know on the node (pods holding no Neuron silicon: its dry run chose them for
+    the CPU or memory the pod needs). A pod of the view whose silicon or priority is not known (an
+    older plugin's report, a pod this extender bound a moment ago) is never a victim. Where the pod
+    has a valid set already, kube-scheduler's victims stand: it evicts them for what it counts.
+
+    Victims are marked against the PodDisruptionBudgets as kube-scheduler marks them (`pdbs`), and
+    NumPDBViolations counts the marked ones chosen, plus kube-scheduler's own count when some of its
+    victims are kept (which of them broke a budget is not told apart).
+
+    A pod of an UltraServer group preempts only on the UltraServer group of nodes its group is
+    placed on or reserved, and only while the rest of the group fits there with every pod of lower
+    priority gone; a group with none of its pods placed or reserved preempts nowhere.
+
+    `preemptor`: the pod's namespace/name. The set it would take on the node kube-scheduler picks
+    among those answered (the one where a victim named here is then deleted) is held for it
+    (`ClusterView.offer`) from other pods of no higher priority until it is bound, or `HOLD_TTL`."""
+    inside: set[str] | None = None
+    held = view.reserved(now)
+    if group is not None:
+        inside = _group_room_after_eviction(view, pod, priority, group, key, now)
+        if not inside:
+            return {}
+    answer: dict[str, NodeVictims] = {}
+    if preemptor:
+        view.withdraw_offers(preemptor, now)
+    for state in view.nodes(list(candidates), now):
+        node = state.node
+        other = held.get(node)
+        if (inside is not None and node not in inside) or (
+            other is not None and (group is None or other.group.key != group.key)
+        ):
+            continue
+        if state.refusal is not None or state.topology is None or state.free is None or state.capacity is None:
+            continue
+        occupants = view.occupants(state)
+        # a set held for another preemptor of no lower priority is neither free nor to be freed
+        others = view.held_against(node, priority, preemptor, now) if preemptor else frozenset()
+        usable = state.capacity.cores - others
+        free = FreeState.of(state.topology, state.free.cores & usable) if others else state.free
+        victims = _victims_of(occupants, priority, view.budgets.values())
+        chosen = preemption.choose(state.topology, free, usable, pod, victims)
+        if chosen is None:
+            continue
+        asked = candidates[node]
+        if not chosen.pods:
+            answer[node] = asked
+            continue
+        known = {o.pod.uid for o in occupants}
+        kept = tuple(u for u in asked.uids if u not in known)
+        uids = tuple(v.uid for v in chosen.pods) + kept
+        # the budgets kube-scheduler's own victims kept here broke are not known apart: all counted
+        answer[node] = NodeVictims(uids, chosen.pdb_violations + (asked.pdb_violations if kept else 0))
+        if preemptor:
+            freed = FreeState.of(state.topology, free.cores.union(*(v.cores & usable for v in chosen.pods)))
+            taken = freed.cores - placement_of(state.topology, freed, pod).free_after.cores
+            until = now + dt.timedelta(seconds=HOLD_TTL)
+            view.offer(
+                node, (v.uid for v in chosen.pods), preemptor, Hold(frozenset({preemptor}), priority, taken, until)
+            )
+    return answer
+
+
+def _victims_of(
+    occupants: Iterable[Occupant], priority: int, budgets: Iterable[Budget] = ()
+) -> list[preemption.Candidate]:
+    """The pods of lower priority whose silicon is known, each marked when evicting it (after the
+    more important ones) would break a PodDisruptionBudget, as kube-scheduler marks them."""
+    eligible = sorted(
+        (o for o in occupants if o.cores and o.pod.priority is not None and o.pod.priority < priority and o.pod.uid),
+        key=lambda o: (-(o.pod.priority or 0), o.pod.order),
+    )
+    subjects = []
+    for o in eligible:
+        namespace, name = o.pod.key.split("/", 1)
+        subjects.append(Subject(o.pod.uid, name, namespace, dict(o.pod.labels)))
+    breaking = violating(subjects, budgets)
+    return [
+        preemption.Candidate(
+            o.pod.uid, o.pod.key, o.pod.priority or 0, o.cores or frozenset(), o.pod.order, o.pod.uid in breaking
+        )
+        for o in eligible
+    ]
+
+
+def _group_room_after_eviction(
+    view: ClusterView, pod: PodRequest, priority: int, group: GroupRequest, key: str, now: dt.datetime
+) -> set[str]:
+    """The nodes of the group's UltraServer group of nodes (where its pods are bound, or its
+    reservation) when the rest of the group fits there once every pod of lower priority is gone;
+    else none."""
+    domains, members = view.placed_domain(group, excluding=key)
+    own = view.reservation(group.key, now)
+    if own is not None:
+        domains.add(own.domain)
+    if len(domains) != 1 or None in domains:
+        return set()
+    (chosen,) = domains
+    assert chosen is not None
+    remaining = max(group.size - len(members), 1)
+    nodes = view.domain_nodes(chosen)
+    room = 0
+    for state in view.nodes(nodes, now):
+        if state.refusal is not None or state.topology is None or state.free is None or state.capacity is None:
+            continue
+        free = FreeState.of(
+            state.topology,
+            state.free.cores
+            | {c for v in _victims_of(view.occupants(state), priority) for c in v.cores & state.capacity.cores},
+        )
+        while room < remaining:
+            placement = placement_of(state.topology, free, pod)
+            if not placement.fits:
+                break
+            free = placement.free_after
+            room += 1
+    return set(nodes) if room >= remaining else set()

@@ -1,4 +1,4 @@
-"""The extender's HTTP verbs, as kube-scheduler calls them: POST /filter, /prioritize and /bind.
+"""The extender's HTTP verbs, as kube-scheduler calls them: POST /filter, /prioritize, /bind and /preempt.
 
 Every request is answered, never crashed on: a malformed one gets the protocol's `Error` (filter,
 bind) or a 400 (prioritize, whose errors kube-scheduler ignores), with a message saying what is wrong.
@@ -39,7 +39,16 @@ from neuron_model.placement import PodRequest
 from neuron_scheduler_extender import decisions, protocol
 from neuron_scheduler_extender.groups import GroupError, GroupRequest, group_request
 from neuron_scheduler_extender.metrics import Metrics
-from neuron_scheduler_extender.pods import PodError, ResourceNames, neuron_request, pod_key, pod_uid, scheduler_name
+from neuron_scheduler_extender.pods import (
+    PodError,
+    ResourceNames,
+    neuron_request,
+    nominated_node,
+    pod_key,
+    pod_priority,
+    pod_uid,
+    scheduler_name,
+)
 from neuron_scheduler_extender.protocol import BindingArgs, ProtocolError
 from neuron_scheduler_extender.state import ClusterView
 
@@ -52,7 +61,9 @@ FORWARDED = "X-Neuron-Extender-Forwarded"  # on a forwarded request: never forwa
 FORWARD_TIMEOUT = 5.0
 # Largest body a verb reads. kube-scheduler sends node names only (nodeCacheCapable: the chart's
 # setting), about 40 bytes a node: 4 MiB is some 100,000 nodes. A binding is a few hundred bytes.
-MAX_BODY = {"filter": 4 * 1024**2, "prioritize": 4 * 1024**2, "bind": 64 * 1024}
+# Preemption: at most some hundred candidate nodes (kube-scheduler's dry run stops at max(100, 10 %)
+# of the nodes), each with its victims' UIDs, about 50 bytes a victim.
+MAX_BODY = {"filter": 4 * 1024**2, "prioritize": 4 * 1024**2, "bind": 64 * 1024, "preempt": 4 * 1024**2}
 
 
 class Leadership(Protocol):
@@ -165,12 +176,19 @@ class Endpoints:
     require_client_cert: bool = False  # mutual TLS: the verbs answer only a verified client certificate
     now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
     monotonic: Callable[[], float] = time.monotonic
-    # uid -> (key, request, schedulerName, UltraServer group)
-    _requests: OrderedDict[str, tuple[str, PodRequest, str, GroupRequest | None]] = field(default_factory=OrderedDict)
+    # uid -> (key, request, schedulerName, UltraServer group, priority)
+    _requests: OrderedDict[str, tuple[str, PodRequest, str, GroupRequest | None, int]] = field(
+        default_factory=OrderedDict
+    )
     _in_order: InOrder = field(default_factory=InOrder)
 
     def add_routes(self, app: web.Application) -> None:
-        for verb, answer in (("filter", self.filter), ("prioritize", self.prioritize), ("bind", self.bind)):
+        for verb, answer in (
+            ("filter", self.filter),
+            ("prioritize", self.prioritize),
+            ("bind", self.bind),
+            ("preempt", self.preempt),
+        ):
             app.router.add_post(f"/{verb}", self._handler(verb, answer))
 
     def _handler(
@@ -199,7 +217,11 @@ class Endpoints:
                 ),
             )
         key = pod_key(args.pod) if group is not None else ""
-        outcome = decisions.filter_nodes(self.view, pod, args.node_names, self.now(), group, key)
+        who = (pod_key(args.pod), pod_priority(args.pod))
+        nominated = nominated_node(args.pod)
+        if nominated:
+            self.view.nominated(who[0], nominated)
+        outcome = decisions.filter_nodes(self.view, pod, args.node_names, self.now(), group, key, who)
         refused_by_kind = Counter(r.kind for r in outcome.unresolvable.values())
         for kind, count in refused_by_kind.items():
             self.metrics.nodes_refused.labels(str(kind)).inc(count)
@@ -229,6 +251,39 @@ class Endpoints:
         scores = decisions.prioritize(self.view, pod, args.node_names, self.now(), group)
         return _reply(protocol.priority_list(scores))
 
+    # --- preempt ---------------------------------------------------------------------------------
+    async def preempt(self, body: bytes) -> web.Response:
+        """kube-scheduler's candidate nodes, kept where evicting pods of lower priority frees a valid
+        set for the pod, with the victims that do (`decisions.preempt`). An error is a non-200
+        answer (the result has no Error field): kube-scheduler then fails this attempt's
+        preemption and tries again at the next. Before the view is read nothing is evicted."""
+        try:
+            args = protocol.preemption_args(_json(body))
+            pod, group = self._request_of(args.pod), group_request(args.pod)
+        except (ProtocolError, PodError, GroupError) as exc:
+            self.metrics.errors.labels("preempt").inc()
+            log.warning("preempt: %s", exc)
+            return _reply({"error": str(exc)}, status=400)
+        if not self.synced():
+            self.metrics.preemption_nodes.labels("dropped").inc(len(args.nodes))
+            return _reply(protocol.preemption_result({}))
+        key = pod_key(args.pod)
+        answer = decisions.preempt(
+            self.view, pod, pod_priority(args.pod), args.nodes, self.now(), group, key if group else "", key
+        )
+        for node, asked in args.nodes.items():
+            given = answer.get(node)
+            result = "dropped" if given is None else "kept" if set(given.uids) == set(asked.uids) else "changed"
+            self.metrics.preemption_nodes.labels(result).inc()
+        log.info(
+            "preempt %s: %d of %d candidate nodes kept",
+            args.pod_label,
+            len(answer),
+            len(args.nodes),
+            extra={"pod": args.pod_label, "kept": len(answer), "nodes": len(args.nodes)},
+        )
+        return _reply(protocol.preemption_result(answer))
+
     # --- bind ------------------------------------------------------------------------------------
     async def bind(self, body: bytes) -> web.Response:
         try:
@@ -250,7 +305,7 @@ class Endpoints:
         found = await self._pod_request(args)
         if isinstance(found, str):
             return self._bind_failure("unknown_pod", found)
-        pod, pod_scheduler, group = found
+        pod, pod_scheduler, group, priority = found
         if pod_scheduler not in self.scheduler_names:
             names = " or ".join(repr(n) for n in sorted(self.scheduler_names))
             return self._bind_failure(
@@ -263,7 +318,7 @@ class Endpoints:
                 "no_neuron_request", f"pod {args.key} asks for no Neuron resource: not this extender's to bind"
             )
         # No await from the check to `assume`: no other bind can slip in between.
-        refused = decisions.bind_refusal(self.view, pod, args.key, args.node, self.now(), group)
+        refused = decisions.bind_refusal(self.view, pod, args.key, args.node, self.now(), group, priority)
         if refused is not None:
             log.info(
                 "refusing to bind %s to %s: %s",
@@ -343,12 +398,12 @@ class Endpoints:
         log.warning("%s refused (%s): it needs %s", verb, reason, needs, extra={"verb": verb, "reason": reason})
         return web.Response(status=status, text=f"neuron-scheduler-extender: {verb} needs {needs}\n")
 
-    async def _pod_request(self, args: BindingArgs) -> tuple[PodRequest, str, GroupRequest | None] | str:
-        """The pod's request, schedulerName and group, remembered from filter or read from the API
-        server; or why not."""
+    async def _pod_request(self, args: BindingArgs) -> tuple[PodRequest, str, GroupRequest | None, int] | str:
+        """The pod's request, schedulerName, group and priority, remembered from filter or read from
+        the API server; or why not."""
         remembered = self._requests.get(args.pod_uid)
         if remembered is not None and remembered[0] == args.key:
-            return remembered[1], remembered[2], remembered[3]
+            return remembered[1], remembered[2], remembered[3], remembered[4]
         try:
             obj = await self.read_pod(args.pod_namespace, args.pod_name)
         except ApiError as exc:
@@ -356,7 +411,7 @@ class Endpoints:
         if args.pod_uid and pod_uid(obj) != args.pod_uid:
             return f"pod {args.key} was replaced (uid {pod_uid(obj)}, binding asked for {args.pod_uid})"
         try:
-            return self._request_of(obj), scheduler_name(obj), group_request(obj)
+            return self._request_of(obj), scheduler_name(obj), group_request(obj), pod_priority(obj)
         except (PodError, GroupError) as exc:
             return f"pod {args.key}: {exc}"
 
@@ -368,7 +423,7 @@ class Endpoints:
                 group = group_request(pod)
             except GroupError:
                 group = None  # filter refuses it with the reason
-            self._requests[uid] = (pod_key(pod), result, scheduler_name(pod), group)
+            self._requests[uid] = (pod_key(pod), result, scheduler_name(pod), group, pod_priority(pod))
             self._requests.move_to_end(uid)
             while len(self._requests) > REMEMBERED_REQUESTS:
                 self._requests.popitem(last=False)

@@ -12,6 +12,19 @@ Two ways to say it:
   (the group's name, unique in its namespace) and the annotation `neuron.aws.com/ultraserver-group-size`
   (how many pods); `neuron.aws.com/ultraserver-group-nodes` (2 or 4, default 4) picks the UltraServer
   group of nodes (the `...-server-id-<nodes>` label) the pods share.
+
+Kubernetes' own groups (the Workload API, alpha in 1.36, docs/scheduling.md): a Pod names its PodGroup
+in `spec.schedulingGroup.podGroupName` (core/v1 PodSchedulingGroup; 1.35's `spec.workloadRef` is gone,
+its protobuf tag tombstoned, and is not read). The PodGroup and this chart's label name one group in
+one namespace of names, so that pods saying it either way are counted as one group, never two:
+- the label and a PodGroup reference on one pod must name the same group (GroupError otherwise);
+- a pod with a PodGroup reference and the size annotation, without the label, is of the group of
+  that name, keyed as the label would key it;
+- a pod with a PodGroup reference alone is no group here: the extender cannot see the PodGroup's
+  `minCount`, and kube-scheduler's GangScheduling and topology constraint place it (or, with these
+  alpha gates off, nothing does).
+A LeaderWorkerSet group stays keyed by LeaderWorkerSet's group key: its PodGroup's name is another
+controller's choice, not comparable with it.
 """
 
 from __future__ import annotations
@@ -33,6 +46,7 @@ GROUP_LABEL = "neuron.aws.com/ultraserver-group"
 GROUP_SIZE_ANNOTATION = "neuron.aws.com/ultraserver-group-size"
 GROUP_NODES_ANNOTATION = "neuron.aws.com/ultraserver-group-nodes"
 DEFAULT_GROUP_NODES = 4
+POD_GROUP_FIELD = "spec.schedulingGroup.podGroupName"  # Kubernetes 1.36+, gate GenericWorkload
 MAX_GROUP_PODS = 1024  # a bound on what a malformed annotation can make the filter count
 
 
@@ -61,15 +75,15 @@ def group_request(pod: Mapping[str, Any]) -> GroupRequest | None:
     annotations = _strings(meta.get("annotations"))
     namespace = meta.get("namespace") or "default"
     own = labels.get(GROUP_LABEL)
+    pod_group = pod_group_name(pod)
     if own:
-        nodes_text = annotations.get(GROUP_NODES_ANNOTATION, str(DEFAULT_GROUP_NODES))
-        if nodes_text not in {str(n) for n in GROUP_SIZES}:
-            sizes = " or ".join(str(n) for n in sorted(GROUP_SIZES))
-            raise GroupError(f"annotation {GROUP_NODES_ANNOTATION}: {nodes_text!r}: expected {sizes}")
-        size = _size(annotations, GROUP_SIZE_ANNOTATION)
-        return GroupRequest(f"{namespace}/{GROUP_LABEL}={own}", f"group {namespace}/{own}", size, int(nodes_text))
+        if pod_group is not None and pod_group != own:
+            raise GroupError(f"label {GROUP_LABEL}: {own!r}, but {POD_GROUP_FIELD}: {pod_group!r}: one group, one name")
+        return _own_group(namespace, own, annotations)
     exclusive = annotations.get(LWS_EXCLUSIVE)
     if LWS_NAME not in labels or not exclusive:
+        if pod_group is not None and GROUP_SIZE_ANNOTATION in annotations:
+            return _own_group(namespace, pod_group, annotations)
         return None
     nodes = topology_nodes(exclusive)
     if nodes is None:
@@ -85,6 +99,24 @@ def group_request(pod: Mapping[str, Any]) -> GroupRequest | None:
         size,
         nodes,
     )
+
+
+def pod_group_name(pod: Mapping[str, Any]) -> str | None:
+    """The PodGroup the pod names (`spec.schedulingGroup.podGroupName`), None when it names none."""
+    spec = pod.get("spec")
+    ref = spec.get("schedulingGroup") if isinstance(spec, Mapping) else None
+    name = ref.get("podGroupName") if isinstance(ref, Mapping) else None
+    return name if isinstance(name, str) and name else None
+
+
+def _own_group(namespace: str, name: str, annotations: Mapping[str, str]) -> GroupRequest:
+    nodes_text = annotations.get(GROUP_NODES_ANNOTATION, str(DEFAULT_GROUP_NODES))
+    if nodes_text not in {str(n) for n in GROUP_SIZES}:
+        sizes = " or ".join(str(n) for n in sorted(GROUP_SIZES))
+        raise GroupError(f"annotation {GROUP_NODES_ANNOTATION}: {nodes_text!r}: expected {sizes}")
+    size = _size(annotations, GROUP_SIZE_ANNOTATION)
+    # one key (and name) for the label and the PodGroup of one name: one group, however its pods say it
+    return GroupRequest(f"{namespace}/{GROUP_LABEL}={name}", f"group {namespace}/{name}", size, int(nodes_text))
 
 
 def _size(annotations: Mapping[str, str], key: str) -> int:

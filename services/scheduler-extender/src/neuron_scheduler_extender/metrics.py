@@ -19,7 +19,9 @@ from neuron_scheduler_extender.state import NodeState, RefusalKind, ViewStats
 PREFIX = "neuron_scheduler_extender"
 # kube-scheduler waits `httpTimeout` (5 s by default) for an answer; the target is 20 ms at 1,000 nodes
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
-VERBS = ("filter", "prioritize", "bind")
+VERBS = ("filter", "prioritize", "bind", "preempt")
+# what the preempt verb did with each candidate node kube-scheduler sent
+PREEMPTION_RESULTS = ("kept", "changed", "dropped")
 BIND_FAILURES = (
     "no_longer_fits",
     "not_leader",
@@ -102,6 +104,13 @@ class Metrics:
             "nodes_refused_total", "Nodes the filter refused, by reason class", ["reason"], shown=map(str, RefusalKind)
         )
         self.pods_bound = m.counter("pods_bound_total", "Pods bound to a node by this extender")
+        self.preemption_nodes = m.counter(
+            "preemption_nodes_total",
+            "Candidate nodes of kube-scheduler's preemption, by what the preempt verb did: kept its victims, "
+            "changed them to free a valid set, or dropped the node (no valid set would follow)",
+            ["result"],
+            shown=PREEMPTION_RESULTS,
+        )
         self.bind_failures = m.counter(
             "bind_failures_total", "Bindings refused or failed, by reason", ["reason"], shown=BIND_FAILURES
         )

@@ -67,6 +67,13 @@ def scheduler_name(pod: Mapping[str, Any]) -> str:
     return name if isinstance(name, str) and name else "default-scheduler"
 
 
+def nominated_node(pod: Mapping[str, Any]) -> str:
+    """status.nominatedNodeName: where kube-scheduler's preemption made room for the pod, or ""."""
+    status = pod.get("status")
+    value = status.get("nominatedNodeName", "") if isinstance(status, Mapping) else ""
+    return value if isinstance(value, str) else ""
+
+
 def node_name(pod: Mapping[str, Any]) -> str:
     """The node the pod is bound to, or "" while it is not bound."""
     spec = pod.get("spec")
@@ -176,6 +183,15 @@ class PodRecord:
     error: str = ""
     scheduled_at: tuple[str, str] = ("", "")  # PodScheduled transition time, creation time: orders a fresh list
     group: GroupRequest | None = None  # the UltraServer group it belongs to (`groups`), if any
+    priority: int = 0  # spec.priority (admission sets it from the PriorityClass): who may preempt it
+    labels: tuple[tuple[str, str], ...] = ()  # for the PodDisruptionBudgets that select it
+
+
+def pod_priority(pod: Mapping[str, Any]) -> int:
+    """spec.priority; admission resolves it from the PriorityClass, and a pod without one has 0."""
+    spec = pod.get("spec")
+    value = spec.get("priority") if isinstance(spec, Mapping) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
 def pod_record(pod: Mapping[str, Any], names: ResourceNames) -> PodRecord | None:
@@ -198,7 +214,26 @@ def pod_record(pod: Mapping[str, Any], names: ResourceNames) -> PodRecord | None
         group = None  # counted on its node all the same; its filter said what is wrong
     if request is not None and not asks_for_neuron(request) and group is None:
         return None
-    return PodRecord(key, pod_uid(pod), node_name(pod), is_terminal(pod), request, error, _scheduled_at(pod), group)
+    return PodRecord(
+        key,
+        pod_uid(pod),
+        node_name(pod),
+        is_terminal(pod),
+        request,
+        error,
+        _scheduled_at(pod),
+        group,
+        pod_priority(pod),
+        _labels(pod),
+    )
+
+
+def _labels(pod: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    meta = pod.get("metadata")
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    if not isinstance(labels, Mapping):
+        return ()
+    return tuple(sorted((k, v) for k, v in labels.items() if isinstance(k, str) and isinstance(v, str)))
 
 
 def _scheduled_at(pod: Mapping[str, Any]) -> tuple[str, str]:

@@ -4,13 +4,20 @@ The Go types carry no json tags, so the keys are the capitalised Go field names;
 Node and NodeList are ordinary Kubernetes JSON. What the scheduler sends:
 - ExtenderArgs {Pod, Nodes (a NodeList, only when nodeCacheCapable is false), NodeNames (only when
   it is true)} to the filter and prioritize verbs;
-- ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node} to the bind verb.
+- ExtenderBindingArgs {PodName, PodNamespace, PodUID, Node} to the bind verb;
+- ExtenderPreemptionArgs {Pod, NodeNameToVictims (node -> {Pods: [Pod], NumPDBViolations}), or,
+  when nodeCacheCapable, NodeNameToMetaVictims (node -> {Pods: [{UID}], NumPDBViolations})} to the
+  preempt verb: kube-scheduler's candidate nodes and the victims its own dry run chose on each.
 What it expects back:
 - ExtenderFilterResult {Nodes, NodeNames, FailedNodes, FailedAndUnresolvableNodes, Error}: the
   passing nodes in the same form they came in (a returned Node is wrapped as it is, so the
   objects go back untouched);
 - HostPriorityList [{Host, Score}], scores 0..10;
-- ExtenderBindingResult {Error}.
+- ExtenderBindingResult {Error};
+- ExtenderPreemptionResult {NodeNameToMetaVictims}: the nodes where preemption may go on, each
+  with its victims by UID (pkg/scheduler/extender.go `ProcessPreemption` maps them back to the pods
+  of the node, and fails the attempt on a UID not there); a node left out is no candidate, and a
+  node with no victim is an error, so nodes without victims are left out.
 """
 
 from __future__ import annotations
@@ -78,6 +85,66 @@ def extender_args(body: Any) -> ExtenderArgs:
             raise ProtocolError(f"ExtenderArgs.Nodes.items[{i}].metadata.name: missing")
         nodes.append(node)
     return ExtenderArgs(pod, tuple(n["metadata"]["name"] for n in nodes), tuple(nodes))
+
+
+@dataclass(frozen=True)
+class NodeVictims:
+    uids: tuple[str, ...]  # kube-scheduler's victims on the node
+    pdb_violations: int  # how many of them its dry run counted against a PodDisruptionBudget
+
+
+@dataclass(frozen=True)
+class PreemptionArgs:
+    pod: Mapping[str, Any]
+    nodes: dict[str, NodeVictims]
+
+    @property
+    def pod_label(self) -> str:
+        return ExtenderArgs(self.pod, (), None).pod_label
+
+
+def preemption_args(body: Any) -> PreemptionArgs:
+    if not isinstance(body, Mapping):
+        raise ProtocolError(f"expected ExtenderPreemptionArgs, a JSON object, got {type(body).__name__}")
+    pod = body.get("Pod")
+    if not isinstance(pod, Mapping):
+        raise ProtocolError("ExtenderPreemptionArgs.Pod: missing or not an object")
+    meta, full = body.get("NodeNameToMetaVictims"), body.get("NodeNameToVictims")
+    field_name = "NodeNameToMetaVictims" if meta is not None else "NodeNameToVictims"
+    raw = meta if meta is not None else full
+    if raw is None:
+        raw = {}  # Go encodes a nil map as null: no candidates
+    if not isinstance(raw, Mapping):
+        raise ProtocolError(f"ExtenderPreemptionArgs.{field_name}: expected an object of node names")
+    nodes: dict[str, NodeVictims] = {}
+    for node, victims in raw.items():
+        where = f"ExtenderPreemptionArgs.{field_name}[{node!r}]"
+        if not node or not isinstance(victims, Mapping):
+            raise ProtocolError(f"{where}: expected {{Pods, NumPDBViolations}}")
+        pods = victims.get("Pods") or []
+        violations = victims.get("NumPDBViolations") or 0
+        if not isinstance(pods, list) or not isinstance(violations, int):
+            raise ProtocolError(f"{where}: expected {{Pods: [...], NumPDBViolations: <int>}}")
+        uids = []
+        for i, victim in enumerate(pods):
+            # a MetaPod {UID}, or a whole Pod whose metadata.uid it is
+            holder = victim.get("metadata") if isinstance(victim, Mapping) and meta is None else victim
+            uid = holder.get("UID" if meta is not None else "uid") if isinstance(holder, Mapping) else None
+            if not isinstance(uid, str) or not uid:
+                raise ProtocolError(f"{where}.Pods[{i}]: no UID")
+            uids.append(uid)
+        nodes[node] = NodeVictims(tuple(uids), violations)
+    return PreemptionArgs(pod, nodes)
+
+
+def preemption_result(nodes: Mapping[str, NodeVictims]) -> dict[str, Any]:
+    return {
+        "NodeNameToMetaVictims": {
+            node: {"Pods": [{"UID": uid} for uid in victims.uids], "NumPDBViolations": victims.pdb_violations}
+            for node, victims in nodes.items()
+            if victims.uids
+        }
+    }
 
 
 def binding_args(body: Any) -> BindingArgs:

@@ -20,6 +20,7 @@ server (the reports and the pods), so no state can go stale across restarts.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import enum
 import math
@@ -35,6 +36,7 @@ from neuron_model.report import NodeReport, ReportError
 from neuron_model.ultraserver import domain
 from neuron_scheduler_extender.failures import GroupPlacement, GroupPod, NodeHealth, node_failure
 from neuron_scheduler_extender.groups import GroupRequest
+from neuron_scheduler_extender.pdbs import Budget
 from neuron_scheduler_extender.pods import PodRecord, asks_for_neuron
 
 
@@ -51,6 +53,7 @@ class RefusalKind(enum.StrEnum):
     RESERVED = "reserved"  # held for an UltraServer group whose pods are not all bound yet
     GROUP_ELSEWHERE = "group_elsewhere"  # the pod's group is placed on another UltraServer
     GROUP_NO_FIT = "group_no_fit"  # no UltraServer has room for the pod's whole group
+    PREEMPTION_HOLD = "preemption_hold"  # the free set is held for a pod that preempted for it
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,8 @@ class BoundPod:
     request: PodRequest
     order: int  # binding order, as this process saw it
     group: GroupRequest | None = None
+    priority: int | None = None  # spec.priority, from the watch; None (bound by us, not seen yet): never a victim
+    labels: tuple[tuple[str, str], ...] = ()
 
 
 # filter's answer for a pod on a situation: None (it fits) or why not, the same for every node in it
@@ -128,6 +133,15 @@ class NodeState:
     capacity: FreeState | None = None  # every healthy device free: what the node could ever offer
     in_flight: tuple[str, ...] = ()
     situation: Situation | None = None  # topology, free and capacity, shared with the nodes alike
+    in_flight_cores: tuple[frozenset[int], ...] = ()  # per pod of `in_flight`: the cores it was simulated on
+
+
+@dataclass(frozen=True, slots=True)
+class Occupant:
+    """A pod holding silicon on a node, as a preemption sees it."""
+
+    pod: BoundPod
+    cores: frozenset[int] | None  # the global logical cores it holds (a device: all its cores); None: unknown
 
 
 @lru_cache(maxsize=4096)  # a few KB each (two frozensets): about 20 MB when full
@@ -147,6 +161,22 @@ class Reservation:
     group: GroupRequest
     domain: Domain
     until: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    """The set a preemption frees on a node for its preemptor, kept from other pods of no higher
+    priority until the preemptor is bound, or `until`. kube-scheduler counts the nominated pod on its
+    node against those pods, but only by count: a core pod is not counted against a device pod's
+    devices, and would take the freed set, and the preemptor preempt again elsewhere."""
+
+    owners: frozenset[str]  # namespace/name of the preemptor, or of those it may be: see `_victim_gone`
+    priority: int
+    cores: frozenset[int]
+    until: dt.datetime
+
+
+HOLD_TTL = 120.0  # seconds a hold outlives the preemption: victims end, the preemptor is retried and bound
 
 
 @dataclass
@@ -194,6 +224,17 @@ class ClusterView:
     _situations: weakref.WeakValueDictionary[tuple[Topology, FreeState, FreeState], Situation] = field(
         default_factory=weakref.WeakValueDictionary
     )
+    # pod key -> the node it held silicon on, of pods the watch showed deleted or finished while their
+    # node's report still lists them: see `_compute`
+    _gone: dict[str, str] = field(default_factory=dict)
+    _holds: dict[str, list[Hold]] = field(default_factory=dict)  # node -> the holds there
+    # victim uid -> (preemptor key, node) -> the hold it would take there: the preempt verb's answers,
+    # taken on the node kube-scheduler picks, which the deletion of a victim or the nomination tells
+    _offers: dict[str, dict[tuple[str, str], Hold]] = field(default_factory=dict)
+    budgets: dict[str, Budget] = field(default_factory=dict)  # namespace/name -> PodDisruptionBudget
+    _evicted: dict[str, dict[str, str]] = field(
+        default_factory=dict
+    )  # node -> key -> uid of victims evicted (`nominated`)
 
     # --- reports ---------------------------------------------------------------------------------
     def replace_reports(self, records: Iterable[ReportRecord]) -> None:
@@ -213,6 +254,7 @@ class ClusterView:
             if self.reports.pop(record.node, None) is not None:
                 self._domains = None
             self.invalid_reports.pop(record.node, None)
+            self._gone = {k: n for k, n in self._gone.items() if n != record.node}
             self._touch(record.node)
         else:
             self._put_report(record)
@@ -229,6 +271,14 @@ class ClusterView:
         if old is None or old.ultraserver != record.ultraserver:
             self._domains = None
         self.reports[record.node] = record
+        if self._gone:
+            self._gone = {k: n for k, n in self._gone.items() if n != record.node or k in record.pods}
+        evicted = self._evicted.get(record.node)
+        if evicted:
+            for key in evicted.keys() - record.pods:
+                del evicted[key]
+            if not evicted:
+                del self._evicted[record.node]
         for key in self._by_node.get(record.node, set()) & record.pods:
             assumed = self._assumed.get(key)
             if assumed is not None and assumed.pod.node == record.node:
@@ -246,6 +296,10 @@ class ClusterView:
         self.unreadable_pods.clear()
         for record in sorted(records, key=lambda r: r.scheduled_at):
             self._put_pod(record, old)
+        for key, pod in old.items():
+            if key not in self._bound:
+                self._gone[key] = pod.node
+                self._victim_gone(pod.uid)
         for key, assumed in list(self._assumed.items()):
             if assumed.at < listed_after and key not in self._bound:
                 del self._assumed[key]
@@ -253,6 +307,9 @@ class ClusterView:
 
     def apply_pod(self, event: str, record: PodRecord) -> None:
         before = self._node_of(record.key)
+        if before and (event == "DELETED" or record.terminal):
+            self._gone[record.key] = before
+            self._victim_gone(record.uid)
         if event == "DELETED":
             self._bound.pop(record.key, None)
             self.unreadable_pods.pop(record.key, None)
@@ -275,6 +332,11 @@ class ClusterView:
         if not record.node:  # an event from before the binding: an assumed binding stands
             self._bound.pop(key, None)
             return
+        if self._holds or self._offers:
+            self.release_holds(key, record.node)
+        evicted = self._evicted.get(record.node)
+        if evicted and evicted.get(key, record.uid) != record.uid:
+            del evicted[key]  # a new pod of the same name: what the report lists for it is its own
         if record.request is None:
             self.unreadable_pods[key] = record.error
             self._bound.pop(key, None)
@@ -287,12 +349,15 @@ class ClusterView:
             order = assumed.pod.order  # the watch confirms our binding: it keeps its place in line
         else:
             order = self._next_order()
-        self._bound[key] = BoundPod(key, record.uid, record.node, record.request, order, record.group)
+        self._bound[key] = BoundPod(
+            key, record.uid, record.node, record.request, order, record.group, record.priority, record.labels
+        )
 
     def assume(
         self, key: str, uid: str, node: str, request: PodRequest, now: float, group: GroupRequest | None = None
     ) -> None:
         """This process is binding the pod: count it on the node from now on (`now`: monotonic seconds)."""
+        self.release_holds(key, node)
         before = self._node_of(key)
         self._assumed[key] = _Assumed(BoundPod(key, uid, node, request, self._next_order(), group), now)
         self._reindex(key, before)
@@ -370,6 +435,118 @@ class ClusterView:
     def _touch(self, node: str) -> None:
         self._cache.pop(node, None)
 
+    # --- PodDisruptionBudgets -------------------------------------------------------------------------
+    def replace_budgets(self, records: Iterable[Budget], _listed_after: float = 0.0) -> None:
+        self.budgets = {b.key: b for b in records}
+
+    def apply_budget(self, event: str, record: Budget) -> None:
+        if event == "DELETED":
+            self.budgets.pop(record.key, None)
+        else:
+            self.budgets[record.key] = record
+
+    # --- preemption holds ----------------------------------------------------------------------------
+    def offer(self, node: str, victims: Iterable[str], key: str, hold: Hold) -> None:
+        """The preempt verb named `victims` on the node for preemptor `key`: should kube-scheduler pick
+        the node (it deletes them), `hold` is taken there. One pod may be named for several preemptors."""
+        for uid in victims:
+            self._offers.setdefault(uid, {})[(key, node)] = hold
+
+    def withdraw_offers(self, key: str, now: dt.datetime | None = None) -> None:
+        """The preemptor's answers: before a new one, or once it is placed; with `now`, every offer
+        whose hold would have lapsed by then too (its preemptor deleted while pending)."""
+        for uid in list(self._offers):
+            offered = self._offers[uid]
+            for where in [w for w, h in offered.items() if w[0] == key or (now is not None and h.until < now)]:
+                del offered[where]
+            if not offered:
+                del self._offers[uid]
+
+    def nominated(self, key: str, node: str) -> None:
+        """kube-scheduler asks again for a preemptor it nominated to `node` (the pod's
+        status.nominatedNodeName): it evicted the victims it was answered there, and its cache, which
+        passed the node's count before asking, has them gone, so they have stopped (the API server
+        removes a bound pod once its kubelet has). Their silicon is free for it even while this
+        view's watch has yet to show their deletion; refused for that lag, the preemptor would go
+        elsewhere or preempt again. The hold there is its alone from now on, and it owns no other."""
+        victims = {u for u, offered in self._offers.items() if (key, node) in offered}
+        if victims:
+            hold = self._offers[next(iter(victims))][(key, node)]
+            gone = {p.key: p.uid for k in self._by_node.get(node, ()) if (p := self._pod(k)) and p.uid in victims}
+            self._evicted.setdefault(node, {}).update(gone)
+            for uid in victims:
+                del self._offers[uid][(key, node)]
+                if not self._offers[uid]:
+                    del self._offers[uid]
+            self._touch(node)
+        else:
+            hold = None
+        for where in list(self._holds):
+            kept = []
+            for held in self._holds[where]:
+                if key not in held.owners:
+                    kept.append(held)
+                elif where == node:
+                    hold = hold or held
+                elif len(held.owners) > 1:
+                    kept.append(dataclasses.replace(held, owners=held.owners - {key}))
+            if where == node and hold is not None:
+                kept.append(dataclasses.replace(hold, owners=frozenset({key})))
+            self._set_holds(where, kept)
+        if hold is not None and node not in self._holds:
+            self._holds[node] = [dataclasses.replace(hold, owners=frozenset({key}))]
+
+    def _victim_gone(self, uid: str) -> None:
+        """A pod named as a victim is gone: its node's set is held. kube-scheduler evicted it for one
+        of the preemptors it was named for there, which the extender cannot tell apart until one of
+        them is asked for with the node it was nominated to (`nominated`): the hold is theirs together,
+        none of them kept off it, every other pod of no higher priority kept off."""
+        by_node: dict[str, list[tuple[str, Hold]]] = {}
+        for (key, node), hold in self._offers.pop(uid, {}).items():
+            by_node.setdefault(node, []).append((key, hold))
+        for node, offered in by_node.items():
+            owners = frozenset(k for k, _ in offered)
+            holds = [h for _, h in offered]
+            self._holds.setdefault(node, []).append(
+                Hold(
+                    owners,
+                    max(h.priority for h in holds),
+                    frozenset().union(*(h.cores for h in holds)),
+                    max(h.until for h in holds),
+                )
+            )
+
+    def release_holds(self, key: str, node: str = "") -> None:
+        """The preemptor is bound (or being bound) to `node`: a hold there that may be its is used up,
+        and it owns no other."""
+        if self._offers:
+            self.withdraw_offers(key)
+        for where in [n for n, held in self._holds.items() if any(key in h.owners for h in held)]:
+            kept = []
+            for held in self._holds[where]:
+                if key not in held.owners:
+                    kept.append(held)
+                elif where != node and len(held.owners) > 1:
+                    kept.append(dataclasses.replace(held, owners=held.owners - {key}))
+            self._set_holds(where, kept)
+
+    def _set_holds(self, node: str, holds: list[Hold]) -> None:
+        if holds:
+            self._holds[node] = holds
+        else:
+            self._holds.pop(node, None)
+
+    def held_against(self, node: str, priority: int, key: str, now: dt.datetime) -> frozenset[int]:
+        """The cores held on the node for other pods than `key` of `priority` or higher: whom
+        kube-scheduler counts a nominated pod against (framework.go `addGENominatedPods`)."""
+        held = self._holds.get(node)
+        if not held:
+            return frozenset()
+        if any(h.until < now for h in held):
+            held = [h for h in held if h.until >= now]
+            self._set_holds(node, held)
+        return frozenset().union(*(h.cores for h in held if h.priority >= priority and key not in h.owners))
+
     # --- per node --------------------------------------------------------------------------------
     def node(self, node: str, now: dt.datetime, *, excluding: str = "") -> NodeState:
         """The node's state at `now`; `excluding` leaves one pod out of the in-flight ones (the pod
@@ -416,7 +593,17 @@ class ClusterView:
             )
         topo = self.topology(report)
         unhealthy = {c for d in report.unhealthy_devices for c in topo.cores_of(d)}
-        free = FreeState.of(topo, report.free_cores - unhealthy)
+        # A pod the watch showed deleted or finished holds nothing any more (the API server removes
+        # a bound pod once its kubelet has stopped it), though its report may list it a while yet:
+        # until the plugin's next List. Its cores count as free, so a pod preemption made room for
+        # passes at its next attempt rather than being refused, and preempting again elsewhere.
+        evicted = self._evicted.get(node, {})
+        released = [
+            report.pod_cores.get(k, ())
+            for k in report.pods
+            if (self._gone.get(k) == node and k not in self._bound and k not in self._assumed) or k in evicted
+        ]
+        free = FreeState.of(topo, report.free_cores.union(*released) - unhealthy)
         capacity = FreeState.of(
             topo, (c for d in range(topo.device_count) if d not in report.unhealthy_devices for c in topo.cores_of(d))
         )
@@ -433,6 +620,7 @@ class ClusterView:
         keys = tuple(p.key for p in in_flight)
         pending = report.pending_cores - unhealthy if in_flight else frozenset()
         placed = FreeState.of(topo, free.cores | pending) if pending else free
+        taken: list[frozenset[int]] = []
         for pod in in_flight:
             placement = placement_of(topo, placed, pod.request)
             if not placement.fits:
@@ -448,10 +636,29 @@ class ClusterView:
                     capacity,
                     keys,
                 )
+            taken.append(placed.cores - placement.free_after.cores)
             placed = placement.free_after
         free = FreeState.of(topo, placed.cores & free.cores) if pending else placed
         situation = self._situation(topo, free, capacity)
-        return NodeState(node, None, topo, situation.free, situation.capacity, keys, situation)
+        return NodeState(node, None, topo, situation.free, situation.capacity, keys, situation, tuple(taken))
+
+    def occupants(self, state: NodeState) -> list[Occupant]:
+        """The pods holding silicon on the node of `state` (a state `node` returned, not refused):
+        those its report lists, with the cores the report gives them, and those in flight, with the
+        cores they were simulated on. A pod holding nothing (a group's leader) is left out."""
+        report = self.reports.get(state.node)
+        if report is None:
+            return []
+        found: list[Occupant] = []
+        simulated = dict(zip(state.in_flight, state.in_flight_cores, strict=True))
+        evicted = self._evicted.get(state.node, {})
+        for key in sorted(self._by_node.get(state.node, ())):
+            pod = self._pod(key)
+            if pod is None or not asks_for_neuron(pod.request) or evicted.get(key) == pod.uid:
+                continue
+            cores = simulated.get(key) if key not in report.pods else report.pod_cores.get(key)
+            found.append(Occupant(pod, cores))
+        return found
 
     def _situation(self, topo: Topology, free: FreeState, capacity: FreeState) -> Situation:
         """The one situation of nodes alike, so their answers are computed once."""
