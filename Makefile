@@ -25,7 +25,7 @@ unexport PYTHONDONTWRITEBYTECODE
 JOBS      ?= $(shell nproc)
 XDIST     := -n $(JOBS) --dist loadfile
 
-.PHONY: aws-handover k8s-versions k8s-next help setup test lint typecheck unit integration integration-chart integration-rest bench demo protos dashboards npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images images-build release
+.PHONY: aws-handover k8s-versions k8s-next help setup test lint typecheck unit integration integration-chart integration-rest bench demo protos dashboards dra-config npd-rules chart-docs chart-lint e2e clean cluster-up cluster-down cluster-test images images-build release
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -105,6 +105,9 @@ chart-docs: ## regenerate the chart's values.schema.json (from values.yaml and t
 chart-lint: ## chart-testing's ct lint (yamale, yamllint, helm lint --strict) over every ci/*-values.yaml
 	source "$$(tests/chart/build-tools.sh)/paths.env"; \
 	  "$$CT" lint --config ct.yaml --all --lint-conf "$$CT_ETC/lintconf.yaml" --chart-yaml-schema "$$CT_ETC/chart_schema.yaml"
+
+dra-config: ## regenerate the chart's files/dra-opaque-config.yaml (what its DRA config admission policy checks) from the DRA driver's parser
+	$(PYTHON) tools/dra_config.py
 
 npd-rules: ## regenerate the chart's files/npd-rules.yaml from the fault table (neuron_health.faults)
 	$(BIN)/neuron-problem-detector --print-default-rules > charts/neuron-helm-chart/files/npd-rules.yaml

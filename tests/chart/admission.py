@@ -30,15 +30,16 @@ async def outcomes(attempts: Mapping[str, Awaitable[Any]]) -> dict[str, str]:
     return answers
 
 
-async def until_enforced(attempt: Callable[[], Awaitable[Any]], refusal: str) -> None:
-    """Repeats `attempt` until the API server refuses it (403) with `refusal` in its message: a new
-    admission policy takes a moment to be enforced after it is created."""
+async def until_enforced(attempt: Callable[[], Awaitable[Any]], refusal: str, status: int = 403) -> None:
+    """Repeats `attempt` until the API server refuses it (`status`: 403 for a validation's reason
+    Forbidden, 422 for Invalid) with `refusal` in its message: a new admission policy takes a moment
+    to be enforced after it is created."""
 
     async def refused() -> bool:
         try:
             await attempt()
         except ApiError as exc:
-            if exc.status == 403 and refusal in exc.message:
+            if exc.status == status and refusal in exc.message:
                 return True
             raise  # not yet: the wait names the last answer
         return False

@@ -37,7 +37,7 @@ def test_the_one_set_pair_switches_the_release_to_dra() -> None:
     ds = daemonset(docs, "dra-driver")
     c = container(ds)
     assert c["image"] == "localhost/neuron-helm-chart/dra-driver:0.1.0"
-    assert c["args"][:13] == [
+    assert c["args"][:14] == [
         "--host-root=/host",
         "--host-dev-root=/",
         "--plugin-dir=/var/lib/kubelet/plugins/neuron.aws.com",
@@ -46,6 +46,7 @@ def test_the_one_set_pair_switches_the_release_to_dra() -> None:
         "--listen=0.0.0.0:9844",
         "--log-level=info",
         "--health-quiet-period=300",
+        "--heartbeat-stale-after=300",  # firmwareHeartbeat.staleAfter, the same on every node agent
         "--publish-cores",
         "--publish-groups",
         "--device-taints",
@@ -53,7 +54,7 @@ def test_the_one_set_pair_switches_the_release_to_dra() -> None:
         "--taint-effect-replace-instance=NoSchedule",
     ]
     # with the problem detector, its verdicts rather than the kernel log
-    assert c["args"][13:] == [
+    assert c["args"][14:] == [
         "--kmsg-path=none",
         "--verdict-dir=/var/lib/neuron-problem-detector/verdicts",
         "--ultraserver-labels",  # AWS's UltraServer labels on its node
@@ -63,6 +64,33 @@ def test_the_one_set_pair_switches_the_release_to_dra() -> None:
     assert "automountServiceAccountToken" not in pod  # it needs its pod-bound token
     (sa,) = [s for s in of_kind(docs, "ServiceAccount") if s["metadata"]["name"] == DRIVER]
     assert "automountServiceAccountToken" not in sa
+
+
+def test_the_driver_rolls_with_a_surge_and_names_its_sockets_after_its_pod() -> None:
+    """The kubelet's seamless upgrade of DRA plugins (issue 58 item 3): by default the DaemonSet
+    starts a node's new pod beside the old one (`maxSurge: 1`, none unavailable), and each pod, given
+    its UID by the downward API, serves sockets of its own (the driver's parser reads the rendered
+    args and environment), so the new pod registers without unlinking the old one's."""
+    from neuron_dra_driver import config as driver_config
+
+    ds = daemonset(render(*ON), "dra-driver")
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    c = container(ds)
+    env = {e["name"]: e for e in c["env"]}
+    assert env["NEURON_DRA_POD_UID"] == {
+        "name": "NEURON_DRA_POD_UID",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}},
+    }
+    paths: list[tuple[str, str]] = []
+    for uid in ("7c1d2a40-0000-4000-8000-00000000000a", "7c1d2a40-0000-4000-8000-00000000000b"):
+        parsed = driver_config.parse(c["args"], env={"NODE_NAME": "node-a", "NEURON_DRA_POD_UID": uid})
+        assert parsed.registration_socket.name == f"neuron.aws.com-{uid}-reg.sock"
+        assert parsed.dra_socket.name == f"dra-{uid}.sock"
+        paths.append((str(parsed.registration_socket), str(parsed.dra_socket)))
+    assert len({p for pair in paths for p in pair}) == 4  # nothing shared but the checkpoint and its lock
 
 
 def test_writable_host_paths_are_the_kubelets_plugin_dirs_and_cdi() -> None:

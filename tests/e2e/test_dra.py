@@ -4,7 +4,8 @@ over a simulated trn1.32xlarge and then an inf2.48xlarge.
 
 A claim for 4 connected devices gets a torus row and the container sees exactly those /dev/neuronN;
 a claim no node can satisfy stays Pending with the scheduler's reason; a restarted driver keeps the
-running pod's devices and unprepares them afterwards; a device error taints the device and its
+running pod's devices and unprepares them afterwards; a claim pod created during the driver's rollout
+starts without a failed prepare; a device error taints the device and its
 cores in the node's ResourceSlices (a tolerating claim still gets it) and a reboot untaints them; on inf2 a claim for 3 cores gets cores on two connected devices.
 The tests run in file order and share one release (the device plugin off: one `--set` pair).
 
@@ -301,6 +302,50 @@ def test_restarting_the_driver_keeps_the_running_pods_devices() -> None:
     delete_pods("four-again")
 
 
+def driver_pods() -> dict[str, dict[str, Any]]:
+    """The driver's pods on the node by UID: each one's phase and whether it is Ready and terminating."""
+    items = read("pods", namespace=NAMESPACE, selector="app.kubernetes.io/component=dra-driver")["items"]
+    return {
+        p["metadata"]["uid"]: {
+            "ready": any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", [])),
+            "terminating": "deletionTimestamp" in p["metadata"],
+        }
+        for p in items
+        if p["spec"].get("nodeName") == NODE
+    }
+
+
+def test_a_claim_pod_created_during_the_drivers_rollout_starts_without_a_failed_prepare() -> None:
+    """The kubelet's seamless upgrade of DRA plugins (issue 58 item 3): the chart rolls the driver
+    with `maxSurge: 1`, and each pod's sockets carry its UID, so the node's new driver pod registers
+    beside the old one, which stops only once the new one is Ready. A claim pod created right after
+    `kubectl rollout restart` is prepared by one of them: it runs, and the kubelet never reports a
+    failed prepare (`FailedPrepareDynamicResources`, "... is not registered") for it."""
+    strategy = read("daemonset", DRIVER, namespace=NAMESPACE)["spec"]["updateStrategy"]
+    assert strategy == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}, strategy
+    (old,) = driver_pods()
+    kubectl("rollout", "restart", "daemonset", DRIVER, "-n", NAMESPACE)
+    create_template("during-rollout", "neuron.aws.com", 1, None)
+    create_pod("rolled", "during-rollout")
+    overlap: list[set[str]] = []  # the node's driver pods seen at once, the old one among them
+
+    def rolled_and_running() -> bool:
+        pods = driver_pods()
+        if len(pods) > 1 and old in pods:
+            overlap.append(set(pods))
+        done = old not in pods and len(pods) == 1 and all(p["ready"] for p in pods.values())
+        return done and pod_phase("rolled", WORKLOADS) == "Running"
+
+    eventually(rolled_and_running, "the rollout done and the claim pod running", timeout=240)
+    kubectl("rollout", "status", "-n", NAMESPACE, f"daemonset/{DRIVER}", "--timeout=60s")
+    assert overlap, "the new driver pod never ran beside the old one: the DaemonSet did not surge"
+    events = read("events", namespace=WORKLOADS, field_selector="involvedObject.name=rolled")["items"]
+    failed = [f"{e['reason']}: {e.get('message', '')}" for e in events if "Prepare" in e.get("reason", "")]
+    assert failed == [], failed
+    assert len(allocated("rolled")) == 1
+    delete_pods("rolled")
+
+
 def test_a_reboot_that_empties_the_cdi_directory_loses_no_pods_devices() -> None:
     """/var/run/cdi is a tmpfs: after a reboot the driver restarts and the kubelet restarts the
     pod's container, naming the claim's CDI device; it must run again with the same devices."""
@@ -573,7 +618,7 @@ def test_awss_ultraserver_labels_and_claims_on_a_simulated_trn2u_node() -> None:
 def test_awss_published_claims_and_neuron_config_on_trn2() -> None:
     """On a simulated trn2.48xlarge: AWS's published ResourceClaimTemplates run unchanged; AWS's opaque
     NeuronConfig on one device (at the node's default LNC 2) gives the container LNC 1 and all 8
-    physical cores of its device; an invalid value is refused at prepare, naming the field."""
+    physical cores of its device; an invalid value is refused at admission, naming the field."""
     sim("create", "--instance-type", "trn2.48xlarge", "--root", TRN2_ROOT, "--char-devices", "--force",
         "--driver-version", AWS_DRIVER_VERSION)  # fmt: skip
     kubectl("label", "node", NODE, "node.kubernetes.io/instance-type=trn2.48xlarge", "--overwrite")
@@ -589,16 +634,28 @@ def test_awss_published_claims_and_neuron_config_on_trn2() -> None:
         seen = shown("lnc1")
         assert seen["lnc"] == ["1"]
         assert sorted(int(c) for c in seen["cores"][0].split(",")) == list(range(8 * device, 8 * device + 8))
-        create_template("one-lnc3", "neuron.aws.com", 1, None, {**aws, "logicalNeuronCore": 3})
-        create_pod("lnc3", "one-lnc3")
-
-        def refused() -> bool:
-            events = kubectl("get", "events", "-n", WORKLOADS, "--field-selector", "involvedObject.name=lnc3")
-            return "logicalNeuronCore must be 1 or 2" in events
-
-        eventually(refused, "the LNC 3 pod's prepare refused, naming logicalNeuronCore", timeout=180)
-        assert pod_phase("lnc3", WORKLOADS) == "Pending"
-        delete_pods("lnc1", "lnc3")
+        # a value no Neuron family accepts: refused when the template is created (the chart's admission
+        # policy, draDriver.configPolicy), naming the field, instead of at prepare
+        with pytest.raises(AssertionError) as refused:
+            create_template("one-lnc3", "neuron.aws.com", 1, None, {**aws, "logicalNeuronCore": 3})
+        assert "spec.spec.devices.config[0].opaque.parameters.logicalNeuronCore: 3 is not 1 or 2" in str(refused.value)
+        delete_pods("lnc1")
     finally:
         kubectl("label", "node", NODE, "node.kubernetes.io/instance-type=trn1.32xlarge", "--overwrite")
         install()
+
+
+def test_a_config_only_the_node_can_refuse_is_refused_at_prepare() -> None:
+    """LNC 2 is a setting some family accepts (trn2), so the admission policy admits it; the trn1 node
+    does not, and says so at prepare, naming the field (the pod's Events show it)."""
+    lnc2 = {"apiVersion": "neuron.aws.com/v1", "kind": "NeuronConfig", "logicalNeuronCore": 2}
+    create_template("one-lnc2", "neuron.aws.com", 1, None, lnc2)
+    create_pod("lnc2", "one-lnc2")
+
+    def refused() -> bool:
+        events = kubectl("get", "events", "-n", WORKLOADS, "--field-selector", "involvedObject.name=lnc2")
+        return "logicalNeuronCore 2 is not supported on trn1" in events
+
+    eventually(refused, "the LNC 2 pod's prepare refused on trn1, naming logicalNeuronCore", timeout=180)
+    assert pod_phase("lnc2", WORKLOADS) == "Pending"
+    delete_pods("lnc2")

@@ -32,8 +32,9 @@ class Kubelet:
     channel: aio.Channel | None = None
     endpoint: str = ""
 
-    async def register(self) -> reg.PluginInfo:
-        socket = self.registry / Path(layout.DRA_REGISTRATION_SOCKET).name
+    async def register(self, socket_name: str = "") -> reg.PluginInfo:
+        """Through the driver's registration socket: the fixed name, or `socket_name` (one instance's)."""
+        socket = self.registry / (socket_name or Path(layout.DRA_REGISTRATION_SOCKET).name)
         async with aio.insecure_channel(f"unix://{socket}") as ch:
             stub = reg_grpc.RegistrationStub(ch)
             info = await stub.GetInfo(reg.InfoRequest(), timeout=1)

@@ -258,6 +258,24 @@ async def _tainted_are(h: Harness, names: set[str]) -> bool:
     return await _tainted(h) == names
 
 
+# The driver generations the simulator writes (neuron_driver.driver_layout.SIMULATED), by a version of each,
+# as the other node agents' health tests run on them.
+@pytest.mark.parametrize("driver_version", [None, "2.28.0.0", "2.30.2.0"], ids=["pre-2.28", "2.28", "2.30.2"])
+async def test_each_generation_starts_clean_and_a_counter_error_taints(start_driver, short_tmp, driver_version) -> None:  # type: ignore[no-untyped-def]
+    root = short_tmp / f"trn1-{driver_version}"
+    sim.create(root, "trn1.32xlarge", driver_version=driver_version)
+    h: Harness = await start_driver("trn1.32xlarge", "--heartbeat-stale-after", "90s", root=root)
+    assert h.driver.layout.ok, h.driver.layout.lines()
+    assert h.driver.metrics.health_sources_missing._value.get() == 0
+    assert h.driver.monitor.watch.heartbeats.stale_after == 90  # the flag reaches the counter watch
+    await eventually(lambda: _has_device(h, "neurondevice3"))
+    sim.bump_counter(h.root, 3, "sram_ecc_uncorrected")
+    await eventually(lambda: _device_tainted(h, "neurondevice3"))
+    (taint,) = (await _device(h, "neurondevice3"))["taints"]
+    assert (taint["key"], taint["value"]) == ("neuron.aws.com/unhealthy", "SRAM_UNCORRECTABLE_ERROR")
+    assert h.driver.metrics.errors.labels("counters")._value.get() == 0  # health_status/ is no counter
+
+
 async def test_the_firmwares_verdict_taints_a_failing_device_and_not_a_link_fault(start_driver, short_tmp) -> None:  # type: ignore[no-untyped-def]
     root = short_tmp / "trn2-2.30.2"
     sim.create(root, "trn2.48xlarge", driver_version="2.30.2.0")

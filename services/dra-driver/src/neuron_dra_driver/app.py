@@ -69,6 +69,7 @@ class DraDriver:
             cdi_dir=config.cdi_spec_dir,
             host_dev_root=config.host_dev_root,
             metrics=self.metrics,
+            lock_file=config.serialize_lock,
         )
         self.monitor = HealthMonitor(
             self.health,
@@ -76,6 +77,7 @@ class DraDriver:
             config.health_interval,
             config.verdict_dir,
             on_error=lambda kind: self.metrics.errors.labels(kind).inc(),
+            heartbeat_stale_after=config.heartbeat_stale_after,
         )
         self.publisher = SlicePublisher(api, config.node_name, self.model, self.metrics, resync=config.resync_interval)
         self.placement = NodePlacement(

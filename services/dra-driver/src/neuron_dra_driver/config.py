@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +28,42 @@ from neuron_driver import layout
 from neuron_health.flags import HealthSources
 
 DEFAULT_LISTEN = "0.0.0.0:9844"
+
+# The kubelet's seamless upgrade of DRA plugins (KEP-4381, kubelet 1.33+): each instance's sockets carry
+# its pod's UID, so a new instance registers beside the old one instead of unlinking the socket the
+# kubelet is using, and the kubelet falls back to the old one if the new fails. The names are the
+# kubeletplugin helper's (k8s.io/dynamic-resource-allocation, RollingUpdate): `<driver>-<uid>-reg.sock`
+# and `dra-<uid>.sock`; the instances serialise their calls with a lock file beside the checkpoint.
+SERIALIZE_LOCK = "serialize.lock"
+_UID_RE = re.compile(r"^[0-9a-zA-Z][-0-9a-zA-Z]{0,62}$")
+
+
+def _pod_uid(value: str) -> str:
+    if value and not _UID_RE.match(value):
+        raise argparse.ArgumentTypeError(f"{value!r} is not a pod UID (letters, digits and '-')")
+    return value
+
+
+def _with_uid(stem: str, uid: str) -> str:
+    return f"{stem}-{uid}" if uid else stem
+
+
+def dra_socket_name(uid: str = "") -> str:
+    return _with_uid(Path(layout.DRA_SOCKET).stem, uid) + ".sock"
+
+
+def registration_socket_name(uid: str = "") -> str:
+    return _with_uid(layout.DRA_DRIVER_NAME, uid) + "-reg.sock"
+
+
+def is_instance_socket(name: str) -> bool:
+    """A socket name some instance of this driver uses, with or without a pod UID."""
+    for stem, suffix in ((Path(layout.DRA_SOCKET).stem, ".sock"), (layout.DRA_DRIVER_NAME, "-reg.sock")):
+        if name == stem + suffix:
+            return True
+        if name.startswith(stem + "-") and name.endswith(suffix):
+            return bool(_UID_RE.match(name[len(stem) + 1 : -len(suffix)]))
+    return False
 
 
 def _taint_effect(severity: str) -> Any:
@@ -79,14 +117,26 @@ class Config(Node, HostDevices, ApiRequests, UltraServerLabels, Serving, HealthS
     resync_interval: float = flag(
         "1m", "longest time between two checks that the ResourceSlices are as published", type=positive_duration
     )
+    pod_uid: str = flag(
+        "",
+        "this pod's UID (the chart passes metadata.uid): the sockets are named after it, so during a rolling "
+        "update the new driver registers beside the old one and the kubelet always has one (needs a kubelet of "
+        "1.33 or later); empty: the fixed names dra.sock and neuron.aws.com-reg.sock",
+        type=_pod_uid,
+    )
 
     @property
     def dra_socket(self) -> Path:
-        return self.plugin_dir / Path(layout.DRA_SOCKET).name
+        return self.plugin_dir / dra_socket_name(self.pod_uid)
 
     @property
     def registration_socket(self) -> Path:
-        return self.registry_dir / Path(layout.DRA_REGISTRATION_SOCKET).name
+        return self.registry_dir / registration_socket_name(self.pod_uid)
+
+    @property
+    def serialize_lock(self) -> Path | None:
+        """The file lock two instances take around each kubelet call, or None for one instance alone."""
+        return self.plugin_dir / SERIALIZE_LOCK if self.pod_uid else None
 
     @property
     def checkpoint_file(self) -> Path:

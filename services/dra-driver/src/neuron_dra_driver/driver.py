@@ -2,17 +2,23 @@
 the CDI specs and the checkpoint, in that order.
 
 Calls are serialised (one lock): the checkpoint is rewritten after each, and two calls for the
-same claim must not interleave. Both operations are idempotent, as the kubelet requires: a claim
-prepared before answers with the same devices, without asking the API server again; unpreparing
-a claim not prepared (or already unprepared, or whose object is gone) succeeds.
+same claim must not interleave. During a rolling update two instances serve the kubelet at once (it
+may prepare a claim through one and unprepare it through the other): with `lock_file` each call also
+holds that file's lock and starts from the checkpoint on disk, which is the instances' shared state.
+Both operations are idempotent, as the kubelet requires: a claim prepared before answers with the
+same devices, without asking the API server again; unpreparing a claim not prepared (or already
+unprepared, or whose object is gone) succeeds.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import logging
+import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 
 from neuron_common.kube import ObjectReader
@@ -51,6 +57,7 @@ class Driver:
         cdi_dir: Path,
         host_dev_root: Path,
         metrics: DriverMetrics,
+        lock_file: Path | None = None,
     ) -> None:
         self.node_name = node_name
         self.api = api
@@ -64,12 +71,56 @@ class Driver:
         self.host_dev_root = host_dev_root
         self.metrics = metrics
         self.lock = asyncio.Lock()
+        self.lock_file = lock_file  # shared with the other instance of a rolling update; None: alone
         self.prepared: dict[str, PreparedClaim] = {}
         self.problem = ""  # a checkpoint recovery to report on /readyz's detail
+
+    def _open_lock(self) -> int:
+        assert self.lock_file is not None
+        self.lock_file.parent.mkdir(parents=True, exist_ok=True)  # the first start on a node
+        return os.open(self.lock_file, os.O_RDWR | os.O_CREAT, 0o600)  # closing it releases the lock
+
+    @contextlib.contextmanager
+    def _file_lock(self) -> Iterator[None]:
+        if self.lock_file is None:
+            yield
+            return
+        fd = self._open_lock()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    @contextlib.asynccontextmanager
+    async def _serialised(self) -> AsyncIterator[None]:
+        """This instance's calls one at a time and, beside another instance, theirs too: the other
+        may have prepared or unprepared claims since, so the claims are read again from the checkpoint."""
+        async with self.lock:
+            if self.lock_file is None:
+                yield
+                return
+            fd = self._open_lock()
+            try:
+                await asyncio.to_thread(fcntl.flock, fd, fcntl.LOCK_EX)  # the other's call is short
+                self._read_checkpoint()
+                yield
+            finally:
+                os.close(fd)
+
+    def _read_checkpoint(self) -> None:
+        self.prepared, problem = self.checkpoint.recover(self.cdi_dir)
+        if problem:
+            self.problem = problem
+            self.metrics.errors.labels("checkpoint").inc()
 
     def load(self) -> None:
         """The checkpoint's claims, each with its CDI spec on disk again if a reboot took it: the
         kubelet may start a container naming a claim's CDI device before asking the driver anything."""
+        with self._file_lock():
+            self._load()
+
+    def _load(self) -> None:
         self.prepared, self.problem = self.checkpoint.recover(self.cdi_dir)
         if self.problem:
             self.metrics.errors.labels("checkpoint").inc()
@@ -112,7 +163,7 @@ class Driver:
     async def prepare(self, refs: Iterable[ClaimRef]) -> dict[str, PreparedClaim | str]:
         """Per claim UID: the prepared claim, or why it was refused."""
         results: dict[str, PreparedClaim | str] = {}
-        async with self.lock:
+        async with self._serialised():
             for ref in refs:
                 started = time.perf_counter()
                 results[ref.uid] = await self._prepare_one(ref)
@@ -163,7 +214,7 @@ class Driver:
     async def unprepare(self, refs: Iterable[ClaimRef]) -> dict[str, str]:
         """Per claim UID: "" when unprepared (or never prepared), else the error."""
         results: dict[str, str] = {}
-        async with self.lock:
+        async with self._serialised():
             for ref in refs:
                 started = time.perf_counter()
                 results[ref.uid] = self._unprepare_one(ref)

@@ -21,13 +21,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from neuron_driver.layout import DRA_DRIVER_NAME as DRIVER
+from neuron_model.instance_types import FAMILIES
+from neuron_model.ultraserver import ENV_GROUP_SIZES
 
 # AWS's group and its earlier beta spellings, all still in AWS's examples
 API_VERSIONS = ("neuron.aws.com/v1", "neuron.aws.com/v1alphav1", "resource.neuron.aws.com/v1alphav1")
 NEURON_CONFIG = "NeuronConfig"
 ULTRASERVER_CONFIG = "UltraServerConfig"
-LOGICAL_NEURON_CORE_VALUES = (1, 2)
-ULTRASERVER_MODE_VALUES = (2, 4)
+# What some Neuron family accepts: all a claim can be refused for before it reaches a node. Whether this
+# node's family accepts it is the node's to say (`claims.relogical`).
+LOGICAL_NEURON_CORE_VALUES = tuple(sorted({lnc for family in FAMILIES.values() for lnc in family.supported_lnc}))
+ULTRASERVER_MODE_VALUES = tuple(sorted(ENV_GROUP_SIZES))
+FIELDS = {NEURON_CONFIG: "logicalNeuronCore", ULTRASERVER_CONFIG: "ultraserverMode"}  # each kind's one field
+VALUES = {"logicalNeuronCore": LOGICAL_NEURON_CORE_VALUES, "ultraserverMode": ULTRASERVER_MODE_VALUES}
 
 
 class ConfigError(ValueError):
@@ -64,17 +70,25 @@ def parse(parameters: object, where: str) -> RequestConfig:
     api_version, kind = parameters.get("apiVersion"), parameters.get("kind")
     if api_version not in API_VERSIONS:
         raise ConfigError(f"{where}.parameters.apiVersion {api_version!r} is not one of {', '.join(API_VERSIONS)}")
-    fields = {NEURON_CONFIG: "logicalNeuronCore", ULTRASERVER_CONFIG: "ultraserverMode"}
-    if not isinstance(kind, str) or kind not in fields:
+    if not isinstance(kind, str) or kind not in FIELDS:
         raise ConfigError(f"{where}.parameters.kind {kind!r} is not {NEURON_CONFIG} or {ULTRASERVER_CONFIG}")
-    unknown = sorted(set(parameters) - {"apiVersion", "kind", fields[kind]})
+    unknown = sorted(set(parameters) - {"apiVersion", "kind", FIELDS[kind]})
     if unknown:
         raise ConfigError(f"{where}.parameters has unknown field(s) {', '.join(unknown)} for {kind}")
+    value = _choice(parameters, FIELDS[kind], VALUES[FIELDS[kind]], where)
     if kind == ULTRASERVER_CONFIG:
-        return RequestConfig(ultraserver_mode=_choice(parameters, "ultraserverMode", ULTRASERVER_MODE_VALUES, where))
-    return RequestConfig(
-        logical_neuron_core=_choice(parameters, "logicalNeuronCore", LOGICAL_NEURON_CORE_VALUES, where)
-    )
+        return RequestConfig(ultraserver_mode=value)
+    return RequestConfig(logical_neuron_core=value)
+
+
+def admission_facts() -> dict[str, Any]:
+    """What the chart's admission policy refuses a config for (files/dra-opaque-config.yaml, written
+    by `make dra-config`): the checks of `parse` that need no node."""
+    return {
+        "driver": DRIVER,
+        "apiVersions": list(API_VERSIONS),
+        "kinds": {kind: {field: list(VALUES[field])} for kind, field in FIELDS.items()},
+    }
 
 
 def per_request(allocation: Mapping[str, Any], requests: Iterable[str]) -> dict[str, RequestConfig]:

@@ -4,7 +4,9 @@ registration on `<plugins_registry>/neuron.aws.com-reg.sock`.
 
 The DRA socket is served before the registration socket exists: the kubelet dials the endpoint
 as soon as it has read `GetInfo`. Stopping removes the registration socket first, so the kubelet
-deregisters before the DRA socket goes.
+deregisters before the DRA socket goes. With a pod UID both names carry it (`config.dra_socket_name`),
+so during a rolling update the new instance serves beside the old one; at start it removes only
+sockets of earlier instances that nothing listens on any more (a pod killed before it could clean up).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import socket
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from pathlib import Path
@@ -29,6 +32,7 @@ from kubelet_api.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 from neuron_common.lifecycle import wait_any
 from neuron_dra_driver import slices
 from neuron_dra_driver.claims import ClaimRef
+from neuron_dra_driver.config import is_instance_socket
 from neuron_dra_driver.driver import Driver
 from neuron_dra_driver.metrics import DriverMetrics
 from neuron_health.device_health import DeviceHealth
@@ -148,6 +152,33 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         return reg.RegistrationStatusResponse()
 
 
+def remove_dead_sockets(directory: Path, own: Path) -> list[Path]:
+    """Removes this driver's sockets in `directory` other than `own` whose listener is gone (a
+    connect is refused); one that answers, or cannot be told, is another instance's and stays."""
+    removed: list[Path] = []
+    try:
+        entries = sorted(directory.iterdir())
+    except FileNotFoundError:
+        return removed
+    for path in entries:
+        if path.name == own.name or not is_instance_socket(path.name) or not path.is_socket():
+            continue
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            try:
+                probe.connect(str(path))
+                continue  # a live instance
+            except ConnectionRefusedError:
+                pass
+            except OSError:
+                continue
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            removed.append(path)
+            log.info("removed %s: no instance listens on it any more", path)
+    return removed
+
+
 def _unlink_stale(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with contextlib.suppress(FileNotFoundError):
@@ -164,6 +195,8 @@ async def serve(
     stop: asyncio.Event,
 ) -> None:
     """Serve until `stop`; then deregister and close both sockets (calls in flight get 5 s)."""
+    for own in (dra_socket, registration_socket):
+        await asyncio.to_thread(remove_dead_sockets, own.parent, own)  # each probe may wait a second
     _unlink_stale(dra_socket)
     dra_server = aio.server(options=[("grpc.so_reuseport", 0)])
     dra_grpc.add_DRAPluginServicer_to_server(DraServicer(driver), dra_server)
