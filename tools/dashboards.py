@@ -566,6 +566,18 @@ def hardware_errors() -> Dashboard:
             ),
             panel(
                 timeseries.Panel(),
+                "Corrected ECC events / h by device and type (driver 2.30.2+)",
+                [
+                    query(
+                        f"sum by (node, device, type) (increase(neuron_device_ecc_corrected_errors_total{{{N}}}[1h]))",
+                        "{{node}} neuron{{device}} {{type}}",
+                    )
+                ],
+                12,
+                8,
+            ),
+            panel(
+                timeseries.Panel(),
                 "Hardware errors by device and kind",
                 [
                     query(

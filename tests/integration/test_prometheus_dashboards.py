@@ -84,7 +84,7 @@ class Stacks:
 async def stacks() -> AsyncIterator[Stacks]:
     work = Path(tempfile.mkdtemp(prefix="prom-"))
     root = work / "node"
-    sim.create(root, "trn2.48xlarge")
+    sim.create(root, "trn2.48xlarge", driver_version="2.30.2.0")  # the newest tree: corrected ECC counts too
     kubelet = FakeKubelet(work / "dp", work / "pr")
     await kubelet.start()
     for pod, resource, ids in (
@@ -151,6 +151,7 @@ async def stacks() -> AsyncIterator[Stacks]:
                 sim.set_memory(root, 3, "model_code", 1 << (20 + step), core=2)
                 sim.set_memory(root, 3, "dma_buffers", 4096 * (step + 1))
                 sim.set_power(root, 3, 10, 80, 40 + step)
+                sim.bump_counter(root, 3, "mem_ecc_corrected", by=2)
                 if step == 4:
                     sim.bump_counter(root, 3, "mem_ecc_uncorrected")
                     sim.bump_counter(root, 3, "hw_nc_ue_error", core=2)

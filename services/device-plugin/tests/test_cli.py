@@ -71,6 +71,7 @@ DURATIONS = {  # flag: Config attribute
     "--shutdown-drain": "shutdown_drain",
     "--register-timeout": "register_timeout",
     "--node-report-interval": "node_report_interval",
+    "--heartbeat-stale-after": "heartbeat_stale_after",
 }
 
 
@@ -92,6 +93,7 @@ def test_duration_defaults() -> None:
     assert (cfg.health_interval, cfg.health_quiet_period, cfg.holdings_interval) == (0.5, 300.0, 5.0)
     assert cfg.shutdown_drain == 2.0
     assert (cfg.pending_ttl, cfg.register_timeout) == (60.0, 10.0)
+    assert cfg.heartbeat_stale_after == 300.0  # neuron_health.pipeline.HEARTBEAT_STALE_AFTER
 
 
 @pytest.mark.integration

@@ -342,6 +342,18 @@ class TestHealth:
         assert "neuron6" in h.kubelet.healthy(NEURON)
         assert len(h.kubelet.healthy(NEURON)) == 15
 
+    async def test_a_heartbeat_standing_still_past_the_flag_takes_the_device_out(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
+        """--heartbeat-stale-after (the chart's firmwareHeartbeat.staleAfter) is the watch's threshold: with
+        the default 300 s this test would wait five minutes."""
+        h = await start_plugin("trn2.3xlarge", "--heartbeat-stale-after", "0.5s", driver_version="2.30.2.0")
+        assert h.plugin.monitor.watch.heartbeats.stale_after == 0.5
+        await next_health_check(h)  # the first value seen
+        sim.beat_heartbeat(h.root, 0)
+        await next_health_check(h)  # seen to change: from here on, standing still counts
+        assert "neuron0" in h.kubelet.healthy(NEURON)
+        await eventually(lambda: "neuron0" not in h.kubelet.healthy(NEURON), timeout=5)
+        assert h.plugin.state.verdict(0).fault == "HEALTHCHECK_HEARTBEAT_STALE"
+
     async def test_core_status_counter(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
         h = await start_plugin("trn2.48xlarge", lnc=1)
         sim.bump_counter(h.root, 9, "hw_dma_abort_error", core=3)

@@ -1,29 +1,37 @@
 """The exporter on every driver generation the simulator writes: it starts with nothing missing, reads
 no directory as a counter (health_status/ sits in stats/hardware from 2.28), and on 2.30.2 serves the
-corrected ECC counts under AWS's name."""
+corrected ECC counts under AWS's name and in a native family of their own. A tree whose health
+counters have moved is served as missing health sources."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import random
 from pathlib import Path
 
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from neuron_node_metrics import config as config_mod
+from neuron_node_metrics.app import Exporter
 from neuron_node_metrics.attribution import Attribution
 from neuron_node_metrics.catalogue import FAMILIES, Naming
-from neuron_node_metrics.collector import NeuronCollector
+from neuron_node_metrics.collector import UTILIZATION, NeuronCollector
+from neuron_sim import monitor as standin
 from neuron_sim import node as sim
 
 ALL = frozenset(FAMILIES)
 
 
-def ecc_events(text: str) -> dict[str, float]:
-    """hardware_ecc_events_total of device 0, by event_type."""
+def ecc_events(text: str, name: str = "hardware_ecc_events_total") -> dict[str, float]:
+    """An ECC family of device 0, by event_type (AWS's name) or type (the native names)."""
     return {
-        s.labels["event_type"]: s.value
+        s.labels.get("event_type", s.labels.get("type", "")): s.value
         for fam in text_string_to_metric_families(text)
         for s in fam.samples
-        if s.name == "hardware_ecc_events_total" and s.labels.get("neuron_device_index") == "0"
+        if s.name == name and "0" in (s.labels.get("neuron_device_index"), s.labels.get("device"))
     }
 
 
@@ -40,7 +48,138 @@ def test_each_generation_starts_clean_and_reads_its_counters(tmp_path: Path, dri
     if driver_version == "2.30.2.0":
         sim.bump_counter(tmp_path, 0, "mem_ecc_corrected", by=7)
         sim.bump_counter(tmp_path, 0, "sram_ecc_corrected", by=1)
-        events = ecc_events(c.render())
+        text = c.render()
+        events = ecc_events(text)
         assert (events["mem_ecc_corrected"], events["sram_ecc_corrected"]) == (7, 1)
+        # natively a family of their own: the uncorrected one, whose rise means "replace", stays as it was
+        assert ecc_events(text, "neuron_device_ecc_corrected_errors_total") == {"mem_corrected": 7, "sram_corrected": 1}
+        assert ecc_events(text, "neuron_device_ecc_errors_total") == {
+            "mem_uncorrected": 2,
+            "sram_uncorrected": 0,
+            "mem_repairable_uncorrected": 0,
+        }
     else:
         assert "mem_ecc_corrected" not in events
+        assert ecc_events(c.render(), "neuron_device_ecc_corrected_errors_total") == {}
+
+
+def _self_metrics(root: Path) -> dict[str, float]:
+    """The exporter's own series, unlabelled ones by name, as /metrics serves them after the Neuron page."""
+    cfg = config_mod.parse(
+        ["--host-root", str(root), "--pod-resources-socket", str(root / "none.sock"), "--listen", "127.0.0.1:0"],
+        env={},
+    )
+    assert cfg is not None
+    exporter = Exporter(cfg, asyncio.Event())
+    text = generate_latest(exporter.self_registry).decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}
+
+
+def test_a_moved_health_counter_is_served_as_missing_health_sources(tmp_path: Path) -> None:
+    sim.create(tmp_path / "clean", "trn2.3xlarge", driver_version="2.30.2.0")
+    assert _self_metrics(tmp_path / "clean")["neuron_exporter_health_sources_missing"] == 0
+    moved = tmp_path / "moved"
+    sim.create(moved, "trn2.3xlarge", driver_version="2.30.2.0")
+    sim.move_node(moved, 0, "stats/hardware", "stats/hardware_v2")
+    # one device: its 3 uncorrected and 2 corrected counts, and health_status/ (4 counters and the verdict's 2)
+    assert _self_metrics(moved)["neuron_exporter_health_sources_missing"] == 3 + 2 + 4 + 2
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def samples(text: str, name: str) -> list[tuple[dict[str, str], float]]:
+    return [(s.labels, s.value) for f in text_string_to_metric_families(text) for s in f.samples if s.name == name]
+
+
+def busy(root: Path, core: int, seconds: float) -> None:
+    """nc_time_in_use of physical core `core` of device 0 grows by `seconds` (it counts picoseconds)."""
+    sim.bump_counter(root, 0, "nc_time_in_use", core=core, by=int(seconds * 1e12))
+
+
+@pytest.mark.parametrize("driver_version", [None, "2.28.0.0", "2.30.2.0"], ids=["pre-2.28", "2.28", "2.30.2"])
+def test_utilization_from_sysfs_where_the_driver_keeps_it_live(tmp_path: Path, driver_version: str | None) -> None:
+    sim.create(tmp_path, "trn2.3xlarge", driver_version=driver_version)  # LNC 2: logical core 0 is physical 0, 1
+    clock = Clock()
+    c = NeuronCollector(tmp_path, ALL, Attribution, naming=Naming.BOTH, clock=clock)
+    busy(tmp_path, 0, 3.0)
+    first = c.render()
+    assert samples(first, "neuron_core_utilization_ratio") == []  # nothing to measure against yet
+    clock.now += 4.0
+    busy(tmp_path, 0, 2.0)  # physical core 0 busy half of the 4 s, physical core 1 idle: the logical core a quarter
+    busy(tmp_path, 2, 4.0)  # logical core 1, half busy (physical 2 all the time, 3 not at all)
+    text = c.render()
+    if not c.live:  # before 2.30.2 the counter moves when a process exits: no rate is made of it
+        assert driver_version != "2.30.2.0"
+        assert samples(text, "neuron_core_busy_seconds_total") == []
+        assert samples(text, "neuron_core_utilization_ratio") == []
+        return
+    assert {labels["core"]: v for labels, v in samples(text, "neuron_core_busy_seconds_total")} == {
+        "0": 2.5,
+        "1": 2.0,
+        "2": 0,
+        "3": 0,
+    }
+    native = {labels["core"]: v for labels, v in samples(text, "neuron_core_utilization_ratio")}
+    assert native == {"0": 0.25, "1": 0.5, "2": 0, "3": 0}
+    assert all(labels["runtime_tag"] == "" for labels, _ in samples(text, "neuron_core_utilization_ratio"))
+    drop_in = {labels["neuroncore"]: v for labels, v in samples(text, "neuroncore_utilization_ratio")}
+    assert drop_in == native
+    sim.set_counter_raw(tmp_path, 0, "nc_time_in_use", "0\n", core=2)  # started again from 0, as after a reload
+    clock.now += 1.0
+    after = {labels["core"]: v for labels, v in samples(c.render(), "neuron_core_utilization_ratio")}
+    assert after == {"0": 0, "2": 0, "3": 0}  # no negative busy fraction for core 1, no figure at all
+
+
+def test_neuron_monitor_wins_over_sysfs_while_it_reports(tmp_path: Path) -> None:
+    sim.create(tmp_path, "trn2.3xlarge", driver_version="2.30.2.0")
+    cfg = config_mod.parse(
+        ["--host-root", str(tmp_path), "--pod-resources-socket", str(tmp_path / "none.sock"),
+         "--listen", "127.0.0.1:0", "--neuron-monitor-command", "neuron-monitor"],
+        env={},
+    )  # fmt: skip
+    assert cfg is not None
+    exporter = Exporter(cfg, asyncio.Event())
+    clock = Clock()
+    exporter.collector.clock = clock
+    exporter.collector.render()
+    clock.now += 1.0
+    busy(tmp_path, 0, 1.0)
+    # configured, not running (no document yet): sysfs's figure
+    assert {labels["runtime_tag"] for labels, _ in samples(exporter.collector.render(), UTILIZATION)} == {""}
+    node = standin.node_from_root(tmp_path)
+    exporter.monitor.feed(json.dumps(standin.document(node, standin.spread(node, 2, 2), random.Random(0))))
+    clock.now += 1.0
+    busy(tmp_path, 0, 1.0)
+    text = exporter.collector.render()
+    served = samples(text, UTILIZATION)
+    assert served, "neuron-monitor's runtimes report utilization"
+    assert all(labels["runtime_tag"] != "" for labels, _ in served)  # only neuron-monitor's, per runtime
+    assert len({labels["core"] for labels, _ in samples(text, "neuron_core_busy_seconds_total")}) == 4  # kept
+
+
+def test_a_plain_file_nc_time_in_use_is_read_as_well_as_the_drivers_counter_node(tmp_path: Path) -> None:
+    """The driver writes other_info/<name> as a counter node (<name>/total, <name>/present), as the simulator
+    does; a plain file (the simulator's old shape) is read too."""
+    sim.create(tmp_path, "trn2.3xlarge", driver_version="2.30.2.0")
+    for node in sorted(
+        tmp_path.glob("sys/devices/virtual/neuron_device/neuron0/neuron_core*/stats/other_info/nc_time_in_use")
+    ):
+        assert (node / "total").is_file(), node
+        assert (node / "present").is_file(), node
+        (node / "total").unlink()
+        (node / "present").unlink()
+        node.rmdir()
+        node.write_text(f"{2 * 10**12}\n")  # 2 s
+    text = NeuronCollector(tmp_path, ALL, Attribution).render()
+    assert {labels["core"]: v for labels, v in samples(text, "neuron_core_busy_seconds_total")} == {
+        "0": 2.0,
+        "1": 2.0,
+        "2": 2.0,
+        "3": 2.0,
+    }

@@ -187,7 +187,7 @@ class CounterReader:
                     )
         if CounterKind.CORE_OTHER in wanted:
             for name in _listdir(cdir / "stats" / "other_info") or list(layout.OTHER_INFO):
-                self._add(layout.core_other_info_file(cdir, name), CounterKind.CORE_OTHER, device, core, name, "")
+                self._add(layout.core_other_info_value_file(cdir, name), CounterKind.CORE_OTHER, device, core, name, "")
 
     @property
     def keys(self) -> frozenset[CounterKey]:

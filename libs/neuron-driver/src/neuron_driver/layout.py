@@ -87,6 +87,20 @@ class HostLayout:
     def dev_node(self, index: int) -> Path:
         return self.dev_dir / f"neuron{index}"
 
+    def reset_node(self, index: int) -> Path:
+        """The driver's per-device reset node (`/sys/class/neuron_device/neuron<N>/reset`)."""
+        return self.class_link(index) / RESET_FILE
+
+
+# The per-device `reset` attribute (aws-neuron-driver neuron_cdev.c, `DEVICE_ATTR(reset, S_IWUSR |
+# S_IRUSR, ...)`): any write asks for a reset of the whole device, which the driver starts only while
+# no process holds the device open (`open_count == 0`); a read shows the device's state
+# (`enum neuron_device_state`, neuron_device.h): 0 while a reset runs, 1 ready, 2 invalid (it failed).
+RESET_FILE = "reset"
+DEVICE_STATE_RESET = 0
+DEVICE_STATE_READY = 1
+DEVICE_STATE_INVALID = 2
+
 
 DEVICE_NAME_RE = re.compile(r"^neuron(\d+)$")
 CORE_DIR_RE = re.compile(r"^neuron_core(\d+)$")
@@ -254,6 +268,15 @@ def core_mem_total_file(core: Path, location: str, field: str) -> Path:
 
 def core_other_info_file(core: Path, name: str) -> Path:
     return core / "stats" / "other_info" / name
+
+
+def core_other_info_value_file(core: Path, name: str) -> Path:
+    """The file holding an other_info counter's value. The driver makes each other_info node a counter
+    node, as the status ones (`COUNTER_NODE_INFO` in neuron_sysfs_metrics.c: `<name>/total` and
+    `<name>/present`), and so does the simulator; a plain file (as the simulator once wrote it) is read too.
+    Its `total` where it is a directory, else the node."""
+    node = core_other_info_file(core, name)
+    return node / "total" if node.is_dir() else node
 
 
 def device_host_mem_file(device: Path, category: str, field: str) -> Path:

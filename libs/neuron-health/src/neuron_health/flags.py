@@ -12,6 +12,7 @@ from typing import Any
 from neuron_common.config import Host, flag, optional_path, positive_duration
 from neuron_driver.layout import HostLayout
 from neuron_health.kernel_log import KERNEL_LOG_FORMATS
+from neuron_health.pipeline import HEARTBEAT_STALE_AFTER
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -38,7 +39,20 @@ class KernelLog(KernelLogFormat):
 
 
 @dataclass(frozen=True, kw_only=True)
-class HealthSources(KernelLogFormat):
+class Heartbeat:
+    """When the firmware's heartbeat is stale, for every agent that watches the counters: the same value
+    on all of them, or the plugin could advertise a device the detector has faulted (the chart sets one)."""
+
+    heartbeat_stale_after: float = flag(
+        f"{HEARTBEAT_STALE_AFTER:g}s",
+        "how long a device's healthcheck_heartbeat (driver 2.30.2 and later, trn2 and trn3) may stand still, once "
+        "seen to change, before it is the fault HEALTHCHECK_HEARTBEAT_STALE",
+        type=positive_duration,
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class HealthSources(Heartbeat, KernelLogFormat):
     """The device-health sources of the plugin and the DRA driver: counters, the kernel log, verdicts."""
 
     kmsg_path: Path | None = flag(

@@ -19,15 +19,13 @@ from neuron_driver.driver_layout import LayoutReport
 from neuron_driver.inventory import NodeInventory
 
 GAUGE = "health_sources_missing"
+GAUGE_HELP = "Paths the stack reads for health that this node's driver does not expose (per device; checked at start)"
 REASON = "NeuronHealthCountersUnreadable"  # the problem detector's Event and condition reason
 
 
 def declare_gauge(m: MetricSet) -> Gauge:
     """`<prefix>_health_sources_missing`: one gauge name for every agent that runs the check."""
-    return m.gauge(
-        GAUGE,
-        "Paths the stack reads for health that this node's driver does not expose (per device; checked at start)",
-    )
+    return m.gauge(GAUGE, GAUGE_HELP)
 
 
 def check_at_start(

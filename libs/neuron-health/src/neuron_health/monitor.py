@@ -14,7 +14,7 @@ from typing import Protocol
 from neuron_driver.inventory import NodeInventory
 from neuron_health import faults
 from neuron_health.device_health import Finding, counter_findings, multi_node_unfit
-from neuron_health.pipeline import CounterRead, CounterWatch, KernelLogSource, OnError
+from neuron_health.pipeline import HEARTBEAT_STALE_AFTER, CounterRead, CounterWatch, KernelLogSource, OnError
 from neuron_health.verdicts import read_verdicts
 
 log = logging.getLogger(__name__)
@@ -64,10 +64,12 @@ class HealthMonitor:
         on_error: OnError = _ignore,
         after_tick: Callable[[], None] | None = None,
         on_inventory: Callable[[NodeInventory], None] | None = None,
+        heartbeat_stale_after: float = HEARTBEAT_STALE_AFTER,
     ) -> None:
         """`on_error` counts a failed read (by source); `after_tick` runs after each read;
         `on_inventory` takes a new inventory (by default `state.set_inventory`: the device plugin
-        passes its own, which also renumbers its device list)."""
+        passes its own, which also renumbers its device list); `heartbeat_stale_after`: the
+        counter watch's (--heartbeat-stale-after)."""
         self.state = state
         self.on_inventory = on_inventory if on_inventory is not None else state.set_inventory
         self.after_tick = after_tick
@@ -80,6 +82,7 @@ class HealthMonitor:
             inventory=state.inventory,
             status_every=STATUS_EVERY,
             on_error=on_error,
+            heartbeat_stale_after=heartbeat_stale_after,
         )
 
     def tick(self) -> None:

@@ -105,6 +105,7 @@ class Plugin:
             on_error=lambda kind: self.metrics.errors.labels(kind).inc(),
             after_tick=self.state.expire_pending,
             on_inventory=self.state.set_inventory,
+            heartbeat_stale_after=config.heartbeat_stale_after,
         )
         self.kube = api
         if self.kube is None and (config.node_report or config.ultraserver_labels or config.metrics_security):

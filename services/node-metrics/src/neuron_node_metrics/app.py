@@ -180,6 +180,7 @@ class _SelfCollector(Collector):
         yield single("neuron_exporter_podresources_up", 1 if e.poller.up else 0)
         yield single("neuron_exporter_attribution_dropped_containers", e._attribution.dropped)
         yield single("neuron_exporter_build_info", 1, {"version": __version__})
+        yield single("neuron_exporter_health_sources_missing", len(e.collector.layout.missing))
         f = ALL_FAMILIES["neuron_exporter_monitor_state"]
         state = Metric(f.base_name, f.help, "gauge")
         state.samples.extend(Sample(f.name, {"state": s}, 1 if s == e.monitor.state else 0) for s in STATES)

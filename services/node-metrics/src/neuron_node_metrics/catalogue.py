@@ -13,6 +13,7 @@ from enum import StrEnum
 from neuron_common import metrics_auth
 from neuron_common.metrics import Series, exposed
 from neuron_driver.layout import DEVICE_MEM_CATEGORIES
+from neuron_health import layout_check
 
 ATTRIBUTION = ("namespace", "pod", "container", "claim")
 
@@ -69,9 +70,25 @@ _FAMILIES = (
         "neuron_device_ecc_errors_total",
         "counter",
         "Uncorrected ECC events on a device (stats/hardware): sram_uncorrected, mem_uncorrected, "
-        "mem_repairable_uncorrected, with the fault table's fault and severity.",
+        "mem_repairable_uncorrected, with the fault table's fault and severity. Corrected events are "
+        "neuron_device_ecc_corrected_errors_total.",
         ("device", "type", "fault", "severity", *ATTRIBUTION),
         "hardware_ecc_events_total",
+    ),
+    Family(
+        "neuron_device_ecc_corrected_errors_total",
+        "counter",
+        "Corrected ECC events on a device (stats/hardware/{sram,mem}_ecc_corrected, driver 2.30.2 and later): "
+        "sram_corrected, mem_corrected. No fault: a rising rate often comes before uncorrected errors.",
+        ("device", "type", *ATTRIBUTION),
+        "hardware_ecc_events_total",
+    ),
+    Family(
+        "neuron_core_busy_seconds_total",
+        "counter",
+        "Time a logical NeuronCore spent executing (stats/other_info/nc_time_in_use of its physical cores, their "
+        "mean): rate() is its busy fraction, 0-1. Driver 2.30.2 and later only, whose counter is live.",
+        ("device", "core", *ATTRIBUTION),
     ),
     Family(
         "neuron_core_memory_used_bytes",
@@ -152,7 +169,8 @@ RUNTIME_FAMILIES = (
         "neuron_core_utilization_ratio",
         "gauge",
         "Busy fraction of a logical NeuronCore over neuron-monitor's last period, 0-1, per runtime using it "
-        "(neuroncore_counters).",
+        "(neuroncore_counters). While neuron-monitor is not running, on driver 2.30.2 and later: over the time "
+        "since the exporter's last read, from sysfs (runtime_tag and pid empty).",
         ("device", "core", *RUNTIME, *ATTRIBUTION),
         "neuroncore_utilization_ratio",
     ),
@@ -285,6 +303,8 @@ SELF_FAMILIES = (
         (),
     ),
     Family("neuron_exporter_build_info", "gauge", "Always 1, with the exporter's version.", ("version",)),
+    # the layout check's count, under the name every node agent gives it (neuron_health.layout_check)
+    Family(f"neuron_exporter_{layout_check.GAUGE}", "gauge", layout_check.GAUGE_HELP + ".", ()),
     Family(
         "neuron_exporter_monitor_state",
         "gauge",
@@ -308,6 +328,13 @@ SELF_FAMILIES = (
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (*_FAMILIES, *RUNTIME_FAMILIES)}
 ALL_FAMILIES: dict[str, Family] = {f.name: f for f in (*_FAMILIES, *RUNTIME_FAMILIES, *SELF_FAMILIES)}
+
+# neuron-monitor-prometheus's one ECC family, which holds what the native names split in two
+NEURON_MONITOR_ECC_HELP = (
+    "ECC events on a device (stats/hardware), by event_type: the driver's file name (sram_ecc_uncorrected, "
+    "mem_ecc_uncorrected, mem_ecc_repairable_uncorrected; from driver 2.30.2 sram_ecc_corrected and "
+    "mem_ecc_corrected), with the fault table's fault and severity (empty for a corrected count)."
+)
 
 # neuron-monitor's execution status types, for --naming neuron-monitor
 NEURON_MONITOR_STATUS = {
@@ -367,6 +394,7 @@ NEURON_MONITOR_SERIES: tuple[Series, ...] = (
     Series("neuron_device_memory_total_bytes", ("neuron_device_index",)),
     Series("neuron_device_power_utilization_ratio", ("neuron_device_index", "stat")),
     Series("neuron_core_allocation_info", ("neuroncore", *ATTRIBUTION)),
+    Series("neuron_core_busy_seconds_total", ("neuroncore", *ATTRIBUTION)),
 )
 
 

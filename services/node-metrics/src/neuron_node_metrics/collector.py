@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 from collections import Counter as Tally
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -22,11 +23,12 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from neuron_driver import layout
 from neuron_driver.counters import CounterKey, CounterKind, CounterReader
 from neuron_driver.inventory import InventoryTracker, NodeInventory
 from neuron_health import faults, layout_check
 from neuron_node_metrics.attribution import Attribution, Owner
-from neuron_node_metrics.catalogue import FAMILIES, NEURON_MONITOR_STATUS, Naming
+from neuron_node_metrics.catalogue import FAMILIES, NEURON_MONITOR_ECC_HELP, NEURON_MONITOR_STATUS, Naming
 
 log = logging.getLogger(__name__)
 
@@ -35,16 +37,32 @@ ECC_TYPES = {
     "mem_ecc_uncorrected": "mem_uncorrected",
     "mem_ecc_repairable_uncorrected": "mem_repairable_uncorrected",
 }
+# Driver 2.30.2's corrected counts: a family of their own (neuron_device_ecc_corrected_errors_total), so
+# that a sum over the uncorrected family, which means "replace this device", never counts a corrected one.
+CORRECTED_TYPES = {name: name.replace("_ecc_", "_") for name in layout.CORRECTED_COUNTERS}
+ECC_FAMILY = "neuron_device_ecc_errors_total"
+CORRECTED_FAMILY = "neuron_device_ecc_corrected_errors_total"
 
 # Which driver files each family needs; families left out of --metrics are not read at all.
 _NEEDS: dict[str, set[CounterKind]] = {
     "neuron_core_execution_status_total": {CounterKind.STATUS},
     "neuron_device_hardware_errors_total": {CounterKind.STATUS},
     "neuron_device_ecc_errors_total": {CounterKind.HARDWARE},
+    "neuron_device_ecc_corrected_errors_total": {CounterKind.HARDWARE},
     "neuron_core_memory_used_bytes": {CounterKind.CORE_DEVICE_MEM},
     "neuron_device_memory_total_bytes": {CounterKind.CORE_MEM},
     "neuron_device_host_memory_used_bytes": {CounterKind.HOST_MEM},
+    # live from driver 2.30.2 only; read only there (`NeuronCollector.live`)
+    "neuron_core_busy_seconds_total": {CounterKind.CORE_OTHER},
+    "neuron_core_utilization_ratio": {CounterKind.CORE_OTHER},
 }
+LIVE_KINDS = frozenset({CounterKind.CORE_OTHER})
+BUSY_COUNTER = "nc_time_in_use"
+# nc_time_in_use's unit: picoseconds, as the driver's own utilization metric divides it
+# (`nmetric_post_utilization` in neuron_metrics.c: "in picoseconds", then /1000 to nanoseconds)
+BUSY_PER_SECOND = 1e12
+UTILIZATION = "neuron_core_utilization_ratio"
+UTILIZATION_NAMES = frozenset({UTILIZATION, "neuroncore_utilization_ratio"})  # native, neuron-monitor's
 
 
 def _wanted(key: CounterKey) -> bool:
@@ -55,6 +73,8 @@ def _wanted(key: CounterKey) -> bool:
         return key.field == "present"
     if key.kind is CounterKind.CORE_MEM:
         return key.name == "device_mem" and key.field == "total"
+    if key.kind is CounterKind.CORE_OTHER:
+        return key.name == BUSY_COUNTER
     return True
 
 
@@ -138,6 +158,7 @@ class NeuronCollector(Collector):
         allocatable: Callable[[], dict[str, int] | None] | None = None,
         runtime_rows: Callable[[Attribution], Iterable[Rows]] | None = None,
         instance_labels: Callable[[], str] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.host_root = host_root
         self.families = families
@@ -153,13 +174,20 @@ class NeuronCollector(Collector):
         self.runtime_rows = runtime_rows
         self.instance_labels = instance_labels  # added to neuron_hardware_info under --naming neuron-monitor
         self.read_errors: Tally[str] = Tally()
-        self._kinds = set().union(*(_NEEDS.get(f, set()) for f in families))
         self._owner_cache: tuple[Attribution | None, dict[int, str], dict[int, str]] = (None, {}, {})
         self._tracker = InventoryTracker(host_root)
         self.inventory = self._tracker.inventory
-        # what the driver exposes against what is read, logged once at start; `layout.missing` is
-        # for a gauge (`neuron_exporter_health_sources_missing`) once the catalogue serves one
+        # what the driver exposes against what is read, logged once at start; the exporter serves the
+        # count of `layout.missing` as neuron_exporter_health_sources_missing
         self.layout = layout_check.check_at_start(host_root, self.inventory, log)
+        # Before 2.30.2 the driver updates nc_time_in_use when a process exits: a rate of it would show a
+        # job's whole run as one burst at its end, so it is served only where the driver keeps it live.
+        self.live = self.layout.generation.live_counters
+        self._kinds = set().union(*(_NEEDS.get(f, set()) for f in families))
+        if not self.live:
+            self._kinds -= LIVE_KINDS
+        self.clock = clock
+        self._busy_before: tuple[float, dict[int, float]] | None = None  # (when, busy seconds per logical core)
         self._build()
 
     # -- per inventory ------------------------------------------------------------------------
@@ -200,6 +228,7 @@ class NeuronCollector(Collector):
             self.inventory = self._tracker.inventory
             self._build()
             self._owner_cache = (None, {}, {})
+            self._busy_before = None  # other cores, or the same numbers for other ones
 
     def _owners(self, attribution: Attribution) -> tuple[dict[int, str], dict[int, str]]:
         """Owner label strings per core and per device, rebuilt only when the attribution changes."""
@@ -260,18 +289,39 @@ class NeuronCollector(Collector):
                 ]
                 yield rows
 
-        if "neuron_device_ecc_errors_total" in families:
-            f = FAMILIES["neuron_device_ecc_errors_total"]
+        ecc_families = families & {ECC_FAMILY, CORRECTED_FAMILY}
+        if ecc_families:
+            hardware = [
+                (key, value)
+                for key, value in by_kind[CounterKind.HARDWARE]
+                if (CORRECTED_FAMILY if key.name in CORRECTED_TYPES else ECC_FAMILY) in ecc_families
+            ]
             for compat in self._namings():
-                rows = Rows("hardware_ecc_events_total" if compat else f.name, "counter", f.help)
                 devs = self._devs[compat]
-                for key, value in by_kind[CounterKind.HARDWARE]:
-                    kind = pair("event_type", key.name) if compat else pair("type", ECC_TYPES.get(key.name, key.name))
-                    labels = (
-                        f"{devs[key.device]},{kind},{fault_labels(key.name)},{device_owner.get(key.device, nobody)}"
-                    )
-                    rows.samples.append((labels, value))
-                yield rows
+                if compat:  # neuron-monitor-prometheus has one family for both, by its event_type
+                    rows = Rows("hardware_ecc_events_total", "counter", NEURON_MONITOR_ECC_HELP)
+                    rows.samples = [
+                        (
+                            f"{devs[k.device]},{pair('event_type', k.name)},{fault_labels(k.name)},"
+                            f"{device_owner.get(k.device, nobody)}",
+                            v,
+                        )
+                        for k, v in hardware
+                    ]
+                    yield rows
+                    continue
+                uncorrected = Rows(ECC_FAMILY, "counter", FAMILIES[ECC_FAMILY].help)
+                corrected = Rows(CORRECTED_FAMILY, "counter", FAMILIES[CORRECTED_FAMILY].help)
+                for key, value in hardware:
+                    owner = device_owner.get(key.device, nobody)
+                    if key.name in CORRECTED_TYPES:  # no fault behind a corrected error
+                        labels = f"{devs[key.device]},{pair('type', CORRECTED_TYPES[key.name])},{owner}"
+                        corrected.samples.append((labels, value))
+                    else:
+                        kind = pair("type", ECC_TYPES.get(key.name, key.name))
+                        labels = f"{devs[key.device]},{kind},{fault_labels(key.name)},{owner}"
+                        uncorrected.samples.append((labels, value))
+                yield from (r for r in (uncorrected, corrected) if r.name in ecc_families)
 
         if "neuron_core_memory_used_bytes" in families:
             for compat in self._namings(runtime_has_it=True):
@@ -307,9 +357,53 @@ class NeuronCollector(Collector):
                         rows.samples.append((f'{dev[device]},stat="{stat}"', value / 100))
             yield rows
 
+        busy = self._busy(by_kind[CounterKind.CORE_OTHER]) if self.live else {}
+        if busy and "neuron_core_busy_seconds_total" in families:
+            f = FAMILIES["neuron_core_busy_seconds_total"]
+            rows = Rows(f.name, f.type, f.help)
+            rows.samples = [(f"{self._core[c]},{core_owner.get(c, nobody)}", v) for c, v in sorted(busy.items())]
+            yield rows
+        utilization = self._utilization(busy)
+
         yield from self._static(attribution)
+        monitor_reports = False
         if self.runtime_rows is not None:
-            yield from self.runtime_rows(attribution)
+            for rows in self.runtime_rows(attribution):
+                monitor_reports = monitor_reports or rows.name in UTILIZATION_NAMES
+                yield rows
+        # neuron-monitor wins while it reports: its figure is per runtime, as AWS's dashboards read it,
+        # and one family has one source. sysfs's is served while it does not (or is not run at all).
+        if utilization and UTILIZATION in families and not monitor_reports:
+            f = FAMILIES[UTILIZATION]
+            for compat in self._namings():
+                rows = Rows("neuroncore_utilization_ratio" if compat else f.name, f.type, f.help)
+                no_runtime = 'runtime_tag="",pid=""' if not compat else 'runtime_tag=""'
+                rows.samples = [
+                    (f"{self._cores[compat][c]},{no_runtime},{core_owner.get(c, nobody)}", v)
+                    for c, v in sorted(utilization.items())
+                ]
+                yield rows
+
+    def _busy(self, entries: list[tuple[CounterKey, int]]) -> dict[int, float]:
+        """Busy seconds per logical core: the mean of its physical cores' nc_time_in_use, so that its rate is
+        a fraction of one core's time (0-1) whatever the LNC. Only cores with every physical core read."""
+        sums = _Sums()
+        for key, value in entries:
+            core = self._logical.get((key.device, key.core))
+            if core is not None:
+                sums.add(core, value)
+        done = sums.complete(lambda c: self._lnc).sums
+        return {c: v / BUSY_PER_SECOND / self._lnc for c, v in done.items()}
+
+    def _utilization(self, busy: dict[int, float]) -> dict[int, float]:
+        """Each logical core's busy fraction since the previous read (none at the first, nor for a core
+        whose counter went back: a driver reload)."""
+        now = self.clock()
+        before, self._busy_before = self._busy_before, (now, busy)
+        if before is None or not busy or now <= before[0]:
+            return {}
+        elapsed = now - before[0]
+        return {c: (v - before[1][c]) / elapsed for c, v in busy.items() if c in before[1] and v >= before[1][c]}
 
     def _memory(
         self, entries: list[tuple[CounterKey, int]], core_owner: dict[int, str], nobody: str, compat: bool
