@@ -87,14 +87,16 @@ def test_an_images_third_party_list_follows_its_libraries_and_the_extras_it_asks
         requirements.third_party("absent", tmp_path)
 
 
-def test_the_detectors_image_stays_without_the_kubelets_grpc_client() -> None:
-    """neuron-common's `podresources` extra exists so the problem detector, which never polls
-    PodResources, leaves grpcio and protobuf (about 20 MB) out of its image."""
+def test_the_kubelets_grpc_client_is_in_the_images_that_ask_podresources() -> None:
+    """neuron-common's `podresources` extra carries grpcio and protobuf (about 20 MB): node-metrics
+    polls PodResources, and the problem detector asks it before a device reset (issue 56), so both
+    images hold it; the scheduler extender, which never asks the kubelet, does not."""
     requirements = _image_requirements()
     detector = requirements.third_party("node-problem-detector")
     assert "kubernetes" in detector
-    assert not {"grpcio", "protobuf"} & set(detector)
+    assert {"grpcio", "protobuf"} <= set(detector)
     assert {"grpcio", "protobuf"} <= set(requirements.third_party("node-metrics"))
+    assert not {"grpcio", "protobuf"} & set(requirements.third_party("scheduler-extender"))
 
 
 def test_every_file_a_build_copies_is_among_the_inputs_that_decide_a_rebuild() -> None:

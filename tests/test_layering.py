@@ -24,7 +24,8 @@ ALLOWED: dict[str, set[str]] = {
     "neuron_device_plugin": {"neuron_model", "neuron_driver", "neuron_health", "neuron_common", "kubelet_api"},
     "neuron_dra_driver": {"neuron_model", "neuron_driver", "neuron_health", "neuron_common", "kubelet_api"},
     "neuron_node_metrics": {"neuron_model", "neuron_driver", "neuron_health", "neuron_common", "kubelet_api"},
-    "neuron_problem_detector": {"neuron_model", "neuron_driver", "neuron_health", "neuron_common"},
+    # kubelet_api: the device reset asks the kubelet's PodResources API whether a pod holds the device
+    "neuron_problem_detector": {"neuron_model", "neuron_driver", "neuron_health", "neuron_common", "kubelet_api"},
     # placement and the report only: no sysfs, no kernel log, no simulator
     "neuron_scheduler_extender": {"neuron_model", "neuron_common"},
     # the fault table's ladder, and the API server: no sysfs, no kernel log, no simulator

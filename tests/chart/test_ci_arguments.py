@@ -50,6 +50,7 @@ FIELD_VALUES = {
     "metadata.namespace": NAMESPACE,
     "metadata.name": "neuron-pod-0",
     "status.podIP": "10.0.0.7",
+    "metadata.uid": "5f0c3a1e-7d2b-4c9a-8e61-2b7d9f0a4c13",
 }
 WORKLOADS = ("DaemonSet", "Deployment", "StatefulSet", "Job", "Pod")
 # Our images are `<registry>/neuron-helm-chart/<name>` (values.yaml's image.repository of each component).

@@ -65,7 +65,9 @@ def tokens(apiserver: ControlPlane) -> Tokens:
 async def _install(cp: ControlPlane) -> Tokens:
     """The chart's RBAC and admission policy, node-a and node-b, a detector pod on node-a and tokens."""
     admin = Api(cp.server, ssl_context=cp.credentials.ssl_context())
-    docs = render(*sets(npd__remediation__taint=True, npd__remediation__cordon=True))
+    docs = render(
+        *sets(npd__remediation__taint=True, npd__remediation__cordon=True, remediation__validateAfterReboot=True)
+    )
     try:
         for doc in docs:
             if doc["kind"] in admission.PATHS and doc["metadata"]["name"].startswith(DETECTOR):
@@ -150,6 +152,10 @@ async def _attempts(cp: ControlPlane, tokens: Tokens) -> dict[str, str]:
             "EKS's AcceleratedHardwareReady": status(
                 detector, "node-a", condition("AcceleratedHardwareReady", "False")
             ),
+            "the verdict of the validation after a reboot": status(
+                detector, "node-a", condition("NeuronValidated", "True")
+            ),
+            "another node's verdict": status(detector, "node-b", condition("NeuronValidated", "True")),
             "another condition type": status(detector, "node-a", condition("Ready", "False")),
             "another node's condition": status(detector, "node-b", condition("NeuronHealth", "True")),
             "a token bound to no pod": status(stranger, "node-a", condition("NeuronHealth", "True")),
@@ -177,17 +183,24 @@ async def _attempts(cp: ControlPlane, tokens: Tokens) -> dict[str, str]:
 
 def test_a_detector_changes_only_its_own_node(apiserver: ControlPlane, tokens: Tokens) -> None:
     outcomes = asyncio.run(_attempts(apiserver, tokens))
-    allowed = {"own condition", "EKS's AcceleratedHardwareReady", "own taint and cordon", "an Event about its node"}
+    allowed = {
+        "own condition",
+        "EKS's AcceleratedHardwareReady",
+        "the verdict of the validation after a reboot",
+        "own taint and cordon",
+        "an Event about its node",
+    }
     for name, outcome in outcomes.items():
         if name in allowed:
             assert outcome == "allowed", f"{name}: {outcome}"
         else:
             assert outcome.startswith("403"), (name, outcome)
     assert (
-        "only the node conditions of its rules (NeuronHealth, AcceleratedHardwareReady)"
+        "only the node conditions of its rules (NeuronHealth, AcceleratedHardwareReady, NeuronValidated)"
         in (outcomes["another condition type"])
     )
     assert "may not change node node-b" in outcomes["another node's taint"]
+    assert "may not change node node-b" in outcomes["another node's verdict"]
     assert "names none" in outcomes["a token bound to no pod"]
     assert "only its own taint" in outcomes["a label"]
     assert "Events about its node only" in outcomes["an Event about another node"]
@@ -257,3 +270,17 @@ def test_without_remediation_the_detector_changes_no_node() -> None:
     (nodes,) = [r for r in rules["ClusterRole"]["rules"] if r["resources"] == ["nodes"]]
     assert nodes["verbs"] == ["get"]
     assert any("changes no Node without remediation" in v["messageExpression"] for v in policy["spec"]["validations"])
+
+
+def test_the_verdict_condition_is_admitted_only_with_the_validation_after_a_reboot() -> None:
+    def own(*values: str) -> str:
+        (policy,) = [
+            d
+            for d in render(*values)
+            if d["kind"] == "ValidatingAdmissionPolicy" and d["metadata"]["name"].startswith(DETECTOR)
+        ]
+        (variable,) = [v for v in policy["spec"]["variables"] if v["name"] == "own"]
+        return str(variable["expression"])
+
+    assert "NeuronValidated" not in own()
+    assert "NeuronValidated" in own(*sets(remediation__validateAfterReboot=True))

@@ -180,3 +180,13 @@ def test_its_monitor_is_of_the_exporters_kind_and_only_where_the_api_is_served()
     assert len(owned(pods, "PodMonitor")) == 1
     assert owned(pods, "Service") == []
     assert owned(render(*ON, *monitoring_api, *sets(remediation__monitoring__enabled=False)), "ServiceMonitor") == []
+
+
+def test_a_budget_keeps_one_replica_through_a_drain_and_none_is_rendered_over_one_replica() -> None:
+    docs = render(*ON)
+    (pdb,) = owned(docs, "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == deployment(docs)["spec"]["selector"]["matchLabels"]
+    assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert owned(render(*ON, *sets(remediation__replicas=1)), "PodDisruptionBudget") == []
+    assert owned(render(*ON, *sets(remediation__podDisruptionBudget__enabled=False)), "PodDisruptionBudget") == []

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -114,11 +115,11 @@ class Cluster:
         await self.api.patch(f"/api/v1/namespaces/{ns}/pods/{name}/status", {"status": status}, STRATEGIC_MERGE_PATCH)
         return created
 
-    async def fault(self, node: str) -> None:
+    async def fault(self, node: str, fault: faults.Fault = HBM) -> None:
         conditions = [
-            {"type": node_health.CONDITION, "status": "True", "reason": HBM.reason, "message": "neuron3: HBM UE"},
+            {"type": node_health.CONDITION, "status": "True", "reason": fault.reason, "message": "neuron3: HBM UE"},
             {"type": node_health.ACCELERATED_HARDWARE_CONDITION, "status": "False",
-             "reason": HBM.accelerated_hardware_reason, "message": "neuron3"},
+             "reason": fault.accelerated_hardware_reason, "message": "neuron3"},
         ]  # fmt: skip
         await self.api.patch(
             f"/api/v1/nodes/{node}/status", {"status": {"conditions": conditions}}, STRATEGIC_MERGE_PATCH
@@ -193,11 +194,11 @@ def _insecure() -> Any:
 
 
 @contextlib.asynccontextmanager
-async def controller(kubeconfig: Path) -> AsyncIterator[Remediator]:
+async def controller(kubeconfig: Path, *extra: str) -> AsyncIterator[Remediator]:
     argv = [
         f"--kubeconfig={kubeconfig}", "--listen=127.0.0.1:0", "--max-nodes=10", "--max-percent=25",
         "--resync=1s", f"--lease-namespace={STACK}", f"--keep-namespaces={STACK}",
-        "--lease-duration=4s", "--renew-deadline=3s", "--retry-period=1s",
+        "--lease-duration=4s", "--renew-deadline=3s", "--retry-period=1s", *extra,
     ]  # fmt: skip
     config = remediation_config.parse(argv, env={"POD_NAME": "remediator"})
     stop = asyncio.Event()
@@ -419,6 +420,101 @@ def test_an_admins_uncordon_cancels_the_workflow_for_good(tmp_path: Path) -> Non
     assert started["count"] == 1
     held = [e for e in seen["events"] if e["reason"] == "RemediationHeld"]
     assert any("not started again" in e["message"] for e in held)
+
+
+REPAIRABLE = faults.BY_KIND["HBM_REPAIRABLE_UNCORRECTABLE_ERROR"]
+
+
+async def _validation_scenario(work: Path) -> dict[str, Any]:
+    """--validate-after-reboot: n1, n2 and n3 drained and their reboot or new instance asked for, then
+    booted again (the fault gone from the detector's conditions, as on a new boot): n1's validation
+    fails, n2's passes, n3's never comes."""
+    seen: dict[str, Any] = {}
+    with control_plane(work) as cp:
+        api = Api.from_kubeconfig(str(cp.kubeconfig), 10)
+        try:
+            c = Cluster(cp, api)
+            await c.namespace(STACK)
+            for name in NODES:
+                await c.create("/api/v1/nodes", node_object(name))
+            kubeconfig = await c.token_kubeconfig(work)
+            for name, fault in (("n1", REPAIRABLE), ("n2", REPAIRABLE), ("n3", HBM)):
+                await c.fault(name, fault)
+            extra = ("--max-percent=100", "--validate-after-reboot", "--verdict-timeout=4s")
+            async with controller(kubeconfig, *extra):
+                for name in ("n1", "n2", "n3"):
+                    await until(functools.partial(_phase, c, name, Phase.REQUESTED), f"{name} drained and marked")
+                for name, verdict in (("n1", False), ("n2", True), ("n3", None)):
+                    boot = f"boot-{name}-2"
+                    status: dict[str, Any] = {
+                        "nodeInfo": {"bootID": boot},
+                        "conditions": [
+                            {"type": node_health.CONDITION, "status": "False", "reason": faults.HEALTHY_REASON,
+                             "message": "ok"},
+                            {"type": node_health.ACCELERATED_HARDWARE_CONDITION, "status": "True",
+                             "reason": node_health.ACCELERATED_HARDWARE_READY_REASON, "message": "ok"},
+                        ],
+                    }  # fmt: skip
+                    if verdict is not None:
+                        # written with the new boot: the controller still takes the `validating` step first
+                        status["conditions"].append({
+                            "type": remediation.VALIDATED_CONDITION, "status": str(verdict),
+                            "reason": remediation.VALIDATION_PASSED_REASON if verdict
+                            else remediation.VALIDATION_FAILED_REASON,
+                            "message": remediation.verdict_message(boot, "passed" if verdict else "exit 3"),
+                        })  # fmt: skip
+                    await api.patch(f"/api/v1/nodes/{name}/status", {"status": status}, STRATEGIC_MERGE_PATCH)
+                seen["validating"] = await until(lambda: _phase(c, "n3", Phase.VALIDATING), "n3 held for its verdict")
+
+                async def released() -> dict[str, Any] | None:
+                    node = await c.node("n2")
+                    return None if remediation.STATE_ANNOTATION in node["metadata"].get("annotations", {}) else node
+
+                seen["n2"] = await until(released, "n2 released on its pass")
+
+                async def escalated(name: str) -> dict[str, Any] | None:
+                    node = await _phase(c, name, Phase.REQUESTED)
+                    raw = node and node["metadata"]["annotations"][remediation.STATE_ANNOTATION]
+                    return node if raw and load(raw).rung == "replace" and load(raw).escalated else None
+
+                seen["n1"] = await until(lambda: escalated("n1"), "n1 escalated on its failure")
+                seen["n3"] = await until(lambda: escalated("n3"), "n3 escalated without a verdict", timeout=30)
+                seen["events"] = await c.events()
+        finally:
+            with contextlib.suppress(ApiError):
+                await api.close()
+    return seen
+
+
+def test_after_a_reboot_the_node_is_held_until_its_validation_then_released_or_replaced(tmp_path: Path) -> None:
+    seen = _run(_validation_scenario(tmp_path))
+    held = seen["validating"]
+    assert held["spec"].get("unschedulable") is True
+    assert any(t["key"] == remediation.TAINT for t in held["spec"].get("taints") or [])
+    n2 = seen["n2"]
+    assert not n2["spec"].get("unschedulable")
+    assert not any(t["key"] == remediation.TAINT for t in n2["spec"].get("taints") or [])
+    assert remediation.REQUEST_ANNOTATION not in n2["metadata"].get("annotations", {})
+    for name in ("n1", "n3"):
+        node = seen[name]
+        state = load(node["metadata"]["annotations"][remediation.STATE_ANNOTATION])
+        assert (state.rung, state.boot_id) == ("replace", f"boot-{name}-2")
+        assert node["spec"].get("unschedulable") is True
+        assert {"key": remediation.TAINT, "value": "replace", "effect": "NoSchedule"} in node["spec"]["taints"]
+        request = json.loads(node["metadata"]["annotations"][remediation.REQUEST_ANNOTATION])
+        assert request["action"] == "replace"
+    events = seen["events"]
+
+    def about(name: str, reason: str) -> list[str]:
+        return [e["message"] for e in events if e["involvedObject"]["name"] == name and e["reason"] == reason]
+
+    for name in ("n1", "n2", "n3"):
+        assert about(name, "RemediationValidating"), name
+    assert any("passed its validation (boot boot-n2-2: passed)" in m for m in about("n2", "RemediationDone"))
+    assert any("validation after the reboot failed (boot boot-n1-2: exit 3)" in m
+               for m in about("n1", "ReplacementRequested"))  # fmt: skip
+    assert any("no validation verdict (NeuronValidated) for boot boot-n3-2 within 4s" in m
+               for m in about("n3", "ReplacementRequested"))  # fmt: skip
 
 
 def _run(coroutine: Any) -> dict[str, Any]:

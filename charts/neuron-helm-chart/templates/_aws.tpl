@@ -40,7 +40,9 @@
   "npd.selectorLabelsOverride" $labels
   "npd.runtimeClassName" $runtime
   "npd.nodeProblemDetector" "npd.image, npd.resources, npd.securityContext (the detector is this project's, not registry.k8s.io's node-problem-detector; its ClusterRole is the chart's own, least privilege)"
-  "npd.nodeRecovery" "npd.remediation.taint and npd.remediation.cordon (this chart never replaces an instance: it taints or cordons the node while NeuronHealth is True)"
+  "npd.nodeRecovery.image" "remediation.image (the remediation controller makes the Auto Scaling request: npd.nodeRecovery.enabled=true; AWS's neuron-node-recovery image is not run)"
+  "npd.nodeRecovery.resources" "remediation.resources (the remediation controller makes the Auto Scaling request; it is a Deployment, not a container in the detector's pods)"
+  "npd.nodeRecovery.counters" "none: the faults that get a new instance are the fault table's replace rung (AWS's four counters are on it; remediation.autoscaling.reboot adds the reboot rung), docs/remediation.md"
   "npd.volumes" "none: the detector mounts exactly what it reads (/dev/kmsg, or the directory of kernelLog.syslogFile; /sys, its state directory)"
   "npd.volumeMounts" "none: the detector mounts exactly what it reads (/dev/kmsg, or the directory of kernelLog.syslogFile; /sys, its state directory)"
   "monitor" "nodeMetrics (this chart's exporter, with pod attribution; not neuron-monitor)"
@@ -70,6 +72,10 @@
 {{- if hasPrefix $prefix ($image.repository | default "") -}}
 {{- $found = append $found (printf "  %s.image.repository -> leave it unset: %s runs AWS's own program, which does not take this chart's flags" $component $image.repository) -}}
 {{- end -}}
+{{- end -}}
+{{- $recovery := .Values.npd.nodeRecovery | default dict -}}
+{{- if and $recovery.enabled (not .Values.remediation.enabled) -}}
+{{- $found = append $found "  npd.nodeRecovery.enabled=true -> also set remediation.enabled=true: AWS's recovery (the instance marked Unhealthy in its Auto Scaling group) is the remediation controller's Auto Scaling backend here, which cordons and drains the node first, within its breaker (docs/remediation.md)" -}}
 {{- end -}}
 {{- if $found -}}
 {{- fail (printf "values written for AWS's neuron-helm-chart that this chart reads under another name, or not at all; change them:\n%s" (join "\n" (sortAlpha $found))) -}}

@@ -73,15 +73,12 @@
 {{- if and .enabled $.Values.npd.enabled $.Values.npd.remediation.cordon -}}
 {{- fail "remediation.enabled and npd.remediation.cordon both cordon nodes: an admin's uncordon cancels the controller's workflow, and the detector would cordon the node again. Set npd.remediation.cordon=false (the controller cordons, and uncordons only what it cordoned)" -}}
 {{- end -}}
+{{- if and .autoscaling.enabled (not .enabled) -}}
+{{- fail "remediation.autoscaling.enabled=true needs remediation.enabled=true: the remediation controller makes the Auto Scaling request, after it has cordoned and drained the node" -}}
+{{- end -}}
 {{- end -}}
 {{- if and (include "neuron.extenderNetworkPolicy" .) (not .Values.scheduler.kubeScheduler.enabled) (not .Values.scheduler.extender.networkPolicy.schedulerFrom) -}}
 {{- fail "scheduler.extender.networkPolicy.enabled admits the extender's verbs only from neuron-scheduler, but scheduler.kubeScheduler.enabled=false: name the pods of your own kube-scheduler in scheduler.extender.networkPolicy.schedulerFrom (a podSelector with a namespaceSelector, or an ipBlock of your control-plane nodes), or set scheduler.extender.networkPolicy.enabled=false" -}}
-{{- end -}}
-{{- with .Values.draDriver -}}
-{{- $surge := toString (dig "rollingUpdate" "maxSurge" 0 .updateStrategy) -}}
-{{- if and .enabled (eq .updateStrategy.type "RollingUpdate") (not (has $surge (list "0" "0%"))) -}}
-{{- fail (printf "draDriver.updateStrategy.rollingUpdate.maxSurge=%s would start a node's new driver pod beside its old one, but the driver's sockets and claim checkpoint have one fixed path per node: each pod would remove the other's sockets and the kubelet would lose the driver. Roll it with maxUnavailable (maxSurge: 0)" $surge) -}}
-{{- end -}}
 {{- end -}}
 {{- if and .Values.simulation.enabled (not (hasPrefix "/" .Values.simulation.hostRoot)) -}}
 {{- fail (printf "simulation.hostRoot must be an absolute host path, got %q" .Values.simulation.hostRoot) -}}

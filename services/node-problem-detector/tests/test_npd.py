@@ -122,6 +122,18 @@ async def scrape(det: Detector) -> str:
         return await r.text()
 
 
+def test_the_heartbeat_threshold_is_its_flags_env_twin(tmp_path: Path, node: Path, api: FakeApiServer) -> None:
+    """NEURON_NPD_HEARTBEAT_STALE_AFTER (--heartbeat-stale-after, the chart's firmwareHeartbeat.staleAfter) is
+    the counter watch's; the default is the pipeline's."""
+    args = ["--host-root", str(node), "--node-name", NODE, "--kubeconfig", str(api.kubeconfig(tmp_path / "kc")),
+            "--state-file", str(tmp_path / "state.json"), "--verdict-dir", str(tmp_path / "verdicts")]  # fmt: skip
+    set_by_env = config_mod.parse(args, env={"NEURON_NPD_HEARTBEAT_STALE_AFTER": "45s"})
+    assert Detector(set_by_env, asyncio.Event()).counters.heartbeats.stale_after == 45
+    assert Detector(config_mod.parse(args, env={}), asyncio.Event()).counters.heartbeats.stale_after == (
+        pipeline.HEARTBEAT_STALE_AFTER
+    )
+
+
 async def test_counters_growing(tmp_path: Path, generation_node: Path, api: FakeApiServer) -> None:
     node = generation_node
     async with running(tmp_path, node, api) as det:
@@ -468,7 +480,15 @@ def test_no_credentials_is_a_clear_error_at_start(tmp_path: Path) -> None:
     assert f"cannot reach the API server through --kubeconfig {tmp_path / 'missing'}" in out.stderr
 
 
-DURATIONS = {"--lookback": "lookback", "--counter-interval": "counter_interval", "--heartbeat": "heartbeat"}
+DURATIONS = {
+    "--lookback": "lookback",
+    "--counter-interval": "counter_interval",
+    "--heartbeat": "heartbeat",
+    "--heartbeat-stale-after": "heartbeat_stale_after",
+    "--reset-timeout": "reset_timeout",
+    "--validation-window": "validation_window",
+    "--validation-timeout": "validation_timeout",
+}
 
 
 def test_every_duration_flag_is_listed_here() -> None:

@@ -1,12 +1,14 @@
-"""docs/remediation.md says what the controller does: its permissions table is rbac's, and it names
-every flag the controller takes."""
+"""docs/remediation.md says what the controller does: its permissions table is rbac's, its IAM policy
+(and docs/security.md's) is the Auto Scaling backend's, and it names every flag the controller takes."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 from neuron_remediation import config, rbac
+from neuron_remediation.replacement import IAM_POLICY
 
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "remediation.md"
 
@@ -33,3 +35,13 @@ def test_every_event_reason_is_on_the_page() -> None:
     reasons = set(re.findall(r'"((?:Remediation|Reboot|Replacement)[A-Za-z]+)"', source))
     assert len(reasons) >= 10
     assert sorted(r for r in reasons if f"`{r}`" not in text) == []
+
+
+def test_the_iam_policy_on_the_pages_is_the_backends() -> None:
+    security = PAGE.with_name("security.md")
+    for page in (PAGE, security):
+        blocks = re.findall(
+            r"<!-- iam:begin [^>]*-->\n```json\n(.*?)```\n<!-- iam:end -->", page.read_text(), re.DOTALL
+        )
+        assert len(blocks) == 1, page.name
+        assert json.loads(blocks[0]) == IAM_POLICY, page.name

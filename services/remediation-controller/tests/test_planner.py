@@ -249,6 +249,130 @@ def test_the_ultraserver_comes_from_the_largest_server_id_label() -> None:
     assert ultraserver_of({ultraserver.server_id_label(4): ultraserver.NO_SERVER}) is None
 
 
+# -- the validation after a reboot (--validate-after-reboot) --------------------------------------------
+
+VALIDATE = Safety(max_percent=100, validate_after_reboot=True, verdict_timeout=600.0)
+
+
+def rebooted(phase: Phase, fault: faults.Fault = REPAIRABLE, **kw: object) -> NodeView:
+    """A node its workflow holds, on a boot after the one the workflow began on (boot-1)."""
+    n = dataclasses.replace(held(node("a")), boot_id="boot-2", state=workflow(fault, phase))
+    return dataclasses.replace(n, **kw)  # type: ignore[arg-type]
+
+
+def verdict(passed: bool, boot: str = "boot-2") -> tuple[str, str, str]:
+    reason = remediation.VALIDATION_PASSED_REASON if passed else remediation.VALIDATION_FAILED_REASON
+    return ("True" if passed else "False", reason, remediation.verdict_message(boot, "passed" if passed else "exit 1"))
+
+
+@pytest.mark.parametrize("phase", [p for p in Phase if p is not Phase.VALIDATING])
+def test_a_new_boot_after_the_request_holds_the_node_for_its_validation(phase: Phase) -> None:
+    n = rebooted(phase)
+    [action] = planner.plan(fleet(n), VALIDATE, POLICY, NOW)
+    if phase is not Phase.REQUESTED:  # cancelled, or a reboot before the drain ended: it ends as before
+        assert (action.kind, action.state) == (Kind.RELEASE, None)
+        assert "the node booted again: the workflow ends" in action.message
+        return
+    assert (action.kind, action.reason) == (Kind.ADVANCE, "RemediationValidating")
+    assert action.state is not None
+    assert (action.state.phase, action.state.since, action.state.boot_id) == (Phase.VALIDATING, NOW, "boot-1")
+    assert (action.cordon, action.taint) == (None, None)  # stays cordoned and tainted
+    assert "boot-2" in action.message
+    # even a verdict that is there already waits for the phase: one step, one Event
+    [again] = planner.plan(fleet(dataclasses.replace(n, validated=verdict(True))), VALIDATE, POLICY, NOW)
+    assert again.kind is Kind.ADVANCE
+
+
+@pytest.mark.parametrize("phase", list(Phase))
+def test_without_the_flag_a_new_boot_ends_the_workflow_as_before(phase: Phase) -> None:
+    [action] = planner.plan(fleet(rebooted(phase)), Safety(max_percent=100), POLICY, NOW)
+    assert (action.kind, action.state) == (Kind.RELEASE, None)
+    assert "booted again" in action.message
+
+
+@pytest.mark.parametrize(
+    "validated",
+    [None, verdict(True, "boot-1"), verdict(False, "boot-1"), ("Unknown", "NeuronValidating", "boot boot-2: running")],
+    ids=["none", "an earlier boot's pass", "an earlier boot's failure", "not a verdict"],
+)
+@pytest.mark.parametrize("fault", [None, HBM])
+def test_validating_without_a_verdict_on_this_boot_waits(
+    validated: tuple[str, str, str] | None, fault: faults.Fault | None
+) -> None:
+    n = rebooted(Phase.VALIDATING, validated=validated, health_reason=fault and fault.reason)
+    assert planner.plan(fleet(n), VALIDATE, POLICY, NOW) == []  # whether the fault shows again or not
+    assert planner.limit(VALIDATE, 1) == 1
+    other = node("b", HBM)  # and it counts against the breaker meanwhile
+    [hold] = planner.plan(fleet(n, other), dataclasses.replace(VALIDATE, max_nodes=1), POLICY, NOW)
+    assert (hold.node, hold.hold) == ("b", Hold.BREAKER)
+
+
+def test_a_passed_verdict_on_this_boot_ends_the_workflow() -> None:
+    n = rebooted(Phase.VALIDATING, validated=verdict(True))
+    [action] = planner.plan(fleet(n), VALIDATE, POLICY, NOW)
+    assert (action.kind, action.reason, action.state) == (Kind.RELEASE, "RemediationDone", None)
+    assert (action.cordon, action.taint) == (False, False)
+    assert "passed its validation (boot boot-2: passed)" in action.message
+
+
+@pytest.mark.parametrize("annotation", [True, False])
+def test_a_failed_verdict_escalates_to_the_replace_rung_and_asks_for_a_new_instance(annotation: bool) -> None:
+    n = rebooted(Phase.VALIDATING, validated=verdict(False))
+    safety = dataclasses.replace(VALIDATE, request_annotation=annotation)
+    [action] = planner.plan(fleet(n), safety, POLICY, NOW)
+    assert (action.kind, action.reason) == (Kind.REQUEST, "ReplacementRequested")
+    assert action.state is not None
+    s = action.state
+    assert (s.rung, s.phase, s.boot_id, s.since, s.fault) == (
+        "replace",
+        Phase.REQUESTED,
+        "boot-2",
+        NOW,
+        REPAIRABLE.kind,
+    )
+    assert "boot boot-2: exit 1" in s.escalated
+    assert (action.cordon, action.taint) == (None, True)  # the taint's value becomes the replace rung
+    assert "escalated to the replace rung" in action.message
+    if annotation:
+        assert action.request is not None
+        assert (action.request["action"], action.request["fault"]) == ("replace", REPAIRABLE.kind)
+    else:
+        assert action.request is None
+
+
+def test_no_verdict_within_the_timeout_escalates_and_says_why() -> None:
+    n = rebooted(Phase.VALIDATING, state=workflow(REPAIRABLE, Phase.VALIDATING, since=NOW - 600))
+    [action] = planner.plan(fleet(n), VALIDATE, POLICY, NOW)
+    assert (action.kind, action.reason) == (Kind.REQUEST, "ReplacementRequested")
+    assert action.state is not None
+    assert action.state.rung == "replace"
+    assert "no validation verdict (NeuronValidated) for boot boot-2 within 600s" in action.message
+    n = dataclasses.replace(n, state=workflow(REPAIRABLE, Phase.VALIDATING, since=NOW - 599))
+    assert planner.plan(fleet(n), VALIDATE, POLICY, NOW) == []
+
+
+@pytest.mark.parametrize("change", [{"unschedulable": False}, {"opted_out": True}])
+def test_an_admins_uncordon_or_opt_out_during_validation_ends_the_workflow(change: dict[str, bool]) -> None:
+    n = dataclasses.replace(rebooted(Phase.VALIDATING), **change)  # type: ignore[arg-type]
+    [action] = planner.plan(fleet(n), VALIDATE, POLICY, NOW)
+    assert (action.kind, action.state, action.taint) == (Kind.RELEASE, None, False)
+    assert "before its validation" in action.message
+
+
+def test_an_escalated_workflow_is_not_ended_by_the_fault_clearing_but_by_a_validated_boot() -> None:
+    [escalation] = planner.plan(fleet(rebooted(Phase.VALIDATING, validated=verdict(False))), VALIDATE, POLICY, NOW)
+    assert escalation.state is not None
+    n = dataclasses.replace(rebooted(Phase.VALIDATING), boot_id="boot-2", state=escalation.state, validated=None)
+    assert planner.plan(fleet(n), VALIDATE, POLICY, NOW + 10) == []  # healthy on this boot: still replaced
+    plain = dataclasses.replace(n, state=dataclasses.replace(escalation.state, escalated=""))
+    [released] = planner.plan(fleet(plain), VALIDATE, POLICY, NOW + 10)  # the rule it is an exception to
+    assert released.kind is Kind.RELEASE
+    again = dataclasses.replace(n, boot_id="boot-3")  # rebooted instead of replaced: validated again
+    [action] = planner.plan(fleet(again), VALIDATE, POLICY, NOW + 20)
+    assert action.state is not None
+    assert (action.kind, action.state.phase) == (Kind.ADVANCE, Phase.VALIDATING)
+
+
 # -- the rules over random fleets, round after round -------------------------------------------------
 
 PHASES = list(Phase)
@@ -296,6 +420,8 @@ safeties = st.builds(
     rate_window=st.sampled_from([60.0, 3600.0]),
     approval=st.booleans(),
     request_annotation=st.booleans(),
+    validate_after_reboot=st.booleans(),
+    verdict_timeout=st.sampled_from([45.0, 3600.0]),
 )
 
 
@@ -318,7 +444,10 @@ def holding(nodes: dict[str, NodeView]) -> set[str]:
 
 
 admin_moves = st.lists(
-    st.tuples(st.integers(0, 11), st.sampled_from(["uncordon", "opt-out", "approve", "fault", "heal", "reboot"])),
+    st.tuples(
+        st.integers(0, 11),
+        st.sampled_from(["uncordon", "opt-out", "approve", "fault", "heal", "reboot", "pass", "fail"]),
+    ),
     max_size=4,
 )
 
@@ -364,7 +493,26 @@ def test_safety_holds_round_after_round(
                 assert n.unschedulable, "an uncordoned workflow goes on"
             if a.kind is Kind.REQUEST and safety.approval:
                 assert s is not None
-                assert s.phase is Phase.DRAINING  # reached only through the approval step
+                assert s.phase in (Phase.DRAINING, Phase.VALIDATING)  # reached only through the approval step
+                assert s.phase is Phase.DRAINING or s.boot_id != n.boot_id
+            if (
+                remediation.awaits_validation(s, n.boot_id)
+                and safety.validate_after_reboot
+                and n.unschedulable
+                and not n.opted_out
+            ):
+                assert s is not None
+                told = n.validated or (None, None, None)
+                passed = remediation.verdict(*told, n.boot_id)
+                if a.kind is Kind.RELEASE:
+                    assert s.phase is Phase.VALIDATING, "released without a verdict"
+                    assert passed, "released without a passed verdict"
+                if a.kind is Kind.REQUEST:
+                    timed_out = now - s.since >= safety.verdict_timeout
+                    assert s.phase is Phase.VALIDATING, "escalated before the validation"
+                    assert passed is False or timed_out, "escalated unasked"
+                    assert a.state is not None
+                    assert a.state.rung == "replace"
             if a.kind is Kind.CANCEL:
                 assert a.state is not None
                 cancelled_faults[a.node] = (a.state.fault, a.state.boot_id)
@@ -381,6 +529,8 @@ def test_safety_holds_round_after_round(
                 nodes[name] = dataclasses.replace(n, health_reason=HBM.reason, neuron=True)
             elif move == "heal":
                 nodes[name] = dataclasses.replace(n, health_reason=None, accelerated_reason=None)
+            elif move in ("pass", "fail"):
+                nodes[name] = dataclasses.replace(n, validated=verdict(move == "pass", n.boot_id))
             else:
                 nodes[name] = dataclasses.replace(n, boot_id=n.boot_id + "x", health_reason=None)
                 cancelled_faults.pop(name, None)
@@ -394,4 +544,7 @@ def test_a_held_workflow_is_never_advanced_past_the_approval_without_it(start: l
         for a in planner.plan(Fleet(nodes), approval, POLICY, NOW):
             if a.state is not None and a.kind is Kind.ADVANCE:
                 assert a.state.phase is not Phase.DRAINING
-            assert a.kind is not Kind.REQUEST or (n.state is not None and n.state.phase is Phase.DRAINING)
+            # a failed validation asks too, but only after the drain (and its approval) and a reboot
+            assert a.kind is not Kind.REQUEST or (
+                n.state is not None and n.state.phase in (Phase.DRAINING, Phase.VALIDATING)
+            )

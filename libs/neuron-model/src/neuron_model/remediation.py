@@ -44,6 +44,9 @@ class Phase(enum.StrEnum):
     AWAITING_APPROVAL = "awaiting-approval"  # --approval: waits for the admin's annotation
     DRAINING = "draining"
     REQUESTED = "requested"  # drained; a reboot or a new instance was asked for
+    # --validate-after-reboot: booted again, still cordoned and tainted until the node agent's verdict on
+    # this boot (VALIDATED_CONDITION) passes; a failed or missing verdict escalates to the replace rung
+    VALIDATING = "validating"
     CANCELLED = "cancelled"  # an admin uncordoned, or opted the node out: not again for this fault on this boot
 
     @property
@@ -57,12 +60,14 @@ class WorkflowState:
     fault: str  # the fault kind (neuron_health.faults), e.g. HBM_UNCORRECTABLE_ERROR
     reason: str  # the condition reason it was seen under
     rung: str  # neuron_health.faults.Rung: reboot or replace
-    boot_id: str  # the node's boot when it started: a new boot ends it
+    boot_id: str  # the node's boot when it started (or escalated): a new boot ends it, or validates it
     phase: Phase
     started: float  # Unix time the workflow started (the rate limit counts these)
     since: float  # Unix time of the last phase change (drain deadlines count from the drain's)
     cordoned_by_us: bool = False  # the node was schedulable when we cordoned it: we uncordon it at the end
     why: str = ""  # the last phase change's reason, as its Event said it
+    # why a validation after a reboot escalated it to the replace rung: the fault clearing no longer ends it
+    escalated: str = ""
 
     def to(self, phase: Phase, now: float, why: str) -> WorkflowState:
         return replace(self, phase=phase, since=now, why=why)
@@ -95,6 +100,7 @@ def load(text: str) -> WorkflowState:
             since=float(raw["since"]),
             cordoned_by_us=bool(raw.get("cordoned_by_us", False)),
             why=str(raw.get("why") or ""),
+            escalated=str(raw.get("escalated") or ""),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise StateError(f"a field is missing or wrong: {exc}") from None
@@ -105,3 +111,43 @@ def _text(raw: Mapping[str, Any], key: str) -> str:
     if not isinstance(value, str):
         raise TypeError(f"{key} is not a string")
     return value
+
+
+# -- the validation after a reboot ------------------------------------------------------------------
+# The node agent (problem detector) validates its node once on a new boot when a workflow of the node
+# awaits it, and writes the verdict as this condition of its own Node; the controller reads it.
+VALIDATED_CONDITION = "NeuronValidated"
+VALIDATION_PASSED_REASON = "NeuronValidationPassed"
+VALIDATION_FAILED_REASON = "NeuronValidationFailed"
+_BOOT_PREFIX = "boot "
+
+
+def awaits_validation(state: WorkflowState | None, boot_id: str) -> bool:
+    """The node was drained and its reboot (or new instance) asked for on another boot: this boot is to
+    be validated. True before the controller has seen the new boot too (the state still says
+    `requested`), so the node agent never waits on the controller's pass to start. A reboot before the
+    drain ended (one nobody asked for) ends the workflow as it always did: its pods may still be there,
+    and a failure could not ask for a new instance past the approval."""
+    return (
+        state is not None
+        and state.phase in (Phase.REQUESTED, Phase.VALIDATING)
+        and bool(boot_id)
+        and state.boot_id != boot_id
+    )
+
+
+def verdict_message(boot_id: str, text: str) -> str:
+    """The condition's message: it names the boot it judged, so a verdict of an earlier boot never counts."""
+    return f"{_BOOT_PREFIX}{boot_id}: {text}"
+
+
+def verdict(status: str | None, reason: str | None, message: str | None, boot_id: str) -> bool | None:
+    """What the controller accepts from `VALIDATED_CONDITION`: True (passed) or False (failed) for this
+    boot, None while there is no verdict for it (none yet, another boot's, or not one of ours)."""
+    if not boot_id or not (message or "").startswith(verdict_message(boot_id, "")):
+        return None
+    if status == "True" and reason == VALIDATION_PASSED_REASON:
+        return True
+    if status == "False" and reason == VALIDATION_FAILED_REASON:
+        return False
+    return None

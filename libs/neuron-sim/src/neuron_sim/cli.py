@@ -101,6 +101,23 @@ def _parser() -> argparse.ArgumentParser:
     mon.add_argument("--exit-after", type=int, default=0, help="lines to write, then exit 1 as if crashed")
     mon.add_argument("--seed", type=int, default=0)
 
+    drv = sub.add_parser(
+        "driver",
+        help="the driver's side of a simulated node, in a loop: each write of a device's reset node "
+        "(sys/class/neuron_device/neuronN/reset, the driver's own path) resets that device, as the driver "
+        "does; optionally the firmware's heartbeat moves on",
+    )
+    drv.add_argument("--root", required=True, type=Path)
+    drv.add_argument("--interval", type=float, default=0.2, help="seconds between looks at the reset nodes")
+    drv.add_argument(
+        "--heartbeat-every",
+        type=float,
+        default=0.0,
+        help="beat every device's healthcheck_heartbeat this often, but those stalled (inject heartbeat-stall); "
+        "0: never (a heartbeat then moves only when injected)",
+    )
+    drv.add_argument("--count", type=int, default=0, help="passes, then exit 0 (0: forever)")
+
     d = sub.add_parser("destroy", help="remove the simulated node's files under --root")
     d.add_argument("--root", required=True, type=Path)
 
@@ -147,6 +164,11 @@ def _parser() -> argparse.ArgumentParser:
         "verdict (unhealthy_components; the default for its faults)",
     )
     ft.add_argument("--core", type=int, default=0, help="physical core, for a kernel line or a core counter")
+    ft.add_argument(
+        "--transient",
+        action="store_true",
+        help="with --via firmware: an entry a device reset ends (without it: a defect a reset leaves)",
+    )
 
     fw = isub.add_parser(
         "unhealthy-components",
@@ -158,6 +180,23 @@ def _parser() -> argparse.ArgumentParser:
         required=True,
         help="comma-separated failing subsystems (" + ", ".join(layout.UNHEALTHY_COMPONENTS) + "); '' clears it",
     )
+    fw.add_argument(
+        "--transient",
+        default="",
+        help="comma-separated, among --components: those a device reset ends; the others are defects it leaves",
+    )
+    rs = isub.add_parser(
+        "reset",
+        help="reset a device now, as the driver does on a write of its reset node: transient states end, "
+        "defects stay, counters stay cumulative",
+    )
+    rs.add_argument("--device", type=int, required=True)
+    st = isub.add_parser(
+        "heartbeat-stall",
+        help="the firmware's health checks stop: `neuron-sim driver --heartbeat-every` beats this device no more",
+    )
+    st.add_argument("--device", type=int, required=True)
+    st.add_argument("--persistent", action="store_true", help="a stall a device reset does not end")
     hb = isub.add_parser(
         "heartbeat",
         help="beat health_status/healthcheck_heartbeat once (driver 2.30.2); one never beaten again goes stale",
@@ -247,6 +286,8 @@ def _run(args: argparse.Namespace) -> int:
             args.runtimes, args.cores_per_runtime, args.churn_every, args.malformed_every, args.runtimes_file, args.seed
         )
         return monitor.run(node, scenario, period, count=args.count, exit_after=args.exit_after)
+    if args.command == "driver":
+        return sim.serve_driver(args.root, args.interval, args.heartbeat_every, args.count, out=sys.stdout)
     if args.command == "destroy":
         sim.destroy(args.root)
         return 0
@@ -261,9 +302,17 @@ def _run(args: argparse.Namespace) -> int:
     elif what == "hw-error":
         print(sim.inject_hw_error(root, args.kind, args.device, args.core, args.action, args.serial))
     elif what == "fault":
-        print(sim.inject_fault(root, args.kind, args.device, args.via, args.core))
+        print(sim.inject_fault(root, args.kind, args.device, args.via, args.core, args.transient))
     elif what == "unhealthy-components":
-        print(sim.set_unhealthy_components(root, args.device, args.components.split(",")))
+        print(
+            sim.set_unhealthy_components(
+                root, args.device, args.components.split(","), transient=args.transient.split(",")
+            )
+        )
+    elif what == "reset":
+        print(", ".join(sim.reset_device(root, args.device)) or "nothing ended")
+    elif what == "heartbeat-stall":
+        print(sim.stall_heartbeat(root, args.device, args.persistent))
     elif what == "heartbeat":
         print(sim.beat_heartbeat(root, args.device, args.value))
     elif what == "move-node":

@@ -188,6 +188,7 @@ def create(
     append_kmsg(root, f"neuron: Neuron Driver initialized, {it.devices} device(s) found", KERN_INFO)
     state = {"instance_type": it.name, "lnc": lnc, "char_devices": char_devices, "generation": generation.name}
     write_attr(root / STATE_DIR / "state.json", json.dumps(state, indent=2) + "\n")
+    _save_reset_seen(root, {i: _reset_signature(root, i) for i in range(it.devices)})
     return it
 
 
@@ -278,8 +279,9 @@ def _core_files(it: InstanceType) -> tuple[tuple[str, str], ...]:
     for cat in layout.DEVICE_MEM_CATEGORIES:
         for fld in layout.MEM_FIELDS:
             files.append((layout.core_device_mem_file(c, cat, fld), "0\n"))
-    for name in layout.OTHER_INFO:
-        files.append((layout.core_other_info_file(c, name), "0\n"))
+    for name in layout.OTHER_INFO:  # counter nodes, as the driver writes them: <name>/total, <name>/present
+        files.append((layout.core_other_info_file(c, name) / "total", "0\n"))
+        files.append((layout.core_other_info_file(c, name) / "present", "0\n"))
     return tuple((str(path), text) for path, text in files)
 
 
@@ -299,7 +301,7 @@ def _write_device(
     fam = it.family
     write_attr(d / "core_count", str(fam.physical_cores_per_device))  # the driver writes no newline
     write_attr(d / "connected_devices", ", ".join(map(str, connected)) + "\n")
-    write_attr(d / "reset", "0\n")
+    write_attr(d / layout.RESET_FILE, f"{layout.DEVICE_STATE_READY}\n")  # a device the driver set up
     write_attr(d / "info" / "notify_delay", "0\n")
     if fam.has_serial_number:
         write_attr(d / "info" / "serial_number", serial_for(it.name, index) + "\n")
@@ -395,8 +397,8 @@ def counter_path(root: Path, device: int, name: str, core: int | None = None, fi
         status = layout.status_file(c, candidate, field)
         if status.exists():
             return status
-    other = layout.core_other_info_file(c, name)
-    if other.exists():
+    other = layout.core_other_info_value_file(c, name)
+    if other.is_file():
         return other
     raise SimError(f"core {core} of device {device} has no counter {name!r} (a status name or other_info name)")
 
@@ -538,9 +540,14 @@ def inject_hw_error(
 FAULT_SOURCES = ("kernel", "device-counter", "core-counter", "firmware")
 
 
-def inject_fault(root: Path, kind: str, device: int, via: str = "kernel", core: int = 0) -> str:
+def inject_fault(
+    root: Path, kind: str, device: int, via: str = "kernel", core: int = 0, transient: bool = False
+) -> str:
     """Make a fault of the table show the way `via` says: the runtime's (or the driver's) kernel
-    line, or one more on the device counter or core status counter the table names for it."""
+    line, or one more on the device counter or core status counter the table names for it.
+    `transient`: a firmware verdict entry a device reset ends (`reset_device`); else a defect."""
+    if transient and via != "firmware":
+        raise SimError("only the firmware's verdict (--via firmware) has a transient state: counters are cumulative")
     fault = faults.BY_KIND.get(kind)
     if fault is None or fault in (faults.UNKNOWN_FATAL, faults.UNKNOWN_NOTICE):
         raise SimError(f"unknown fault kind {kind!r}; one of: {', '.join(f.kind for f in faults.FAULTS)}")
@@ -557,7 +564,8 @@ def inject_fault(root: Path, kind: str, device: int, via: str = "kernel", core: 
         path = layout.health_status_file(_device_dir(root, device), layout.UNHEALTHY_COMPONENTS_FILE)
         listed = [c for c in (path.read_text().strip().split(",") if path.exists() else []) if c]
         chosen = listed if component in listed else [*listed, component]
-        return f"unhealthy_components={set_unhealthy_components(root, device, chosen)}"
+        marked = [component] if transient else []
+        return f"unhealthy_components={set_unhealthy_components(root, device, chosen, transient=marked)}"
     if via == "kernel":
         if fault.kernel_names:
             return f"kernel line {inject_hw_error(root, fault.kernel_names[0], device, core)}"
@@ -589,10 +597,16 @@ def sources_of(fault: faults.Fault) -> list[str]:
     ]
 
 
-def set_unhealthy_components(root: Path, device: int, components: Iterable[str]) -> str:
+def set_unhealthy_components(
+    root: Path, device: int, components: Iterable[str], *, transient: Iterable[str] = ()
+) -> str:
     """The firmware's verdict on a device (driver 2.30.2, trn2/trn3): its failing subsystems, as the
-    driver writes them (comma-separated); none clears it."""
+    driver writes them (comma-separated); none clears it. Each listed subsystem is a persistent defect,
+    which a device reset leaves listed, unless it is among `transient` (a state a reset ends)."""
     chosen = [c.strip() for c in components if c.strip()]
+    marked = {c.strip() for c in transient if c.strip()}
+    if not marked <= set(chosen):
+        raise SimError(f"--transient names {', '.join(sorted(marked - set(chosen)))}, which is not listed")
     unknown = [c for c in chosen if c not in layout.UNHEALTHY_COMPONENTS]
     if unknown:
         raise SimError(f"unknown component(s) {', '.join(unknown)}; one of: {', '.join(layout.UNHEALTHY_COMPONENTS)}")
@@ -604,6 +618,10 @@ def set_unhealthy_components(root: Path, device: int, components: Iterable[str])
         )
     text = ",".join(chosen)
     write_attr(path, text + "\n")
+    marks = _load_marks(root)
+    entry = marks.setdefault(str(device), {})
+    entry["transient"] = sorted(marked | (set(entry.get("transient", [])) & set(chosen)))
+    _save_marks(root, marks)
     return text
 
 
@@ -658,8 +676,165 @@ def reload_driver(root: Path) -> None:
 
 
 def reboot(root: Path) -> str:
-    """A new boot id, as after a reboot; the kernel log starts over."""
+    """A new boot id, as after a reboot; the kernel log starts over. The firmware starts afresh too: what a
+    device reset ends (`reset_device`) ends, a defect stays (counters are the driver's: see `reload_driver`)."""
     boot_id = str(uuid.uuid4())
     write_attr(layout.HostLayout(Path(root)).boot_id, boot_id + "\n")
     (layout.HostLayout(Path(root)).kmsg).write_text("")
+    marks = _load_marks(root)
+    for device, entry in list(marks.items()):
+        d = layout.HostLayout(Path(root)).device_dir(int(device))
+        verdict = layout.health_status_file(d, layout.UNHEALTHY_COMPONENTS_FILE)
+        transient = set(entry.pop("transient", []))
+        if transient and verdict.exists():
+            listed = [c for c in verdict.read_text().strip().split(",") if c]
+            write_attr(verdict, ",".join(c for c in listed if c not in transient) + "\n")
+        if entry.get("heartbeat") != "persistent":
+            entry.pop("heartbeat", None)
+        if not entry:
+            del marks[device]
+    if marks or (Path(root) / MARKS_FILE).exists():
+        _save_marks(root, marks)
     return boot_id
+
+
+# -- the driver's device reset ---------------------------------------------------------------------
+# What a write of /sys/class/neuron_device/neuron<N>/reset does on a real host (aws-neuron-driver
+# 2.24.7 neuron_cdev.c `driver_reset_store`, neuron_reset.c `nr_start_ncs`, `nr_reset_thread_fn`):
+# the device state goes to RESET, every core's `reset_req_count` goes up by one, the reset thread logs
+# "initiating device reset request" and "reset request ... completed", and the state goes to READY.
+# The driver's source says nothing of what a reset mends, so what the simulator mends is its own
+# model, and says so: a firmware verdict entry marked transient (`set_unhealthy_components(...,
+# transient=...)`) and a heartbeat stall not marked persistent end; a defect stays listed; every
+# counter stays cumulative (the driver zeroes none of them on a reset).
+RESET_REQUEST_ALL = 0xFFFFFFFF  # NEURON_RESET_REQUEST_ALL: the id the driver logs for a sysfs reset
+MARKS_FILE = f"{STATE_DIR}/marks.json"  # per device: transient verdict entries, heartbeat stall
+RESET_SEEN_FILE = f"{STATE_DIR}/reset-seen.json"  # each reset node as the simulator last left it
+
+
+def _load_json(root: Path, relative: str) -> dict[str, Any]:
+    try:
+        data: dict[str, Any] = json.loads((Path(root) / relative).read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    return data
+
+
+def _load_marks(root: Path) -> dict[str, dict[str, Any]]:
+    return _load_json(root, MARKS_FILE)
+
+
+def _save_marks(root: Path, marks: dict[str, dict[str, Any]]) -> None:
+    write_attr(Path(root) / MARKS_FILE, json.dumps(marks, indent=2, sort_keys=True) + "\n")
+
+
+def _reset_signature(root: Path, device: int) -> list[int] | None:
+    try:
+        st = layout.HostLayout(Path(root)).reset_node(device).stat()
+    except OSError:
+        return None
+    return [st.st_ino, st.st_mtime_ns, st.st_size]
+
+
+def _save_reset_seen(root: Path, seen: dict[int, list[int] | None]) -> None:
+    write_attr(Path(root) / RESET_SEEN_FILE, json.dumps({str(k): v for k, v in seen.items()}) + "\n")
+
+
+def stall_heartbeat(root: Path, device: int, persistent: bool = False) -> str:
+    """The firmware's health checks stop: `serve_driver`'s heartbeat no longer moves for this device.
+    A reset restarts them, unless `persistent` (checks that a reset does not bring back)."""
+    _device_dir(root, device)
+    marks = _load_marks(root)
+    marks.setdefault(str(device), {})["heartbeat"] = "persistent" if persistent else "stalled"
+    _save_marks(root, marks)
+    return "persistent" if persistent else "stalled"
+
+
+def heartbeat_stalled(root: Path, device: int) -> bool:
+    return bool(_load_marks(root).get(str(device), {}).get("heartbeat"))
+
+
+def device_state(root: Path, device: int) -> int:
+    """What the device's reset node reads: `layout.DEVICE_STATE_*`."""
+    return int(layout.HostLayout(Path(root)).reset_node(device).read_text().strip())
+
+
+def reset_device(root: Path, device: int) -> list[str]:
+    """One device reset, as the driver's reset thread carries it out; returns what it ended."""
+    root = Path(root)
+    d = _device_dir(root, device)
+    node = layout.HostLayout(root).reset_node(device)
+    write_attr(node, f"{layout.DEVICE_STATE_RESET}\n")
+    for path in sorted(layout.core_other_info_value_file(c, "reset_req_count") for c in d.glob("neuron_core*")):
+        try:
+            write_attr(path, f"{int(path.read_text().strip()) + 1}\n")
+        except ValueError:
+            write_attr(path, "1\n")
+    append_kmsg(root, f"neuron:nr_reset_thread_fn: nd{device}: initiating device reset request {RESET_REQUEST_ALL}")
+    ended: list[str] = []
+    marks = _load_marks(root)
+    entry = marks.get(str(device), {})
+    transient = set(entry.get("transient", []))
+    verdict = layout.health_status_file(d, layout.UNHEALTHY_COMPONENTS_FILE)
+    if transient and verdict.exists():
+        listed = [c for c in verdict.read_text().strip().split(",") if c]
+        ended += [f"unhealthy_components:{c}" for c in listed if c in transient]
+        write_attr(verdict, ",".join(c for c in listed if c not in transient) + "\n")
+        entry["transient"] = []
+    heartbeat = layout.health_status_file(d, layout.HEARTBEAT_FILE)
+    if entry.get("heartbeat") != "persistent" and heartbeat.exists():
+        if entry.pop("heartbeat", None):
+            ended.append("healthcheck_heartbeat:stalled")
+        beat_heartbeat(root, device)  # the firmware starts its health checks afresh
+    if entry:
+        marks[str(device)] = entry
+    else:
+        marks.pop(str(device), None)
+    _save_marks(root, marks)
+    append_kmsg(root, f"neuron:nr_reset_thread_fn: nd{device}: reset request {RESET_REQUEST_ALL} completed")
+    write_attr(node, f"{layout.DEVICE_STATE_READY}\n")
+    seen = {int(k): v for k, v in _load_json(root, RESET_SEEN_FILE).items()}
+    seen[device] = _reset_signature(root, device)
+    _save_reset_seen(root, seen)
+    return ended
+
+
+def apply_reset_requests(root: Path) -> dict[int, list[str]]:
+    """Every device whose reset node was written since the simulator last left it is reset (the
+    driver's store handler): a real driver ignores what is written, so any write counts."""
+    root = Path(root)
+    seen = {int(k): v for k, v in _load_json(root, RESET_SEEN_FILE).items()}
+    done: dict[int, list[str]] = {}
+    for device in range(_instance(root).devices):
+        signature = _reset_signature(root, device)
+        if signature is not None and signature != seen.get(device):
+            done[device] = reset_device(root, device)
+    return done
+
+
+def serve_driver(
+    root: Path, interval: float = 0.2, heartbeat_every: float = 0.0, count: int = 0, out: Any = None
+) -> int:
+    """The driver's side of a simulated node, in a loop: each write of a reset node resets that device
+    (`apply_reset_requests`); with `heartbeat_every`, the firmware's heartbeat of every device whose
+    checks are not stalled moves on that often. `count`: passes, then return (0: forever)."""
+    root = Path(root)
+    load_state(root)
+    passes, last_beat = 0, 0.0
+    while True:
+        for device, ended in apply_reset_requests(root).items():
+            if out is not None:
+                print(f"neuron{device}: reset; ended: {', '.join(ended) or 'nothing'}", file=out, flush=True)
+        now = time.monotonic()
+        if heartbeat_every > 0 and now - last_beat >= heartbeat_every:
+            last_beat = now
+            marks = _load_marks(root)
+            for device in range(_instance(root).devices):
+                beating = not marks.get(str(device), {}).get("heartbeat")
+                d = layout.HostLayout(root).device_dir(device)  # a vanished device beats no more
+                if beating and layout.health_status_file(d, layout.HEARTBEAT_FILE).exists():
+                    beat_heartbeat(root, device)
+        passes += 1
+        if count and passes >= count:
+            return 0
+        time.sleep(interval)

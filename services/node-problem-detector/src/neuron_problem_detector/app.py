@@ -17,10 +17,13 @@ from neuron_driver.kmsg import KmsgRecord
 from neuron_health import layout_check, verdicts
 from neuron_health.kernel_log import host_timezone
 from neuron_health.pipeline import CounterRead, CounterWatch, KernelLogSource
+from neuron_problem_detector import reset
 from neuron_problem_detector import rules as rules_mod
 from neuron_problem_detector.config import API_TIMEOUT, Config
-from neuron_problem_detector.detector import Problem, load_state, save_state, wall_now
+from neuron_problem_detector.detector import ConditionStatus, Problem, load_state, save_state, wall_now
 from neuron_problem_detector.reporter import Reporter
+from neuron_problem_detector.resetter import DeviceResetter, run_validation_command
+from neuron_problem_detector.revalidate import RebootValidator
 from neuron_problem_detector.rules import Match, Rules
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,12 @@ class Metrics:
             "read_errors", "Failed reads of a health source, by source (counters, kernel_log)", ["source"]
         )
         self.health_sources_missing = layout_check.declare_gauge(m)
+        self.device_reset_steps = m.counter(
+            "device_reset_steps",
+            "Steps of the device reset and its validation, by step (wait, reset, validate, check, pass, escalate)",
+            ["step"],
+            shown=[(step,) for step in reset.STEPS],
+        )
         self._sets = (npd, m)
 
     def series(self) -> tuple[Series, ...]:
@@ -71,6 +80,7 @@ class Detector:
         self.metrics = Metrics(self.rules)
         self.state, warning = load_state(config.state_file)
         self.saves = 0  # state-file writes: a change that already saved does not save again
+        self.validated: ConditionStatus | None = None  # the verdict on this boot, once given (--validate-after-reboot)
         if warning:
             log.warning(warning)
         boot = verdicts.boot_id(config.host_root)
@@ -111,6 +121,33 @@ class Detector:
         )
         # the device counters, and only those per-core statuses a rule names (a trn2 has 1,024 cores' worth)
         core_counters = {r.counter for r in self.rules.counter_rules if r.counter and r.core_counter}
+        self.resetter: DeviceResetter | None = None
+        if config.device_reset:
+            self.resetter = DeviceResetter(
+                config,
+                inventory,
+                state=lambda: self.state,
+                event=lambda reason, message, warning: self.reporter.event(reason, message, warning=warning),
+                cleared=self.cleared,
+                changed=self._publish,
+                totals=lambda: self.counters.last,
+                step_metric=lambda step: self.metrics.device_reset_steps.labels(step).inc(),
+            )
+        self.validator: RebootValidator | None = None
+        if config.validate_after_reboot:
+            self.validator = RebootValidator(
+                self.kube,
+                config.node_name,
+                window=config.validation_window,
+                command=config.validation_command,
+                command_timeout=config.validation_timeout,
+                devices=[d.index for d in inventory.devices],
+                problems=lambda: [p.reason for p in self.state.problems.values()],
+                totals=lambda: self.counters.last,
+                verdict=self._validated,
+                event=lambda reason, message, warning: self.reporter.event(reason, message, warning=warning),
+                run_command=lambda command, limit: run_validation_command(command, limit, {}),
+            )
         self.counters = CounterWatch(
             config.host_root,
             config.counter_interval,
@@ -118,6 +155,7 @@ class Detector:
             on_error=lambda source: count(source).inc(),
             previous=self.state.counters,
             inventory=inventory,
+            heartbeat_stale_after=config.heartbeat_stale_after,
         )
 
     # -- health ------------------------------------------------------------------------------------
@@ -132,6 +170,8 @@ class Detector:
         changed = False
         for m in matches:
             self.metrics.problem_counter.labels(m.rule.reason).inc()
+            if self.resetter is not None:
+                self.resetter.seen(m.device, m.rule.reason, wall_now())
             where = f"neuron{m.device}" if m.device is not None else "Neuron"
             extra = "".join(f" {k}={v}" for k, v in (("nc-id", m.core), ("serial", m.serial)) if v is not None)
             self.reporter.event(m.rule.reason, f"{where}{extra}: {m.detail}"[:1024])
@@ -156,6 +196,10 @@ class Detector:
             self.reporter.event(f"{p.reason}Cleared", f"{p.message} cleared: {why}", warning=False)
         self._publish()
 
+    def _validated(self, condition: ConditionStatus) -> None:
+        self.validated = condition
+        self._publish()
+
     def _save(self) -> None:
         self.saves += 1
         try:
@@ -169,6 +213,8 @@ class Detector:
         conditions = self.state.conditions(
             self.rules, wall_now(), accelerated_hardware=self.config.accelerated_hardware_condition != "off"
         )
+        if self.validated is not None:
+            conditions = [*conditions, self.validated]
         self.reporter.set_conditions(conditions)
         for c in conditions:
             for reason in self.rules.reasons_of(c.type):
@@ -254,6 +300,12 @@ class Detector:
             "reporter": lambda: self.reporter.run(self.stop),
             "metrics": self.report_metrics,
         }
+        if self.resetter is not None:
+            resetter = self.resetter
+            loops["device-reset"] = lambda: resetter.run(self.stop)
+        if self.validator is not None:
+            validator = self.validator
+            loops["validate-after-reboot"] = lambda: validator.run(self.stop)
         return await run_service(self.http, self.supervisor, self.stop, lambda: loops, release=self._release)
 
     async def _release(self) -> None:

@@ -24,7 +24,7 @@ from neuron_common.config import (
     switch,
 )
 from neuron_driver import layout
-from neuron_health.flags import KernelLog
+from neuron_health.flags import Heartbeat, KernelLog
 
 DEFAULT_LISTEN = "0.0.0.0:9842"
 API_TIMEOUT = 5.0  # seconds, one API-server call; the reporter keeps its state and retries with back-off
@@ -51,7 +51,43 @@ class Reporting:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Config(KernelLog, Node, ApiServer, Serving, Reporting, ServiceConfig):
+class DeviceReset:
+    """The device-reset rung and the validation step (docs/remediation.md): off by default."""
+
+    device_reset: bool = switch(
+        False,
+        "reset a device whose fault is on the device-reset rung, or whose firmware heartbeat stalled, once no pod "
+        "holds it (the kubelet's PodResources), through the driver's reset node; then validate it",
+    )
+    pod_resources_socket: Path = flag(
+        layout.POD_RESOURCES_SOCKET,
+        "the kubelet's PodResources socket, asked which pods hold a device before its reset",
+        type=Path,
+    )
+    reset_timeout: float = flag("2m", "time the driver has to finish a device reset", type=positive_duration)
+    validation_window: float = flag(
+        "1m",
+        "time after a device reset without a new error on the device, at whose end its health sources must be healthy",
+        type=non_negative_duration,
+    )
+    validation_command: str = flag(
+        "",
+        "a command run once the validation window passed (split into words as a shell does, run without one; "
+        "NEURON_RESET_DEVICE and NEURON_RT_VISIBLE_CORES name the device): exit 0 passes, else the fault "
+        "escalates; '' runs none",
+    )
+    validation_timeout: float = flag("10m", "time the validation command may run", type=positive_duration)
+    validate_after_reboot: bool = switch(
+        False,
+        "once at start on a new boot that the remediation controller's workflow asked for (its state annotation on "
+        "the Node), validate the node: --validation-window without a new error, every device's health sources "
+        "healthy, then --validation-command; the verdict is the Node's NeuronValidated condition, which the "
+        "controller's --validate-after-reboot waits for",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config(KernelLog, Heartbeat, Node, ApiServer, Serving, Reporting, DeviceReset, ServiceConfig):
     """Watches the kernel log and the Neuron driver's counters for hardware errors and reports them as a
     NodeCondition (NeuronHealth), Events and metrics; conditions clear on a new boot or when the
     driver's counters reset."""

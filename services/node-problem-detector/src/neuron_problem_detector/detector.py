@@ -18,6 +18,7 @@ from typing import Any
 from neuron_driver.files import replace_file
 from neuron_health import faults
 from neuron_model import node_health
+from neuron_problem_detector import reset
 from neuron_problem_detector.rules import Match, Rules
 
 MESSAGE_LIMIT = 1024  # the API server keeps condition messages short; so do we
@@ -63,6 +64,9 @@ class DetectorState:
     # the driver's counters as last read on this boot, by (device, name): a restart measures growth
     # (and a driver reload) from them; None: not read yet on this boot
     counters: dict[tuple[int, str], int] | None = None
+    # device resets on this boot, by problem key (`reset`): what a restart resumes, and the record of
+    # each one's end (a device is reset once per problem and boot)
+    resets: dict[str, reset.Job] = field(default_factory=dict)
 
     # -- changes ---------------------------------------------------------------------------------
     def add(self, match: Match, now: float) -> Problem | None:
@@ -105,6 +109,7 @@ class DetectorState:
             return False
         self.boot_id = boot_id
         self.problems.clear()
+        self.resets.clear()
         self.last_seq = -1
         self.counters = None
         return True
@@ -117,9 +122,8 @@ class DetectorState:
             active = sorted((p for p in self.problems.values() if p.condition == c.type), key=lambda p: p.since)
             status = self._status(c.type, "True" if active else "False", now)
             if active:
-                result.append(
-                    ConditionStatus(c.type, status, active[-1].reason, _joined(active), self.transitions[c.type])
-                )
+                message = _joined(active, self._reset_phases())
+                result.append(ConditionStatus(c.type, status, active[-1].reason, message, self.transitions[c.type]))
             else:
                 result.append(
                     ConditionStatus(c.type, status, c.healthy_reason, c.healthy_message, self.transitions[c.type])
@@ -127,6 +131,9 @@ class DetectorState:
         if accelerated_hardware:
             result.append(self._accelerated_hardware(now))
         return result
+
+    def _reset_phases(self) -> dict[str, str]:
+        return {key: str(job.phase) for key, job in self.resets.items() if job.phase is not reset.Phase.PASSED}
 
     def _status(self, ctype: str, status: str, now: float) -> str:
         if self.statuses.get(ctype) != status:
@@ -142,7 +149,8 @@ class DetectorState:
         needing: list[tuple[Problem, faults.Fault]] = []
         for p in sorted(self.problems.values(), key=lambda p: p.since):
             fault = faults.BY_REASON.get(p.reason)
-            if fault is not None and fault.rung.needs_new_boot_or_instance:
+            escalated = p.key in self.resets and self.resets[p.key].phase is reset.Phase.ESCALATED
+            if fault is not None and (fault.rung.needs_new_boot_or_instance or escalated):
                 needing.append((p, fault))
         status = self._status(ctype, "False" if needing else "True", now)
         if needing:
@@ -171,6 +179,7 @@ class DetectorState:
                 "transitions": self.transitions,
                 "statuses": self.statuses,
                 "counters": None if self.counters is None else [[d, n, v] for (d, n), v in self.counters.items()],
+                "resets": [job.to_dict() for job in self.resets.values()],
             }
         )
 
@@ -189,14 +198,19 @@ class DetectorState:
             state.problems[p.key] = p
         state.transitions = {str(k): float(v) for k, v in data.get("transitions", {}).items()}
         state.statuses = {str(k): str(v) for k, v in data.get("statuses", {}).items()}
+        for raw in data.get("resets", []):
+            job = reset.Job.from_dict(raw)
+            state.resets[job.problem] = job
         counters = data.get("counters")
         if counters is not None:
             state.counters = {(int(d), str(n)): int(v) for d, n, v in counters}
         return state
 
 
-def _joined(problems: list[Problem]) -> str:
-    message = "; ".join(p.message for p in problems)
+def _joined(problems: list[Problem], resets: dict[str, str] | None = None) -> str:
+    """The problems' messages; one whose device is being reset, or whose reset escalated, says so."""
+    phases = resets or {}
+    message = "; ".join(p.message + (f" (device reset: {phases[p.key]})" if p.key in phases else "") for p in problems)
     return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."
 
 

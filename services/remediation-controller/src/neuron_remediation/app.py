@@ -31,7 +31,7 @@ from neuron_remediation.config import Config
 from neuron_remediation.fleet import NodeView, PodView, node_view, pod_view
 from neuron_remediation.metrics import Metrics
 from neuron_remediation.planner import Action, Fleet, Kind
-from neuron_remediation.replacement import Backend, NoBackend
+from neuron_remediation.replacement import Backend, BackendError, Result, make
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class Remediator:
         self.config = config
         self.stop = stop
         self.api = api or Api.from_kubeconfig(config.kubeconfig, config.api_timeout)
-        self.backend: Backend = backend or NoBackend()
+        self.backend: Backend = backend or make(config)
         self.wall_clock = wall_clock
         self.metrics = Metrics()
         self.nodes: dict[str, NodeView] = {}
@@ -157,6 +157,14 @@ class Remediator:
         node = self.nodes.get(action.node)
         if node is None:
             return
+        said = ""
+        if action.kind is Kind.REQUEST and action.state is not None:
+            # the backend before the patch: a request not made leaves the workflow where it was, so the next
+            # pass decides REQUEST again and asks again (a repeat finds the instance Unhealthy already)
+            asked = await self._request(node, action)
+            if asked is None:
+                return
+            said = asked
         try:
             patched = await self.api.patch(f"/api/v1/nodes/{action.node}", self._patch(node, action), MERGE_PATCH)
         except ApiError as exc:
@@ -174,21 +182,34 @@ class Remediator:
         if action.kind is Kind.START:
             self.starts.append((action.node, action.state.started if action.state is not None else now))
             self.starts = [(n, t) for n, t in self.starts if now - t < self.config.safety.rate_window]
-        message = action.message
-        if action.kind is Kind.REQUEST and action.state is not None:
-            try:
-                said = await self.backend.request(action.node, action.state)
-            except Exception as exc:
-                log.warning("node %s: the %s backend failed: %s", action.node, self.backend.name, exc)
-                said = f"the {self.backend.name} backend failed: {exc}"
-            if said:
-                message = f"{message}; {said}"
+        message = f"{action.message}; {said}" if said else action.message
         log.info(
             "node %s: %s", action.node, message,
             extra={"node": action.node, "step": str(action.kind), "reason": action.reason},
         )  # fmt: skip
         self.told.pop(action.node, None)
         await self._event(_node_ref(action.node), action.reason, message, warning=action.warning)
+
+    async def _request(self, node: NodeView, action: Action) -> str | None:
+        """The backend's sentence for the Event, or None when it did not make the request (said in an
+        Event once per distinct failure, and asked again at the next pass)."""
+        assert action.state is not None
+        try:
+            outcome = await self.backend.request(node, action.state)
+        except Exception as exc:  # the Backend contract: raise to be asked again
+            result = exc.result if isinstance(exc, BackendError) else Result.FAILED
+            self.metrics.requests.labels(self.backend.name, str(result)).inc()
+            message = (
+                f"{action.state.fault}: drained; the {self.backend.name} backend could not ask for "
+                f"{'a reboot' if action.state.rung == 'reboot' else 'a new instance'} ({result}): {exc}; asked "
+                "again at the next pass"
+            )
+            log.warning("node %s: %s", action.node, message, extra={"node": action.node, "result": str(result)})
+            await self._tell(planner.Action(action.node, Kind.REQUEST, "ReplacementRequestFailed", message))
+            return None
+        if outcome.result:
+            self.metrics.requests.labels(self.backend.name, outcome.result).inc()
+        return outcome.message
 
     def _patch(self, node: NodeView, action: Action) -> dict[str, Any]:
         annotations: dict[str, str | None] = {
@@ -297,6 +318,7 @@ class Remediator:
                 "max_nodes": self.config.max_nodes,
                 "max_percent": self.config.max_percent,
                 "approval": self.config.approval,
+                "replacement_backend": self.backend.name,
             },
         )
         loops: dict[str, Loop] = {
@@ -305,7 +327,11 @@ class Remediator:
             "leader-election": lambda: self.leader.run(self.stop),
             "remediate": self.remediate,
         }
-        return await run_service(self.http, self.supervisor, self.stop, lambda: loops, release=self.api.close)
+        return await run_service(self.http, self.supervisor, self.stop, lambda: loops, release=self.release)
+
+    async def release(self) -> None:
+        await self.backend.close()
+        await self.api.close()
 
 
 def _node_ref(name: str) -> dict[str, str]:

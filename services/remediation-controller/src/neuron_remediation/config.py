@@ -100,6 +100,48 @@ class Config(LeaderElection, Serving, ApiRequests, ResourcePrefix, ServiceConfig
         "or 'condition' (the condition alone, for EKS node auto repair or Karpenter)",
         choices=["annotation", "condition"],
     )
+    replacement_backend: str = flag(
+        "none",
+        "what else asks for a drained node's new instance: 'none' (the Node's condition and annotation alone) or "
+        "'autoscaling' (AWS Auto Scaling's SetInstanceHealth marks its instance Unhealthy, and its group replaces it; "
+        "AWS's npd.nodeRecovery.enabled). A failed request is retried at every pass",
+        choices=["none", "autoscaling"],
+    )
+    aws_region: str = flag(
+        "", "the Auto Scaling backend's region (default: the node's zone in spec.providerID, else $AWS_REGION)"
+    )
+    autoscaling_endpoint: str = flag(
+        "",
+        "the Auto Scaling endpoint URL (default: $AWS_ENDPOINT_URL_AUTO_SCALING, $AWS_ENDPOINT_URL, else the "
+        "region's public one); for a VPC endpoint, or a stand-in in tests",
+    )
+    sts_endpoint: str = flag(
+        "",
+        "the STS endpoint URL IRSA's web identity is exchanged at (default: $AWS_ENDPOINT_URL_STS, "
+        "$AWS_ENDPOINT_URL, else the region's)",
+    )
+    respect_grace_period: bool = switch(
+        False,
+        "SetInstanceHealth's ShouldRespectGracePeriod: with it, Auto Scaling ignores the mark on an instance still "
+        "in its group's health check grace period, and the drained node would wait for nothing",
+    )
+    autoscaling_reboot: bool = switch(
+        False,
+        "also mark a node on the reboot rung Unhealthy (a new instance instead of its reboot); by default the "
+        "Auto Scaling backend acts on the replace rung only",
+    )
+    validate_after_reboot: bool = switch(
+        False,
+        "a node that booted again stays cordoned and tainted until the problem detector's verdict on the new boot "
+        f"(its {remediation.VALIDATED_CONDITION} condition; the detector's --validate-after-reboot): a pass ends the "
+        "workflow, a failure asks for a new instance (the replace rung); by default a new boot ends it",
+    )
+    verdict_timeout: float = flag(
+        "20m",
+        "with --validate-after-reboot: time a rebooted node waits for the detector's verdict before it is escalated "
+        "to the replace rung",
+        type=positive_duration,
+    )
     drain_policy: drain.NamespacePolicy = flag(
         "evict",
         "how pods are drained where --namespace-drain-policy names nothing else: 'evict' (now), 'finish:<duration>' "
@@ -146,6 +188,8 @@ class Config(LeaderElection, Serving, ApiRequests, ResourcePrefix, ServiceConfig
             rate_window=v["rate_window"],
             approval=v["approval"],
             request_annotation=v["replacement"] == "annotation",
+            validate_after_reboot=v["validate_after_reboot"],
+            verdict_timeout=v["verdict_timeout"],
         )
         v["policy"] = drain.Policy(
             default=v["drain_policy"],

@@ -29,8 +29,11 @@ class NodeView:
     approved: bool = False
     requested: bool = False  # carries the request annotation
     boot_id: str = ""
+    provider_id: str = ""  # spec.providerID: aws:///<zone>/<instance id> on EC2 (the autoscaling backend's)
     state: WorkflowState | None = None
     state_error: str = ""  # an annotation that does not read as a state
+    # the node agent's remediation.VALIDATED_CONDITION as (status, reason, message), None: not there
+    validated: tuple[str, str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ def node_view(obj: Mapping[str, Any], resource_prefix: str) -> NodeView | None:
     health: str | None = None
     accelerated: str | None = None
     has_condition = False
+    validated: tuple[str, str, str] | None = None
     for c in status.get("conditions") or ():
         if not isinstance(c, Mapping):
             continue
@@ -97,6 +101,8 @@ def node_view(obj: Mapping[str, Any], resource_prefix: str) -> NodeView | None:
                 health = str(c.get("reason") or "")
         elif c.get("type") == node_health.ACCELERATED_HARDWARE_CONDITION and c.get("status") == "False":
             accelerated = str(c.get("reason") or "")
+        elif c.get("type") == remediation.VALIDATED_CONDITION:
+            validated = (str(c.get("status") or ""), str(c.get("reason") or ""), str(c.get("message") or ""))
     capacity = _mapping(status, "capacity")
     neuron = has_condition or any(str(k).startswith(f"{resource_prefix}/neuron") for k in capacity)
     taints = spec.get("taints") or ()
@@ -122,8 +128,10 @@ def node_view(obj: Mapping[str, Any], resource_prefix: str) -> NodeView | None:
         approved=remediation.APPROVED_ANNOTATION in annotations,
         requested=remediation.REQUEST_ANNOTATION in annotations,
         boot_id=str(_mapping(status, "nodeInfo").get("bootID") or ""),
+        provider_id=str(spec.get("providerID") or ""),
         state=workflow,
         state_error=error,
+        validated=validated,
     )
 
 

@@ -8,6 +8,7 @@ from neuron_common.metrics import MetricSet, Series
 from neuron_model.remediation import Phase
 from neuron_remediation import drain
 from neuron_remediation.planner import Hold, Kind
+from neuron_remediation.replacement import Result
 
 
 class Metrics:
@@ -33,6 +34,14 @@ class Metrics:
             "PodDisruptionBudget, gone, failed)",
             ["operation", "outcome"],
             shown=[(str(op), str(o)) for op in drain.Op for o in drain.Outcome],
+        )
+        self.requests = m.counter(
+            "replacement_requests",
+            "Requests of a replacement backend (--replacement-backend) for a drained node's new instance, by backend "
+            "and result (done, already Unhealthy, skipped: not its rung, no_instance, not_in_group, no_credentials, "
+            "refused by AWS, unreachable, failed); every result but done, already and skipped is asked again",
+            ["backend", "result"],
+            shown=[("autoscaling", str(r)) for r in Result],
         )
         self.workflows = m.gauge(
             "workflows", "Nodes with a workflow, by phase", ["phase"], shown=[str(p) for p in Phase]

@@ -9,9 +9,12 @@ Each Neuron node whose fault (the `NeuronHealth` reason through `faults.BY_REASO
 4. **request** a reboot or a new instance: the detector's `AcceleratedHardwareReady=False` stands,
    and (by default) the request annotation an external system watches; a `replacement.Backend`
    may act too.
-The workflow ends when the node boots again with the fault gone, or when the fault clears; it is
-cancelled when an admin uncordons the node or opts it out, and not started again for that fault
-on that boot.
+The workflow ends when the node boots again, or when the fault clears. With
+`--validate-after-reboot` a new boot does not end it: the node stays cordoned and tainted
+(`validating`) until the node agent's verdict on that boot (`remediation.VALIDATED_CONDITION`);
+a pass ends it, a failure or no verdict within `verdict_timeout` escalates to the replace rung (a
+new instance is asked for; the drain is done already). It is cancelled when an admin uncordons the
+node or opts it out, and not started again for that fault on that boot.
 
 Safety, checked before each start, in this order (the first that holds the node names itself in
 the decision's message, for the Event):
@@ -28,7 +31,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from neuron_common.kube import rfc3339
@@ -53,6 +56,8 @@ class Safety:
     rate_window: float = 3600.0
     approval: bool = False
     request_annotation: bool = True  # --replacement=annotation; False: the condition alone
+    validate_after_reboot: bool = False  # hold a rebooted node until the node agent's verdict on its new boot
+    verdict_timeout: float = 1200.0  # seconds in `validating` without a verdict before the escalation
 
 
 class Kind(enum.StrEnum):
@@ -151,6 +156,13 @@ def plan(fleet: Fleet, safety: Safety, policy: drain.Policy, now: float) -> list
                 candidates.append((node, fault))
             continue
         if node.boot_id and s.boot_id and node.boot_id != s.boot_id:
+            if safety.validate_after_reboot and remediation.awaits_validation(s, node.boot_id):
+                action = _validate(node, s, safety, now)
+                if action is not None:
+                    actions.append(action)
+                    if action.kind is Kind.RELEASE:
+                        held.discard(node.name)
+                continue
             actions.append(_release(node, s, "the node booted again"))
             held.discard(node.name)
             continue
@@ -158,7 +170,7 @@ def plan(fleet: Fleet, safety: Safety, policy: drain.Policy, now: float) -> list
             if fault is not None:  # the same fault is held (said once); another gets a workflow of its own
                 candidates.append((node, fault))
             continue
-        if not unhealthy(node):
+        if not unhealthy(node) and not s.escalated:
             actions.append(_release(node, s, f"the fault cleared ({faults.CONDITION} is no longer True)"))
             held.discard(node.name)
             continue
@@ -285,19 +297,7 @@ def _advance(
         elif drain_plan.complete:
             action = "reboot" if s.rung == str(Rung.REBOOT) else "replace"
             what = "a reboot" if action == "reboot" else "a new instance"
-            request = (
-                {
-                    "action": action,
-                    "fault": s.fault,
-                    "reason": s.reason,
-                    "acceleratedHardwareReason": faults.BY_KIND[s.fault].accelerated_hardware_reason
-                    if s.fault in faults.BY_KIND
-                    else "",
-                    "since": rfc3339(now),
-                }
-                if safety.request_annotation
-                else None
-            )
+            request = _request_body(s, action, safety, now)
             where = (
                 f"; annotated {remediation.REQUEST_ANNOTATION}" if request is not None else "; the condition alone asks"
             )
@@ -320,6 +320,77 @@ def _advance(
                 drain=drain_plan,
                 warning=False,
             )
+
+
+def _validate(node: NodeView, s: WorkflowState, safety: Safety, now: float) -> Action | None:
+    """A held node on a new boot (--validate-after-reboot): wait for, then act on, the node agent's verdict."""
+    boot = node.boot_id
+    if node.opted_out or not node.unschedulable:
+        why = (
+            f"the node is labelled {remediation.OPT_OUT_LABEL}=true"
+            if node.opted_out
+            else "an admin uncordoned the node"
+        )
+        return _release(node, s, f"the node booted again and {why} before its validation")
+    if s.phase is not Phase.VALIDATING:
+        why = f"booted again (boot {boot}); held until the node agent validates this boot"
+        return Action(
+            node.name, Kind.ADVANCE, "RemediationValidating",
+            f"{s.fault}: {why} ({remediation.VALIDATED_CONDITION}); cordoned and tainted {remediation.TAINT} meanwhile",
+            state=s.to(Phase.VALIDATING, now, why), resource_version=node.resource_version, warning=False,
+        )  # fmt: skip
+    status, reason, message = node.validated or (None, None, None)
+    passed = remediation.verdict(status, reason, message, boot)
+    if passed:
+        return _release(node, s, f"the node booted again and passed its validation ({message})")
+    if passed is False:
+        return _escalate(node, s, safety, now, f"its validation after the reboot failed ({message})")
+    if now - s.since >= safety.verdict_timeout:
+        return _escalate(
+            node, s, safety, now,
+            f"no validation verdict ({remediation.VALIDATED_CONDITION}) for boot {boot} within "
+            f"{safety.verdict_timeout:g}s (--verdict-timeout): is the node agent's --validate-after-reboot on?",
+        )  # fmt: skip
+    return None
+
+
+def _escalate(node: NodeView, s: WorkflowState, safety: Safety, now: float, why: str) -> Action:
+    """To the replace rung on the node's new boot: drained already, so the new instance is asked for at once."""
+    rung = str(Rung.REPLACE)
+    state = replace(
+        s, rung=rung, boot_id=node.boot_id, phase=Phase.REQUESTED, since=now, why="replace requested", escalated=why
+    )
+    request = _request_body(s, "replace", safety, now)
+    where = (
+        f"; annotated {remediation.REQUEST_ANNOTATION}"
+        if request is not None
+        else f" (no request annotation: a replacement backend, or {node_health.ACCELERATED_HARDWARE_CONDITION}=False "
+        "where the fault shows again, asks)"
+    )
+    return Action(
+        node.name,
+        Kind.REQUEST,
+        "ReplacementRequested",
+        f"{s.fault}: {why}: escalated to the replace rung; a new instance is asked for{where}",
+        state=state,
+        resource_version=node.resource_version,
+        taint=True,  # its value names the rung
+        request=request,
+    )
+
+
+def _request_body(s: WorkflowState, action: str, safety: Safety, now: float) -> Mapping[str, str] | None:
+    """The request annotation's body (--replacement=annotation), None with the condition alone."""
+    if not safety.request_annotation:
+        return None
+    fault = faults.BY_KIND.get(s.fault)
+    return {
+        "action": action,
+        "fault": s.fault,
+        "reason": s.reason,
+        "acceleratedHardwareReason": fault.accelerated_hardware_reason if fault is not None else "",
+        "since": rfc3339(now),
+    }
 
 
 def _cancel(node: NodeView, s: WorkflowState, now: float, why: str) -> Action:
