@@ -97,6 +97,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.integration  # runs neuron-sim's CLI and its driver loop as processes
 def test_the_driver_loop_and_the_cli(trn2: Path) -> None:
     root = str(trn2)
     assert run_cli("inject", "--root", root, "heartbeat-stall", "--device", "4").stdout.strip() == "stalled"
