@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The real-cluster stage (`make cluster-test`): bring the cluster up, build and import the images, run
-# the cluster and e2e tests, then `make demo`, then the multi-node suites on the same cluster grown to
-# four nodes, and, once the stages beside have ended, a cluster-down that must leave nothing (test_down).
+# the cluster and e2e tests, then the multi-node suites on the same cluster grown to four nodes, then
+# `make demo` and, once the stages beside have ended, a cluster-down that must leave nothing (test_down).
 #
 # The e2e tests marked `isolated` (chart-testing's installs, the DRA module, the release) run on a second
 # cluster, in network and mount namespaces of its own (tests/cluster/isolated.sh), at the same time as
@@ -116,6 +116,22 @@ if [ $status -eq 0 ]; then $BIN/pytest -q -m "e2e and not isolated and not multi
 step "e2e"
 touch "$E2E_DONE"  # a stage beside still waiting may begin now, with the demo
 [ $status -eq 0 ] || [ -z "$isolated_pid" ] || kill -TERM -- "-$isolated_pid" 2>/dev/null
+# The suites whose subject is more than one node (-m multinode: the UltraServer group, scheduling between
+# nodes, a mixed device-plugin/DRA cluster, a rolling upgrade, remediation) on the first cluster again,
+# now as four real nodes of one simulated UltraServer (tests/cluster/nodes.sh): one layout that every
+# one of them can use, brought up once. Node 1 keeps its images; the other three import theirs. Then
+# down again: the demo and test_down are about the single-node cluster `make cluster-up` gives (the
+# demo brings it back up).
+if [ $status -eq 0 ]; then
+  tests/cluster/down.sh > .run/multinode-up.log 2>&1 \
+    && ULTRASERVER=trn2u NODES=4 tests/cluster/up.sh >> .run/multinode-up.log 2>&1 \
+    && tests/cluster/images.sh --import-only >> .run/multinode-up.log 2>&1 || { status=$?; cat .run/multinode-up.log; }
+  step "the cluster again, as four nodes of one UltraServer"
+  if [ $status -eq 0 ]; then $BIN/pytest -q -m multinode --durations=10 tests/e2e || status=$?; fi
+  step "e2e -m multinode"
+  if [ $status -eq 0 ]; then tests/cluster/down.sh > .run/multinode-down.log 2>&1 || { status=$?; cat .run/multinode-down.log; }; fi
+  step "the four nodes down"
+fi
 # test_down's `make demo` now, while the second cluster's suites and the stages beside may still run:
 # only test_down's check that nothing is left must wait for them (their tests run the services too).
 if [ $status -eq 0 ]; then
@@ -128,18 +144,6 @@ if [ $status -eq 0 ]; then
     echo "[make test] make demo failed (exit $status); whole output: .run/demo.log"
   fi
   step "make demo"
-fi
-# The suites whose subject is more than one node (-m multinode: the UltraServer group, scheduling between
-# nodes, a mixed device-plugin/DRA cluster, a rolling upgrade, remediation) on the first cluster again,
-# now as four real nodes of one simulated UltraServer (tests/cluster/nodes.sh): one layout that every
-# one of them can use, brought up once. Node 1 keeps its images; the other three import theirs.
-if [ $status -eq 0 ]; then
-  tests/cluster/down.sh > .run/multinode-up.log 2>&1 \
-    && ULTRASERVER=trn2u NODES=4 tests/cluster/up.sh >> .run/multinode-up.log 2>&1 \
-    && tests/cluster/images.sh --import-only >> .run/multinode-up.log 2>&1 || { status=$?; cat .run/multinode-up.log; }
-  step "the cluster again, as four nodes of one UltraServer"
-  if [ $status -eq 0 ]; then $BIN/pytest -q -m multinode --durations=10 tests/e2e || status=$?; fi
-  step "e2e -m multinode"
 fi
 if [ -n "$isolated_pid" ]; then
   isolated_status=0
