@@ -119,12 +119,12 @@ touch "$E2E_DONE"  # a stage beside still waiting may begin now, with the demo
 # The suites whose subject is more than one node (-m multinode: the UltraServer group, scheduling between
 # nodes, a mixed device-plugin/DRA cluster, a rolling upgrade, remediation) on the first cluster again,
 # now as four real nodes of one simulated UltraServer (tests/cluster/nodes.sh): one layout that every
-# one of them can use, brought up once. Node 1 keeps its images; the other three import theirs. Then
+# one of them can use, brought up once, of today's driver (2.30.2: the firmware's verdict and heartbeat). Node 1 keeps its images; the other three import theirs. Then
 # down again: the demo and test_down are about the single-node cluster `make cluster-up` gives (the
 # demo brings it back up).
 if [ $status -eq 0 ]; then
   tests/cluster/down.sh > .run/multinode-up.log 2>&1 \
-    && ULTRASERVER=trn2u NODES=4 tests/cluster/up.sh >> .run/multinode-up.log 2>&1 \
+    && ULTRASERVER=trn2u NODES=4 DRIVER_VERSION=2.30.2.0 tests/cluster/up.sh >> .run/multinode-up.log 2>&1 \
     && tests/cluster/images.sh --import-only >> .run/multinode-up.log 2>&1 || { status=$?; cat .run/multinode-up.log; }
   step "the cluster again, as four nodes of one UltraServer"
   if [ $status -eq 0 ]; then $BIN/pytest -q -m multinode --durations=10 tests/e2e || status=$?; fi

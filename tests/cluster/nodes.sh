@@ -20,7 +20,8 @@
 #                                 nodes.sh exec neuron-sim-node-2 neuron-sim inject hw-error --device 0 ...
 #   nodes.sh restart-kubelet NODE stop NODE's kubelet and start it again (up.sh in its namespaces)
 # Used by up.sh and down.sh (images.sh imports into every node's containerd):
-#   nodes.sh plan                 check NODES, NODE_TYPES, ULTRASERVER; print the layout (nodes.env)
+#   nodes.sh plan                 check NODES, NODE_TYPES, ULTRASERVER; print the layout (nodes.env), with
+#                                 DRIVER_VERSION (none: the simulator's tree before 2.28) for every node
 #   nodes.sh type I               node I's instance type
 #   nodes.sh sim I                write node I's simulated Neuron node at $SIM_ROOT unless it is there
 #   nodes.sh guard                the raw table's rules above (node 1's namespace)
@@ -81,13 +82,13 @@ plan() {
   fi
   n=$(tr ',' '\n' <<<"$types" | grep -c .)
   [ "$n" = "$nodes" ] || die "NODE_TYPES names $n instance types for NODES=$nodes"
-  printf 'NODES=%s\nNODE_TYPES=%s\nULTRASERVER_ID=%s\n' "$nodes" "$types" "$id"
+  printf 'NODES=%s\nNODE_TYPES=%s\nULTRASERVER_ID=%s\nDRIVER_VERSION=%s\n' "$nodes" "$types" "$id" "${DRIVER_VERSION:-}"
 }
 
 sim() {  # index: node I's simulated Neuron node at $SIM_ROOT, in the namespaces this runs in
   local i=$1 type spec marker
   type=${TYPES[$((i - 1))]}
-  spec="$type ${ULTRASERVER_ID:--} $i"
+  spec="$type ${ULTRASERVER_ID:--} $i ${DRIVER_VERSION:--}"
   marker="$SIM_ROOT.spec"
   [ "$(cat "$marker" 2>/dev/null)" != "$spec" ] || [ ! -f "$SIM_ROOT/.neuron-sim/state.json" ] || return 0
   log "node $i: a simulated $type${ULTRASERVER_ID:+ (UltraServer $ULTRASERVER_ID, node id $((i - 1)))} at $SIM_ROOT"
@@ -97,12 +98,14 @@ sim() {  # index: node I's simulated Neuron node at $SIM_ROOT, in the namespaces
     "$REPO/.venv/bin/python" -c 'import sys
 from pathlib import Path
 from neuron_sim import node
-node.create_ultraserver(Path(sys.argv[1]), sys.argv[2], 4, sys.argv[3], node_ids=[int(sys.argv[4])], char_devices=True)' \
-      "$SIM_ROOT.ultraserver" "$type" "$ULTRASERVER_ID" "$((i - 1))"
+node.create_ultraserver(Path(sys.argv[1]), sys.argv[2], 4, sys.argv[3], node_ids=[int(sys.argv[4])], char_devices=True,
+                       driver_version=sys.argv[5] or None)' \
+      "$SIM_ROOT.ultraserver" "$type" "$ULTRASERVER_ID" "$((i - 1))" "${DRIVER_VERSION:-}"
     mv "$SIM_ROOT.ultraserver/node-$((i - 1))" "$SIM_ROOT"
     rm -rf "$SIM_ROOT.ultraserver"
   else
-    "$REPO/.venv/bin/neuron-sim" create --instance-type "$type" --root "$SIM_ROOT" --char-devices --force >/dev/null
+    "$REPO/.venv/bin/neuron-sim" create --instance-type "$type" --root "$SIM_ROOT" --char-devices --force \
+      ${DRIVER_VERSION:+--driver-version "$DRIVER_VERSION"} >/dev/null
   fi
   echo "$spec" > "$marker"
 }

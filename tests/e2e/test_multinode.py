@@ -27,6 +27,7 @@ import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,6 +45,7 @@ from cluster_access import (
 )
 from simcluster.fleet import GroupSpec, PodSpec
 
+from neuron_driver import layout as driver_layout
 from neuron_model import node_health, remediation
 from neuron_model.instance_types import get_instance_type
 from neuron_model.ultraserver import Mode
@@ -594,6 +596,118 @@ def test_remediation_drains_one_faulty_node_at_a_time_and_resumes_a_drain_after_
             kubectl("taint", "node", node.name, f"{remediation.TAINT}-", check=False)
             kubectl("annotate", "node", node.name, f"{remediation.STATE_ANNOTATION}-",
                     f"{remediation.REQUEST_ANNOTATION}-", check=False)  # fmt: skip
+
+
+HEARTBEAT_FAULT = "NeuronHasError_HEALTHCHECK_HEARTBEAT_STALE"  # the validate rung: validated in place, no drain
+DETECTOR_PYTHON = "/opt/neuron/bin/python3"  # the detector's image is FROM scratch with its own Python
+
+
+def health(node: Node) -> tuple[str, str, str]:
+    for c in read("node", node.name)["status"].get("conditions", []):
+        if c["type"] == node_health.CONDITION:
+            return str(c["status"]), str(c["reason"]), str(c.get("message", ""))
+    return "", "", ""
+
+
+def kernel_log(node: Node) -> str:
+    return on_node(node, "cat", str(driver_layout.HostLayout(Path(SIM_ROOT)).kmsg))
+
+
+def heartbeat(node: Node, device: int) -> int:
+    where = driver_layout.HostLayout(Path(SIM_ROOT)).device_dir(device)
+    return int(on_node(node, "cat", str(driver_layout.health_status_file(where, driver_layout.HEARTBEAT_FILE))))
+
+
+def test_a_stalled_heartbeat_is_validated_in_place_then_reset_then_escalated_to_a_reboot(nodes: list[Node]) -> None:
+    """A stalled firmware heartbeat on one node of today's driver (2.30.2), with the remediation
+    controller on: on a device a pod holds, the detector validates it in place: no drain, no cordon, no
+    reset, the pod keeps running, AcceleratedHardwareReady stays True, and the heartbeat moving again
+    clears it. On an idle device the detector resets it through the simulated driver and validates it
+    (the validation command in the detector's image), healthy again with nothing drained. A stall a
+    reset does not end escalates: AcceleratedHardwareReady False, and the controller's reboot workflow."""
+    a = nodes[1]
+    layout = dict(line.split("=", 1) for line in (CLUSTER_DIR / "nodes.env").read_text().split() if "=" in line)
+    if not layout.get("DRIVER_VERSION", "").startswith("2.3"):
+        pytest.skip("needs a cluster of driver 2.30.2 or later (DRIVER_VERSION=2.30.2.0 NODES=4 make cluster-up)")
+    helm(
+        "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reset-then-reuse-values",
+        "--set", "remediation.enabled=true", "--set", "remediation.maxPercent=25", "--set", "remediation.resync=2s",
+        "--set", "firmwareHeartbeat.staleAfter=8",
+        "--set", "npd.remediation.deviceReset.enabled=true", "--set", "npd.remediation.deviceReset.validationWindow=20",
+        "--set-string", f"npd.remediation.deviceReset.validationCommand={DETECTOR_PYTHON} -c pass",
+        "--wait", "--timeout", "300s",
+    )  # fmt: skip
+    # the driver's side on A: every heartbeat beats but a stalled one's, and each write of a reset node is done
+    driver = subprocess.Popen(
+        [str(NODES_SH), "exec", a.name, "timeout", "900", "neuron-sim", "driver", "--root", SIM_ROOT,
+         "--interval", "0.5", "--heartbeat-every", "2"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=dict(os.environ, CLUSTER_DIR=str(CLUSTER_DIR)),
+    )  # fmt: skip
+    everything = {"limits": {f"{RESOURCE}/neuron": devices(a)}}
+    try:
+        kubectl(
+            "apply", "-f", "-", stdin=workload_pod("holder", WORKLOADS, WORKLOAD_IMAGE, everything, nodeName=a.name)
+        )
+        eventually(lambda: phase("holder") == "Running", "a pod holding every device of A", timeout=180)
+        uid = pod("holder")["metadata"]["uid"]
+        first = heartbeat(a, 3)
+        # the detector judges a heartbeat once it has seen it move: a few of its reads (10 s apart) first
+        eventually(lambda: heartbeat(a, 3) >= first + 12, "the heartbeat beating", timeout=120)
+
+        # 1. held: validated in place, nothing moved; the firmware's checks resume by themselves
+        sim_on(a, "heartbeat-stall", "--device", "3")
+        eventually(lambda: health(a)[:2] == ("True", HEARTBEAT_FAULT), "A's heartbeat stale", timeout=120)
+        eventually(lambda: any("validating in place" in m for m in node_events(a, "NeuronDeviceValidating")),
+                   "a validation in place said", timeout=60)  # fmt: skip
+        [told] = [m for m in node_events(a, "NeuronDeviceValidating") if "validating in place" in m]
+        assert f"held by {WORKLOADS}/holder" in told
+        # a 20 s window: still under way while these are read
+        eventually(lambda: "(validation in place: validating)" in health(a)[2], "NeuronHealth saying so", timeout=15)
+        assert condition(a, node_health.ACCELERATED_HARDWARE_CONDITION) == "True"
+        assert workflow(a) is None, "the remediation controller acted on a fault the node agent validates in place"
+        assert not read("node", a.name)["spec"].get("unschedulable"), "A cordoned for a validation in place"
+        sim_on(a, "heartbeat-resume", "--device", "3")
+        eventually(lambda: health(a)[0] == "False", "A healthy again after the heartbeat resumed", timeout=120)
+        assert node_events(a, "NeuronDeviceValidated")
+        assert (phase("holder"), pod("holder")["metadata"]["uid"]) == ("Running", uid), "the holder was moved"
+        assert "nd3: initiating device reset" not in kernel_log(a), "a held device was reset"
+        assert workflow(a) is None
+
+        # 2. idle: reset through the simulated driver, then validated with the command, healthy again
+        kubectl("delete", "pod", "-n", WORKLOADS, "holder", "--wait=true", "--timeout=60s")
+        sim_on(a, "heartbeat-stall", "--device", "4")
+        eventually(lambda: "nd4: reset request" in kernel_log(a), "neuron4 reset by the detector", timeout=180)
+        eventually(lambda: any("neuron4" in m for m in node_events(a, "NeuronDeviceValidated")),
+                   "neuron4 validated after its reset", timeout=120)  # fmt: skip
+        eventually(lambda: health(a)[0] == "False", "A healthy again after the reset", timeout=60)
+        assert workflow(a) is None
+        assert not read("node", a.name)["spec"].get("unschedulable")
+
+        # 3. a stall a reset does not end: escalated to the reboot rung, where the controller takes over
+        sim_on(a, "heartbeat-stall", "--device", "5", "--persistent")
+        eventually(lambda: any("neuron5" in m for m in node_events(a, "NeuronDeviceResetEscalated")),
+                   "neuron5's reset escalated", timeout=180)  # fmt: skip
+        eventually(lambda: condition(a, node_health.ACCELERATED_HARDWARE_CONDITION) == "False",
+                   "AcceleratedHardwareReady False once escalated", timeout=60)  # fmt: skip
+        eventually(lambda: (workflow(a) or {}).get("rung") == "reboot", "the controller's reboot workflow on A",
+                   timeout=120)  # fmt: skip
+        assert read("node", a.name)["spec"].get("unschedulable") is True
+    finally:
+        driver.terminate()
+        subprocess.run(["pkill", "-f", f"neuron-sim driver --root {SIM_ROOT}"], check=False)
+        driver.wait(30)
+        kubectl("delete", "pod", "-n", WORKLOADS, "holder", "--ignore-not-found", "--wait=false", check=False)
+        helm(
+            "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reset-then-reuse-values",
+            "--set", "remediation.enabled=false", "--set", "npd.remediation.deviceReset.enabled=false",
+            "--wait", "--timeout", "300s",
+        )  # fmt: skip
+        sim_on(a, "reboot")
+        restart_plugins(a)
+        kubectl("uncordon", a.name, check=False)
+        kubectl("taint", "node", a.name, f"{remediation.TAINT}-", check=False)
+        kubectl("annotate", "node", a.name, f"{remediation.STATE_ANNOTATION}-", f"{remediation.REQUEST_ANNOTATION}-",
+                check=False)  # fmt: skip
 
 
 # --- a helm upgrade rolls the node agents across the nodes -----------------------------------------

@@ -127,8 +127,16 @@ def test_every_rung_follows_the_severity_and_no_fault_claims_a_device_reset_with
     assert rungs["UNKNOWN_HW_ERROR"] is faults.Rung.REPLACE
     assert rungs["HANG_ON_COLLECTIVES"] is faults.Rung.EVENT
     for f in faults.BY_KIND.values():
-        # the condition others replace nodes on turns False exactly where the device leaves service
-        assert f.rung.needs_new_boot_or_instance == f.takes_device_out, f.kind
+        # the condition others replace nodes on turns False exactly where the device leaves service, at
+        # once or once the node agent's validation escalates
+        assert (f.rung.needs_new_boot_or_instance or f.rung.node_agent_first) == f.takes_device_out, f.kind
+        assert f.escalated_rung in (faults.Rung.REBOOT, faults.Rung.REPLACE)
+        assert f.rung.node_agent_first or not f.takes_device_out or f.rung is f.escalated_rung, f.kind
+    # only a stalled heartbeat (the device unchecked, not known broken) is validated in place, before a drain
+    assert [f.kind for f in faults.BY_KIND.values() if f.rung is faults.Rung.VALIDATE] == [
+        "HEALTHCHECK_HEARTBEAT_STALE"
+    ]
+    assert faults.BY_KIND["HEALTHCHECK_HEARTBEAT_STALE"].escalated_rung is faults.Rung.REBOOT
     # nothing in AWS's documentation or the driver's source says a reset clears a fault: no fault says so
     assert not [f.kind for f in faults.BY_KIND.values() if f.cleared_by_device_reset]
     reset = dataclasses.replace(faults.BY_KIND["HBM_REPAIRABLE_UNCORRECTABLE_ERROR"], cleared_by_device_reset=True)

@@ -69,6 +69,19 @@ def test_a_persistent_heartbeat_stall_survives_a_reset(trn2: Path) -> None:
     assert sim.heartbeat_stalled(trn2, 0)
 
 
+def test_a_stall_resumes_by_itself_without_a_reset_unless_persistent(trn2: Path) -> None:
+    sim.beat_heartbeat(trn2, 1)
+    sim.stall_heartbeat(trn2, 1)
+    sim.stall_heartbeat(trn2, 2, persistent=True)
+    before = heartbeat(trn2, 1), reset_count(trn2, 1)
+    assert sim.resume_heartbeat(trn2, 1) == "resumed"
+    assert not sim.heartbeat_stalled(trn2, 1)
+    assert heartbeat(trn2, 1) != before[0]  # beaten again at once
+    assert reset_count(trn2, 1) == before[1]  # and no reset was asked
+    assert sim.resume_heartbeat(trn2, 2) == "persistent: not resumed"
+    assert sim.heartbeat_stalled(trn2, 2)
+
+
 def test_only_a_written_reset_node_resets_its_device(trn2: Path) -> None:
     sim.set_unhealthy_components(trn2, 1, ["link_host"], transient=["link_host"])
     sim.set_unhealthy_components(trn2, 2, ["link_host"], transient=["link_host"])

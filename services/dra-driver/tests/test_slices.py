@@ -289,6 +289,11 @@ def test_taint_for_each_cause_and_severity() -> None:
     assert taints.taint_for(reboot, effects) == slices.Taint("HBM_REPAIRABLE", "NoSchedule")
     assert taints.taint_for(absent, effects) == slices.Taint("DeviceAbsent", "NoSchedule")
     assert taints.taint_for(detector, effects) == slices.Taint("ProblemDetector", "NoSchedule")
+    # a stalled heartbeat is validated in place, never drained: NoSchedule whatever the until-reboot effect
+    stalled = Verdict(False, "heartbeat", True, "HEALTHCHECK_HEARTBEAT_STALE", Severity.UNTIL_REBOOT)
+    evicting = taints.Effects(until_reboot="NoExecute", replace_instance="NoExecute")
+    assert taints.taint_for(stalled, evicting) == slices.Taint("HEALTHCHECK_HEARTBEAT_STALE", "NoSchedule")
+    assert taints.taint_for(reboot, evicting).effect == "NoExecute"
     # the detector's verdict names a fault of the table: its kind and severity, as if seen here
     named = Verdict(
         False, "problem detector: x", False, "NC_UNCORRECTABLE_ERROR", Severity.REPLACE_INSTANCE, external=True

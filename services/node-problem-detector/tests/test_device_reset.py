@@ -1,4 +1,4 @@
-"""The device reset and its validation end to end: the detector on a simulated trn2 node whose driver
+"""The validation in place and the device reset, end to end: the detector on a simulated trn2 node whose driver
 side (`neuron-sim driver`, a process of its own) carries out each write of a reset node, the kubelet's
 PodResources stand-in saying which pod holds which device, and validation commands that pass (`true`)
 and fail (`false`).
@@ -79,14 +79,14 @@ def node(work: Path) -> Iterator[Path]:
 
 @contextlib.asynccontextmanager
 async def running(
-    work: Path, node: Path, api: FakeApiServer, kubelet: FakeKubelet, *args: str
+    work: Path, node: Path, api: FakeApiServer, kubelet: FakeKubelet, *args: str, reset_on: bool = True
 ) -> AsyncIterator[Detector]:
     cfg = config_mod.parse(
         ["--host-root", str(node), "--node-name", NODE, "--kubeconfig", str(api.kubeconfig(work / "kubeconfig")),
          "--listen", "127.0.0.1:0", "--counter-interval", "0.1", "--heartbeat", "3600",
          "--state-file", str(work / "state.json"), "--verdict-dir", str(work / "verdicts"),
-         "--device-reset", "--pod-resources-socket", str(kubelet.pod_resources_socket), "--reset-timeout", "10s",
-         *args],
+         *(["--device-reset"] if reset_on else []), "--pod-resources-socket", str(kubelet.pod_resources_socket),
+         "--reset-timeout", "10s", *args],
         env={},
     )  # fmt: skip
     stop = asyncio.Event()
@@ -128,31 +128,77 @@ def steps(det: Detector) -> dict[str, float]:
     return {s: det.metrics.device_reset_steps.labels(s)._value.get() for s in reset.STEPS}
 
 
-async def test_a_stalled_heartbeat_waits_for_its_pod_then_resets_validates_and_clears(
+def ahr(api: FakeApiServer) -> tuple[str, str] | None:
+    c = api.condition(NODE, "AcceleratedHardwareReady")
+    return None if c is None else (c["status"], c["reason"])
+
+
+async def test_a_held_device_is_validated_in_place_and_passes_when_its_heartbeat_resumes(
     work: Path, node: Path, api: FakeApiServer, kubelet: FakeKubelet
 ) -> None:
     hold(kubelet, DEVICE)
     hold(kubelet, 5, "other")  # another device's pod does not hold this one
-    async with running(work, node, api, kubelet, "--validation-window", "1s", "--validation-command", "true") as det:
+    async with running(
+        work, node, api, kubelet, "--validation-window", "2s", "--validation-command", "false",
+        "--accelerated-hardware-condition", "on",
+    ) as det:  # fmt: skip
         await stall_the_heartbeat(node, api)
-        await until_async(lambda: reset.WAITING_REASON in reasons(api), timeout=8)
-        [waiting] = [e for e in api.event_list() if e["reason"] == reset.WAITING_REASON]
-        assert "held by ml/train-0" in waiting["message"]
-        await asyncio.sleep(0.5)
-        assert sim.device_state(node, DEVICE) == layout.DEVICE_STATE_READY
-        assert "initiating device reset" not in layout.HostLayout(node).kmsg.read_text()  # never while held
-        assert "(device reset: waiting)" in (api.condition(NODE, "NeuronHealth") or {})["message"]
-        kubelet.release("train-0", "ml")
+        await until_async(lambda: reset.VALIDATING_REASON in reasons(api), timeout=8)
+        [validating] = [e for e in api.event_list() if e["reason"] == reset.VALIDATING_REASON]
+        assert "validating in place" in validating["message"]
+        assert "held by ml/train-0" in validating["message"]
+        await until_async(lambda: det.reporter.up_to_date, timeout=8)
+        assert "(validation in place: validating)" in (api.condition(NODE, "NeuronHealth") or {})["message"]
+        assert ahr(api) == ("True", "NeuronAcceleratedHardwareIsReady")  # no drain, no new instance asked
+        sim.resume_heartbeat(node, DEVICE)  # the firmware's checks start again by themselves, within the window
         await until_async(lambda: status(api) == ("False", "NeuronHasNoError"), timeout=15)
         log = layout.HostLayout(node).kmsg.read_text()
-        assert f"nd{DEVICE}: reset request 4294967295 completed" in log
-        assert "nd5: initiating" not in log
-        assert det.state.resets[next(iter(det.state.resets))].phase is reset.Phase.PASSED
-        assert steps(det) == {"wait": 1, "reset": 1, "validate": 1, "check": 1, "pass": 1, "escalate": 0}
+        assert "initiating device reset" not in log  # never a reset of a held device
+        [job] = det.state.resets.values()
+        assert (job.phase, job.in_place) == (reset.Phase.PASSED, True)
+        # the failing command never ran: a test tool is not run on a device a pod holds
+        assert steps(det) == {"wait": 0, "reset": 0, "validate": 1, "check": 0, "pass": 1, "escalate": 0}
+    got = reasons(api)
+    for reason in (reset.VALIDATING_REASON, reset.PASSED_REASON, HB + "Cleared"):
+        assert reason in got
+    assert reset.ESCALATED_REASON not in got
+    assert reset.RESET_REASON not in got
+
+
+async def test_a_held_device_whose_heartbeat_stays_stale_escalates_to_the_reboot_rung(
+    work: Path, node: Path, api: FakeApiServer, kubelet: FakeKubelet
+) -> None:
+    hold(kubelet, DEVICE)
+    async with running(
+        work, node, api, kubelet, "--validation-window", "1s", "--accelerated-hardware-condition", "on"
+    ) as det:
+        await stall_the_heartbeat(node, api)
+        await until_async(lambda: reset.ESCALATED_REASON in reasons(api), timeout=15)
+        await until_async(lambda: ahr(api) == ("False", "NeuronHealthcheckHeartbeatStale"), timeout=8)
+        condition = api.condition(NODE, "NeuronHealth") or {}
+        assert (condition["status"], condition["reason"]) == ("True", HB)
+        assert "(validation in place: escalated)" in condition["message"]
+        assert steps(det)["escalate"] == 1
+        assert steps(det)["reset"] == 0
+    [escalated] = [e for e in api.event_list() if e["reason"] == reset.ESCALATED_REASON]
+    assert "validation in place escalated to the reboot rung" in escalated["message"]
+    assert "healthcheck_heartbeat:stale" in escalated["message"]
+    assert "initiating device reset" not in layout.HostLayout(node).kmsg.read_text()
+
+
+async def test_an_idle_device_is_reset_before_its_validation(
+    work: Path, node: Path, api: FakeApiServer, kubelet: FakeKubelet
+) -> None:
+    async with running(work, node, api, kubelet, "--validation-window", "1s", "--validation-command", "true") as det:
+        await stall_the_heartbeat(node, api)
+        await until_async(lambda: status(api) == ("False", "NeuronHasNoError"), timeout=15)
+        assert f"nd{DEVICE}: reset request 4294967295 completed" in layout.HostLayout(node).kmsg.read_text()
+        [job] = det.state.resets.values()
+        assert (job.phase, job.in_place) == (reset.Phase.PASSED, False)
+        assert steps(det) == {"wait": 0, "reset": 1, "validate": 1, "check": 1, "pass": 1, "escalate": 0}
     got = reasons(api)
     for reason in (reset.RESET_REASON, reset.VALIDATING_REASON, reset.PASSED_REASON, HB + "Cleared"):
         assert reason in got
-    assert reset.ESCALATED_REASON not in got
 
 
 async def test_a_failing_validation_command_escalates_and_the_fault_stays(
@@ -186,6 +232,23 @@ async def test_a_heartbeat_a_reset_does_not_restart_escalates_even_with_a_passin
     assert "health sources unhealthy after the window: healthcheck_heartbeat:stale" in escalated["message"]
 
 
+async def test_with_the_reset_off_an_idle_device_is_validated_in_place_all_the_same(
+    work: Path, node: Path, api: FakeApiServer, kubelet: FakeKubelet
+) -> None:
+    async with running(
+        work, node, api, kubelet, "--validation-window", "1s", "--validation-command", "false", reset_on=False
+    ) as det:
+        await stall_the_heartbeat(node, api)
+        await until_async(lambda: reset.VALIDATING_REASON in reasons(api), timeout=8)
+        [validating] = [e for e in api.event_list() if e["reason"] == reset.VALIDATING_REASON]
+        assert "the device reset is off" in validating["message"]
+        sim.resume_heartbeat(node, DEVICE)
+        await until_async(lambda: status(api) == ("False", "NeuronHasNoError"), timeout=15)
+        assert steps(det)["reset"] == 0
+        assert steps(det)["check"] == 0
+    assert "initiating device reset" not in layout.HostLayout(node).kmsg.read_text()
+
+
 async def test_off_by_default_and_a_missing_command_escalates(
     work: Path, node: Path, api: FakeApiServer, kubelet: FakeKubelet
 ) -> None:
@@ -198,22 +261,21 @@ async def test_off_by_default_and_a_missing_command_escalates(
     assert f"cannot run {command!r}" in escalated["message"]
 
 
-async def test_a_restarted_detector_resumes_the_job_and_never_resets_twice(
+async def test_a_restarted_detector_resumes_the_job_and_never_validates_twice(
     work: Path, node: Path, api: FakeApiServer, kubelet: FakeKubelet
 ) -> None:
     hold(kubelet, DEVICE)
-    async with running(work, node, api, kubelet, "--validation-window", "0.5s") as det:
+    async with running(work, node, api, kubelet, "--validation-window", "3s") as det:
         await stall_the_heartbeat(node, api)
-        await until_async(lambda: reset.WAITING_REASON in reasons(api), timeout=8)
-        assert [j.phase for j in det.state.resets.values()] == [reset.Phase.WAITING]
-    kubelet.release("train-0", "ml")
-    async with running(work, node, api, kubelet, "--validation-window", "0.5s") as det:
+        await until_async(lambda: reset.VALIDATING_REASON in reasons(api), timeout=8)
+        assert [(j.phase, j.in_place) for j in det.state.resets.values()] == [(reset.Phase.VALIDATING, True)]
+    sim.resume_heartbeat(node, DEVICE)
+    async with running(work, node, api, kubelet, "--validation-window", "3s") as det:
         await until_async(lambda: reset.PASSED_REASON in reasons(api), timeout=15)
-        assert steps(det)["wait"] == 0  # the waiting job came back from the state file, holders and all
-    assert reasons(api).count(reset.WAITING_REASON) == 1
-    kmsg = layout.HostLayout(node).kmsg.read_text()
-    assert kmsg.count(f"nd{DEVICE}: initiating device reset") == 1
+        assert steps(det)["validate"] == 0  # the job came back from the state file, mid-window
+    assert reasons(api).count(reset.VALIDATING_REASON) == 1
     async with running(work, node, api, kubelet, "--validation-window", "0.5s") as det:
         await asyncio.sleep(1)
         assert [j.phase for j in det.state.resets.values()] == [reset.Phase.PASSED]
-    assert layout.HostLayout(node).kmsg.read_text().count(f"nd{DEVICE}: initiating device reset") == 1
+    assert reasons(api).count(reset.PASSED_REASON) == 1
+    assert "initiating device reset" not in layout.HostLayout(node).kmsg.read_text()

@@ -1,4 +1,6 @@
-"""The device reset's decisions (`reset.decide`), over every phase and every kind of observation."""
+"""The node agent's rungs' decisions (`reset.decide`), over every phase and every kind of observation:
+the device-reset rung (no fault of the table is on it, so a stand-in reason stands for one) and the
+validate rung (a stalled heartbeat, validated in place unless it is idle and the reset is on)."""
 
 from __future__ import annotations
 
@@ -17,11 +19,21 @@ from neuron_problem_detector.reset import Action, Job, Observation, Phase, Polic
 
 RULES = rules.default_rules()
 HB = "NeuronHasError_HEALTHCHECK_HEARTBEAT_STALE"
+# a fault of the device-reset rung: `decide` reads a job's rung from its reason, and this one is not
+# validated in place (what makes it eligible for a reset is `candidates`', tested below)
+RESETTABLE = "NeuronHasError_HBM_REPAIRABLE_UNCORRECTABLE_ERROR"
 POLICY = Policy(window=60, reset_timeout=120, command=True)
 
 
-def job(phase: Phase, since: float = 1000.0, before: int | None = 8, detail: str = "") -> Job:
-    return Job("NeuronHealth/x/3", 3, HB, phase, since, before, detail)
+def job(
+    phase: Phase,
+    since: float = 1000.0,
+    before: int | None = 8,
+    detail: str = "",
+    reason: str = RESETTABLE,
+    in_place: bool = False,
+) -> Job:
+    return Job("NeuronHealth/x/3", 3, reason, phase, since, before, detail, in_place)
 
 
 # (phase, observation, policy) -> (next phase, action, event reason or None)
@@ -68,6 +80,21 @@ CASES = [
     # the end: nothing more
     (job(Phase.PASSED), Observation(2000, holders=()), POLICY, Phase.PASSED, Action.NONE, None),
     (job(Phase.ESCALATED), Observation(2000, holders=()), POLICY, Phase.ESCALATED, Action.NONE, None),
+    # the validate rung: held, holders not known, or the reset off: validated in place at once; idle with the
+    # reset on: reset first, as the device-reset rung
+    (job(Phase.WAITING, reason=HB), Observation(1001, holders=("ml/train-0",)), POLICY, Phase.VALIDATING,
+     Action.NONE, reset.VALIDATING_REASON),
+    (job(Phase.WAITING, reason=HB), Observation(1001), POLICY, Phase.VALIDATING, Action.NONE,
+     reset.VALIDATING_REASON),
+    (job(Phase.WAITING, reason=HB), Observation(1001, holders=(), requests=8), replace(POLICY, reset=False),
+     Phase.VALIDATING, Action.NONE, reset.VALIDATING_REASON),
+    (job(Phase.WAITING, reason=HB), Observation(1001, holders=(), requests=8), POLICY, Phase.RESETTING,
+     Action.RESET, reset.RESET_REASON),
+    # in place: the window and the sources decide; no command runs on a device a pod may hold
+    (job(Phase.VALIDATING, reason=HB, in_place=True), Observation(1060), POLICY, Phase.PASSED, Action.CLEAR,
+     reset.PASSED_REASON),
+    (job(Phase.VALIDATING, reason=HB, in_place=True), Observation(1060, unhealthy=(layout.HEARTBEAT_STALE_COUNTER,)),
+     POLICY, Phase.ESCALATED, Action.ESCALATE, reset.ESCALATED_REASON),
 ]  # fmt: skip
 
 
@@ -103,10 +130,10 @@ READS = {
     Phase.ESCALATED: (),
 }
 TIMES = (1000.0, 1059.0, 1060.0, 1119.0, 1120.0)
-POLICIES = (POLICY, replace(POLICY, command=False), replace(POLICY, window=0.0))
+POLICIES = (POLICY, replace(POLICY, command=False), replace(POLICY, window=0.0), replace(POLICY, reset=False))
 
 ALLOWED = {
-    Phase.WAITING: {Phase.WAITING, Phase.RESETTING, Phase.ESCALATED},
+    Phase.WAITING: {Phase.WAITING, Phase.RESETTING, Phase.ESCALATED, Phase.VALIDATING},
     Phase.RESETTING: {Phase.RESETTING, Phase.VALIDATING, Phase.ESCALATED},
     Phase.VALIDATING: {Phase.VALIDATING, Phase.CHECKING, Phase.PASSED, Phase.ESCALATED},
     Phase.CHECKING: {Phase.PASSED, Phase.ESCALATED},
@@ -138,10 +165,11 @@ def combinations() -> Iterator[tuple[Phase, dict[str, object], dict[str, object]
 
 def test_every_combination_moves_only_forward_and_acts_once_per_move() -> None:
     seen: set[tuple[Phase, Phase]] = set()
-    for (phase, values, noisy), details, before, now, policy in itertools.product(
-        combinations(), ("", "held by ml/a"), (None, 8), TIMES, POLICIES
+    for (phase, values, noisy), details, before, now, policy, reason in itertools.product(
+        combinations(), ("", "held by ml/a"), (None, 8), TIMES, POLICIES, (RESETTABLE, HB)
     ):
-        start = job(phase, 1000.0, before, details)
+        in_place = reason == HB and phase in (Phase.VALIDATING, Phase.CHECKING) and not before
+        start = job(phase, 1000.0, before, details, reason, in_place)
         obs = observation(now, values)
         d = reset.decide(start, obs, policy)
         # a field the phase does not read changes nothing
@@ -163,8 +191,15 @@ def test_every_combination_moves_only_forward_and_acts_once_per_move() -> None:
             assert d.job.detail  # the why is kept
         if d.job.phase is Phase.RESETTING:
             assert d.job.requests_before == values["requests"]  # what the driver's count must pass
+            assert policy.reset
+            assert values["holders"] == ()  # only an idle device, only with the reset on
+        if d.job.phase is Phase.VALIDATING and phase is Phase.WAITING:
+            # straight to the window: only the validate rung, in place, never the reset rung
+            assert reason == HB
+            assert d.job.in_place
+            assert not (policy.reset and values["holders"] == ())
         if d.job.phase is Phase.PASSED and phase is Phase.VALIDATING:
-            assert not policy.command
+            assert not policy.command or start.in_place
             assert not values["new_errors"]
             assert not values["unhealthy"]
     # every move of ALLOWED happens for some observation
@@ -174,7 +209,10 @@ def test_every_combination_moves_only_forward_and_acts_once_per_move() -> None:
 def test_only_reset_rung_faults_and_a_stalled_heartbeat_are_eligible_and_only_alone_on_their_device() -> None:
     eligible = [f.kind for f in faults.BY_KIND.values() if reset.eligible(f)]
     assert eligible == ["HEALTHCHECK_HEARTBEAT_STALE"]  # no fault of the table is cleared by a reset (no source)
-    assert reset.eligible(replace(faults.BY_KIND["HBM_REPAIRABLE_UNCORRECTABLE_ERROR"], cleared_by_device_reset=True))
+    resettable = replace(faults.BY_KIND["HBM_REPAIRABLE_UNCORRECTABLE_ERROR"], cleared_by_device_reset=True)
+    assert reset.eligible(resettable)
+    assert not reset.eligible(resettable, reset=False)  # the reset off: left to the rung above
+    assert reset.eligible(faults.BY_KIND["HEALTHCHECK_HEARTBEAT_STALE"], reset=False)  # validated in place all the same
     assert not reset.eligible(None)
     found = reset.candidates(
         [("k1", HB, 1), ("k2", HB, 2), ("k3", "NeuronHasError_DMA_ERROR", 2), ("k4", HB, None), ("k5", "mine", 5)]
@@ -222,6 +260,9 @@ def test_jobs_survive_a_restart_and_a_new_boot_forgets_them(tmp_path: Path) -> N
     assert loaded.resets == s.resets
     [c] = loaded.conditions(RULES, 10.0)
     assert c.message == "neuron3: NeuronHasError_HEALTHCHECK_HEARTBEAT_STALE (device reset: escalated)"
+    loaded.resets[p.key] = replace(s.resets[p.key], in_place=True, phase=Phase.VALIDATING)
+    [c] = loaded.conditions(RULES, 10.0)
+    assert c.message == "neuron3: NeuronHasError_HEALTHCHECK_HEARTBEAT_STALE (validation in place: validating)"
     assert loaded.new_boot("b2")
     assert loaded.resets == {}
 

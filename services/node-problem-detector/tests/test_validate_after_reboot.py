@@ -118,6 +118,7 @@ async def test_a_passing_command_after_the_reboot_writes_a_passed_verdict_for_th
         assert await verdict_of(api, boot) is True
         await until_async(lambda: det.reporter.up_to_date, timeout=8)
         assert (api.condition(NODE, "NeuronHealth") or {})["status"] == "False"
+        assert ready(api) == ("True", "NeuronAcceleratedHardwareIsReady")
     c = validated(api) or {}
     assert (c["status"], c["reason"]) == ("True", remediation.VALIDATION_PASSED_REASON)
     assert c["message"] == f"boot {boot}: passed (validation command exited 0)"
@@ -130,13 +131,31 @@ async def test_a_passing_command_after_the_reboot_writes_a_passed_verdict_for_th
 async def test_a_failing_command_writes_a_failed_verdict(work: Path, node: Path, api: FakeApiServer) -> None:
     boot = sim.reboot(node)
     on_the_node(api, boot, requested(phase=Phase.VALIDATING))  # the controller saw the new boot first
-    async with running(work, node, api, FAIL):
+    async with running(work, node, api, FAIL) as det:
         assert await verdict_of(api, boot) is False
+        await until_async(lambda: det.reporter.up_to_date, timeout=8)
+        # no fault on this boot, yet the node asks for a new instance where EKS and Karpenter read it
+        # (with --replacement=condition, the only request there is)
+        assert ready(api) == ("False", remediation.VALIDATION_FAILED_REASON)
+        assert (api.condition(NODE, "NeuronHealth") or {})["status"] == "False"
     c = validated(api) or {}
     assert (c["status"], c["reason"]) == ("False", remediation.VALIDATION_FAILED_REASON)
     assert c["message"] == f"boot {boot}: validation command exited 3"
     [event] = [e for e in api.event_list() if e["reason"] == remediation.VALIDATION_FAILED_REASON]
     assert event["type"] == "Warning"
+    assert "validation command exited 3" in (api.condition(NODE, "AcceleratedHardwareReady") or {})["message"]
+    # a detector restarted on this boot validates nothing again, and keeps the failure where it shows
+    async with running(work, node, api, PASS) as det:
+        await until_async(lambda: det.reporter.up_to_date, timeout=8)
+        assert det.validator is not None
+        assert det.validator.done is None
+        assert ready(api) == ("False", remediation.VALIDATION_FAILED_REASON)
+    assert await verdict_of(api, boot) is False
+
+
+def ready(api: FakeApiServer) -> tuple[str, str] | None:
+    c = api.condition(NODE, "AcceleratedHardwareReady")
+    return None if c is None else (c["status"], c["reason"])
 
 
 async def test_a_defect_the_reboot_left_fails_before_the_command_runs(

@@ -209,6 +209,12 @@ def test_a_node_object_reads_with_its_state() -> None:
         "NeuronHBMUncorrectableError",
         "b1",
     )
+    assert not view.health_escalated
+    condition = obj["status"]["conditions"][0]  # type: ignore[index]
+    condition["message"] = "neuron3: x (validation in place: escalated)"
+    escalated = node_view(obj, "aws.amazon.com")
+    assert escalated is not None
+    assert escalated.health_escalated
     plain = node_view({"metadata": {"name": "cpu"}, "status": {"capacity": {"cpu": "4"}}}, "aws.amazon.com")
     assert plain is not None
     assert not plain.neuron

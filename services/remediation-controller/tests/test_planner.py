@@ -89,6 +89,39 @@ def test_a_users_own_reason_starts_nothing() -> None:
     assert planner.plan(fleet(n), Safety(max_percent=100), POLICY, NOW) == []
 
 
+HEARTBEAT = faults.BY_KIND["HEALTHCHECK_HEARTBEAT_STALE"]
+
+
+def test_a_stalled_heartbeat_is_left_to_the_node_agents_validation_in_place_no_drain() -> None:
+    assert HEARTBEAT.rung is faults.Rung.VALIDATE
+    validating = node("a", HEARTBEAT)  # NeuronHealth=True, AcceleratedHardwareReady True: validating
+    assert planner.plan(fleet(validating), Safety(max_percent=100), POLICY, NOW) == []
+
+
+@pytest.mark.parametrize(
+    "escalated",
+    [
+        {"health_escalated": True},  # NeuronHealth's message says so (the condition left to EKS's agent)
+        {"accelerated_reason": HEARTBEAT.accelerated_hardware_reason},  # the detector's False
+    ],
+)
+def test_a_stalled_heartbeat_whose_validation_escalated_starts_the_reboot_rung(escalated: dict[str, object]) -> None:
+    [action] = planner.plan(fleet(node("a", HEARTBEAT, **escalated)), Safety(max_percent=100), POLICY, NOW)
+    assert action.kind is Kind.START
+    assert action.state is not None
+    assert (action.state.fault, action.state.rung) == (HEARTBEAT.kind, "reboot")
+    assert "(reboot rung)" in action.message
+
+
+def test_the_escalation_mark_is_read_from_the_message_the_detector_writes() -> None:
+    from neuron_model import node_health
+
+    message = "neuron3: x" + node_health.job_note("validation in place", node_health.JOB_PHASE_ESCALATED)
+    assert node_health.escalated_in(message)
+    assert node_health.escalated_in("neuron3: x" + node_health.job_note("device reset", "escalated"))
+    assert not node_health.escalated_in("neuron3: x" + node_health.job_note("validation in place", "validating"))
+
+
 def test_eks_agents_condition_alone_starts_a_workflow() -> None:
     n = node("a", accelerated_reason="NeuronHBMUncorrectableError")
     [action] = planner.plan(fleet(n), Safety(max_percent=100), POLICY, NOW)

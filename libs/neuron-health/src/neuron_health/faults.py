@@ -25,8 +25,11 @@ the problems that set a condition, so a transient fault that removed a device wo
 differently depending on which components are installed.
 
 Each fault also has its rung on the remediation ladder (`Fault.rung`, docs/remediation.md): what
-the fleet does about it. A rung follows from the severity, except the device reset, which a fault
-reaches only when `cleared_by_device_reset` says a reset of the device clears it. No fault says so
+the fleet does about it. A rung follows from the severity, except two the node agent acts on first:
+the validation in place (`validated_in_place`: a stalled firmware heartbeat leaves a device
+unchecked, not known broken, so it is validated where it stands, without a drain, and a failure
+escalates to the rung its severity names), and the device reset, which a fault reaches only when
+`cleared_by_device_reset` says a reset of the device clears it. No fault says so
 today: the driver's `reset` node resets a device that no process holds open
 (shared/reference/neuron-stack.md, section 2), and neither AWS's documentation nor the driver's
 source says which fault a reset clears. A fault gets the property only with such a source, named in
@@ -74,6 +77,9 @@ class Rung(enum.StrEnum):
     """The remediation ladder's rungs, mildest first."""
 
     EVENT = "event"  # an Event; the device stays in service
+    # the node agent validates the device where it stands: no drain, no reset of a held device; a failed
+    # validation escalates (`Fault.escalated_rung`)
+    VALIDATE = "validate"
     DEVICE_RESET = "device-reset"  # the node agent resets the idle device, then validates it
     REBOOT = "reboot"  # cordon, drain, reboot, validate
     REPLACE = "replace"  # cordon, drain, ask for a new instance
@@ -82,6 +88,11 @@ class Rung(enum.StrEnum):
     def needs_new_boot_or_instance(self) -> bool:
         """`AcceleratedHardwareReady` turns False: EKS node auto repair and Karpenter replace such a node."""
         return self in (Rung.REBOOT, Rung.REPLACE)
+
+    @property
+    def node_agent_first(self) -> bool:
+        """The node agent acts first (a validation, a reset); the fleet acts only when it escalates."""
+        return self in (Rung.VALIDATE, Rung.DEVICE_RESET)
 
 
 CONDITION = node_health.CONDITION
@@ -103,6 +114,8 @@ class Fault:
     device_counters: tuple[str, ...] = ()  # stats/hardware/<name>
     core_counters: tuple[str, ...] = ()  # stats/status/<name>/total on any of the device's cores
     cleared_by_device_reset: bool = False  # only with a source saying so (see the module's docstring)
+    # the device is not known to be broken, only unchecked: validated in place before any drain
+    validated_in_place: bool = False
 
     @property
     def takes_device_out(self) -> bool:
@@ -114,6 +127,14 @@ class Fault:
             return Rung.EVENT
         if self.cleared_by_device_reset:
             return Rung.DEVICE_RESET
+        if self.validated_in_place:
+            return Rung.VALIDATE
+        return self.escalated_rung
+
+    @property
+    def escalated_rung(self) -> Rung:
+        """The rung of a new boot or instance this fault asks for, at once or once the node agent's
+        validation or reset failed: what its severity says mends it."""
         return Rung.REBOOT if self.severity is Severity.UNTIL_REBOOT else Rung.REPLACE
 
     @property
@@ -267,8 +288,9 @@ FIRMWARE_FAULTS: tuple[Fault, ...] = (
         Severity.UNTIL_REBOOT,
         "NeuronHasError_HEALTHCHECK_HEARTBEAT_STALE",
         "the firmware's health checks stopped (its heartbeat moved, then stood still): its verdict is no "
-        "longer news, so the device is not trusted until the firmware starts afresh",
+        "longer news, so the device takes no new work until it is validated in place or the firmware starts afresh",
         device_counters=(layout.HEARTBEAT_STALE_COUNTER,),
+        validated_in_place=True,
     ),
 )
 FAULTS = FAULTS + FIRMWARE_FAULTS
@@ -361,7 +383,11 @@ def remediation_table() -> str:
         "|---|---|---|---|---|",
     ]
     for f in (*FAULTS, UNKNOWN_FATAL, UNKNOWN_NOTICE):
-        ahr = "False" if f.rung.needs_new_boot_or_instance else "unchanged"
-        reason = f"`{f.accelerated_hardware_reason}`" if f.rung.needs_new_boot_or_instance else "-"
+        if f.rung.needs_new_boot_or_instance:
+            ahr, reason = "False", f"`{f.accelerated_hardware_reason}`"
+        elif f.rung.node_agent_first:
+            ahr, reason = f"False once escalated ({f.escalated_rung})", f"`{f.accelerated_hardware_reason}`"
+        else:
+            ahr, reason = "unchanged", "-"
         rows.append(f"| `{f.kind}` | {f.severity} | {f.rung} | {ahr} | {reason} |")
     return "\n".join(rows)

@@ -14,3 +14,18 @@ ACCELERATED_HARDWARE_READY_REASON = "NeuronAcceleratedHardwareIsReady"
 # The other conditions that agent writes on every node it runs on: where one of them is on a Node, the
 # agent runs there and owns AcceleratedHardwareReady, and the problem detector leaves it alone.
 EKS_NODE_MONITORING_AGENT_CONDITIONS = ("KernelReady", "NetworkingReady", "StorageReady", "ContainerRuntimeReady")
+
+# A problem the node agent acts on first (a validation in place, a device reset) carries its job's phase
+# in CONDITION's message, `<problem> (<what>: <phase>)`; the remediation controller starts its workflow
+# for such a problem only once it reads the escalated phase (or AcceleratedHardwareReady=False for it).
+JOB_PHASE_ESCALATED = "escalated"
+
+
+def job_note(what: str, phase: str) -> str:
+    """`what`: "device reset" or "validation in place"."""
+    return f" ({what}: {phase})"
+
+
+def escalated_in(message: str) -> bool:
+    """Whether CONDITION's message says a node agent's job on one of its problems escalated."""
+    return any(job_note(what, JOB_PHASE_ESCALATED) in message for what in ("device reset", "validation in place"))

@@ -197,6 +197,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     st.add_argument("--device", type=int, required=True)
     st.add_argument("--persistent", action="store_true", help="a stall a device reset does not end")
+    hr = isub.add_parser(
+        "heartbeat-resume",
+        help="the firmware's health checks start again by themselves (a stall not --persistent): beaten again",
+    )
+    hr.add_argument("--device", type=int, required=True)
     hb = isub.add_parser(
         "heartbeat",
         help="beat health_status/healthcheck_heartbeat once (driver 2.30.2); one never beaten again goes stale",
@@ -313,6 +318,8 @@ def _run(args: argparse.Namespace) -> int:
         print(", ".join(sim.reset_device(root, args.device)) or "nothing ended")
     elif what == "heartbeat-stall":
         print(sim.stall_heartbeat(root, args.device, args.persistent))
+    elif what == "heartbeat-resume":
+        print(sim.resume_heartbeat(root, args.device))
     elif what == "heartbeat":
         print(sim.beat_heartbeat(root, args.device, args.value))
     elif what == "move-node":

@@ -750,6 +750,24 @@ def stall_heartbeat(root: Path, device: int, persistent: bool = False) -> str:
     return "persistent" if persistent else "stalled"
 
 
+def resume_heartbeat(root: Path, device: int) -> str:
+    """The firmware's health checks start again by themselves, no reset asked (what a validation in place
+    waits for): `serve_driver` beats the device again. A persistent stall does not resume."""
+    _device_dir(root, device)
+    marks = _load_marks(root)
+    entry = marks.get(str(device), {})
+    if entry.get("heartbeat") == "persistent":
+        return "persistent: not resumed"
+    entry.pop("heartbeat", None)
+    if entry:
+        marks[str(device)] = entry
+    else:
+        marks.pop(str(device), None)
+    _save_marks(root, marks)
+    beat_heartbeat(root, device)
+    return "resumed"
+
+
 def heartbeat_stalled(root: Path, device: int) -> bool:
     return bool(_load_marks(root).get(str(device), {}).get("heartbeat"))
 

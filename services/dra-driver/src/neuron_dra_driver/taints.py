@@ -4,8 +4,9 @@ An unhealthy device keeps its place in the pool with `neuron.aws.com/unhealthy=<
 the fault table's kind (e.g. `NC_UNCORRECTABLE_ERROR`), `DeviceAbsent` for a device gone from
 sysfs, or `ProblemDetector` for the detector's verdict. The effect follows the fault's severity
 (each configurable, `NoSchedule` by default; `NoExecute` also evicts the pods using the device);
-an absent device and the detector's word are `NoSchedule`. Transient faults never make a device
-unhealthy, so they never taint.
+an absent device, the detector's word and a fault the node agent validates in place first (the
+fault table's `validate` rung: a stalled heartbeat, whose pods are not to be moved) are `NoSchedule`.
+Transient faults never make a device unhealthy, so they never taint.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from neuron_dra_driver.slices import ABSENT_TAINT, DETECTOR_TAINT, Taint, taint_value
 from neuron_health.device_health import Verdict
-from neuron_health.faults import Severity
+from neuron_health.faults import BY_KIND, Rung, Severity
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,9 @@ class Effects:
 
 
 def taint_for(verdict: Verdict, effects: Effects) -> Taint:
+    fault = BY_KIND.get(verdict.fault)
+    if fault is not None and fault.rung is Rung.VALIDATE:
+        return Taint(taint_value(verdict.fault))
     if verdict.fault and verdict.severity is Severity.REPLACE_INSTANCE:
         return Taint(taint_value(verdict.fault), effects.replace_instance)
     if verdict.fault and verdict.severity is not None:

@@ -121,18 +121,17 @@ class Detector:
         )
         # the device counters, and only those per-core statuses a rule names (a trn2 has 1,024 cores' worth)
         core_counters = {r.counter for r in self.rules.counter_rules if r.counter and r.core_counter}
-        self.resetter: DeviceResetter | None = None
-        if config.device_reset:
-            self.resetter = DeviceResetter(
-                config,
-                inventory,
-                state=lambda: self.state,
-                event=lambda reason, message, warning: self.reporter.event(reason, message, warning=warning),
-                cleared=self.cleared,
-                changed=self._publish,
-                totals=lambda: self.counters.last,
-                step_metric=lambda step: self.metrics.device_reset_steps.labels(step).inc(),
-            )
+        # always: a stalled heartbeat is validated in place whether or not the device reset is on
+        self.resetter = DeviceResetter(
+            config,
+            inventory,
+            state=lambda: self.state,
+            event=lambda reason, message, warning: self.reporter.event(reason, message, warning=warning),
+            cleared=self.cleared,
+            changed=self._publish,
+            totals=lambda: self.counters.last,
+            step_metric=lambda step: self.metrics.device_reset_steps.labels(step).inc(),
+        )
         self.validator: RebootValidator | None = None
         if config.validate_after_reboot:
             self.validator = RebootValidator(
@@ -170,8 +169,7 @@ class Detector:
         changed = False
         for m in matches:
             self.metrics.problem_counter.labels(m.rule.reason).inc()
-            if self.resetter is not None:
-                self.resetter.seen(m.device, m.rule.reason, wall_now())
+            self.resetter.seen(m.device, m.rule.reason, wall_now())
             where = f"neuron{m.device}" if m.device is not None else "Neuron"
             extra = "".join(f" {k}={v}" for k, v in (("nc-id", m.core), ("serial", m.serial)) if v is not None)
             self.reporter.event(m.rule.reason, f"{where}{extra}: {m.detail}"[:1024])
@@ -210,8 +208,12 @@ class Detector:
     def _publish(self) -> None:
         """Push the state everywhere it shows: file, conditions, verdicts, metrics."""
         self._save()
+        failed = self.validated.message if self.validated is not None and self.validated.unhealthy else None
         conditions = self.state.conditions(
-            self.rules, wall_now(), accelerated_hardware=self.config.accelerated_hardware_condition != "off"
+            self.rules,
+            wall_now(),
+            accelerated_hardware=self.config.accelerated_hardware_condition != "off",
+            validation_failed=failed,
         )
         if self.validated is not None:
             conditions = [*conditions, self.validated]
@@ -300,9 +302,7 @@ class Detector:
             "reporter": lambda: self.reporter.run(self.stop),
             "metrics": self.report_metrics,
         }
-        if self.resetter is not None:
-            resetter = self.resetter
-            loops["device-reset"] = lambda: resetter.run(self.stop)
+        loops["device-reset"] = lambda: self.resetter.run(self.stop)
         if self.validator is not None:
             validator = self.validator
             loops["validate-after-reboot"] = lambda: validator.run(self.stop)

@@ -17,7 +17,7 @@ from typing import Any
 
 from neuron_driver.files import replace_file
 from neuron_health import faults
-from neuron_model import node_health
+from neuron_model import node_health, remediation
 from neuron_problem_detector import reset
 from neuron_problem_detector.rules import Match, Rules
 
@@ -115,8 +115,11 @@ class DetectorState:
         return True
 
     # -- views -----------------------------------------------------------------------------------
-    def conditions(self, rules: Rules, now: float, accelerated_hardware: bool = False) -> list[ConditionStatus]:
-        """The rules' conditions; with `accelerated_hardware`, also EKS's `AcceleratedHardwareReady`."""
+    def conditions(
+        self, rules: Rules, now: float, accelerated_hardware: bool = False, validation_failed: str | None = None
+    ) -> list[ConditionStatus]:
+        """The rules' conditions; with `accelerated_hardware`, also EKS's `AcceleratedHardwareReady`.
+        `validation_failed`: the message of this boot's failed validation after a reboot, if it failed."""
         result = []
         for c in rules.conditions:
             active = sorted((p for p in self.problems.values() if p.condition == c.type), key=lambda p: p.since)
@@ -129,11 +132,16 @@ class DetectorState:
                     ConditionStatus(c.type, status, c.healthy_reason, c.healthy_message, self.transitions[c.type])
                 )
         if accelerated_hardware:
-            result.append(self._accelerated_hardware(now))
+            result.append(self._accelerated_hardware(now, validation_failed))
         return result
 
     def _reset_phases(self) -> dict[str, str]:
-        return {key: str(job.phase) for key, job in self.resets.items() if job.phase is not reset.Phase.PASSED}
+        """Problem key -> the note its message carries while a node agent's job on it runs or escalated."""
+        return {
+            key: node_health.job_note(job.what, str(job.phase))
+            for key, job in self.resets.items()
+            if job.phase is not reset.Phase.PASSED
+        }
 
     def _status(self, ctype: str, status: str, now: float) -> str:
         if self.statuses.get(ctype) != status:
@@ -141,10 +149,12 @@ class DetectorState:
             self.transitions[ctype] = now
         return status
 
-    def _accelerated_hardware(self, now: float) -> ConditionStatus:
+    def _accelerated_hardware(self, now: float, validation_failed: str | None = None) -> ConditionStatus:
         """False while a problem of the fault table's reboot or replacement rungs is active, with that
-        fault's reason in the agent's form; a rule of the user's own, whose reason the table does not
-        know, leaves it alone (its rung is unknown)."""
+        fault's reason in the agent's form, or one whose node agent's job escalated; a rule of the user's
+        own, whose reason the table does not know, leaves it alone (its rung is unknown). Also False when
+        the validation after a reboot failed on this boot: the node asks for a new instance, and with
+        `--replacement=condition` this condition is the only request EKS and Karpenter read."""
         ctype = node_health.ACCELERATED_HARDWARE_CONDITION
         needing: list[tuple[Problem, faults.Fault]] = []
         for p in sorted(self.problems.values(), key=lambda p: p.since):
@@ -152,10 +162,13 @@ class DetectorState:
             escalated = p.key in self.resets and self.resets[p.key].phase is reset.Phase.ESCALATED
             if fault is not None and (fault.rung.needs_new_boot_or_instance or escalated):
                 needing.append((p, fault))
-        status = self._status(ctype, "False" if needing else "True", now)
+        status = self._status(ctype, "False" if needing or validation_failed else "True", now)
         if needing:
             reason = needing[-1][1].accelerated_hardware_reason
             message = _joined([p for p, _ in needing])
+        elif validation_failed:
+            reason = remediation.VALIDATION_FAILED_REASON
+            message = f"the validation after a reboot failed: {validation_failed}"[:MESSAGE_LIMIT]
         else:
             reason = node_health.ACCELERATED_HARDWARE_READY_REASON
             message = "No Neuron hardware error on this boot needs a reboot or a new instance"
@@ -208,9 +221,9 @@ class DetectorState:
 
 
 def _joined(problems: list[Problem], resets: dict[str, str] | None = None) -> str:
-    """The problems' messages; one whose device is being reset, or whose reset escalated, says so."""
-    phases = resets or {}
-    message = "; ".join(p.message + (f" (device reset: {phases[p.key]})" if p.key in phases else "") for p in problems)
+    """The problems' messages; one whose device is being reset or validated, or whose job escalated, says so."""
+    notes = resets or {}
+    message = "; ".join(p.message + notes.get(p.key, "") for p in problems)
     return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."
 
 

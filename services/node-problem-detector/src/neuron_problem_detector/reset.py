@@ -1,8 +1,18 @@
-"""The device-reset rung and the validation step: what to do next for one device. Pure.
+"""The node agent's rungs, `device-reset` and `validate`, and their validation step: what to do next
+for one device. Pure.
 
-A fault on the fault table's `device-reset` rung, or a stalled firmware heartbeat (issue 56: a
-device left usable, whose heartbeat "runs the validation step, then escalates"), gets a job per
-device. It waits until no pod holds the device (the kubelet's PodResources `List`), writes the
+A fault on the fault table's `device-reset` rung, or on its `validate` rung (a stalled firmware
+heartbeat: issue 56's device left usable, whose heartbeat "runs the validation step, then
+escalates"), gets a job per device.
+
+On the `validate` rung the device is validated where it stands, with no drain: a pod holding it keeps
+it. With the reset on (--device-reset) and no pod holding the device, it is reset first, as below, so
+the firmware starts its checks afresh and the validation command can have the device to itself;
+otherwise (held, holders not known, the reset off) the validation runs in place: the window and the
+health sources, no reset and no command (a test tool on a device a job uses would disturb the job).
+
+On the `device-reset` rung (only with --device-reset) the job waits until no pod holds the device
+(the kubelet's PodResources `List`), writes the
 driver's reset node, waits for the driver to finish (the device's state reads ready again and its
 cores' `reset_req_count` grew: the driver ignores a write while the device is open, so a state that
 reads ready is not enough), then validates: no new error on the device for the validation window,
@@ -32,7 +42,7 @@ class Phase(enum.StrEnum):
     VALIDATING = "validating"  # the validation window runs
     CHECKING = "checking"  # the validation command runs
     PASSED = "passed"  # the problem cleared
-    ESCALATED = "escalated"  # the problem stays, on the reboot rung
+    ESCALATED = "escalated"  # the problem stays, on the rung its severity names (`Fault.escalated_rung`)
 
     @property
     def done(self) -> bool:
@@ -81,6 +91,12 @@ class Job:
     since: float = 0.0  # the phase's start (wall clock seconds)
     requests_before: int | None = None  # the cores' reset_req_count before the write
     detail: str = ""  # why it waits, or why it escalated
+    in_place: bool = False  # validated where it stands: no reset, no command
+
+    @property
+    def what(self) -> str:
+        """The job's name in messages (and in the condition's, `node_health.job_note`)."""
+        return "validation in place" if self.in_place else "device reset"
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -91,6 +107,7 @@ class Job:
             "since": self.since,
             "requests_before": self.requests_before,
             "detail": self.detail,
+            "in_place": self.in_place,
         }
 
     @classmethod
@@ -104,6 +121,7 @@ class Job:
             float(str(data.get("since", 0.0))),
             None if before is None else int(str(before)),
             str(data.get("detail", "")),
+            bool(data.get("in_place", False)),
         )
 
 
@@ -112,6 +130,7 @@ class Policy:
     window: float = 60.0  # seconds without a new error on the device after the reset
     reset_timeout: float = 120.0  # seconds the driver has to finish a reset
     command: bool = False  # a validation command is configured
+    reset: bool = True  # --device-reset: the reset node may be written
 
 
 @dataclass(frozen=True)
@@ -134,22 +153,28 @@ class Decision:
     step: str = ""  # the metric's label: wait, reset, validate, check, pass, escalate
 
 
-def eligible(fault: faults.Fault | None) -> bool:
-    """A fault this rung acts on: the table's device-reset rung, or a stalled heartbeat."""
+def eligible(fault: faults.Fault | None, reset: bool = True) -> bool:
+    """A fault these rungs act on: the table's validate rung, and its device-reset rung with the reset on."""
     if fault is None:
         return False
-    return fault.rung is faults.Rung.DEVICE_RESET or fault.kind == "HEALTHCHECK_HEARTBEAT_STALE"
+    return fault.rung is faults.Rung.VALIDATE or (reset and fault.rung is faults.Rung.DEVICE_RESET)
 
 
-def candidates(problems: Iterable[tuple[str, str, int | None]]) -> dict[int, tuple[str, str]]:
-    """Devices to reset, with the (problem key, reason) of the job: every problem of the device must be
-    eligible, since a reset that leaves a fault needing a new instance would only delay the rung above."""
+def validated_in_place(reason: str) -> bool:
+    fault = faults.BY_REASON.get(reason)
+    return fault is not None and fault.rung is faults.Rung.VALIDATE
+
+
+def candidates(problems: Iterable[tuple[str, str, int | None]], reset: bool = True) -> dict[int, tuple[str, str]]:
+    """Devices to validate (or reset), with the (problem key, reason) of the job: every problem of the
+    device must be eligible, since a validation that leaves a fault needing a new instance would only
+    delay the rung above."""
     by_device: dict[int, list[tuple[str, str]]] = {}
     refused: set[int] = set()
     for key, reason, device in problems:
         if device is None:
             continue
-        if eligible(faults.BY_REASON.get(reason)):
+        if eligible(faults.BY_REASON.get(reason), reset):
             by_device.setdefault(device, []).append((key, reason))
         else:
             refused.add(device)
@@ -197,13 +222,28 @@ def _go(job: Job, phase: Phase, now: float, detail: str = "", **changes: object)
 
 
 def escalate(job: Job, now: float, why: str) -> Decision:
-    message = f"neuron{job.device}: {job.reason}: device reset escalated to the reboot rung: {why}"
+    fault = faults.BY_REASON.get(job.reason)
+    rung = fault.escalated_rung if fault is not None else faults.Rung.REBOOT
+    message = f"neuron{job.device}: {job.reason}: {job.what} escalated to the {rung} rung: {why}"
     return Decision(_go(job, Phase.ESCALATED, now, why), Action.ESCALATE, (ESCALATED_REASON, message), "escalate")
 
 
 def decide(job: Job, obs: Observation, policy: Policy) -> Decision:
     now, where = obs.now, f"neuron{job.device}: {job.reason}"
     if job.phase is Phase.WAITING:
+        if validated_in_place(job.reason) and not (policy.reset and obs.holders == ()):
+            why = (
+                "the device reset is off"
+                if not policy.reset
+                else "which pods hold the device is not known (PodResources unreadable)"
+                if obs.holders is None
+                else "held by " + ", ".join(sorted(obs.holders))
+            )
+            message = f"{where}: validating in place for {policy.window:g}s ({why}; no drain, no reset, no command)"
+            job = _go(job, Phase.VALIDATING, now, why, in_place=True)
+            return Decision(job, event=(VALIDATING_REASON, message), step="validate")
+        if not policy.reset:  # `candidates` makes no such job; one a restart with the reset turned off left
+            return escalate(job, now, "the device reset is off (--device-reset)")
         if obs.holders is None:
             detail = "which pods hold the device is not known (PodResources unreadable)"
         elif obs.holders:
@@ -235,7 +275,7 @@ def decide(job: Job, obs: Observation, policy: Policy) -> Decision:
             return Decision(job)
         if obs.unhealthy:
             return escalate(job, now, "health sources unhealthy after the window: " + ", ".join(obs.unhealthy))
-        if policy.command:
+        if policy.command and not job.in_place:
             message = f"{where}: no new error and healthy sources; running the validation command"
             return Decision(_go(job, Phase.CHECKING, now), Action.RUN, (VALIDATING_REASON, message), "check")
         return _passed(job, now, "no new error and healthy sources")
@@ -248,5 +288,6 @@ def decide(job: Job, obs: Observation, policy: Policy) -> Decision:
 
 
 def _passed(job: Job, now: float, why: str) -> Decision:
-    message = f"neuron{job.device}: {job.reason}: validated after a device reset ({why})"
+    how = "validated in place" if job.in_place else "validated after a device reset"
+    message = f"neuron{job.device}: {job.reason}: {how} ({why})"
     return Decision(_go(job, Phase.PASSED, now, why), Action.CLEAR, (PASSED_REASON, message), "pass")

@@ -1,7 +1,8 @@
-"""The device reset's I/O: the kubelet's PodResources, the driver's reset node, the validation command.
+"""The node agent's rungs' I/O: the kubelet's PodResources, the driver's reset node, the validation command.
 
 The decisions are `reset.decide`'s; this gathers what it needs for each job's phase, carries out its
-action, and tells its Event and metric. Off unless --device-reset.
+action, and tells its Event and metric. It always runs, for the `validate` rung (a validation in place
+reads and writes nothing on the host); the reset, and the PodResources it needs, only with --device-reset.
 """
 
 from __future__ import annotations
@@ -47,14 +48,17 @@ class DeviceResetter:
         `List` on --pod-resources-socket)."""
         self.config = config
         self.root = Path(config.host_root)
-        self.policy = reset.Policy(config.validation_window, config.reset_timeout, bool(config.validation_command))
+        self.policy = reset.Policy(
+            config.validation_window, config.reset_timeout, bool(config.validation_command), config.device_reset
+        )
         self.command = shlex.split(config.validation_command)
         self._state, self._event, self._cleared, self._changed = state, event, cleared, changed
         self._totals, self._step = totals, step_metric
         self.devices = {d.index: d for d in inventory.devices}
         self.cores_of_device = {d.index: d.logical_cores for d in inventory.devices}
         self.errors: dict[int, list[tuple[float, str]]] = {}  # device -> (when, reason) of each match
-        self._holdings = holdings or self._podresources()
+        # without the reset, nothing asks which pods hold a device (the kubelet's socket is not mounted)
+        self._holdings = holdings or (self._podresources() if config.device_reset else None)
 
     def _podresources(self) -> Callable[[], Any]:
         # imported here: a detector without --device-reset loads no gRPC
@@ -94,6 +98,8 @@ class DeviceResetter:
             return None
 
     async def _held(self) -> dict[int, set[str]] | None:
+        if self._holdings is None:
+            return None
         try:
             return reset.held_devices(await self._holdings(), self.cores_of_device)
         except Exception as exc:  # the kubelet away or refusing: not known, so no reset
@@ -135,7 +141,7 @@ class DeviceResetter:
         state = self._state()
         jobs = state.resets
         for device, (key, reason) in reset.candidates(
-            (k, p.reason, p.device) for k, p in state.problems.items()
+            ((k, p.reason, p.device) for k, p in state.problems.items()), self.policy.reset
         ).items():
             if key not in jobs and not any(j.device == device and not j.phase.done for j in jobs.values()):
                 jobs[key] = reset.Job(key, device, reason, since=wall_now())
@@ -174,9 +180,11 @@ class DeviceResetter:
                 gone = [
                     problems.pop(k)
                     for k, p in list(problems.items())
-                    if p.device == job.device and (k == key or reset.eligible(faults.BY_REASON.get(p.reason)))
+                    if p.device == job.device
+                    and (k == key or reset.eligible(faults.BY_REASON.get(p.reason), self.policy.reset))
                 ]
-                self._cleared(gone, "the device was reset and validated")
+                how = "validated in place" if decision.job.in_place else "the device was reset and validated"
+                self._cleared(gone, how)
             elif decision.job != job:
                 self._changed()
 

@@ -17,6 +17,7 @@ import shlex
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import aiohttp
@@ -39,6 +40,7 @@ class Start:
     boot_id: str
     validate: bool
     why: str
+    given: ConditionStatus | None = None  # this boot's verdict, given before a restart: published again
 
 
 def start(node: Mapping[str, Any]) -> Start:
@@ -58,9 +60,24 @@ def start(node: Mapping[str, Any]) -> Start:
     for c in status.get("conditions") or ():
         given = remediation.verdict(c.get("status"), c.get("reason"), c.get("message"), boot)
         if c.get("type") == remediation.VALIDATED_CONDITION and given is not None:
-            return Start(boot, False, f"this boot is validated already: {c.get('message')}")
+            condition = ConditionStatus(
+                remediation.VALIDATED_CONDITION,
+                "True" if given else "False",
+                str(c.get("reason")),
+                str(c.get("message")),
+                _seconds(c.get("lastTransitionTime")),
+                ready=True,
+            )
+            return Start(boot, False, f"this boot is validated already: {c.get('message')}", condition)
     assert state is not None
     return Start(boot, True, f"the workflow for {state.fault} asked for this boot ({state.why})")
+
+
+def _seconds(stamp: object) -> float:
+    try:
+        return datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return time.time()
 
 
 def judge(
@@ -128,6 +145,8 @@ class RebootValidator:
         begin = start(node)
         if not begin.validate:
             log.info("validation after a reboot: not run: %s", begin.why, extra={"boot_id": begin.boot_id})
+            if begin.given is not None:  # kept on the Node and in AcceleratedHardwareReady (a failure)
+                self._verdict(begin.given)
             await stop.wait()  # a loop of the supervisor: ends with the detector
             return
         message = (

@@ -20,6 +20,8 @@ class NodeView:
     resource_version: str = ""
     neuron: bool = False  # a Neuron node: the detector's condition on it, or Neuron resources in its capacity
     health_reason: str | None = None  # NeuronHealth=True: its reason
+    # NeuronHealth's message says a node agent's job (a validation in place, a reset) escalated
+    health_escalated: bool = False
     accelerated_reason: str | None = None  # AcceleratedHardwareReady=False: its reason
     unschedulable: bool = False
     tainted: bool = False  # carries the controller's taint
@@ -89,6 +91,7 @@ def node_view(obj: Mapping[str, Any], resource_prefix: str) -> NodeView | None:
     labels = {str(k): str(v) for k, v in _mapping(meta, "labels").items()}
     annotations = {str(k): str(v) for k, v in _mapping(meta, "annotations").items()}
     health: str | None = None
+    health_escalated = False
     accelerated: str | None = None
     has_condition = False
     validated: tuple[str, str, str] | None = None
@@ -99,6 +102,7 @@ def node_view(obj: Mapping[str, Any], resource_prefix: str) -> NodeView | None:
             has_condition = True
             if c.get("status") == "True":
                 health = str(c.get("reason") or "")
+                health_escalated = node_health.escalated_in(str(c.get("message") or ""))
         elif c.get("type") == node_health.ACCELERATED_HARDWARE_CONDITION and c.get("status") == "False":
             accelerated = str(c.get("reason") or "")
         elif c.get("type") == remediation.VALIDATED_CONDITION:
@@ -119,6 +123,7 @@ def node_view(obj: Mapping[str, Any], resource_prefix: str) -> NodeView | None:
         resource_version=str(meta.get("resourceVersion") or ""),
         neuron=neuron,
         health_reason=health,
+        health_escalated=health_escalated,
         accelerated_reason=accelerated,
         unschedulable=bool(spec.get("unschedulable")),
         tainted=tainted,

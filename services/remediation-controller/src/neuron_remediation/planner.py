@@ -1,7 +1,10 @@
 """What the remediation controller does next, for the whole fleet at once. Pure: no I/O, no clock.
 
 Each Neuron node whose fault (the `NeuronHealth` reason through `faults.BY_REASON`, or EKS's
-`AcceleratedHardwareReady` reason) sits on the ladder's `reboot` or `replace` rung gets a workflow:
+`AcceleratedHardwareReady` reason) sits on the ladder's `reboot` or `replace` rung gets a workflow; a
+fault of the rungs the node agent acts on first (`validate`, `device-reset`) gets one only once that
+agent's job escalated (`AcceleratedHardwareReady=False`, or `NeuronHealth`'s message says so), on the
+rung its severity names (`Fault.escalated_rung`):
 1. **quarantine**: cordon and taint (`remediation.TAINT`, NoSchedule), in the patch that writes the
    workflow's state on the Node;
 2. with `--approval`, **wait** for the admin's annotation (`remediation.APPROVED_ANNOTATION`);
@@ -42,9 +45,10 @@ from neuron_model.remediation import Phase, WorkflowState
 from neuron_remediation import drain
 from neuron_remediation.fleet import NodeView, PodView
 
-# EKS's node monitoring agent's reasons (and the detector's, which are the same) back to the fault
+# EKS's node monitoring agent's reasons (and the detector's, which are the same) back to the fault: the
+# detector sets it False for a fault of the validate or device-reset rungs only once their job escalated
 BY_ACCELERATED_REASON: Mapping[str, Fault] = MappingProxyType(
-    {f.accelerated_hardware_reason: f for f in faults.BY_KIND.values() if f.rung.needs_new_boot_or_instance}
+    {f.accelerated_hardware_reason: f for f in faults.BY_KIND.values() if f.takes_device_out}
 )
 
 
@@ -106,12 +110,13 @@ class Fleet:
 
 
 def fault_of(node: NodeView) -> Fault | None:
-    """The fault that asks for a workflow: a `reboot` or `replace` rung, from the node's conditions."""
-    for fault in (
-        faults.BY_REASON.get(node.health_reason or ""),
-        BY_ACCELERATED_REASON.get(node.accelerated_reason or ""),
+    """The fault that asks for a workflow: a `reboot` or `replace` rung, or a node agent's rung whose job
+    escalated, from the node's conditions."""
+    for fault, escalated in (
+        (faults.BY_REASON.get(node.health_reason or ""), node.health_escalated),
+        (BY_ACCELERATED_REASON.get(node.accelerated_reason or ""), True),  # False: needs it, or escalated
     ):
-        if fault is not None and fault.rung.needs_new_boot_or_instance:
+        if fault is not None and (fault.rung.needs_new_boot_or_instance or (escalated and fault.rung.node_agent_first)):
             return fault
     return None
 
@@ -210,7 +215,7 @@ def _start_or_hold(
     safety: Safety,
     now: float,
 ) -> Action:
-    what = f"{fault.kind} ({fault.rung} rung)"
+    what = f"{fault.kind} ({fault.escalated_rung} rung)"
     if node.opted_out:
         return _hold(
             node, Hold.OPT_OUT, f"{what}: not remediated, the node is labelled {remediation.OPT_OUT_LABEL}=true"
@@ -242,7 +247,7 @@ def _start_or_hold(
     state = WorkflowState(
         fault=fault.kind,
         reason=node.health_reason or node.accelerated_reason or fault.reason,
-        rung=str(fault.rung),
+        rung=str(fault.escalated_rung),
         boot_id=node.boot_id,
         phase=Phase.QUARANTINED,
         started=now,
