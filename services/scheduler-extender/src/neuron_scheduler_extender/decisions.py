@@ -397,16 +397,23 @@ def _room(view: ClusterView, domain: Domain, pod: PodRequest, limit: int, offere
     for state in view.nodes((n for n in view.domain_nodes(domain) if n in offered), now):
         if state.refusal is not None or state.topology is None or state.free is None:
             continue
-        free = state.free
-        while room < limit:
-            placement = placement_of(state.topology, free, pod)
-            if not placement.fits:
-                break
-            free = placement.free_after
-            room += 1
+        room += count_placements(state.topology, state.free, pod, limit - room)
         if room >= limit:
             break
     return room
+
+
+def count_placements(topology: Topology, free: FreeState, pod: PodRequest, limit: int) -> int:
+    """How many pods like `pod` fit on one node one after another, each on the set the plugin would hand
+    it out of what the ones before left free (at most `limit`)."""
+    count = 0
+    while count < limit:
+        placement = placement_of(topology, free, pod)
+        if not placement.fits:
+            break
+        free = placement.free_after
+        count += 1
+    return count
 
 
 def _describe(pod: PodRequest) -> str:
@@ -558,10 +565,5 @@ def _group_room_after_eviction(
             state.free.cores
             | {c for v in _victims_of(view.occupants(state), priority) for c in v.cores & state.capacity.cores},
         )
-        while room < remaining:
-            placement = placement_of(state.topology, free, pod)
-            if not placement.fits:
-                break
-            free = placement.free_after
-            room += 1
+        room += count_placements(state.topology, free, pod, remaining - room)
     return set(nodes) if room >= remaining else set()
