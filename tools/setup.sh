@@ -98,6 +98,9 @@ tests/nfd/build-nfd.sh >/dev/null
 # --- Karpenter's node repair controller as a test peer, from the pinned sigs.k8s.io/karpenter module (cached)
 tests/karpenter/build-peer.sh >/dev/null
 
+# --- Kueue's manager, with its CRDs and webhook manifests, from the pinned sigs.k8s.io/kueue module (cached)
+tests/kueue/build.sh >/dev/null
+
 # --- the test cluster's DNS (CoreDNS) and NetworkPolicy enforcer (kube-network-policies), from their pinned Go modules (cached)
 tests/cluster/peers.sh build >/dev/null
 

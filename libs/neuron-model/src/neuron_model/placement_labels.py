@@ -8,10 +8,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 CAPACITY_BLOCK_LABEL = "topology.k8s.aws/capacity-block-id"
+# EKS's network node labels, layer 1 the farthest from the node, layer 3 the nearest (a Kueue
+# Topology lists them in this order, docs/scheduling.md#kueue)
+NETWORK_NODE_LAYER_LABELS = tuple(f"topology.k8s.aws/network-node-layer-{n}" for n in (1, 2, 3))
 
-# label -> DRA attribute (a string); layer 1 is the farthest from the node, layer 3 the nearest
+# label -> DRA attribute (a string)
 ATTRIBUTE_OF_LABEL: Mapping[str, str] = {
-    **{f"topology.k8s.aws/network-node-layer-{n}": f"networkNodeLayer{n}" for n in (1, 2, 3)},
+    **{label: f"networkNodeLayer{n}" for n, label in enumerate(NETWORK_NODE_LAYER_LABELS, 1)},
     CAPACITY_BLOCK_LABEL: "capacityBlockId",
 }
 
