@@ -70,12 +70,9 @@ def test_every_flag_annotation_names_a_declared_flag_and_most_values_of_the_serv
     for dotted, ref in pairs:
         assert ref.flag in flags[ref.prog], f"{dotted}: {ref}"
     # each service's log level, port and /metrics protection, at least
-    for component in ("devicePlugin", "draDriver", "nodeMetrics", "npd", "scheduler.extender"):
+    for component in ("devicePlugin", "draDriver", "nodeMetrics", "npd", "scheduler.extender", "remediation"):
         for value in ("logLevel", "port", "secureMetrics"):
             assert any(d == f"{component}.{value}" for d, _ in pairs), f"{component}.{value} has no # @flag"
-    # the remediation controller serves /metrics unprotected (docs/remediation.md, "In the chart")
-    for value in ("logLevel", "port"):
-        assert any(d == f"remediation.{value}" for d, _ in pairs), f"remediation.{value} has no # @flag"
 
 
 def test_a_default_that_is_not_the_flags_is_refused() -> None:

@@ -13,6 +13,9 @@ import pytest
 from chart.test_chart import container, daemonset, of_kind, refusal, render
 from chart_tools import sets
 
+from neuron_common.config import MetricsSecurity
+from neuron_remediation import config as remediation_config
+
 pytestmark = pytest.mark.integration  # starts external processes (helm): make integration
 
 AGENTS = {
@@ -36,6 +39,8 @@ def all_secure() -> list[dict[str, Any]]:
             draDriver__nodeSelector={"allocator": "dra"},
             scheduler__enabled=True,
             scheduler__extender__secureMetrics=True,
+            remediation__enabled=True,
+            remediation__secureMetrics=True,
             nodeMetrics__monitoring__force=True,
             metricsAuth__readers=[{"kind": "ServiceAccount", "name": "prometheus-k8s", "namespace": "monitoring"}],
         )
@@ -45,6 +50,10 @@ def all_secure() -> list[dict[str, Any]]:
 def named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
     (doc,) = [d for d in of_kind(docs, kind) if d["metadata"]["name"] == name]
     return doc
+
+
+def remediation_controller(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return named(docs, "Deployment", f"{FULL}-remediation-controller")
 
 
 def test_each_agent_serves_tls_with_token_review_and_probes_over_https() -> None:
@@ -76,6 +85,15 @@ def test_off_by_default_with_nothing_granted() -> None:
         c = container(daemonset(docs, component))
         assert not [a for a in c["args"] if a.startswith(("--metrics-auth", "--tls-"))]
         assert "scheme" not in c["livenessProbe"]["httpGet"]
+    # the remediation controller, installed, stays plain HTTP too
+    docs = render(*sets(remediation__enabled=True), "--api-versions", "monitoring.coreos.com/v1")
+    controller = remediation_controller(docs)
+    c = controller["spec"]["template"]["spec"]["containers"][0]
+    assert not [a for a in c["args"] if a.startswith(("--metrics-auth", "--tls-"))]
+    assert "scheme" not in c["readinessProbe"]["httpGet"]
+    assert "volumes" not in controller["spec"]["template"]["spec"]
+    (endpoint,) = named(docs, "ServiceMonitor", f"{FULL}-remediation-controller")["spec"]["endpoints"]
+    assert not {"scheme", "tlsConfig", "authorization"} & set(endpoint)
     names = {d["metadata"]["name"] for d in docs}
     assert not {
         n for n in names if "metrics-auth" in n or "metrics-reader" in n or "metrics-tls" in n or "scraper" in n
@@ -89,7 +107,7 @@ def test_only_the_protected_components_may_review_tokens_and_only_the_readers_ma
     delegation = named(docs, "ClusterRoleBinding", f"{FULL}-metrics-auth")
     assert delegation["roleRef"]["name"] == "system:auth-delegator"
     assert {s["name"] for s in delegation["subjects"]} == {
-        f"{FULL}-{c}" for c in [*AGENTS.values(), "scheduler-extender"]
+        f"{FULL}-{c}" for c in [*AGENTS.values(), "scheduler-extender", "remediation-controller"]
     }
     assert named(docs, "ClusterRole", f"{FULL}-metrics-reader")["rules"] == [
         {"nonResourceURLs": ["/metrics"], "verbs": ["get"]}
@@ -175,3 +193,80 @@ def test_helm_tests_metrics_check_reads_a_protected_exporter_as_the_scraper() ->
     ]
     assert "NODE_METRICS_CREDENTIALS" not in {e["name"] for e in plain["spec"]["containers"][0]["env"]}
     assert [v["name"] for v in plain["spec"]["volumes"]] == ["tests"]
+
+
+def test_the_remediation_controller_serves_tls_with_token_review_as_the_agents_do(tmp_path: Any) -> None:
+    """remediation.secureMetrics: the chart's certificate in the controller's namespace, the same flags, mount and
+    HTTPS probes as a node agent's, which the controller's own parser takes; the auth-delegator binding names it;
+    its monitor scrapes as the scraper against the chart's CA and name, with both Secrets beside it."""
+    docs = render(*sets(remediation__enabled=True, remediation__secureMetrics=True, tests__enabled=False),
+                  "--api-versions", "monitoring.coreos.com/v1")  # fmt: skip
+    d = remediation_controller(docs)
+    namespace = d["metadata"]["namespace"]
+    pod = d["spec"]["template"]["spec"]
+    (c,) = pod["containers"]
+    assert [a for a in c["args"] if a.startswith(("--metrics-auth", "--tls-"))] == [
+        "--metrics-auth=kubernetes",
+        f"--tls-cert-file={TLS_DIR}/tls.crt",
+        f"--tls-key-file={TLS_DIR}/tls.key",
+    ]
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"]["scheme"] == "HTTPS", probe
+    assert c["volumeMounts"] == [{"name": "metrics-tls", "mountPath": TLS_DIR, "readOnly": True}]
+    assert pod["volumes"] == [
+        {"name": "metrics-tls", "secret": {"secretName": f"{FULL}-metrics-tls", "defaultMode": 0o400}}
+    ]
+    # it reviews with its own token, automounted (it talks to the API server anyway)
+    assert pod.get("automountServiceAccountToken", True)
+    # the controller's own parser: protected /metrics with the mounted pair
+    for name in ("tls.crt", "tls.key"):
+        (tmp_path / name).touch()
+    args = [a.replace(TLS_DIR, str(tmp_path)) for a in c["args"]]
+    parsed = remediation_config.parse(args, {"POD_NAMESPACE": namespace, "POD_NAME": "r-0"})
+    assert parsed.metrics_security == MetricsSecurity(str(tmp_path / "tls.crt"), str(tmp_path / "tls.key"))
+    # only it may review tokens; the scraper, its token and the certificate sit in its namespace
+    assert [s["name"] for s in named(docs, "ClusterRoleBinding", f"{FULL}-metrics-auth")["subjects"]] == [
+        f"{FULL}-remediation-controller"
+    ]
+    assert named(docs, "ClusterRoleBinding", f"{FULL}-metrics-auth")["roleRef"]["name"] == "system:auth-delegator"
+    for kind, name in (("Secret", f"{FULL}-metrics-tls"), ("Secret", f"{FULL}-metrics-scraper"),
+                       ("ServiceAccount", f"{FULL}-metrics-scraper")):  # fmt: skip
+        assert named(docs, kind, name)["metadata"]["namespace"] == namespace, (kind, name)
+    monitor = named(docs, "ServiceMonitor", f"{FULL}-remediation-controller")
+    assert monitor["metadata"]["namespace"] == namespace
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == {
+        "serverName": SERVER_NAME,
+        "ca": {"secret": {"name": f"{FULL}-metrics-tls", "key": "ca.crt"}},
+    }
+    assert endpoint["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": f"{FULL}-metrics-scraper", "key": "token"},
+    }
+    # a PodMonitor the same
+    pods = render(*sets(remediation__enabled=True, remediation__secureMetrics=True,
+                        nodeMetrics__monitoring__kind="PodMonitor"), "--api-versions", "monitoring.coreos.com/v1")  # fmt: skip
+    (pod_endpoint,) = named(pods, "PodMonitor", f"{FULL}-remediation-controller")["spec"]["podMetricsEndpoints"]
+    assert {k: pod_endpoint[k] for k in ("scheme", "tlsConfig", "authorization")} == {
+        k: endpoint[k] for k in ("scheme", "tlsConfig", "authorization")
+    }
+    # the value is the controller's alone: no node agent is switched with it
+    assert container(daemonset(docs, "node-metrics"))["livenessProbe"]["httpGet"].get("scheme") is None
+
+
+def test_helm_tests_remediation_check_reads_a_protected_controller_as_the_scraper() -> None:
+    docs = render(*sets(remediation__enabled=True, remediation__secureMetrics=True, tests__enabled=True))
+    (pod,) = [d for d in docs if d["kind"] == "Pod" and d["metadata"]["name"] == f"{FULL}-tests-components"]
+    (c,) = pod["spec"]["containers"]
+    assert "remediation" in c["command"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["REMEDIATION_CREDENTIALS"] == "/var/run/neuron-metrics"
+    assert "NODE_METRICS_CREDENTIALS" not in env  # the exporter is not protected here
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "metrics-credentials"]
+    assert [s["secret"] for s in volume["projected"]["sources"]] == [
+        {"name": f"{FULL}-metrics-scraper", "items": [{"key": "token", "path": "token"}]},
+        {"name": f"{FULL}-metrics-tls", "items": [{"key": "ca.crt", "path": "ca.crt"}]},
+    ]
+    # the CA it projects is in its own namespace
+    assert named(docs, "Secret", f"{FULL}-metrics-tls")["metadata"]["namespace"] == pod["metadata"]["namespace"]

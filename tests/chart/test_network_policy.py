@@ -167,8 +167,8 @@ def test_all_on_each_component_admits_its_port_from_the_scrapers_only() -> None:
         # every port the pods serve is admitted, and nothing else
         assert {p["port"] for rule in spec["ingress"] for p in rule["ports"]} == ports[component], component
         assert spec["ingress"][-1]["from"][:2] == DEFAULT_SCRAPERS, component
-        if component == "node-metrics":
-            # the helm test's metrics check reads /metrics: its pods, and no other, are admitted too
+        if component in ("node-metrics", "remediation-controller"):
+            # the helm test's metrics and remediation checks read these pods: its pods, and no other, are admitted too
             assert selected(spec["ingress"][-1]["from"][2], pods) == {"tests"}
         elif component != "scheduler-extender":
             assert spec["ingress"] == [
@@ -179,6 +179,7 @@ def test_all_on_each_component_admits_its_port_from_the_scrapers_only() -> None:
 def test_without_helm_tests_the_exporter_admits_the_scrapers_alone() -> None:
     docs = render(*ALL_ON, *sets(tests__enabled=False))
     assert policies(docs)["node-metrics"]["spec"]["ingress"][0]["from"] == DEFAULT_SCRAPERS
+    assert policies(docs)["remediation-controller"]["spec"]["ingress"][0]["from"] == DEFAULT_SCRAPERS
 
 
 def test_ports_follow_the_values() -> None:
@@ -213,9 +214,11 @@ def test_no_scrapers_admits_none_and_never_everyone() -> None:
     for component, policy in found.items():
         for rule in policy["spec"]["ingress"]:
             assert rule.get("from"), f"{component}: a rule without peers admits everyone"
-    for component in ("device-plugin", "problem-detector", "dra-driver", "kube-scheduler", "remediation-controller"):
+    for component in ("device-plugin", "problem-detector", "dra-driver", "kube-scheduler"):
         assert found[component]["spec"]["ingress"] == [], component
-    assert [selected(p, pod_labels(docs)) for p in found["node-metrics"]["spec"]["ingress"][0]["from"]] == [{"tests"}]
+    # the helm test pods read every exporter's /metrics and every remediation controller's /readyz and /metrics
+    for component in ("node-metrics", "remediation-controller"):
+        assert [selected(p, pod_labels(docs)) for p in found[component]["spec"]["ingress"][0]["from"]] == [{"tests"}]
     (callers,) = found["scheduler-extender"]["spec"]["ingress"]
     assert [selected(p, pod_labels(docs)) for p in callers["from"]] == [{"kube-scheduler"}, {"scheduler-extender"}]
 

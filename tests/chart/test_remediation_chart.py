@@ -190,3 +190,29 @@ def test_a_budget_keeps_one_replica_through_a_drain_and_none_is_rendered_over_on
     assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     assert owned(render(*ON, *sets(remediation__replicas=1)), "PodDisruptionBudget") == []
     assert owned(render(*ON, *sets(remediation__podDisruptionBudget__enabled=False)), "PodDisruptionBudget") == []
+
+
+def test_helm_test_checks_the_controller_in_its_namespace_where_it_is_installed() -> None:
+    """The components pod runs the remediation check (files/helm_test.py: test_remediation) with the controller's
+    namespace, selector, port and replica count, may list the pods there, and no such check without it."""
+    docs = render(*ON)
+    (pod,) = [d for d in of_kind(docs, "Pod") if d["metadata"]["name"].endswith("-tests-components")]
+    (c,) = pod["spec"]["containers"]
+    assert "remediation" in c["command"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    d = deployment(docs)
+    namespace = d["metadata"]["namespace"]
+    assert env["REMEDIATION_NAMESPACE"] == namespace
+    selector = dict(pair.split("=") for pair in env["REMEDIATION_SELECTOR"].split(","))
+    assert selector == d["spec"]["selector"]["matchLabels"]
+    assert env["REMEDIATION_PORT"] == str(d["spec"]["template"]["spec"]["containers"][0]["ports"][0]["containerPort"])
+    assert env["REMEDIATION_REPLICAS"] == str(d["spec"]["replicas"])
+    assert "REMEDIATION_CREDENTIALS" not in env
+    roles = [r for r in of_kind(docs, "Role") if r["metadata"]["name"].endswith("-tests")]
+    assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]} in next(
+        r for r in roles if r["metadata"]["namespace"] == namespace
+    )["rules"]
+    # not installed: no check
+    (plain,) = [d for d in of_kind(render(), "Pod") if d["metadata"]["name"].endswith("-tests-components")]
+    assert "remediation" not in plain["spec"]["containers"][0]["command"]
+    assert not [e for e in plain["spec"]["containers"][0]["env"] if e["name"].startswith("REMEDIATION_")]

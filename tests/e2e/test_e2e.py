@@ -700,6 +700,8 @@ def test_each_ci_values_file_installs_and_passes_its_checks(ct_install: CtRun, v
     }
     wanted = set().union(*(checks[key] for key in enabled))
     assert wanted, f"{values.name} enables no node agent"
+    if merged["remediation"]["enabled"]:  # the controller: it answers, one replica leads and it acts
+        wanted.add("remediation")
     rendered_checks = {check for checks in test_pods.values() for check in checks}
     assert wanted <= rendered_checks, (
         f"{values.name}: the test pods run {sorted(rendered_checks)}, not {sorted(wanted)}"

@@ -12,6 +12,9 @@ scheduling, which must hold a core or a device, each in a pod of its own.
               release has its ServiceMonitor or PodMonitor and, when enabled, its PrometheusRule:
               the exporter will be scraped and its alerts loaded
   health      every node running the problem detector carries the NeuronHealth condition
+  remediation every remediation controller replica answers /readyz and serves neuron_remediation_leader on
+              /metrics, exactly one of them holds the Lease (leader 1), and that one has made a pass over
+              the fleet (neuron_remediation_passes_total above 0): it listed the Nodes and pods and acts
   scheduling  run in a pod that neuron-scheduler placed (only it binds a pod naming it), holding one
               whole device: exactly one /dev/neuronN, and the runtime told to use that device's cores
   slices      every node running the DRA driver publishes, in a pool named after it, the Neuron
@@ -184,6 +187,28 @@ def test_scheduling() -> None:
     log(f"ok: placed by the Neuron-aware scheduler, holding {devices[0]} (NEURON_RT_VISIBLE_CORES={visible})")
 
 
+def secure_reader(variable: str) -> tuple[str, dict[str, str], ssl.SSLContext | None]:
+    """The scheme, headers and TLS context to read a component's /metrics with: with `variable` set (the component's
+    secureMetrics), HTTPS against the chart's CA as the chart's scraper, whose token is in that directory."""
+    credentials = os.environ.get(variable)
+    if not credentials:
+        return "http", {}, None
+    context = ssl.create_default_context(cafile=str(Path(credentials, "ca.crt")))
+    # dialled by pod IP, which the certificate (made for the Service's name) does not list: the chart's own CA is
+    # what proves the server is the component
+    context.check_hostname = False
+    return "https", {"Authorization": "Bearer " + Path(credentials, "token").read_text().strip()}, context
+
+
+def sample(body: str, name: str) -> float | None:
+    """The value of the unlabelled sample `name` in a Prometheus text exposition, or None when absent."""
+    for line in body.splitlines():
+        metric, _, value = line.partition(" ")
+        if metric == name:
+            return float(value.split()[0])
+    return None
+
+
 # a device the exporter found, under its native name or neuron-monitor's (nodeMetrics.naming)
 DEVICE_INFO = ("neuron_device_info{", "neuron_hardware_info{")
 
@@ -202,15 +227,7 @@ def test_metrics() -> None:
             return f"no node-metrics pod ({selector}) in {namespace}"
         return None if len(ips) == len(pods) else "some node-metrics pods have no IP yet"
 
-    scheme, headers, context = "http", {}, None
-    credentials = os.environ.get("NODE_METRICS_CREDENTIALS")
-    if credentials:  # secureMetrics: TLS from the chart's CA, and the scraper's token
-        scheme = "https"
-        headers["Authorization"] = "Bearer " + Path(credentials, "token").read_text().strip()
-        context = ssl.create_default_context(cafile=str(Path(credentials, "ca.crt")))
-        # dialled by pod IP, which the certificate (made for the Service's name) does not list: the
-        # chart's own CA is what proves the server is the exporter
-        context.check_hostname = False
+    scheme, headers, context = secure_reader("NODE_METRICS_CREDENTIALS")
     eventually(ready_pods, "node-metrics pods have addresses")
     for pod, ip in ips:
 
@@ -228,6 +245,54 @@ def test_metrics() -> None:
             return None if info else "the response holds no neuron_device_info (or neuron_hardware_info) sample"
 
         eventually(serves, f"{pod} ({ip}:{port}) serves the node's devices' metrics")
+
+
+def test_remediation() -> None:
+    api = core_api()
+    namespace = component_namespace("REMEDIATION_NAMESPACE")
+    selector = os.environ["REMEDIATION_SELECTOR"]
+    port = int(os.environ["REMEDIATION_PORT"])
+    replicas = int(os.environ.get("REMEDIATION_REPLICAS", "1"))
+    scheme, headers, context = secure_reader("REMEDIATION_CREDENTIALS")
+
+    def get(url: str) -> str:
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=10, context=context) as response:
+            body: str = response.read().decode()
+            return body
+
+    def one_leader_acting() -> str | None:
+        # a replica on its way out (a rollout) is not counted: its successor is
+        pods = [p for p in component_pods(api, namespace, selector) if not p.metadata.deletion_timestamp]
+        if len(pods) < replicas:
+            reason = f"{len(pods)} remediation controller pods ({selector}) in {namespace}, expected {replicas}"
+            return with_stuck(reason, api, namespace, selector)
+        leaders: list[str] = []
+        passes: dict[str, float] = {}
+        for pod in pods:
+            ip = pod.status.pod_ip
+            if not ip:
+                return with_stuck(f"pod {pod.metadata.name} has no IP yet", api, namespace, selector)
+            base = f"{scheme}://{ip}:{port}"
+            try:
+                get(f"{base}/readyz")
+                body = get(f"{base}/metrics")
+            except OSError as e:  # an HTTP error (503 not ready, 401/403 refused) is one too
+                return with_stuck(f"pod {pod.metadata.name}: GET {base} failed: {e}", api, namespace, selector)
+            leader = sample(body, "neuron_remediation_leader")
+            if leader is None:
+                return f"pod {pod.metadata.name}'s /metrics holds no neuron_remediation_leader sample"
+            if leader == 1:
+                leaders.append(pod.metadata.name)
+                passes[pod.metadata.name] = sample(body, "neuron_remediation_passes_total") or 0
+        if len(leaders) != 1:
+            return f"{len(leaders)} replicas report neuron_remediation_leader 1 ({', '.join(leaders)}), expected one"
+        (leader_pod,) = leaders
+        if not passes[leader_pod]:
+            return f"the leader {leader_pod} has made no pass over the fleet yet (neuron_remediation_passes_total 0)"
+        return None
+
+    eventually(one_leader_acting, "the remediation controller answers, one replica leads and it acts")
 
 
 def test_monitoring() -> None:
@@ -319,6 +384,7 @@ MODES = {
     "health": test_health,
     "scheduling": test_scheduling,
     "slices": test_slices,
+    "remediation": test_remediation,
 }
 
 

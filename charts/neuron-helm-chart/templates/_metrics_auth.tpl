@@ -2,31 +2,37 @@
      answers /metrics only to a token the API server authenticates whose user may `get` the non-resource path
      /metrics (TokenReview and SubjectAccessReview, inside the service). */}}
 
-{{/* Installed node agents with secureMetrics on, as a JSON object: values key -> component name. */}}
-{{- define "neuron.secureMetricsAgents" -}}
+{{/* Installed components with secureMetrics on that serve with the chart's metrics certificate, as a JSON object:
+     values key -> component name. The node agents and the remediation controller; not the extender, which serves
+     its own TLS. */}}
+{{- define "neuron.secureMetricsComponents" -}}
 {{- $on := dict -}}
 {{- range $key, $component := include "neuron.nodeAgents" . | fromJson -}}
 {{- $v := index $.Values $key -}}
 {{- if and $v.enabled $v.secureMetrics -}}{{- $_ := set $on $key $component -}}{{- end -}}
+{{- end -}}
+{{- if and .Values.remediation.enabled .Values.remediation.secureMetrics -}}
+{{- $_ := set $on "remediation" "remediation-controller" -}}
 {{- end -}}
 {{- $on | toJson -}}
 {{- end -}}
 
 {{/* Whether any component protects /metrics (the extender's over its own TLS). */}}
 {{- define "neuron.anySecureMetrics" -}}
-{{- if or (include "neuron.secureMetricsAgents" . | fromJson) (and .Values.scheduler.enabled .Values.scheduler.extender.secureMetrics) -}}true{{- end -}}
+{{- if or (include "neuron.secureMetricsComponents" . | fromJson) (and .Values.scheduler.enabled .Values.scheduler.extender.secureMetrics) -}}true{{- end -}}
 {{- end -}}
 
-{{/* The Secret holding the node agents' /metrics certificate (tls.crt, tls.key, ca.crt). */}}
+{{/* The Secret holding the /metrics certificate of the node agents and the remediation controller (tls.crt,
+     tls.key, ca.crt). */}}
 {{- define "neuron.metricsTlsSecret" -}}
 {{- printf "%s-metrics-tls" (include "neuron.fullname" .) -}}
 {{- end -}}
 
-{{/* Where a node agent mounts it. */}}
+{{/* Where a node agent (or the remediation controller) mounts it. */}}
 {{- define "neuron.metricsTlsDir" -}}/etc/neuron/metrics-tls{{- end -}}
 
-{{/* The name a node agent's certificate is checked against: one name for all of them, as Prometheus reaches each
-     pod by its IP, which no certificate can list. */}}
+{{/* The name the certificate is checked against: one name for every node agent and the remediation controller,
+     as Prometheus reaches each pod by its IP, which no certificate can list. */}}
 {{- define "neuron.metricsServerName" -}}
 {{- printf "%s-metrics.%s.svc" (include "neuron.fullname" .) .Release.Namespace -}}
 {{- end -}}
@@ -36,7 +42,7 @@
 {{- printf "%s-metrics-scraper" (include "neuron.fullname" .) -}}
 {{- end -}}
 
-{{/* A node agent's flags for protected /metrics: (dict "root" $ "values" $v). Empty when off. */}}
+{{/* A node agent's (or the remediation controller's) flags for protected /metrics: (dict "root" $ "values" $v). Empty when off. */}}
 {{- define "neuron.secureMetricsArgs" -}}
 {{- if .values.secureMetrics -}}
 {{- $dir := include "neuron.metricsTlsDir" .root -}}
@@ -69,7 +75,7 @@
 {{- if .secureMetrics -}}HTTPS{{- end -}}
 {{- end -}}
 
-{{/* A monitor endpoint's TLS and credentials for a node agent with secureMetrics: the chart's CA and the one
+{{/* A monitor endpoint's TLS and credentials for a node agent (or the remediation controller) with secureMetrics: the chart's CA and the one
      server name, the scraper's token. (dict "root" $ "values" $v), empty when off; YAML at indentation 0. */}}
 {{- define "neuron.secureScrape" -}}
 {{- if .values.secureMetrics -}}
