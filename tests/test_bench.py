@@ -41,6 +41,10 @@ def test_every_bench_runs_to_its_end_at_a_reduced_size() -> None:
     for bench in BENCHES:
         assert re.search(rf"^  \({bench} took \d+ s\)$", done.stdout, re.MULTILINE), f"{bench} printed no figures"
     assert re.search(r"^total time \d+ s$", done.stdout, re.MULTILINE)
+    # the DRA scheduling bench's comparison with AWS's layout (issue 58 item 1): its line, per release and size
+    assert re.search(r"^DRA slices vs AWS's shape, .+ ratio=[\d.e+-]+ valid=[\d.]+%$", done.stdout, re.MULTILINE), (
+        done.stdout[-6000:]
+    )
     # each bench printed figures, not an empty table: a title line followed by at least one figure
     tables = re.findall(r"^== .+\n((?:  .+\n)+)", done.stdout, re.MULTILINE)
     assert len(tables) >= len(BENCHES), done.stdout

@@ -20,7 +20,16 @@ import pytest
 from oracles.neuron_sets import exhaustive_fits, topology
 from simcluster.fleet import DEFAULT_SCHEDULER, NAMESPACE
 from simcluster.schedulers import NEURON_SCHEDULER
-from simcluster.simulation import DRA_CLAIMS, DRA_EXTENDED, DRA_REDUCED, REDUCED, Outcome, simulate
+from simcluster.simulation import (
+    DEVICE_PODS,
+    DRA_AWS,
+    DRA_CLAIMS,
+    DRA_EXTENDED,
+    DRA_REDUCED,
+    REDUCED,
+    Outcome,
+    simulate,
+)
 
 from neuron_model.placement import FreeState, PodRequest
 
@@ -193,3 +202,19 @@ def test_dra_never_hands_out_silicon_twice_and_gives_exactly_what_was_asked(tmp_
     if mode == DRA_CLAIMS:
         invalid = [a for a in outcome.admissions if a.devices and not a.valid]
         assert not invalid, invalid[:3]
+
+
+def test_aws_layout_places_the_device_pods_on_valid_sets_and_nothing_twice(tmp_path: Path) -> None:
+    """The bench's anchor (issue 58 item 1): the stream's device pods on AWS's layout (whole devices,
+    AWS's attributes, DeviceClass and templates' claims) through the real kube-scheduler: each bound
+    pod holds exactly its devices, none held twice, every set a connected group."""
+    outcome = asyncio.run(simulate(DRA_REDUCED, DEFAULT_SCHEDULER, tmp_path, dra=DRA_AWS, kinds=DEVICE_PODS))
+    assert_accounted(outcome)
+    assert outcome.admissions, "nothing was placed"
+    assert all(p.devices and not p.cores for p in outcome.pods), "a core pod ran on AWS's layout"
+    for a in outcome.admissions:
+        assert len(a.devices) == a.request.effective.devices, a
+        assert not a.cores, a
+        assert a.shortfall == 0, f"{a.pod} on {a.node} was given silicon another pod holds"
+    invalid = [a for a in outcome.admissions if not a.valid]
+    assert not invalid, invalid[:3]

@@ -9,8 +9,10 @@ hands out exactly those)."""
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import tempfile
+from collections.abc import Iterable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -21,9 +23,10 @@ from neuron_dra_driver import slices
 from neuron_driver.inventory import NodeInventory, scan
 from neuron_model import resources
 from neuron_model.allocator import Topology, choose_cores, choose_devices
+from neuron_model.instance_types import get_instance_type
 from neuron_model.placement import FreeState
 from neuron_sim import node as sim
-from simcluster.fleet import NodeSpec
+from simcluster.fleet import NAMESPACE, NodeSpec, PodSpec
 
 REPO = Path(__file__).resolve().parents[2]
 SLICES = "/apis/resource.k8s.io/v1/resourceslices"
@@ -92,3 +95,111 @@ def valid_set(topo: Topology, free: FreeState, devices: tuple[int, ...], cores: 
         if best.valid and len({c // per for c in cores}) > len({c // per for c in best.ids}):
             return False
     return True
+
+
+# -- AWS's layout (issue 58 item 1: the anchor the bench measures our slices against) -------------------
+#
+# What AWS's own Neuron DRA driver would publish for the node, and claims as AWS's published
+# ResourceClaimTemplates write them. Which parts come from AWS's sources and which are inferred
+# (docs/benchmarks.md, "DRA slices against AWS's layout", says the same):
+# - from AWS (aws-neuron-sdk `deploy/eks/dra.rst`, `containers/neuron-dra.rst`, its attributes reference, and
+#   the specs in tests/e2e/aws-dra-specs): driver and DeviceClass `neuron.aws.com`; whole devices only,
+#   `neurondevice<N>`, no cores, no shared counters; the pool is the node; the attributes `deviceId` (int),
+#   `instanceType`, `neuronDriverVersion` (strings), `draDriverVersion` (a version), `resourceType`
+#   `neuron_device`; on a trn torus that is not an UltraServer node `topology_x`, `topology_y`,
+#   `topology4_id`, `topology8_id` (ints); `resource.aws.com/devicegroup<k>_id` strings, opaque hashes, of
+#   sizes 1, 4, 8, 16 on trn; the claims: `allocationMode: ExactCount`, `count`, a CEL selector on
+#   `instanceType`, `matchAttribute: resource.aws.com/devicegroup4_id` (1x4-connected-devices) and
+#   `devicegroup8_id` (the "l-trn2" template) constraints, no constraint for all 16 (the "xl-trn2" template);
+# - from an AWS operator's code (the default DeviceClass its Neuron DeviceConfig makes): the class's one
+#   selector `device.driver == "neuron.aws.com"`;
+# - inferred: AWS's driver is documented for Trainium only, so on inf2 its layout is taken as the same
+#   whole devices with the ring's groups under the same attribute names (our tiling, `slices.group_ids`:
+#   the sizes the ring's allocator accepts, 2 among them), and a claim for 2 devices is written like the
+#   1x4 one with `devicegroup2_id`; the hash values (16 hex digits per group), the driver versions'
+#   values, one slice a node; the instance-type selector names the fleet's types (`in [...]`, one CEL
+#   test per device as the templates' `==`) so that both layouts place the same pods on the same nodes;
+#   no `neuron_node` device on trn2u nodes (without counters it could not be kept apart from the node's
+#   devices, and no pod of the stream asks for one); no `networkNodeLayer*` or `capacityBlockId` (the
+#   simulated Nodes carry no EC2 topology or capacity-block labels, which those come from).
+OURS = "ours"
+AWS = "AWS's"
+AWS_DRIVER_VERSION = "2.24.7.0"  # the kernel driver version AWS's template example selects (a value only)
+AWS_DRA_DRIVER_VERSION = "1.0.1"  # a version of AWS's DRA driver image (a value only)
+
+
+def aws_device_classes() -> list[dict[str, Any]]:
+    """AWS's one DeviceClass."""
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": slices.DRIVER},
+            "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{slices.DRIVER}"'}}]},
+        }
+    ]
+
+
+def _group_hash(node: str, size: int, group: int) -> str:
+    return hashlib.sha256(f"{node}/{size}/{group}".encode()).hexdigest()[:16]
+
+
+def aws_node_slices(spec: NodeSpec) -> list[dict[str, Any]]:
+    """The ResourceSlice AWS's driver would publish for this node, idle and healthy: whole devices only."""
+    inventory = _inventory(spec.instance_type, spec.lnc)
+    groups = slices.group_ids(spec.topology)
+    devices = []
+    for d in sorted(device.index for device in inventory.devices):
+        attributes: dict[str, Any] = {
+            "deviceId": {"int": d},
+            "instanceType": {"string": spec.instance_type},
+            "neuronDriverVersion": {"string": AWS_DRIVER_VERSION},
+            "draDriverVersion": {"version": AWS_DRA_DRIVER_VERSION},
+            "resourceType": {"string": slices.DEVICE_KIND},
+        }
+        attributes.update(slices.torus_position(inventory, d))
+        for size, ids in sorted(groups.items()):
+            if d in ids:
+                attributes[slices.group_attribute(size)] = {"string": _group_hash(spec.name, size, ids[d])}
+        devices.append({"name": slices.device_name(d), "attributes": attributes})
+    return [
+        {
+            "apiVersion": slices.API_VERSION,
+            "kind": "ResourceSlice",
+            "metadata": {"name": slices.slice_name(spec.name, 0)},
+            "spec": {
+                "driver": slices.DRIVER,
+                "nodeName": spec.name,
+                "pool": {"name": spec.name, "generation": 1, "resourceSliceCount": 1},
+                "devices": devices,
+            },
+        }
+    ]
+
+
+def aws_claim_object(pod: PodSpec, instance_types: Iterable[str]) -> dict[str, Any]:
+    """A device pod's claim as AWS's published templates write one (a core pod has none: AWS's layout
+    has no cores)."""
+    if not pod.devices:
+        raise ValueError(f"{pod.name} asks for cores, which AWS's layout does not publish")
+    names = sorted(set(instance_types))
+    types = ", ".join(f"'{t}'" for t in names)
+    whole = max(get_instance_type(t).devices for t in names)  # all of a trn node: "xl-trn2" has no constraint
+    request = {
+        "name": "neurons",
+        "exactly": {
+            "deviceClassName": slices.DRIVER,
+            "allocationMode": "ExactCount",
+            "count": pod.devices,
+            "selectors": [{"cel": {"expression": f"device.attributes['{slices.DRIVER}'].instanceType in [{types}]"}}],
+        },
+    }
+    devices: dict[str, Any] = {"requests": [request]}
+    if 1 < pod.devices < whole:
+        devices["constraints"] = [{"requests": ["neurons"], "matchAttribute": slices.group_attribute(pod.devices)}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": pod.name, "namespace": NAMESPACE},
+        "spec": {"devices": devices},
+    }

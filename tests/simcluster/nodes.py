@@ -112,9 +112,12 @@ class SimulatedNodes:
         writers: int = WRITERS,
         dra: bool = False,
         requests: Mapping[str, PodRequest] | None = None,
+        layout: str = dra_nodes.OURS,
     ) -> None:
         self.api = api
         self.dra = dra
+        # whose ResourceSlices a DRA node publishes: our driver's, or AWS's layout (simcluster.dra)
+        self.node_slices = dra_nodes.aws_node_slices if layout == dra_nodes.AWS else dra_nodes.node_slices
         self.requests = requests or {}  # pod -> its request, for pods whose own claim says it (no limits)
         self.nodes = {s.name: SimNode(s, s.topology, whole_node(s.topology)) for s in specs}
         self.report_interval = report_interval
@@ -141,7 +144,7 @@ class SimulatedNodes:
 
         await bounded(self.nodes.values(), create, connections)
         if self.dra:
-            objects = [obj for node in self.nodes.values() for obj in dra_nodes.node_slices(node.spec)]
+            objects = [obj for node in self.nodes.values() for obj in self.node_slices(node.spec)]
             await bounded(objects, lambda obj: self.api.create(dra_nodes.SLICES, obj), connections)
             return
         await bounded(self.nodes.values(), self._write_report, connections)

@@ -29,6 +29,7 @@ from polling import until_async
 
 from neuron_model.placement import FreeState, PodRequest, place, refusal
 from neuron_model.report import NodeReport
+from simcluster import dra as dra_nodes
 from simcluster.api import Api, bounded
 from simcluster.controlplane import ControlPlane, control_plane, free_port, wait_until_ready
 from simcluster.dra import DEVICE_CLASSES, chart_device_classes
@@ -263,6 +264,7 @@ async def prepare(
     report_interval: float,
     dra: bool = False,
     requests: Mapping[str, PodRequest] | None = None,
+    layout: str = dra_nodes.OURS,
 ) -> SimulatedNodes:
     """The pods' namespace, the NeuronNode CRD, and the Nodes with their first reports (with `dra`:
     the chart's DeviceClasses and the Nodes with their ResourceSlices): the fleet, registered and
@@ -273,9 +275,10 @@ async def prepare(
     await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
     await _wait_established(api, crd["metadata"]["name"])
     if dra:
-        for device_class in chart_device_classes():
+        classes = dra_nodes.aws_device_classes() if layout == dra_nodes.AWS else chart_device_classes()
+        for device_class in classes:
             await api.create(DEVICE_CLASSES, device_class)
-    nodes = SimulatedNodes(api, specs, report_interval=report_interval, dra=dra, requests=requests)
+    nodes = SimulatedNodes(api, specs, report_interval=report_interval, dra=dra, requests=requests, layout=layout)
     await nodes.register()
     return nodes
 
@@ -348,6 +351,12 @@ async def _until_settled(
 # (`PodSpec.claim_object`).
 DRA_EXTENDED = "extended resource names"
 DRA_CLAIMS = "claims with group constraints"
+# AWS's layout (issue 58 item 1): the nodes publish what AWS's driver would (simcluster.dra.aws_node_slices:
+# whole devices only), AWS's DeviceClass, each pod its own claim as AWS's published templates write it.
+# It has no cores: only the stream's device pods run (`kinds=DEVICE_PODS`).
+DRA_AWS = "AWS's layout, claims as AWS's templates"
+DEVICE_PODS = "device pods"
+CORE_PODS = "core pods"
 
 
 async def simulate(
@@ -357,15 +366,23 @@ async def simulate(
     log: Callable[[str], None] = print,
     dra: str | None = None,
     urgent: int = 0,
+    kinds: str | None = None,
 ) -> Outcome:
     """One run of `scheduler` (DEFAULT_SCHEDULER or NEURON_SCHEDULER) in `work`, an empty directory
     the caller removes afterwards; `dra`: DRA_EXTENDED or DRA_CLAIMS, with the default scheduler.
     `urgent`: once the stream has settled, a second stream of so many pods of higher priority
-    (`fleet.urgent_stream`), which only preemption can place on the full fleet."""
-    if dra is not None and (scheduler != DEFAULT_SCHEDULER or dra not in (DRA_EXTENDED, DRA_CLAIMS)):
+    (`fleet.urgent_stream`), which only preemption can place on the full fleet. `kinds`: DEVICE_PODS or
+    CORE_PODS runs only the stream's pods of that kind (with their names and order; DRA_AWS needs DEVICE_PODS)."""
+    if dra is not None and (scheduler != DEFAULT_SCHEDULER or dra not in (DRA_EXTENDED, DRA_CLAIMS, DRA_AWS)):
         raise ValueError(f"no DRA run {dra!r} of {scheduler}")
-    claims = dra == DRA_CLAIMS
+    if kinds not in (None, DEVICE_PODS, CORE_PODS) or (dra == DRA_AWS and kinds != DEVICE_PODS):
+        raise ValueError(f"no run of {kinds!r} with {dra!r}")
+    claims = dra in (DRA_CLAIMS, DRA_AWS)
     specs, stream = fleet(size.nodes, size.seed, size.ultraservers), pod_stream(size.pods, size.seed, size.groups)
+    if kinds is not None:
+        stream = [p for p in stream if bool(p.devices) == (kinds == DEVICE_PODS)]
+    layout = dra_nodes.AWS if dra == DRA_AWS else dra_nodes.OURS
+    instance_types = sorted({s.instance_type for s in specs})
     second = urgent_stream(urgent, size.seed)
     names = [s.name for s in specs]
     command = extender_command() if scheduler == NEURON_SCHEDULER else None
@@ -379,15 +396,20 @@ async def simulate(
             requests = {p.name: p.request for p in (*stream, *second)}
             if second:
                 await api.create("/apis/scheduling.k8s.io/v1/priorityclasses", priority_class())
-            nodes = await prepare(api, specs, size.report_interval, dra=dra is not None, requests=requests)
+            nodes = await prepare(
+                api, specs, size.report_interval, dra=dra is not None, requests=requests, layout=layout
+            )
             stop = asyncio.Event()
             kubelets = asyncio.create_task(nodes.run(stop))
 
             async def create(pod: PodSpec) -> None:
                 if claims:
-                    await api.create(
-                        f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims", pod.claim_object()
+                    claim = (
+                        dra_nodes.aws_claim_object(pod, instance_types)
+                        if layout == dra_nodes.AWS
+                        else pod.claim_object()
                     )
+                    await api.create(f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims", claim)
                 await api.create(PODS, pod.pod_object(scheduler, claim=claims))
 
             await bounded(stream, create, 16)
@@ -449,7 +471,7 @@ async def simulate(
             stop.set()
             await kubelets
     return Outcome(
-        scheduler=f"DRA, {dra}" if dra else scheduler,
+        scheduler=(f"DRA, {dra}" if dra else scheduler) + (f", {kinds}" if kinds else ""),
         nodes=specs,
         pods=[*stream, *second],
         admissions=list(nodes.admissions),
