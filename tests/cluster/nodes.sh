@@ -19,6 +19,9 @@
 #                                 with CLUSTER_DIR, KUBECONFIG and SIM_ROOT set to that node's; e.g.
 #                                 nodes.sh exec neuron-sim-node-2 neuron-sim inject hw-error --device 0 ...
 #   nodes.sh restart-kubelet NODE stop NODE's kubelet and start it again (up.sh in its namespaces)
+#   nodes.sh reboot NODE          a simulated reboot the cluster sees (not node 1, which shares the host's
+#                                 /proc): a new boot ID for the simulated node, shown to NODE's kubelet, restarted,
+#                                 as its status.nodeInfo.bootID (what the remediation controller compares)
 # Used by up.sh and down.sh (images.sh imports into every node's containerd):
 #   nodes.sh plan                 check NODES, NODE_TYPES, ULTRASERVER; print the layout (nodes.env), with
 #                                 DRIVER_VERSION (none: the simulator's tree before 2.28) for every node
@@ -38,7 +41,7 @@ ENV_FILE="$CLUSTER_DIR/nodes.env"
 GUARD=neuron-test-nodes  # the comment on this script's iptables rules, by which down removes them
 log() { printf '[nodes] %s\n' "$*"; }
 die() { printf '[nodes] error: %s\n' "$*" >&2; exit 1; }
-usage() { echo "usage: $0 list | exec NODE CMD... | restart-kubelet NODE | plan | type I | sim I | guard | up | down" >&2; exit 2; }
+usage() { echo "usage: $0 list | exec NODE CMD... | restart-kubelet NODE | reboot NODE | plan | type I | sim I | guard | up | down" >&2; exit 2; }
 
 layout() {  # NODES, NODE_TYPES, ULTRASERVER_ID of the running cluster
   [ -f "$ENV_FILE" ] || die "no multi-node cluster runs at $CLUSTER_DIR (NODES=<n> make cluster-up)"
@@ -198,6 +201,19 @@ case $action in
     else
       up_sh "$i"
     fi
+    ;;
+  reboot)
+    layout
+    i=$(index_of "${1:?}")
+    [ "$i" != 1 ] || die "node 1 shares the host's /proc: its kubelet's boot ID cannot change (reboot another node)"
+    in_node "$i" neuron-sim inject --root "$SIM_ROOT" reboot >/dev/null
+    # the kubelet reads its boot ID (cAdvisor's machine info) from /proc/sys/kernel/random/boot_id, once, at
+    # start: in this node's mount namespace that file is the simulated node's (a new inode each reboot, so
+    # mounted again), and the kubelet starts again to read it
+    in_node "$i" sh -c 'umount /proc/sys/kernel/random/boot_id 2>/dev/null || true
+      mount --bind "$SIM_ROOT/proc/sys/kernel/random/boot_id" /proc/sys/kernel/random/boot_id'
+    "$0" restart-kubelet "$1"
+    in_node "$i" cat /proc/sys/kernel/random/boot_id
     ;;
   down)
     [ -f "$ENV_FILE" ] || exit 0

@@ -18,6 +18,10 @@ one release.
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import contextlib
+import datetime
 import json
 import os
 import random
@@ -43,12 +47,19 @@ from cluster_access import (
     read,
     workload_pod,
 )
+from kueue import controller as kq
+from polling import until_async
+from simcluster.api import Api as SimApi
+from simcluster.api import ApiError as SimApiError
+from simcluster.controlplane import ControlPlane, Credentials, Processes
 from simcluster.fleet import GroupSpec, PodSpec
+from skips import require
 
 from neuron_driver import layout as driver_layout
 from neuron_model import node_health, remediation
 from neuron_model.instance_types import get_instance_type
-from neuron_model.ultraserver import Mode
+from neuron_model.placement_labels import NETWORK_NODE_LAYER_LABELS
+from neuron_model.ultraserver import Mode, server_id_label
 
 CHART = REPO / "charts" / "neuron-helm-chart"
 RELEASE = "neuron-multinode"
@@ -432,10 +443,17 @@ def workflow(node: Node) -> dict[str, Any] | None:
     return None if text is None else dict(json.loads(text))
 
 
-def node_events(node: Node, reason: str) -> list[str]:
+def node_events(node: Node, reason: str, since: float = 0.0) -> list[str]:
+    """The messages of the node's Events of `reason`, last seen at `since` (Unix time) or later: a Node's
+    Events outlive a test (an hour), and a cluster may run the suite twice."""
     selector = f"involvedObject.kind=Node,involvedObject.name={node.name},reason={reason}"
     listed = read("events", namespace="default", field_selector=selector)["items"]
-    return [str(e.get("message", "")) for e in listed]
+    return [str(e.get("message", "")) for e in listed if event_time(e) >= since]
+
+
+def event_time(event: dict[str, Any]) -> float:
+    stamp = event.get("lastTimestamp") or event.get("eventTime") or event["metadata"]["creationTimestamp"]
+    return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
 
 
 def condition(node: Node, kind: str) -> str | None:
@@ -495,6 +513,7 @@ def test_remediation_drains_one_faulty_node_at_a_time_and_resumes_a_drain_after_
         "--set", "remediation.rateLimit=10", "--set", "remediation.resync=2s",
         "--wait", "--timeout", "300s",
     )  # fmt: skip
+    since = time.time() - 1  # Events of an earlier run do not count
     lease = next(
         name.rsplit("/", 1)[-1]
         for name in kubectl("get", "leases", "-n", NAMESPACE, "-o", "name").split()
@@ -539,7 +558,7 @@ def test_remediation_drains_one_faulty_node_at_a_time_and_resumes_a_drain_after_
             sim_on(node, "fault", "--kind", HBM_FAULT, "--device", "3")
         for node in (b, c):
             eventually(
-                lambda node=node: any("breaker" in m for m in node_events(node, "RemediationHeld")),
+                lambda node=node: any("breaker" in m for m in node_events(node, "RemediationHeld", since)),
                 f"{node.name} held by the breaker, with an Event saying so",
                 timeout=180,
             )
@@ -551,7 +570,7 @@ def test_remediation_drains_one_faulty_node_at_a_time_and_resumes_a_drain_after_
         assert node_a["spec"].get("unschedulable") is True
         assert remediation.REQUEST_ANNOTATION in node_a["metadata"]["annotations"]
         assert condition(a, node_health.ACCELERATED_HARDWARE_CONDITION) == "False"
-        assert node_events(a, "ReplacementRequested"), "no Event asking for A's new instance"
+        assert node_events(a, "ReplacementRequested", since), "no Event asking for A's new instance"
         eventually(lambda: len(running_pods("web")) == 2, "the evicted web replica running again", timeout=180)
         assert a.name not in {p["spec"]["nodeName"] for p in running_pods("web")}
         eventually(lambda: not kubectl("get", "pod", "-n", WORKLOADS, "bare", "--ignore-not-found"), "bare deleted")
@@ -571,7 +590,7 @@ def test_remediation_drains_one_faulty_node_at_a_time_and_resumes_a_drain_after_
         eventually(lambda: workflow(a) is None, "A's workflow ended once it booted again healthy", timeout=180)
         assert not read("node", a.name)["spec"].get("unschedulable")
         eventually(lambda: (workflow(b) or {}).get("phase") == "draining", "B draining", timeout=120)
-        eventually(lambda: bool(node_events(b, "RemediationDrainWaiting")), "B's drain waiting on stuck's PDB")
+        eventually(lambda: bool(node_events(b, "RemediationDrainWaiting", since)), "B's drain waiting on stuck's PDB")
         started = workflow(b)["started"]  # type: ignore[index]
         assert workflow(c) is None, "C is opted out"
         old_leader = leader_of(lease)
@@ -600,6 +619,26 @@ def test_remediation_drains_one_faulty_node_at_a_time_and_resumes_a_drain_after_
 
 HEARTBEAT_FAULT = "NeuronHasError_HEALTHCHECK_HEARTBEAT_STALE"  # the validate rung: validated in place, no drain
 DETECTOR_PYTHON = "/opt/neuron/bin/python3"  # the detector's image is FROM scratch with its own Python
+# The node agents' remediation, for the two tests below (one rollout: the second's upgrade changes nothing
+# when it follows the first): the controller, the detector's reset and validation after a reboot, short
+# windows, and the detector reading the driver's counters every second.
+NODE_AGENT_REMEDIATION = (
+    "--set", "remediation.enabled=true", "--set", "remediation.maxPercent=25", "--set", "remediation.resync=2s",
+    "--set", "remediation.rateLimit=10", "--set", "remediation.validateAfterReboot=true",
+    "--set", "firmwareHeartbeat.staleAfter=8", "--set", "npd.extraArgs={--counter-interval=1s}",
+    "--set", "npd.remediation.deviceReset.enabled=true", "--set", "npd.remediation.deviceReset.validationWindow=8",
+    "--set-string", f"npd.remediation.deviceReset.validationCommand={DETECTOR_PYTHON} -c pass",
+)  # fmt: skip
+NODE_AGENT_REMEDIATION_OFF = (
+    "--set", "remediation.enabled=false", "--set", "remediation.validateAfterReboot=false",
+    "--set", "firmwareHeartbeat.staleAfter=300", "--set", "npd.extraArgs=null",
+    "--set", "npd.remediation.deviceReset.enabled=false",
+)  # fmt: skip
+
+
+def upgrade(*values: str) -> None:
+    helm("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reset-then-reuse-values", *values,
+         "--wait", "--timeout", "300s")  # fmt: skip
 
 
 def health(node: Node) -> tuple[str, str, str]:
@@ -629,14 +668,9 @@ def test_a_stalled_heartbeat_is_validated_in_place_then_reset_then_escalated_to_
     layout = dict(line.split("=", 1) for line in (CLUSTER_DIR / "nodes.env").read_text().split() if "=" in line)
     if not layout.get("DRIVER_VERSION", "").startswith("2.3"):
         pytest.skip("needs a cluster of driver 2.30.2 or later (DRIVER_VERSION=2.30.2.0 NODES=4 make cluster-up)")
-    helm(
-        "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reset-then-reuse-values",
-        "--set", "remediation.enabled=true", "--set", "remediation.maxPercent=25", "--set", "remediation.resync=2s",
-        "--set", "firmwareHeartbeat.staleAfter=8",
-        "--set", "npd.remediation.deviceReset.enabled=true", "--set", "npd.remediation.deviceReset.validationWindow=20",
-        "--set-string", f"npd.remediation.deviceReset.validationCommand={DETECTOR_PYTHON} -c pass",
-        "--wait", "--timeout", "300s",
-    )  # fmt: skip
+    sim_on(a, "heartbeat-resume", "--device", "5", "--mended")  # an earlier run's persistent stall, if any
+    upgrade(*NODE_AGENT_REMEDIATION)
+    since = time.time() - 1  # Events of an earlier run of this test do not count
     # the driver's side on A: every heartbeat beats but a stalled one's, and each write of a reset node is done
     driver = subprocess.Popen(
         [str(NODES_SH), "exec", a.name, "timeout", "900", "neuron-sim", "driver", "--root", SIM_ROOT,
@@ -651,24 +685,23 @@ def test_a_stalled_heartbeat_is_validated_in_place_then_reset_then_escalated_to_
         eventually(lambda: phase("holder") == "Running", "a pod holding every device of A", timeout=180)
         uid = pod("holder")["metadata"]["uid"]
         first = heartbeat(a, 3)
-        # the detector judges a heartbeat once it has seen it move: a few of its reads (10 s apart) first
-        eventually(lambda: heartbeat(a, 3) >= first + 12, "the heartbeat beating", timeout=120)
+        # the detector judges a heartbeat once it has seen it move: a few of its reads (1 s apart) first
+        eventually(lambda: heartbeat(a, 3) >= first + 4, "the heartbeat beating", timeout=120)
 
         # 1. held: validated in place, nothing moved; the firmware's checks resume by themselves
         sim_on(a, "heartbeat-stall", "--device", "3")
-        eventually(lambda: health(a)[:2] == ("True", HEARTBEAT_FAULT), "A's heartbeat stale", timeout=120)
-        eventually(lambda: any("validating in place" in m for m in node_events(a, "NeuronDeviceValidating")),
-                   "a validation in place said", timeout=60)  # fmt: skip
-        [told] = [m for m in node_events(a, "NeuronDeviceValidating") if "validating in place" in m]
+        eventually(lambda: any("validating in place" in m for m in node_events(a, "NeuronDeviceValidating", since)),
+                   "A's heartbeat stale and a validation in place said", timeout=120)  # fmt: skip
+        # the firmware's checks resume by themselves within the 8 s window: the validation passes
+        sim_on(a, "heartbeat-resume", "--device", "3")
+        [told] = [m for m in node_events(a, "NeuronDeviceValidating", since) if "validating in place" in m]
+        assert f"neuron3: {HEARTBEAT_FAULT}: validating in place" in told
         assert f"held by {WORKLOADS}/holder" in told
-        # a 20 s window: still under way while these are read
-        eventually(lambda: "(validation in place: validating)" in health(a)[2], "NeuronHealth saying so", timeout=15)
         assert condition(a, node_health.ACCELERATED_HARDWARE_CONDITION) == "True"
         assert workflow(a) is None, "the remediation controller acted on a fault the node agent validates in place"
         assert not read("node", a.name)["spec"].get("unschedulable"), "A cordoned for a validation in place"
-        sim_on(a, "heartbeat-resume", "--device", "3")
         eventually(lambda: health(a)[0] == "False", "A healthy again after the heartbeat resumed", timeout=120)
-        assert node_events(a, "NeuronDeviceValidated")
+        assert node_events(a, "NeuronDeviceValidated", since)
         assert (phase("holder"), pod("holder")["metadata"]["uid"]) == ("Running", uid), "the holder was moved"
         assert "nd3: initiating device reset" not in kernel_log(a), "a held device was reset"
         assert workflow(a) is None
@@ -677,7 +710,7 @@ def test_a_stalled_heartbeat_is_validated_in_place_then_reset_then_escalated_to_
         kubectl("delete", "pod", "-n", WORKLOADS, "holder", "--wait=true", "--timeout=60s")
         sim_on(a, "heartbeat-stall", "--device", "4")
         eventually(lambda: "nd4: reset request" in kernel_log(a), "neuron4 reset by the detector", timeout=180)
-        eventually(lambda: any("neuron4" in m for m in node_events(a, "NeuronDeviceValidated")),
+        eventually(lambda: any("neuron4" in m for m in node_events(a, "NeuronDeviceValidated", since)),
                    "neuron4 validated after its reset", timeout=120)  # fmt: skip
         eventually(lambda: health(a)[0] == "False", "A healthy again after the reset", timeout=60)
         assert workflow(a) is None
@@ -685,7 +718,7 @@ def test_a_stalled_heartbeat_is_validated_in_place_then_reset_then_escalated_to_
 
         # 3. a stall a reset does not end: escalated to the reboot rung, where the controller takes over
         sim_on(a, "heartbeat-stall", "--device", "5", "--persistent")
-        eventually(lambda: any("neuron5" in m for m in node_events(a, "NeuronDeviceResetEscalated")),
+        eventually(lambda: any("neuron5" in m for m in node_events(a, "NeuronDeviceResetEscalated", since)),
                    "neuron5's reset escalated", timeout=180)  # fmt: skip
         eventually(lambda: condition(a, node_health.ACCELERATED_HARDWARE_CONDITION) == "False",
                    "AcceleratedHardwareReady False once escalated", timeout=60)  # fmt: skip
@@ -697,17 +730,222 @@ def test_a_stalled_heartbeat_is_validated_in_place_then_reset_then_escalated_to_
         subprocess.run(["pkill", "-f", f"neuron-sim driver --root {SIM_ROOT}"], check=False)
         driver.wait(30)
         kubectl("delete", "pod", "-n", WORKLOADS, "holder", "--ignore-not-found", "--wait=false", check=False)
-        helm(
-            "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reset-then-reuse-values",
-            "--set", "remediation.enabled=false", "--set", "npd.remediation.deviceReset.enabled=false",
-            "--wait", "--timeout", "300s",
-        )  # fmt: skip
+        # the values stay for the next test, which turns them off
+        sim_on(a, "heartbeat-resume", "--device", "5", "--mended")  # a persistent stall outlives a reboot
         sim_on(a, "reboot")
         restart_plugins(a)
         kubectl("uncordon", a.name, check=False)
         kubectl("taint", "node", a.name, f"{remediation.TAINT}-", check=False)
         kubectl("annotate", "node", a.name, f"{remediation.STATE_ANNOTATION}-", f"{remediation.REQUEST_ANNOTATION}-",
                 check=False)  # fmt: skip
+
+
+REBOOT_FAULT = "HBM_REPAIRABLE_UNCORRECTABLE_ERROR"  # the reboot rung: cordon, drain, ask for a reboot
+
+
+def boot_of(node: Node) -> str:
+    return str(read("node", node.name)["status"]["nodeInfo"]["bootID"])
+
+
+def reboot(node: Node) -> None:
+    """A simulated reboot the cluster sees: the kubelet, restarted, reports the new boot ID (nodes.sh)."""
+    result = subprocess.run(
+        [str(NODES_SH), "reboot", node.name], capture_output=True, text=True, timeout=300, check=False,
+        env=dict(os.environ, CLUSTER_DIR=str(CLUSTER_DIR)),
+    )  # fmt: skip
+    assert result.returncode == 0, f"reboot {node.name}: {result.stdout}{result.stderr}"
+
+
+def validated(node: Node) -> tuple[str, str, str] | None:
+    for c in read("node", node.name)["status"].get("conditions", []):
+        if c["type"] == remediation.VALIDATED_CONDITION:
+            return str(c["status"]), str(c["reason"]), str(c.get("message", ""))
+    return None
+
+
+def test_a_rebooted_node_takes_work_again_only_once_validated_and_a_failed_validation_asks_for_a_new_instance(
+    nodes: list[Node],
+) -> None:
+    """`remediation.validateAfterReboot` on real kubelets: a reboot-rung fault on node A, drained and its
+    reboot asked for; A reboots (its kubelet reports a new boot ID), stays cordoned while the detector
+    validates it, and takes work again once its verdict on the new boot passes. Node B the same, but the
+    reboot leaves a defect (the firmware lists `hbm`): its validation fails and the workflow escalates to
+    a new instance, with AcceleratedHardwareReady False."""
+    a, b = nodes[1], nodes[2]  # node 1 shares the host's /proc: its boot ID cannot change
+    upgrade(*NODE_AGENT_REMEDIATION)
+    since = time.time() - 1
+    try:
+        for node, defect in ((a, False), (b, True)):
+            sim_on(node, "fault", "--kind", REBOOT_FAULT, "--device", "2")
+            eventually(lambda node=node: (workflow(node) or {}).get("phase") == "requested",
+                       f"{node.name} drained and its reboot asked for", timeout=180)  # fmt: skip
+            assert workflow(node)["rung"] == "reboot"  # type: ignore[index]
+            before = boot_of(node)
+            reboot(node)
+            if defect:  # a defect the reboot left: the firmware lists it on the new boot
+                sim_on(node, "unhealthy-components", "--device", "6", "--components", "hbm")
+            restart_plugins(node)  # a reboot restarts the node agents: the detector validates once, at start
+            assert boot_of(node) != before, "the kubelet reports the same boot after the reboot"
+            eventually(lambda node=node: (workflow(node) or {}).get("phase") != "requested",
+                       f"{node.name}'s new boot seen by the controller", timeout=120)  # fmt: skip
+            boot = boot_of(node)
+            eventually(lambda node=node, boot=boot: (validated(node) or ("", "", ""))[2].startswith(f"boot {boot}: "),
+                       f"{node.name}'s verdict on its new boot", timeout=120)  # fmt: skip
+            status, reason, message = validated(node)  # type: ignore[misc]
+            if not defect:
+                assert (status, reason) == ("True", remediation.VALIDATION_PASSED_REASON), message
+                eventually(lambda node=node: workflow(node) is None, f"{node.name}'s workflow ended", timeout=120)
+                assert not read("node", node.name)["spec"].get("unschedulable"), f"{node.name} still cordoned"
+                assert node_events(node, "RemediationValidating", since)
+            else:
+                assert (status, reason) == ("False", remediation.VALIDATION_FAILED_REASON), message
+                eventually(lambda node=node: bool((workflow(node) or {}).get("escalated")),
+                           f"{node.name} escalated to a new instance", timeout=120)  # fmt: skip
+                state = workflow(node) or {}
+                assert (state.get("rung"), state.get("boot_id")) == ("replace", boot_of(node))
+                assert read("node", node.name)["spec"].get("unschedulable") is True
+                assert condition(node, node_health.ACCELERATED_HARDWARE_CONDITION) == "False"
+                assert node_events(node, "ReplacementRequested", since)
+    finally:
+        upgrade(*NODE_AGENT_REMEDIATION_OFF)
+        sim_on(b, "unhealthy-components", "--device", "6", "--components", "")  # the defect mended, as a new host
+        for node in (a, b):
+            sim_on(node, "reboot")
+            restart_plugins(node)
+            kubectl("uncordon", node.name, check=False)
+            kubectl("taint", "node", node.name, f"{remediation.TAINT}-", check=False)
+            kubectl("annotate", "node", node.name, f"{remediation.STATE_ANNOTATION}-",
+                    f"{remediation.REQUEST_ANNOTATION}-", check=False)  # fmt: skip
+
+
+def cluster_control_plane(work: Path) -> ControlPlane:
+    """The multi-node cluster's API server in the shape tests/kueue/controller.py takes: its admin
+    kubeconfig's server and credentials (inline data written out to files)."""
+    kubeconfig = CLUSTER_DIR / "admin.kubeconfig"
+    config = yaml.safe_load(kubeconfig.read_text())
+    cluster, user = config["clusters"][0]["cluster"], config["users"][0]["user"]
+    work.mkdir(parents=True, exist_ok=True)
+
+    def material(section: dict[str, Any], key: str) -> Path:
+        if f"{key}-data" in section:
+            path = work / key
+            path.write_bytes(base64.b64decode(section[f"{key}-data"]))
+            return path
+        return (kubeconfig.parent / section[key]).resolve()
+
+    credentials = Credentials(
+        material(cluster, "certificate-authority"), material(user, "client-certificate"), material(user, "client-key")
+    )
+    return ControlPlane(work, str(cluster["server"]), credentials, kubeconfig, Processes(work / "logs"))
+
+
+def kueue_workload(job: str) -> dict[str, Any] | None:
+    listed = read("workloads.kueue.x-k8s.io", namespace=WORKLOADS)["items"]
+    return next(
+        (w for w in listed if any(o.get("name") == job for o in w["metadata"].get("ownerReferences", []))), None
+    )
+
+
+def kueue_condition(job: str, kind: str) -> dict[str, Any] | None:
+    workload = kueue_workload(job) or {}
+    return next((c for c in workload.get("status", {}).get("conditions", []) if c["type"] == kind), None)
+
+
+def job_pods(job: str) -> list[dict[str, Any]]:
+    return list(read("pods", namespace=WORKLOADS, selector=f"batch.kubernetes.io/job-name={job}")["items"])
+
+
+def test_a_kueue_admitted_gang_runs_whole_on_the_simulated_ultraserver_and_the_next_waits_for_quota(
+    nodes: list[Node], tmp_path: Path
+) -> None:
+    """Kueue v0.17.0's own manager (tests/kueue/controller.py, as in tests/test_kueue.py) against the
+    real cluster, with the recipe of docs/scheduling.md#kueue over the four nodes, labelled with EKS's
+    network node layers as EKS would: a Job of four whole-node pods requiring one UltraServer is
+    admitted and its pods run on real kubelets, one a node, all four on the simulated UltraServer with
+    its sixteen devices each; a second such Job is held for quota with no pod, and admitted and run
+    once the first is deleted."""
+    if not ultraserver_id():
+        pytest.skip("needs the cluster as one UltraServer (ULTRASERVER=trn2u NODES=4 make cluster-up)")
+    require(kq.missing(), "make setup", f"Kueue {kq.kueue_version()}'s manager (tests/kueue/build.sh)")
+    layers = dict(zip(NETWORK_NODE_LAYER_LABELS, ("nn-1", "nn-2", "nn-3"), strict=True))
+    for node in nodes:
+        kubectl("label", "node", node.name, "--overwrite", *(f"{k}={v}" for k, v in layers.items()))
+    cp = cluster_control_plane(tmp_path / "kueue")
+    it = get_instance_type(nodes[0].instance_type)
+    devices, cores = it.devices, it.devices * it.logical_cores_per_device(it.family.default_lnc)
+    server = server_id_label(4)
+
+    def gang(name: str) -> dict[str, Any]:
+        return kq.job(name, "neuron", 4, {f"{RESOURCE}/neuron": devices}, required=server, namespace=WORKLOADS)
+
+    async def install() -> None:
+        async with SimApi(cp) as api:
+            await kq.start_kueue(api, cp)
+            await api.create(kq.kueue_path("topologies"), kq.topology())
+            await api.create(kq.kueue_path("resourceflavors"), kq.resource_flavor("trn2u", nodes[0].instance_type))
+            quota = kq.device_quota(len(nodes), devices, cores)
+            await api.create(kq.kueue_path("clusterqueues"), kq.cluster_queue("neuron", "trn2u", quota))
+            await api.create(
+                kq.kueue_path("localqueues", namespace=WORKLOADS), kq.local_queue("neuron", "neuron", WORKLOADS)
+            )
+
+    async def uninstall() -> None:
+        async with SimApi(cp) as api:
+            for hooks in kq.webhook_configurations(0, ""):  # fail-closed hooks of a stopped manager refuse Jobs
+                plural = "mutating" if hooks["kind"].startswith("Mutating") else "validating"
+                with contextlib.suppress(SimApiError):
+                    await api.request(
+                        "DELETE",
+                        f"/apis/admissionregistration.k8s.io/v1/{plural}webhookconfigurations/{hooks['metadata']['name']}",
+                    )
+            for crd in kq.crds(0, ""):
+                with contextlib.suppress(SimApiError):
+                    await api.request(
+                        "DELETE", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
+                    )
+
+            async def gone() -> bool:  # a CRD still terminating refuses the next run's objects
+                for crd in kq.crds(0, ""):
+                    try:
+                        await api.request(
+                            "GET", f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{crd['metadata']['name']}"
+                        )
+                    except SimApiError as exc:
+                        if exc.status != 404:
+                            raise
+                    else:
+                        return False
+                return True
+
+            await until_async(gone, "Kueue's CRDs deleted", 120.0, 1.0)
+
+    try:
+        asyncio.run(install())
+        kubectl("apply", "-f", "-", stdin=json.dumps(gang("gang-a")))
+        eventually(lambda: (kueue_condition("gang-a", "Admitted") or {}).get("status") == "True", "gang-a admitted",
+                   timeout=120)  # fmt: skip
+        eventually(lambda: [p["status"].get("phase") for p in job_pods("gang-a")] == ["Running"] * 4,
+                   "gang-a's four pods running", timeout=240)  # fmt: skip
+        placed = {p["spec"]["nodeName"] for p in job_pods("gang-a")}
+        assert placed == {n.name for n in nodes}, f"one pod a node of the UltraServer, got {placed}"
+        servers = {read("node", n)["metadata"]["labels"].get(server) for n in placed}
+        assert len(servers) == 1 and None not in servers, servers  # noqa: PT018
+        kubectl("apply", "-f", "-", stdin=json.dumps(gang("gang-b")))
+        eventually(lambda: kueue_workload("gang-b") is not None, "gang-b's Workload", timeout=60)
+        eventually(lambda: "quota" in (kueue_condition("gang-b", "QuotaReserved") or {}).get("message", ""),
+                   "gang-b held for quota, saying so", timeout=60)  # fmt: skip
+        assert read("job", "gang-b", namespace=WORKLOADS)["spec"].get("suspend") is True
+        assert job_pods("gang-b") == []
+        kubectl("delete", "job", "-n", WORKLOADS, "gang-a", "--cascade=foreground", "--wait=true", "--timeout=120s")
+        eventually(lambda: [p["status"].get("phase") for p in job_pods("gang-b")] == ["Running"] * 4,
+                   "gang-b admitted and running once gang-a left", timeout=240)  # fmt: skip
+    finally:
+        kubectl("delete", "jobs", "-n", WORKLOADS, "gang-a", "gang-b", "--ignore-not-found", "--cascade=foreground",
+                "--wait=true", "--timeout=120s", check=False)  # fmt: skip
+        asyncio.run(uninstall())
+        cp.processes.stop_all()
+        for node in nodes:
+            kubectl("label", "node", node.name, *(f"{k}-" for k in layers), check=False)
 
 
 # --- a helm upgrade rolls the node agents across the nodes -----------------------------------------

@@ -80,6 +80,8 @@ def test_a_stall_resumes_by_itself_without_a_reset_unless_persistent(trn2: Path)
     assert reset_count(trn2, 1) == before[1]  # and no reset was asked
     assert sim.resume_heartbeat(trn2, 2) == "persistent: not resumed"
     assert sim.heartbeat_stalled(trn2, 2)
+    assert sim.resume_heartbeat(trn2, 2, mended=True) == "resumed"
+    assert not sim.heartbeat_stalled(trn2, 2)
 
 
 def test_only_a_written_reset_node_resets_its_device(trn2: Path) -> None:

@@ -202,6 +202,7 @@ def _parser() -> argparse.ArgumentParser:
         help="the firmware's health checks start again by themselves (a stall not --persistent): beaten again",
     )
     hr.add_argument("--device", type=int, required=True)
+    hr.add_argument("--mended", action="store_true", help="a persistent stall too (the device replaced)")
     hb = isub.add_parser(
         "heartbeat",
         help="beat health_status/healthcheck_heartbeat once (driver 2.30.2); one never beaten again goes stale",
@@ -319,7 +320,7 @@ def _run(args: argparse.Namespace) -> int:
     elif what == "heartbeat-stall":
         print(sim.stall_heartbeat(root, args.device, args.persistent))
     elif what == "heartbeat-resume":
-        print(sim.resume_heartbeat(root, args.device))
+        print(sim.resume_heartbeat(root, args.device, args.mended))
     elif what == "heartbeat":
         print(sim.beat_heartbeat(root, args.device, args.value))
     elif what == "move-node":

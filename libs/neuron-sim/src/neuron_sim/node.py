@@ -750,13 +750,14 @@ def stall_heartbeat(root: Path, device: int, persistent: bool = False) -> str:
     return "persistent" if persistent else "stalled"
 
 
-def resume_heartbeat(root: Path, device: int) -> str:
+def resume_heartbeat(root: Path, device: int, mended: bool = False) -> str:
     """The firmware's health checks start again by themselves, no reset asked (what a validation in place
-    waits for): `serve_driver` beats the device again. A persistent stall does not resume."""
+    waits for): `serve_driver` beats the device again. A persistent stall does not resume, unless
+    `mended` (the device replaced: what a test's cleanup leaves)."""
     _device_dir(root, device)
     marks = _load_marks(root)
     entry = marks.get(str(device), {})
-    if entry.get("heartbeat") == "persistent":
+    if entry.get("heartbeat") == "persistent" and not mended:
         return "persistent: not resumed"
     entry.pop("heartbeat", None)
     if entry:
