@@ -287,7 +287,9 @@ def test_helm_test_passes() -> None:
     # the checks that read the components run in one pod; allocation, holding a core, in its own
     assert helm_test_suites(result.stdout) == {"components": "Succeeded", "allocation": "Succeeded"}, result.stdout
     checks = helm_test_checks(result.stdout)
-    assert checks == dict.fromkeys(("capacity", "metrics", "monitoring", "health", "allocation"), True), result.stdout
+    # all-on-values.yaml installs the remediation controller: its check too
+    wanted = ("capacity", "metrics", "monitoring", "health", "remediation", "allocation")
+    assert checks == dict.fromkeys(wanted, True), result.stdout
     assert "advertises 16 neuron and 32 neuroncore" in result.stdout
     # this module installed the Prometheus operator's CRDs: the monitoring check found the objects
     assert f"ok: the ServiceMonitor {RELEASE}-node-metrics exists" in result.stdout
