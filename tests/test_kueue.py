@@ -31,8 +31,8 @@ import yaml
 from kueue import controller as kq
 from polling import until_async
 from simcluster.api import STRATEGIC, Api, ApiError
-from simcluster.controlplane import ControlPlane, control_plane, free_port, wait_until_ready
-from simcluster.fleet import DEFAULT_SCHEDULER, NAMESPACE, NEURON, NodeSpec, PodSpec, fleet
+from simcluster.controlplane import control_plane, free_port, wait_until_ready
+from simcluster.fleet import DEFAULT_SCHEDULER, NAMESPACE, NEURON, NodeSpec, PodSpec, SimulatedCluster, fleet
 from simcluster.nodes import PODS, SimulatedNodes
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command, start_extender, start_scheduler
 from simcluster.simulation import prepare
@@ -66,13 +66,7 @@ EKS_LAYERS = dict(zip(NETWORK_NODE_LAYER_LABELS, ("nn-8f1c2d3e4a5b6c7d8", "nn-2b
 
 
 @dataclass(frozen=True)
-class Cluster:
-    cp: ControlPlane
-    specs: dict[str, NodeSpec]
-
-    def ultraserver(self, node: str) -> str | None:
-        return self.specs[node].domain(4)
-
+class Cluster(SimulatedCluster):
     @property
     def whole(self) -> NodeSpec:
         return next(s for s in self.specs.values() if s.instance_type == ULTRASERVER_TYPE)

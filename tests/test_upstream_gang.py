@@ -27,15 +27,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from polling import until_async
 from simcluster.api import Api
-from simcluster.controlplane import ControlPlane, control_plane, free_port, k8s_version, wait_until_ready
-from simcluster.fleet import DEFAULT_SCHEDULER, NAMESPACE, NEURON, NodeSpec, PodSpec, fleet
+from simcluster.controlplane import control_plane, free_port, k8s_version, wait_until_ready
+from simcluster.fleet import DEFAULT_SCHEDULER, NAMESPACE, NEURON, NodeSpec, PodSpec, SimulatedCluster, fleet
 from simcluster.nodes import PODS
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command, start_extender, start_scheduler
 from simcluster.simulation import prepare
@@ -73,21 +72,12 @@ def member(
     return pod
 
 
-@dataclass(frozen=True)
-class Cluster:
-    cp: ControlPlane
-    specs: dict[str, NodeSpec]
-
-    def ultraserver(self, node: str) -> str | None:
-        return self.specs[node].domain(4)
-
-
 def observed_release() -> None:
     assert k8s_version() == RELEASE, f"observed on {RELEASE}; {k8s_version()} must be observed again"
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimulatedCluster]:
     """Two UltraServers of 4 trn2u.48xlarge nodes and 4 trn2.48xlarge noise nodes (16 devices each
     too, so they could hold any of the pods: only the label keeps a constrained group off them)."""
     observed_release()
@@ -100,7 +90,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
         asyncio.run(setup())
         start_scheduler(cp, DEFAULT_SCHEDULER, args=[GATES])
-        yield Cluster(cp, {s.name: s for s in specs})
+        yield SimulatedCluster(cp, {s.name: s for s in specs})
 
 
 async def outcome(api: Api, group: str, pods: list[str], timeout: float = 60.0) -> tuple[bool, dict[str, str]]:
@@ -147,7 +137,7 @@ async def clear(api: Api) -> None:
     await until_async(gone, "pods deleted", 30.0, 0.2)
 
 
-def test_the_nodes_are_ours(cluster: Cluster) -> None:
+def test_the_nodes_are_ours(cluster: SimulatedCluster) -> None:
     ultraservers = {cluster.ultraserver(n) for n in cluster.specs} - {None}
     assert len(ultraservers) == 2
     for spec in cluster.specs.values():
@@ -156,7 +146,7 @@ def test_the_nodes_are_ours(cluster: Cluster) -> None:
         assert (TOPOLOGY in node["metadata"]["labels"]) == (spec.instance_type == "trn2u.48xlarge")
 
 
-def test_the_flags_serve_the_workload_api(cluster: Cluster) -> None:
+def test_the_flags_serve_the_workload_api(cluster: SimulatedCluster) -> None:
     async def run() -> set[str]:
         async with Api(cluster.cp) as api:
             found = await api.request("GET", f"/apis/{GROUP_VERSION}")
@@ -165,7 +155,7 @@ def test_the_flags_serve_the_workload_api(cluster: Cluster) -> None:
     assert {"workloads", "podgroups", "podgroups/status"} <= asyncio.run(run())
 
 
-def test_a_podgroup_with_the_ultraserver_constraint_lands_whole_on_one_ultraserver(cluster: Cluster) -> None:
+def test_a_podgroup_with_the_ultraserver_constraint_lands_whole_on_one_ultraserver(cluster: SimulatedCluster) -> None:
     async def run() -> list[tuple[bool, dict[str, str]]]:
         async with Api(cluster.cp) as api:
             await clear(api)
@@ -190,7 +180,7 @@ def test_a_podgroup_with_the_ultraserver_constraint_lands_whole_on_one_ultraserv
     assert third == {}, third  # all or nothing
 
 
-def test_without_the_constraint_a_gang_only_counts_pods(cluster: Cluster) -> None:
+def test_without_the_constraint_a_gang_only_counts_pods(cluster: SimulatedCluster) -> None:
     """One node of each UltraServer taken by a lone pod: no UltraServer can hold 4 more. The gang
     with the constraint waits; the same gang without it binds across UltraServers and noise nodes."""
     first_nodes = {}

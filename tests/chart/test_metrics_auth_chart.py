@@ -56,6 +56,19 @@ def remediation_controller(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return named(docs, "Deployment", f"{FULL}-remediation-controller")
 
 
+def assert_scraped_as_the_scraper(endpoint: dict[str, Any]) -> None:
+    """A monitor's endpoint scrapes over TLS, verifying the chart's CA and name, with the scraper's token."""
+    assert endpoint["scheme"] == "https"
+    assert endpoint["tlsConfig"] == {
+        "serverName": SERVER_NAME,
+        "ca": {"secret": {"name": f"{FULL}-metrics-tls", "key": "ca.crt"}},
+    }
+    assert endpoint["authorization"] == {
+        "type": "Bearer",
+        "credentials": {"name": f"{FULL}-metrics-scraper", "key": "token"},
+    }
+
+
 def test_each_agent_serves_tls_with_token_review_and_probes_over_https() -> None:
     docs = all_secure()
     for component in AGENTS.values():
@@ -132,15 +145,7 @@ def test_the_monitors_scrape_with_the_scrapers_token_against_the_charts_ca_and_n
     assert scraper_token["metadata"]["annotations"] == {"kubernetes.io/service-account.name": f"{FULL}-metrics-scraper"}
     for component in ("node-metrics", "dra-driver"):
         (endpoint,) = named(docs, "ServiceMonitor", f"{FULL}-{component}")["spec"]["endpoints"]
-        assert endpoint["scheme"] == "https"
-        assert endpoint["tlsConfig"] == {
-            "serverName": SERVER_NAME,
-            "ca": {"secret": {"name": f"{FULL}-metrics-tls", "key": "ca.crt"}},
-        }
-        assert endpoint["authorization"] == {
-            "type": "Bearer",
-            "credentials": {"name": f"{FULL}-metrics-scraper", "key": "token"},
-        }
+        assert_scraped_as_the_scraper(endpoint)
     (extender,) = named(docs, "ServiceMonitor", f"{FULL}-scheduler-extender")["spec"]["endpoints"]
     assert extender["authorization"]["credentials"]["name"] == f"{FULL}-metrics-scraper"
     assert "--metrics-auth=kubernetes" in container(named(docs, "Deployment", f"{FULL}-scheduler-extender"))["args"]
@@ -235,15 +240,7 @@ def test_the_remediation_controller_serves_tls_with_token_review_as_the_agents_d
     monitor = named(docs, "ServiceMonitor", f"{FULL}-remediation-controller")
     assert monitor["metadata"]["namespace"] == namespace
     (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint["scheme"] == "https"
-    assert endpoint["tlsConfig"] == {
-        "serverName": SERVER_NAME,
-        "ca": {"secret": {"name": f"{FULL}-metrics-tls", "key": "ca.crt"}},
-    }
-    assert endpoint["authorization"] == {
-        "type": "Bearer",
-        "credentials": {"name": f"{FULL}-metrics-scraper", "key": "token"},
-    }
+    assert_scraped_as_the_scraper(endpoint)
     # a PodMonitor the same
     pods = render(*sets(remediation__enabled=True, remediation__secureMetrics=True,
                         nodeMetrics__monitoring__kind="PodMonitor"), "--api-versions", "monitoring.coreos.com/v1")  # fmt: skip

@@ -456,11 +456,28 @@ def event_time(event: dict[str, Any]) -> float:
     return datetime.datetime.fromisoformat(str(stamp).replace("Z", "+00:00")).timestamp()
 
 
-def condition(node: Node, kind: str) -> str | None:
+def node_condition(node: Node, kind: str) -> tuple[str, str, str] | None:
+    """The node's condition of type `kind` as (status, reason, message), or None."""
     for c in read("node", node.name)["status"].get("conditions", []):
         if c["type"] == kind:
-            return str(c["status"])
+            return str(c["status"]), str(c.get("reason", "")), str(c.get("message", ""))
     return None
+
+
+def condition(node: Node, kind: str) -> str | None:
+    found = node_condition(node, kind)
+    return None if found is None else found[0]
+
+
+def released(node: Node) -> None:
+    """A node as a remediation test found it: booted again healthy, its agents restarted, and nothing of
+    a workflow left (uncordoned, the controller's taint and annotations gone)."""
+    sim_on(node, "reboot")
+    restart_plugins(node)
+    kubectl("uncordon", node.name, check=False)
+    kubectl("taint", "node", node.name, f"{remediation.TAINT}-", check=False)
+    kubectl("annotate", "node", node.name, f"{remediation.STATE_ANNOTATION}-", f"{remediation.REQUEST_ANNOTATION}-",
+            check=False)  # fmt: skip
 
 
 def one_device_deployment(name: str, replicas: int, affinity: dict[str, Any]) -> list[dict[str, Any]]:
@@ -609,16 +626,10 @@ def test_remediation_drains_one_faulty_node_at_a_time_and_resumes_a_drain_after_
             "--set", "remediation.enabled=false", "--wait", "--timeout", "300s",
         )  # fmt: skip
         for node in nodes:
-            sim_on(node, "reboot")
-            restart_plugins(node)
-            kubectl("uncordon", node.name, check=False)
-            kubectl("taint", "node", node.name, f"{remediation.TAINT}-", check=False)
-            kubectl("annotate", "node", node.name, f"{remediation.STATE_ANNOTATION}-",
-                    f"{remediation.REQUEST_ANNOTATION}-", check=False)  # fmt: skip
+            released(node)
 
 
 HEARTBEAT_FAULT = "NeuronHasError_HEALTHCHECK_HEARTBEAT_STALE"  # the validate rung: validated in place, no drain
-DETECTOR_PYTHON = "/opt/neuron/bin/python3"  # the detector's image is FROM scratch with its own Python
 # The node agents' remediation, for the two tests below (one rollout: the second's upgrade changes nothing
 # when it follows the first): the controller, the detector's reset and validation after a reboot, short
 # windows, and the detector reading the driver's counters every second.
@@ -627,7 +638,7 @@ NODE_AGENT_REMEDIATION = (
     "--set", "remediation.rateLimit=10", "--set", "remediation.validateAfterReboot=true",
     "--set", "firmwareHeartbeat.staleAfter=8", "--set", "npd.extraArgs={--counter-interval=1s}",
     "--set", "npd.remediation.deviceReset.enabled=true", "--set", "npd.remediation.deviceReset.validationWindow=8",
-    "--set-string", f"npd.remediation.deviceReset.validationCommand={DETECTOR_PYTHON} -c pass",
+    "--set-string", f"npd.remediation.deviceReset.validationCommand={WORKLOAD_PYTHON} -c pass",  # the detector image's Python
 )  # fmt: skip
 NODE_AGENT_REMEDIATION_OFF = (
     "--set", "remediation.enabled=false", "--set", "remediation.validateAfterReboot=false",
@@ -642,10 +653,7 @@ def upgrade(*values: str) -> None:
 
 
 def health(node: Node) -> tuple[str, str, str]:
-    for c in read("node", node.name)["status"].get("conditions", []):
-        if c["type"] == node_health.CONDITION:
-            return str(c["status"]), str(c["reason"]), str(c.get("message", ""))
-    return "", "", ""
+    return node_condition(node, node_health.CONDITION) or ("", "", "")
 
 
 def kernel_log(node: Node) -> str:
@@ -732,12 +740,7 @@ def test_a_stalled_heartbeat_is_validated_in_place_then_reset_then_escalated_to_
         kubectl("delete", "pod", "-n", WORKLOADS, "holder", "--ignore-not-found", "--wait=false", check=False)
         # the values stay for the next test, which turns them off
         sim_on(a, "heartbeat-resume", "--device", "5", "--mended")  # a persistent stall outlives a reboot
-        sim_on(a, "reboot")
-        restart_plugins(a)
-        kubectl("uncordon", a.name, check=False)
-        kubectl("taint", "node", a.name, f"{remediation.TAINT}-", check=False)
-        kubectl("annotate", "node", a.name, f"{remediation.STATE_ANNOTATION}-", f"{remediation.REQUEST_ANNOTATION}-",
-                check=False)  # fmt: skip
+        released(a)
 
 
 REBOOT_FAULT = "HBM_REPAIRABLE_UNCORRECTABLE_ERROR"  # the reboot rung: cordon, drain, ask for a reboot
@@ -757,10 +760,7 @@ def reboot(node: Node) -> None:
 
 
 def validated(node: Node) -> tuple[str, str, str] | None:
-    for c in read("node", node.name)["status"].get("conditions", []):
-        if c["type"] == remediation.VALIDATED_CONDITION:
-            return str(c["status"]), str(c["reason"]), str(c.get("message", ""))
-    return None
+    return node_condition(node, remediation.VALIDATED_CONDITION)
 
 
 def test_a_rebooted_node_takes_work_again_only_once_validated_and_a_failed_validation_asks_for_a_new_instance(
@@ -810,12 +810,7 @@ def test_a_rebooted_node_takes_work_again_only_once_validated_and_a_failed_valid
         upgrade(*NODE_AGENT_REMEDIATION_OFF)
         sim_on(b, "unhealthy-components", "--device", "6", "--components", "")  # the defect mended, as a new host
         for node in (a, b):
-            sim_on(node, "reboot")
-            restart_plugins(node)
-            kubectl("uncordon", node.name, check=False)
-            kubectl("taint", "node", node.name, f"{remediation.TAINT}-", check=False)
-            kubectl("annotate", "node", node.name, f"{remediation.STATE_ANNOTATION}-",
-                    f"{remediation.REQUEST_ANNOTATION}-", check=False)  # fmt: skip
+            released(node)
 
 
 def cluster_control_plane(work: Path) -> ControlPlane:

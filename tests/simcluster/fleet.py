@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from neuron_dra_driver.slices import group_attribute
 
@@ -32,6 +32,9 @@ from neuron_model.ultraserver import UltraServerReading, domain, node_labels, se
 from neuron_scheduler_extender.groups import LWS_EXCLUSIVE, LWS_GROUP_INDEX, LWS_GROUP_KEY, LWS_NAME, LWS_SIZE
 from neuron_scheduler_extender.pods import ResourceNames, neuron_request
 from neuron_sim.node import UltraServerSpec, write_ultraserver
+
+if TYPE_CHECKING:
+    from simcluster.controlplane import ControlPlane
 
 NEURON, NEURONCORE = neuron().full_name, neuroncore().full_name
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
@@ -128,6 +131,17 @@ class NodeSpec:
             },
             "status": {"capacity": resources, "allocatable": resources, "conditions": [ready]},
         }
+
+
+@dataclass(frozen=True)
+class SimulatedCluster:
+    """A simulated control plane and the nodes made on it, by name (the Kueue and upstream gang tests)."""
+
+    cp: ControlPlane
+    specs: dict[str, NodeSpec]
+
+    def ultraserver(self, node: str) -> str | None:
+        return self.specs[node].domain(4)
 
 
 @cache
