@@ -656,12 +656,14 @@ def _match_expressions(ds: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def test_default_placement_lists_every_instance_type_the_services_know() -> None:
-    from neuron_model.instance_types import INSTANCE_TYPES
+    from neuron_model.instance_types import ALL_NAMES
 
     for ds in of_kind(render(), "DaemonSet"):
         by_key = {e["key"]: e for e in _match_expressions(ds)}
         listed = set(by_key["node.kubernetes.io/instance-type"]["values"])
-        assert set(INSTANCE_TYPES) <= listed
+        # every table entry, and every other name of its hardware: the Trainium3 driver's names and
+        # AWS's chart names (instance_types.ALIASES), so a node labelled with one gets the agents
+        assert set(ALL_NAMES) <= listed
         assert by_key["eks.amazonaws.com/compute-type"] == {
             "key": "eks.amazonaws.com/compute-type",
             "operator": "NotIn",

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from neuron_driver import layout
+from neuron_driver import driver_layout, inventory_cli, layout
 from neuron_driver.inventory import scan
 from neuron_driver.kmsg import parse_hw_error, parse_record
+from neuron_sim import cli
 from neuron_sim import node as sim
 
 
@@ -114,6 +115,37 @@ def test_the_driver_version_is_told_only_when_given(tmp_path: Path) -> None:
     assert not layout.HostLayout(tmp_path / "plain").driver_version.exists()
     sim.create(tmp_path / "versioned", "trn1.2xlarge", driver_version="2.25.4.0")
     assert layout.HostLayout(tmp_path / "versioned").driver_version.read_text() == "2.25.4.0\n"
+
+
+def test_the_agents_matrix_is_every_generation_the_simulator_writes(tmp_path: Path) -> None:
+    """GENERATION_VERSIONS, which the node agents' tests run on, holds one version of each generation
+    in driver_layout.SIMULATED: a generation added there is added to every agent's matrix."""
+    assert list(sim.GENERATION_VERSIONS) == [g.name for g in driver_layout.SIMULATED]
+    for name, version in sim.GENERATION_VERSIONS.items():
+        root = tmp_path / name
+        sim.create(root, "trn2.3xlarge", driver_version=version)
+        report = driver_layout.check_layout(root, scan(root, env={}))
+        assert (report.generation.name, report.ok) == (name, True), report.lines()
+
+
+def test_the_cli_writes_a_generations_tree_and_moves_a_node(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`neuron-sim create --driver-version` and `neuron-sim inject move-node`, as docs/driver-versions.md
+    gives them; `neuron-inventory --check` passes on the one tree and fails on the other, naming what moved."""
+    root = str(tmp_path)
+    assert cli.main(["create", "--instance-type", "trn2.3xlarge", "--root", root, "--driver-version", "2.30.2.0"]) == 0
+    health = layout.health_status_dir(layout.HostLayout(tmp_path).device_dir(0))
+    assert (health / layout.UNHEALTHY_COMPONENTS_FILE).is_file()
+    assert inventory_cli.main(["--root", root, "--check"]) == 0
+    capsys.readouterr()
+    assert cli.main(["inject", "--root", root, "move-node", "--device", "0", "--path", "stats/hardware",
+                     "--to", "stats/hardware_v2"]) == 0  # fmt: skip
+    assert inventory_cli.main(["--root", root, "--check"]) == 1
+    assert "neuron0: stats/hardware/mem_ecc_corrected not found (directory stats/hardware gone" in (
+        capsys.readouterr().out
+    )
+    assert cli.main(["create", "--instance-type", "trn2.3xlarge", "--root", str(tmp_path / "new"),
+                     "--driver-version", "2.31.7.0"]) == 2  # fmt: skip
+    assert "moved sysfs nodes to paths no source here names" in capsys.readouterr().err
 
 
 def test_some_nodes_of_an_ultraserver_are_those_nodes_of_the_whole_one(tmp_path: Path) -> None:

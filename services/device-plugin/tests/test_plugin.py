@@ -7,6 +7,7 @@ over the real gRPC contracts on unix sockets.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import time
 from pathlib import Path
@@ -23,6 +24,7 @@ from standins.kubelet import AdmissionError, Allocation
 from kubelet_api import HEALTHY, UNHEALTHY
 from kubelet_api.deviceplugin.v1beta1 import api_pb2 as dp
 from kubelet_api.deviceplugin.v1beta1 import api_pb2_grpc as dp_grpc
+from neuron_device_plugin.node_report import build_report
 from neuron_device_plugin.registration import ResourceServer, remove_stale_sockets
 from neuron_driver import layout
 from neuron_model import resources
@@ -238,10 +240,10 @@ async def test_more_than_free_is_refused_by_admission(start_plugin) -> None:  # 
         await h.kubelet.allocate(NEURON, 4, pod="b")
 
 
-# The driver generations the simulator writes (neuron_driver.driver_layout.SIMULATED), by a version of
+# The driver generations the simulator writes (driver_layout.SIMULATED), by sim.GENERATION_VERSIONS' version of
 # each; a representative pair of the health tests runs on every one, the rest on the default tree.
 DRIVER_VERSIONS = pytest.mark.parametrize(
-    "driver_version", [None, "2.28.0.0", "2.30.2.0"], ids=["pre-2.28", "2.28", "2.30.2"]
+    "driver_version", list(sim.GENERATION_VERSIONS.values()), ids=list(sim.GENERATION_VERSIONS)
 )
 
 
@@ -341,6 +343,12 @@ class TestHealth:
         assert h.plugin.state.verdict(5).fault == "UNHEALTHY_HBM"
         assert "neuron6" in h.kubelet.healthy(NEURON)
         assert len(h.kubelet.healthy(NEURON)) == 15
+        # named on the node: the NeuronNode report (what neuron-scheduler reads) has device 6 unfit for
+        # multi-node work and free for work on this node, and device 5 unhealthy
+        report = build_report(h.plugin.state, "node-a", dt.datetime.now(dt.UTC))
+        assert report.multi_node_unfit == {6}
+        assert 6 in report.free_devices
+        assert report.unhealthy_devices == {5}
 
     async def test_a_heartbeat_standing_still_past_the_flag_takes_the_device_out(self, start_plugin) -> None:  # type: ignore[no-untyped-def]
         """--heartbeat-stale-after (the chart's firmwareHeartbeat.staleAfter) is the watch's threshold: with

@@ -258,9 +258,9 @@ async def _tainted_are(h: Harness, names: set[str]) -> bool:
     return await _tainted(h) == names
 
 
-# The driver generations the simulator writes (neuron_driver.driver_layout.SIMULATED), by a version of each,
+# The driver generations the simulator writes (driver_layout.SIMULATED), by sim.GENERATION_VERSIONS' version of each,
 # as the other node agents' health tests run on them.
-@pytest.mark.parametrize("driver_version", [None, "2.28.0.0", "2.30.2.0"], ids=["pre-2.28", "2.28", "2.30.2"])
+@pytest.mark.parametrize("driver_version", list(sim.GENERATION_VERSIONS.values()), ids=list(sim.GENERATION_VERSIONS))
 async def test_each_generation_starts_clean_and_a_counter_error_taints(start_driver, short_tmp, driver_version) -> None:  # type: ignore[no-untyped-def]
     root = short_tmp / f"trn1-{driver_version}"
     sim.create(root, "trn1.32xlarge", driver_version=driver_version)
@@ -274,6 +274,20 @@ async def test_each_generation_starts_clean_and_a_counter_error_taints(start_dri
     (taint,) = (await _device(h, "neurondevice3"))["taints"]
     assert (taint["key"], taint["value"]) == ("neuron.aws.com/unhealthy", "SRAM_UNCORRECTABLE_ERROR")
     assert h.driver.metrics.errors.labels("counters")._value.get() == 0  # health_status/ is no counter
+
+
+async def test_a_moved_health_counter_is_logged_and_counted_at_start(start_driver, short_tmp, caplog) -> None:  # type: ignore[no-untyped-def]
+    """Issue 57: a tree whose stats/hardware moved (as a driver that moved the node shows it) is never
+    read as healthy in silence: the driver logs each path it cannot find and counts them in its gauge."""
+    root = short_tmp / "trn2-moved"
+    sim.create(root, "trn2.3xlarge", driver_version="2.30.2.0")
+    sim.move_node(root, 0, "stats/hardware", "stats/hardware_v2")
+    h: Harness = await start_driver("trn2.3xlarge", root=root)
+    assert not h.driver.layout.ok
+    # one device: 3 uncorrected and 2 corrected counts, health_status/'s 4 counters and the verdict's 2
+    assert h.driver.metrics.health_sources_missing._value.get() == len(h.driver.layout.missing) == 3 + 2 + 4 + 2
+    assert "health counters unreadable: stats/hardware/mem_ecc_uncorrected not found on neuron0" in caplog.text
+    assert "found at stats/hardware_v2/mem_ecc_uncorrected" in caplog.text
 
 
 async def test_the_firmwares_verdict_taints_a_failing_device_and_not_a_link_fault(start_driver, short_tmp) -> None:  # type: ignore[no-untyped-def]

@@ -18,6 +18,7 @@ from simcluster.schedulers import start_scheduler
 
 from neuron_common.kube import Api
 from neuron_model import resources
+from neuron_sim import node as sim
 
 pytestmark = pytest.mark.integration  # starts external processes: make integration
 
@@ -207,3 +208,40 @@ async def test_a_trainium3_switch_gives_any_count_even_to_claims_written_for_the
     claim, pod = await claim_and_pod(h.api, h.node, "neuron.aws.com", 1)
     await eventually(lambda: unschedulable(h.api, pod), timeout=60)
     assert await allocation(h.api, claim) is None
+
+
+# The selector docs/driver-versions.md gives a claim for work that spans nodes: no device whose
+# firmware lists a failing link (the driver's multiNodeUnfit attribute).
+FIT_FOR_MULTI_NODE = '!("multiNodeUnfit" in device.attributes["neuron.aws.com"])'
+
+
+async def _unfit_devices(h: Harness) -> set[int]:
+    return {
+        index(d["name"])
+        for s in await h.slices()
+        for d in s["spec"].get("devices") or []
+        if d["name"].startswith("neurondevice") and "multiNodeUnfit" in d.get("attributes", {})
+    }
+
+
+async def test_a_claim_for_multi_node_work_selects_against_a_failing_link(start_driver, scheduler, short_tmp) -> None:  # type: ignore[no-untyped-def]
+    """Issue 57: a device whose firmware lists link_efa (driver 2.30.2) stays allocatable for work on its
+    node, and kube-scheduler keeps it out of a claim that selects against multiNodeUnfit."""
+    root = short_tmp / "trn2-link"
+    sim.create(root, "trn2.48xlarge", driver_version="2.30.2.0")
+    sim.set_unhealthy_components(root, 6, ["link_efa"])
+    node = f"sched-{uuid.uuid4().hex[:8]}"
+    h: Harness = await start_driver("trn2.48xlarge", node=node, root=root)
+    await create_node(h.api, node)
+    await eventually(lambda: _unfit_devices(h), timeout=30)
+    assert await _unfit_devices(h) == {6}
+    group, _ = await claim_and_pod(h.api, h.node, "neuron.aws.com", 15, selector=FIT_FOR_MULTI_NODE)
+    await eventually(lambda: allocation(h.api, group), timeout=60)
+    assert sorted(index(d) for d in await allocation(h.api, group) or []) == [d for d in range(16) if d != 6]
+    # every fit device is taken: one more such claim waits, while a claim for work on this node gets device 6
+    waiting, waiting_pod = await claim_and_pod(h.api, h.node, "neuron.aws.com", 1, selector=FIT_FOR_MULTI_NODE)
+    local, _ = await claim_and_pod(h.api, h.node, "neuron.aws.com", 1)
+    await eventually(lambda: allocation(h.api, local), timeout=60)
+    assert [index(d) for d in await allocation(h.api, local) or []] == [6]
+    await eventually(lambda: unschedulable(h.api, waiting_pod), timeout=60)
+    assert await allocation(h.api, waiting) is None

@@ -35,7 +35,7 @@ def ecc_events(text: str, name: str = "hardware_ecc_events_total") -> dict[str, 
     }
 
 
-@pytest.mark.parametrize("driver_version", [None, "2.28.0.0", "2.30.2.0"], ids=["pre-2.28", "2.28", "2.30.2"])
+@pytest.mark.parametrize("driver_version", list(sim.GENERATION_VERSIONS.values()), ids=list(sim.GENERATION_VERSIONS))
 def test_each_generation_starts_clean_and_reads_its_counters(tmp_path: Path, driver_version: str | None) -> None:
     sim.create(tmp_path, "trn2.3xlarge", driver_version=driver_version)
     c = NeuronCollector(tmp_path, ALL, Attribution, naming=Naming.BOTH)
@@ -102,7 +102,7 @@ def busy(root: Path, core: int, seconds: float) -> None:
     sim.bump_counter(root, 0, "nc_time_in_use", core=core, by=int(seconds * 1e12))
 
 
-@pytest.mark.parametrize("driver_version", [None, "2.28.0.0", "2.30.2.0"], ids=["pre-2.28", "2.28", "2.30.2"])
+@pytest.mark.parametrize("driver_version", list(sim.GENERATION_VERSIONS.values()), ids=list(sim.GENERATION_VERSIONS))
 def test_utilization_from_sysfs_where_the_driver_keeps_it_live(tmp_path: Path, driver_version: str | None) -> None:
     sim.create(tmp_path, "trn2.3xlarge", driver_version=driver_version)  # LNC 2: logical core 0 is physical 0, 1
     clock = Clock()

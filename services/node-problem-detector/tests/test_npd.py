@@ -52,9 +52,9 @@ def node(tmp_path: Path) -> Path:
     return tmp_path / "node"
 
 
-# The driver generations the simulator writes (neuron_driver.driver_layout.SIMULATED), by a version of
+# The driver generations the simulator writes (driver_layout.SIMULATED), by sim.GENERATION_VERSIONS' version of
 # each: the counter tests below run on every one, the rest on the default tree (before 2.28).
-@pytest.fixture(params=[None, "2.28.0.0", "2.30.2.0"], ids=["pre-2.28", "2.28", "2.30.2"])
+@pytest.fixture(params=list(sim.GENERATION_VERSIONS.values()), ids=list(sim.GENERATION_VERSIONS))
 def generation_node(tmp_path: Path, request: pytest.FixtureRequest) -> Path:
     sim.create(tmp_path / "node", "trn1.32xlarge", driver_version=request.param)
     return tmp_path / "node"

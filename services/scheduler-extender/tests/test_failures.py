@@ -112,7 +112,7 @@ class TestNodeHealth:
         assert node_failure(None, NodeHealth("x")) == ""
 
 
-def linked_cluster(unfit_node: str, devices: list[int]) -> ClusterView:
+def linked_cluster(unfit_node: str, devices: list[int], pods: list[dict[str, Any]] | None = None) -> ClusterView:
     """`cluster()`, with the firmware of `unfit_node` listing a link of `devices` failing."""
     reports = []
     for s, server in (("a", A), ("b", B)):
@@ -121,7 +121,8 @@ def linked_cluster(unfit_node: str, devices: list[int]) -> ClusterView:
             if obj["metadata"]["name"] == unfit_node:
                 obj["status"]["multiNodeUnfitDevices"] = devices
             reports.append(obj)
-    pods = [lws_pod(f"llama-{i}", node=f"a-{i}", phase="Running") for i in range(4)]
+    if pods is None:
+        pods = [lws_pod(f"llama-{i}", node=f"a-{i}", phase="Running") for i in range(4)]
     return view_of(*reports, pods=pods)
 
 
@@ -469,6 +470,14 @@ class TestPlacementAvoidsFailedUltraServers:
     def test_a_node_condition_moves_a_new_group_to_the_healthy_ultraserver(self) -> None:
         view = cluster(pods=[])
         view.health.update(health(node("a-1", condition="True")))
+        assert view.unhealthy_in((4, A)) == ["a-1"]
+        assert self.filter_first(view).passed == ["b-0", "b-1", "b-2", "b-3"]
+
+    def test_a_failing_link_moves_a_new_group_to_the_other_ultraserver(self) -> None:
+        """Issue 57: link_efa on one node of UltraServer A keeps a new group off A; the node's devices stay
+        in service for its own work."""
+        view = linked_cluster("a-1", [6], pods=[])
+        assert view.reports["a-1"].unhealthy_devices == frozenset()
         assert view.unhealthy_in((4, A)) == ["a-1"]
         assert self.filter_first(view).passed == ["b-0", "b-1", "b-2", "b-3"]
 

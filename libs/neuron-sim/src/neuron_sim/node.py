@@ -192,6 +192,12 @@ def create(
     return it
 
 
+# One driver version for each generation the simulator writes (driver_layout.SIMULATED), by the
+# generation's name: the node agents' tests run on each, as a matrix. None writes no version file,
+# the tree before 2.28.
+GENERATION_VERSIONS: dict[str, str | None] = {"pre-2.28": None, "2.28": "2.28.0.0", "2.30.2": "2.30.2.0"}
+
+
 def generation_of(driver_version: str | None) -> driver_layout.Generation:
     """The sysfs generation a driver version writes; without a version, the tree before 2.28 (the
     simulator's tree before it knew generations, which every existing test reads)."""
