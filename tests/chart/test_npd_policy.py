@@ -18,6 +18,7 @@ from chart.test_chart import render, sets
 from simcluster.controlplane import ControlPlane, private_control_plane
 
 from neuron_common.kube import Api
+from neuron_model import node_health
 from neuron_problem_detector import config
 from neuron_problem_detector.detector import ConditionStatus
 from neuron_problem_detector.reporter import CORDON_ANNOTATION, TAINT_KEY, Reporter
@@ -155,6 +156,9 @@ async def _attempts(cp: ControlPlane, tokens: Tokens) -> dict[str, str]:
             "the verdict of the validation after a reboot": status(
                 detector, "node-a", condition("NeuronValidated", "True")
             ),
+            "the health sources' condition": status(
+                detector, "node-a", condition(node_health.SOURCES_MISSING_CONDITION, "True")
+            ),
             "another node's verdict": status(detector, "node-b", condition("NeuronValidated", "True")),
             "another condition type": status(detector, "node-a", condition("Ready", "False")),
             "another node's condition": status(detector, "node-b", condition("NeuronHealth", "True")),
@@ -187,6 +191,7 @@ def test_a_detector_changes_only_its_own_node(apiserver: ControlPlane, tokens: T
         "own condition",
         "EKS's AcceleratedHardwareReady",
         "the verdict of the validation after a reboot",
+        "the health sources' condition",
         "own taint and cordon",
         "an Event about its node",
     }
@@ -196,8 +201,8 @@ def test_a_detector_changes_only_its_own_node(apiserver: ControlPlane, tokens: T
         else:
             assert outcome.startswith("403"), (name, outcome)
     assert (
-        "only the node conditions of its rules (NeuronHealth, AcceleratedHardwareReady, NeuronValidated)"
-        in (outcomes["another condition type"])
+        "only the node conditions of its rules (NeuronHealth, AcceleratedHardwareReady, NeuronHealthSourcesMissing, "
+        "NeuronValidated)" in (outcomes["another condition type"])
     )
     assert "may not change node node-b" in outcomes["another node's taint"]
     assert "may not change node node-b" in outcomes["another node's verdict"]
@@ -222,6 +227,8 @@ async def _report(cp: ControlPlane, tokens: Tokens) -> list[str]:
             [
                 ConditionStatus("NeuronHealth", health, f"Reason{health}", "m", 0.0),
                 ConditionStatus("AcceleratedHardwareReady", ready, f"Reason{ready}", "m", 0.0, ready=True),
+                # True throughout: admitted, and never the cause of a taint or cordon (the healthy steps have none)
+                ConditionStatus(node_health.SOURCES_MISSING_CONDITION, "True", "R", "m", 0.0, remediates=False),
             ]
         )
         for message in events:
@@ -237,6 +244,7 @@ async def _report(cp: ControlPlane, tokens: Tokens) -> list[str]:
         seen.append(
             f"NeuronHealth={conditions['NeuronHealth']} AcceleratedHardwareReady={conditions['AcceleratedHardwareReady']}"
             f" Ready={conditions['Ready']} {taints} {cordoned} {by}"
+            f" {node_health.SOURCES_MISSING_CONDITION}={conditions[node_health.SOURCES_MISSING_CONDITION]}"
         )
 
     try:
@@ -254,9 +262,10 @@ async def _report(cp: ControlPlane, tokens: Tokens) -> list[str]:
 
 def test_the_detectors_own_reporter_is_admitted(apiserver: ControlPlane, tokens: Tokens) -> None:
     assert asyncio.run(_report(apiserver, tokens)) == [
-        "NeuronHealth=False AcceleratedHardwareReady=True Ready=True [] False None",
-        f"NeuronHealth=True AcceleratedHardwareReady=False Ready=True ['{TAINT_KEY}'] True neuron-problem-detector",
-        "NeuronHealth=False AcceleratedHardwareReady=True Ready=True [] False None",
+        "NeuronHealth=False AcceleratedHardwareReady=True Ready=True [] False None NeuronHealthSourcesMissing=True",
+        f"NeuronHealth=True AcceleratedHardwareReady=False Ready=True ['{TAINT_KEY}'] True neuron-problem-detector"
+        " NeuronHealthSourcesMissing=True",
+        "NeuronHealth=False AcceleratedHardwareReady=True Ready=True [] False None NeuronHealthSourcesMissing=True",
         "NeuronHasError_X node-a count=2",
     ]
 

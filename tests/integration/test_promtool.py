@@ -25,7 +25,7 @@ def promtool(*args: str) -> subprocess.CompletedProcess[str]:
 def test_rules_are_valid() -> None:
     out = promtool("check", "rules", str(RULES / "neuron-node-metrics.rules.yaml"))
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 9 rules found" in out.stdout
+    assert "SUCCESS: 10 rules found" in out.stdout
 
 
 def test_rule_unit_tests_pass() -> None:

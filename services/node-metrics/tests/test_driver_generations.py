@@ -183,3 +183,79 @@ def test_a_plain_file_nc_time_in_use_is_read_as_well_as_the_drivers_counter_node
         "2": 2.0,
         "3": 2.0,
     }
+
+
+def by_device(text: str, name: str, **labels: str) -> dict[int, float]:
+    """A family's samples by device, those carrying `labels`."""
+    return {int(lab["device"]): v for lab, v in samples(text, name) if all(lab.get(k) == w for k, w in labels.items())}
+
+
+def test_the_firmwares_verdict_is_served_as_the_node_agents_read_it(tmp_path: Path) -> None:
+    """trn2.48xlarge on driver 2.30.2: each subsystem the firmware lists, with the fault table's fault and
+    severity; a link fault as the link rule's answer (device_health.multi_node_unfit), which takes nothing out
+    of allocatable and so shows in no other family; a heartbeat seen to move and then stand still as stale."""
+    sim.create(tmp_path, "trn2.48xlarge", driver_version="2.30.2.0")
+    clock = Clock()
+    c = NeuronCollector(tmp_path, ALL, Attribution, clock=clock, heartbeat_stale_after=60)
+    clean = c.render()
+    assert by_device(clean, "neuron_device_multi_node_unfit") == dict.fromkeys(range(16), 0)
+    assert by_device(clean, "neuron_device_firmware_heartbeat_stale") == dict.fromkeys(range(16), 0)
+    assert {v for _, v in samples(clean, "neuron_device_firmware_unhealthy")} == {0}
+    assert len(samples(clean, "neuron_device_firmware_unhealthy")) == 16 * 10  # every subsystem, every device
+    sim.set_unhealthy_components(tmp_path, 5, ["hbm"])
+    sim.set_unhealthy_components(tmp_path, 6, ["link_efa"])
+    sim.beat_heartbeat(tmp_path, 3)  # seen to move
+    text = c.render()
+    failing = [(lab, v) for lab, v in samples(text, "neuron_device_firmware_unhealthy") if v]
+    assert sorted((lab["device"], lab["component"], lab["fault"], lab["severity"]) for lab, _ in failing) == [
+        ("5", "hbm", "UNHEALTHY_HBM", "replace-instance"),
+        ("6", "link_efa", "UNHEALTHY_LINK_EFA", "multi-node-unfit"),
+    ]
+    assert by_device(text, "neuron_device_multi_node_unfit") == {**dict.fromkeys(range(16), 0), 6: 1}
+    assert by_device(text, "neuron_device_firmware_heartbeat_stale")[3] == 0  # it has just moved
+    clock.now += 61  # device 3's heartbeat stood still past --heartbeat-stale-after; the others never moved
+    stale = by_device(c.render(), "neuron_device_firmware_heartbeat_stale")
+    assert stale == {**dict.fromkeys(range(16), 0), 3: 1}
+    sim.beat_heartbeat(tmp_path, 3)
+    sim.set_unhealthy_components(tmp_path, 6, [])  # the link mended: fit again
+    text = c.render()
+    assert by_device(text, "neuron_device_firmware_heartbeat_stale")[3] == 0
+    assert by_device(text, "neuron_device_multi_node_unfit")[6] == 0
+    assert by_device(text, "neuron_device_firmware_unhealthy", component="hbm")[5] == 1
+
+
+@pytest.mark.parametrize("driver_version", list(sim.GENERATION_VERSIONS.values()), ids=list(sim.GENERATION_VERSIONS))
+def test_no_firmware_verdict_is_served_where_the_driver_writes_none(tmp_path: Path, driver_version: str | None) -> None:
+    """Before 2.30.2, and on trn1 on every driver, there is no verdict: no series (unknown, not "healthy")."""
+    for instance_type in ("trn1.32xlarge", "trn2.3xlarge"):
+        root = tmp_path / instance_type
+        sim.create(root, instance_type, driver_version=driver_version)
+        text = NeuronCollector(root, ALL, Attribution).render()
+        served = {n: samples(text, n) for n in ("neuron_device_firmware_unhealthy", "neuron_device_multi_node_unfit")}
+        if driver_version == "2.30.2.0" and instance_type == "trn2.3xlarge":
+            assert all(served.values()), served
+        else:
+            assert not any(served.values()), (instance_type, served)
+
+
+def test_the_firmware_is_not_read_without_its_families_and_the_flag_reaches_the_watch(tmp_path: Path) -> None:
+    sim.create(tmp_path, "trn2.3xlarge", driver_version="2.30.2.0")
+    sim.set_unhealthy_components(tmp_path, 0, ["hbm"])
+    left_out = NeuronCollector(tmp_path, ALL - {"neuron_device_firmware_unhealthy", "neuron_device_multi_node_unfit",
+                                                "neuron_device_firmware_heartbeat_stale"}, Attribution)  # fmt: skip
+    assert left_out.reader.firmware_devices == frozenset()
+    assert "neuron_device_firmware" not in left_out.render()
+    args = [
+        "--host-root",
+        str(tmp_path),
+        "--pod-resources-socket",
+        str(tmp_path / "none.sock"),
+        "--listen",
+        "127.0.0.1:0",
+    ]
+    by_flag = config_mod.parse([*args, "--heartbeat-stale-after", "90s"], env={})
+    by_env = config_mod.parse(args, env={"NEURON_METRICS_HEARTBEAT_STALE_AFTER": "45s"})
+    assert by_flag is not None
+    assert by_env is not None
+    assert Exporter(by_flag, asyncio.Event()).collector.heartbeats.stale_after == 90
+    assert Exporter(by_env, asyncio.Event()).collector.heartbeats.stale_after == 45

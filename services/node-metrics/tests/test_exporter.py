@@ -229,7 +229,8 @@ def test_cli_help_list_and_validation() -> None:
 
 @pytest.mark.integration
 def test_attribution_interval_is_written_the_kubernetes_way() -> None:
-    assert set(re.findall(r"(--[\w-]+) DURATION", config_mod.parser({}).format_help())) == {"--attribution-interval"}
+    durations = set(re.findall(r"(--[\w-]+) DURATION", config_mod.parser({}).format_help()))
+    assert durations == {"--attribution-interval", "--heartbeat-stale-after"}
     for argv, env in (
         (["--attribution-interval", "500ms"], {}),
         ([], {"NEURON_METRICS_ATTRIBUTION_INTERVAL": "500ms"}),

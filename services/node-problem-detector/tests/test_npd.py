@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -30,6 +31,7 @@ from standins.apiserver import FakeApiServer, serving
 from neuron_driver.kmsg import KERN_ERR, format_hw_error, format_record
 from neuron_health import pipeline, verdicts
 from neuron_health.kernel_log import KmsgFollower
+from neuron_model import node_health
 from neuron_problem_detector import app
 from neuron_problem_detector import config as config_mod
 from neuron_problem_detector import rules as rules_mod
@@ -166,22 +168,77 @@ async def test_a_reload_does_not_clear_what_needs_a_new_instance(
         assert set(verdicts.read_verdicts(tmp_path / "verdicts", node)) == {2, 9}
 
 
+def sources(api: FakeApiServer) -> dict[str, Any] | None:
+    return api.condition(NODE, node_health.SOURCES_MISSING_CONDITION)
+
+
 async def test_a_moved_counter_directory_is_said_on_the_node_not_read_as_healthy(
     tmp_path: Path, api: FakeApiServer
 ) -> None:
+    """Said as an Event and as the condition NeuronHealthSourcesMissing, which stays True for as long as the
+    counters are missing (past any Event's expiry) and goes back to False when they are read again. It is
+    about the detector's sources, not the hardware: NeuronHealth keeps its word, and with --taint and
+    --cordon the node is neither tainted nor cordoned for it."""
     node = tmp_path / "node"
     sim.create(node, "trn2.3xlarge", driver_version="2.30.2.0")
     sim.move_node(node, 0, "stats/hardware", "stats/hardware_v2")  # as a driver that moved the node shows it
-    async with running(tmp_path, node, api) as det:
+    async with running(tmp_path, node, api, "--taint", "--cordon") as det:
         await eventually(lambda: any(e["reason"] == "NeuronHealthCountersUnreadable" for e in api.event_list()))
+        await eventually(lambda: det.reporter.up_to_date)
+        condition = dict(sources(api) or {})  # a copy: the stand-in's object changes with the next patch
+        health = status(api)
+        spec = dict(api.nodes[NODE]["spec"])
         metrics = await scrape(det)
         ready = det.ready()[1]
+        sim.move_node(node, 0, "stats/hardware_v2", "stats/hardware")  # the driver's layout is known again
+        await eventually(lambda: (sources(api) or {}).get("status") == "False")
+        await eventually(lambda: det.reporter.up_to_date)
+        recovered = sources(api)
+        metrics_after = await scrape(det)
     [event] = [e for e in api.event_list() if e["reason"] == "NeuronHealthCountersUnreadable"]
     assert event["type"] == "Warning"
     assert event["message"].startswith("health counters unreadable on driver 2.30.2.0: ")
     assert "stats/hardware/mem_ecc_uncorrected on neuron0 (directory stats/hardware gone" in event["message"]
-    assert f"neuron_npd_health_sources_missing {float(len(det.layout.missing))}" in metrics
+    assert (condition["status"], condition["reason"]) == ("True", "NeuronHealthCountersUnreadable")
+    # what could not be read, on the node for as long as it lasts (both cut at 1,024 characters)
+    assert condition["message"][:1000] == event["message"][:1000]
+    assert health == (
+        "False",
+        "NeuronHasNoError",
+    )  # no hardware error is known; the other condition says what is not read
+    assert "taints" not in spec
+    assert not spec.get("unschedulable")
+    assert f"neuron_npd_health_sources_missing {float(11)}" in metrics  # 3 + 2 + 4 + 2 paths of device 0
+    gauge = 'problem_gauge{reason="NeuronHealthCountersUnreadable",type="NeuronHealthSourcesMissing"}'
+    assert f"{gauge} 1.0" in metrics
     assert "health counters unreadable: " in ready
+    assert recovered is not None
+    assert (recovered["status"], recovered["reason"]) == ("False", "NeuronHealthSourcesFound")
+    assert "neuron_npd_health_sources_missing 0.0" in metrics_after
+    assert f"{gauge} 0.0" in metrics_after
+    [cleared] = [e for e in api.event_list() if e["reason"] == "NeuronHealthCountersUnreadableCleared"]
+    assert cleared["type"] == "Normal"
+    assert "stats/hardware/mem_ecc_uncorrected on neuron0" in cleared["message"]
+
+
+async def test_a_driver_reloaded_into_a_layout_with_a_moved_node_sets_the_condition(
+    tmp_path: Path, api: FakeApiServer
+) -> None:
+    """Checked again on a new inventory: a node healthy at start whose driver comes back with a moved node."""
+    node = tmp_path / "node"
+    sim.create(node, "trn2.3xlarge", driver_version="2.30.2.0")
+    async with running(tmp_path, node, api) as det:
+        await eventually(lambda: (sources(api) or {}).get("reason") == "NeuronHealthSourcesFound")
+        sim.vanish(node, 0)  # the driver unloads the device ...
+        await eventually(lambda: not det.inventory.devices)  # seen gone: a new inventory
+        stashed = node / sim.VANISHED_DIR / "neuron0"
+        (stashed / "stats/hardware").rename(stashed / "stats/hardware_v2")
+        sim.restore(node, 0)  # ... and comes back with stats/hardware moved
+        await eventually(lambda: (sources(api) or {}).get("status") == "True")
+        condition = sources(api)
+    assert condition is not None
+    assert condition["reason"] == "NeuronHealthCountersUnreadable"
+    assert "stats/hardware/mem_ecc_uncorrected on neuron0 (directory stats/hardware gone" in condition["message"]
 
 
 async def test_the_firmwares_verdict_sets_the_condition_and_a_link_fault_only_an_event(

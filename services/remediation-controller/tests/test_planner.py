@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from neuron_health import faults
-from neuron_model import remediation, ultraserver
+from neuron_health import faults, layout_check
+from neuron_model import node_health, remediation, ultraserver
 from neuron_model.remediation import Phase, WorkflowState
 from neuron_remediation import drain, planner
-from neuron_remediation.fleet import NodeView, PodView
+from neuron_remediation.fleet import NodeView, PodView, node_view
 from neuron_remediation.planner import Action, Fleet, Hold, Kind, Safety
 
 HBM = faults.BY_KIND["HBM_UNCORRECTABLE_ERROR"]
@@ -87,6 +87,28 @@ def test_no_workflow_without_a_fault_of_the_reboot_or_replace_rung(fault: faults
 def test_a_users_own_reason_starts_nothing() -> None:
     n = node("a", health_reason="MyOwnRule")
     assert planner.plan(fleet(n), Safety(max_percent=100), POLICY, NOW) == []
+
+
+def test_unreadable_health_counters_start_no_workflow_and_hold_none() -> None:
+    """The detector's NeuronHealthSourcesMissing (a health counter the driver's layout does not have) is about
+    what the detector can read, not a fault: no quarantine, no drain, and a workflow whose fault cleared ends."""
+    conditions = [
+        {"type": node_health.CONDITION, "status": "False", "reason": faults.HEALTHY_REASON, "message": "m"},
+        {"type": node_health.ACCELERATED_HARDWARE_CONDITION, "status": "True",
+         "reason": node_health.ACCELERATED_HARDWARE_READY_REASON, "message": "m"},
+        {"type": node_health.SOURCES_MISSING_CONDITION, "status": "True", "reason": layout_check.REASON,
+         "message": "health counters unreadable on driver 2.31.7.0: stats/hardware/mem_ecc_uncorrected on neuron0-15"},
+    ]  # fmt: skip
+    view = node_view(
+        {"metadata": {"name": "a", "resourceVersion": "1"}, "status": {"conditions": conditions,
+         "nodeInfo": {"bootID": "boot-1"}}}, "aws.amazon.com"
+    )  # fmt: skip
+    assert view is not None
+    assert view.neuron
+    assert (view.health_reason, view.accelerated_reason) == (None, None)
+    assert planner.plan(fleet(view), Safety(max_percent=100), POLICY, NOW) == []
+    [action] = planner.plan(fleet(held(view)), Safety(max_percent=100), POLICY, NOW)
+    assert action.kind is Kind.RELEASE
 
 
 HEARTBEAT = faults.BY_KIND["HEALTHCHECK_HEARTBEAT_STALE"]

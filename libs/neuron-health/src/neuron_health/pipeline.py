@@ -135,6 +135,17 @@ class HeartbeatWatch:
         return totals
 
 
+def firmware_counters(
+    firmware: Mapping[int, FirmwareVerdict], heartbeats: HeartbeatWatch
+) -> dict[tuple[int, str], int]:
+    """The firmware's verdict (driver 2.30.2) as the fault table's counters, by (device, name): each
+    subsystem `unhealthy_components` names (1 while listed, else 0) and the heartbeat's staleness. The
+    one reading of it: the counter watch's, and the exporter's at each scrape."""
+    totals = firmware_totals(firmware)
+    totals.update(heartbeats.observe(firmware))
+    return totals
+
+
 class CounterWatch:
     """The one counter watch: the node's devices (rescanned when they change) and their error
     counters, read every `interval`. Device counters are read every time; the per-core status
@@ -207,8 +218,7 @@ class CounterWatch:
             expected = status.keys
         self._reads += 1
         totals = device_totals(values, expected)
-        totals.update(firmware_totals(snapshot.firmware))
-        totals.update(self.heartbeats.observe(snapshot.firmware))
+        totals.update(firmware_counters(snapshot.firmware, self.heartbeats))
         previous = self._previous
         reloaded = frozenset(devices_reset(previous, totals)) if previous is not None else frozenset()
         if previous is not None and reloaded:

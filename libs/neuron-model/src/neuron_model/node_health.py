@@ -6,6 +6,11 @@ from __future__ import annotations
 
 CONDITION = "NeuronHealth"  # the NodeCondition type; True while the node has a Neuron hardware problem
 UNHEALTHY_TAINT = "aws.amazon.com/neuron-unhealthy"  # the detector's NoSchedule taint (npd.remediation.taint)
+# True while a health source the stack reads is missing from the driver's tree (the layout check): the node's
+# other conditions cannot say "healthy" for what is not read. About the detector's sources, not the hardware:
+# no taint, cordon or remediation workflow follows it.
+SOURCES_MISSING_CONDITION = "NeuronHealthSourcesMissing"
+SOURCES_FOUND_REASON = "NeuronHealthSourcesFound"
 
 # EKS's node monitoring agent's condition, which EKS node auto repair and Karpenter's node repair act on
 # (shared/reference/fleet-and-scale.md): False while the node needs a reboot or a new instance.

@@ -56,6 +56,7 @@ class Exporter:
             allocatable=lambda: self._allocatable,
             runtime_rows=self._runtime_rows if config.neuron_monitor_command else None,
             instance_labels=instance_labels(self.monitor.runtime),
+            heartbeat_stale_after=config.heartbeat_stale_after,
         )
         inv = self.collector.inventory
         log.info(

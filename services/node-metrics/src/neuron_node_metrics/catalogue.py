@@ -16,6 +16,10 @@ from neuron_driver.layout import DEVICE_MEM_CATEGORIES
 from neuron_health import layout_check
 
 ATTRIBUTION = ("namespace", "pod", "container", "claim")
+FIRMWARE_UNHEALTHY = "neuron_device_firmware_unhealthy"
+HEARTBEAT_STALE = "neuron_device_firmware_heartbeat_stale"
+MULTI_NODE_UNFIT = "neuron_device_multi_node_unfit"
+FIRMWARE_FAMILIES = frozenset({FIRMWARE_UNHEALTHY, HEARTBEAT_STALE, MULTI_NODE_UNFIT})
 
 
 class Naming(StrEnum):
@@ -82,6 +86,31 @@ _FAMILIES = (
         "sram_corrected, mem_corrected. No fault: a rising rate often comes before uncorrected errors.",
         ("device", "type", *ATTRIBUTION),
         "hardware_ecc_events_total",
+    ),
+    # The firmware's verdict (driver 2.30.2 and later, trn2 and trn3), read as every node agent reads it
+    # (neuron_health.pipeline.firmware_counters, device_health.multi_node_unfit); absent where not written
+    Family(
+        FIRMWARE_UNHEALTHY,
+        "gauge",
+        "1 for each subsystem the firmware lists failing in stats/hardware/health_status/unhealthy_components "
+        "(hbm, sram, axi_fabric, firmware_service_*, link_*), 0 for each it does not, with the fault table's "
+        "fault and severity (empty for a subsystem the stack does not know, which is served while listed).",
+        ("device", "component", "fault", "severity"),
+    ),
+    Family(
+        HEARTBEAT_STALE,
+        "gauge",
+        "1 while a device's health_status/healthcheck_heartbeat, once seen to change, has stood still for "
+        "--heartbeat-stale-after (the fault HEALTHCHECK_HEARTBEAT_STALE), else 0; judged at each scrape.",
+        ("device",),
+    ),
+    Family(
+        MULTI_NODE_UNFIT,
+        "gauge",
+        "1 while a multi-node-unfit fault (a failing link_efa, link_interserver, link_switch or link_intraserver) "
+        "marks a device unfit for work spanning nodes, as the NeuronNode report's multiNodeUnfitDevices; the "
+        "device stays allocatable for work on this node. Else 0.",
+        ("device",),
     ),
     Family(
         "neuron_core_busy_seconds_total",
@@ -390,6 +419,9 @@ NEURON_MONITOR_SERIES: tuple[Series, ...] = (
         for measure in ("total", "used")
     ),
     Series("neuron_device_hardware_errors_total", ("neuron_device_index", "kind", "fault", "severity", *ATTRIBUTION)),
+    Series(FIRMWARE_UNHEALTHY, ("neuron_device_index", "component", "fault", "severity")),
+    Series(HEARTBEAT_STALE, ("neuron_device_index",)),
+    Series(MULTI_NODE_UNFIT, ("neuron_device_index",)),
     Series("neuron_device_host_memory_used_bytes", ("neuron_device_index", "category", *ATTRIBUTION)),
     Series("neuron_device_memory_total_bytes", ("neuron_device_index",)),
     Series("neuron_device_power_utilization_ratio", ("neuron_device_index", "stat")),

@@ -26,9 +26,19 @@ from prometheus_client.samples import Sample
 from neuron_driver import layout
 from neuron_driver.counters import CounterKey, CounterKind, CounterReader
 from neuron_driver.inventory import InventoryTracker, NodeInventory
-from neuron_health import faults, layout_check
+from neuron_health import device_health, faults, layout_check
+from neuron_health.pipeline import HEARTBEAT_STALE_AFTER, HeartbeatWatch, firmware_counters
 from neuron_node_metrics.attribution import Attribution, Owner
-from neuron_node_metrics.catalogue import FAMILIES, NEURON_MONITOR_ECC_HELP, NEURON_MONITOR_STATUS, Naming
+from neuron_node_metrics.catalogue import (
+    FAMILIES,
+    FIRMWARE_FAMILIES,
+    FIRMWARE_UNHEALTHY,
+    HEARTBEAT_STALE,
+    MULTI_NODE_UNFIT,
+    NEURON_MONITOR_ECC_HELP,
+    NEURON_MONITOR_STATUS,
+    Naming,
+)
 
 log = logging.getLogger(__name__)
 
@@ -159,6 +169,7 @@ class NeuronCollector(Collector):
         runtime_rows: Callable[[Attribution], Iterable[Rows]] | None = None,
         instance_labels: Callable[[], str] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        heartbeat_stale_after: float = HEARTBEAT_STALE_AFTER,
     ) -> None:
         self.host_root = host_root
         self.families = families
@@ -187,6 +198,10 @@ class NeuronCollector(Collector):
         if not self.live:
             self._kinds -= LIVE_KINDS
         self.clock = clock
+        # the firmware's verdict (driver 2.30.2), read only when one of its families is served; its
+        # heartbeat judged at each scrape by the watch every node agent uses (--heartbeat-stale-after)
+        self.firmware = bool(families & FIRMWARE_FAMILIES)
+        self.heartbeats = HeartbeatWatch(heartbeat_stale_after, clock)
         self._busy_before: tuple[float, dict[int, float]] | None = None  # (when, busy seconds per logical core)
         self._build()
 
@@ -194,7 +209,11 @@ class NeuronCollector(Collector):
     def _build(self) -> None:
         inv = self.inventory
         self.reader = CounterReader(
-            inv, kinds=self._kinds, power="neuron_device_power_utilization_ratio" in self.families, select=_wanted
+            inv,
+            kinds=self._kinds,
+            power="neuron_device_power_utilization_ratio" in self.families,
+            select=_wanted,
+            firmware=self.firmware,
         )
         self._logical: dict[tuple[int, int], int] = {}
         for core in inv.cores:
@@ -357,6 +376,9 @@ class NeuronCollector(Collector):
                         rows.samples.append((f'{dev[device]},stat="{stat}"', value / 100))
             yield rows
 
+        if self.firmware:
+            yield from self._firmware(firmware_counters(snapshot.firmware, self.heartbeats))
+
         busy = self._busy(by_kind[CounterKind.CORE_OTHER]) if self.live else {}
         if busy and "neuron_core_busy_seconds_total" in families:
             f = FAMILIES["neuron_core_busy_seconds_total"]
@@ -383,6 +405,33 @@ class NeuronCollector(Collector):
                     for c, v in sorted(utilization.items())
                 ]
                 yield rows
+
+    def _firmware(self, totals: dict[tuple[int, str], int]) -> Iterator[Rows]:
+        """The firmware's verdict as the node agents read it (`firmware_counters`): each listed subsystem,
+        the heartbeat's staleness, and the link rule's answer (`device_health.multi_node_unfit`). Devices
+        whose verdict could not be read this time have no series (unknown, not healthy)."""
+        dev, families = self._dev, self.families
+        if FIRMWARE_UNHEALTHY in families:
+            f = FAMILIES[FIRMWARE_UNHEALTHY]
+            rows = Rows(f.name, f.type, f.help)
+            for (device, name), value in sorted(totals.items()):
+                if name.startswith(layout.FIRMWARE_COUNTER_PREFIX) and device in dev:
+                    component = pair("component", name.removeprefix(layout.FIRMWARE_COUNTER_PREFIX))
+                    rows.samples.append((f"{dev[device]},{component},{fault_labels(name)}", value))
+            yield rows
+        if HEARTBEAT_STALE in families:
+            f = FAMILIES[HEARTBEAT_STALE]
+            stale: list[tuple[str, float]] = [
+                (dev[device], value)
+                for (device, name), value in sorted(totals.items())
+                if name == layout.HEARTBEAT_STALE_COUNTER and device in dev
+            ]
+            yield Rows(f.name, f.type, f.help, stale)
+        if MULTI_NODE_UNFIT in families:
+            f = FAMILIES[MULTI_NODE_UNFIT]
+            unfit = device_health.multi_node_unfit(totals)
+            judged = sorted({device for device, name in totals if layout.is_firmware_counter(name) and device in dev})
+            yield Rows(f.name, f.type, f.help, [(dev[d], 1 if d in unfit else 0) for d in judged])
 
     def _busy(self, entries: list[tuple[CounterKey, int]]) -> dict[int, float]:
         """Busy seconds per logical core: the mean of its physical cores' nc_time_in_use, so that its rate is

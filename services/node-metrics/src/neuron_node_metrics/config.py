@@ -22,6 +22,7 @@ from neuron_common.config import (
     positive_int,
 )
 from neuron_driver import layout
+from neuron_health.flags import Heartbeat
 from neuron_model import resources
 from neuron_node_metrics.catalogue import FAMILIES, Naming
 
@@ -50,7 +51,7 @@ def command_words(text: str) -> tuple[str, ...]:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Config(Host, Serving, ApiServer, ResourcePrefix, ServiceConfig):
+class Config(Host, Serving, ApiServer, ResourcePrefix, Heartbeat, ServiceConfig):
     """Prometheus exporter of the AWS Neuron driver's counters, with pod, namespace and container labels
     from the kubelet's PodResources API."""
 

@@ -17,6 +17,7 @@ from neuron_driver.kmsg import KmsgRecord
 from neuron_health import layout_check, verdicts
 from neuron_health.kernel_log import host_timezone
 from neuron_health.pipeline import CounterRead, CounterWatch, KernelLogSource
+from neuron_model import node_health
 from neuron_problem_detector import reset
 from neuron_problem_detector import rules as rules_mod
 from neuron_problem_detector.config import API_TIMEOUT, Config
@@ -39,7 +40,8 @@ class Metrics:
             "problem_gauge",
             "1 while a condition is set by this reason (at most one reason per type)",
             ["type", "reason"],
-            shown=[(c.type, reason) for c in rules.conditions for reason in rules.reasons_of(c.type)],
+            shown=[(c.type, reason) for c in rules.conditions for reason in rules.reasons_of(c.type)]
+            + [(node_health.SOURCES_MISSING_CONDITION, layout_check.REASON)],
         )
         m = MetricSet("neuron_npd", self.registry)
         self.kmsg_records = m.counter("kmsg_records", "Kernel log records read")
@@ -98,12 +100,15 @@ class Detector:
             self.state.seq_source, self.state.last_seq = config.kernel_log_format, -1
         self.kube = api if api is not None else Api.from_kubeconfig(config.kubeconfig, API_TIMEOUT)
         self.reporter = Reporter(self.kube, config.node_name, self.rules.source, config)
-        self._publish()
         inventory = scan_at_start(config.host_root, log)
+        self.inventory = inventory  # as the counter watch last found it
+        # A counter the stack cannot find is never read: said on the node, not only in a log, as an Event and
+        # as the condition NeuronHealthSourcesMissing, which stays True for as long as it is missing (checked
+        # again on each new inventory, and at each counter read while something is missing).
         self.layout = layout_check.check_at_start(config.host_root, inventory, log, self.metrics.health_sources_missing)
         if not self.layout.ok:
-            # a counter the stack cannot find is never read: say so on the node, not only in a log
             self.reporter.event(layout_check.REASON, self.layout.summary()[:1024])
+        self._publish()
         self.supervisor = Supervisor(stop)
         self.http = HealthServer.for_service(
             config.listen, self.metrics.registry, self.supervisor, self.ready, config.metrics_security, api=self.kube
@@ -214,12 +219,16 @@ class Detector:
             wall_now(),
             accelerated_hardware=self.config.accelerated_hardware_condition != "off",
             validation_failed=failed,
+            sources_missing=self.layout.summary(),
         )
         if self.validated is not None:
             conditions = [*conditions, self.validated]
         self.reporter.set_conditions(conditions)
         for c in conditions:
-            for reason in self.rules.reasons_of(c.type):
+            reasons = self.rules.reasons_of(c.type)
+            if c.type == node_health.SOURCES_MISSING_CONDITION:
+                reasons = [layout_check.REASON]
+            for reason in reasons:
                 self.metrics.problem_gauge.labels(c.type, reason).set(
                     1 if c.status == "True" and c.reason == reason else 0
                 )
@@ -266,6 +275,10 @@ class Detector:
     def counters_read(self, read: CounterRead) -> None:
         """A read of the driver's counters, from the loop `counters` (the pipeline's `CounterWatch`):
         problems that appeared, and those a reload mended."""
+        if read.inventory is not None:
+            self.inventory = read.inventory
+        if read.inventory is not None or not self.layout.ok:
+            self.recheck_layout()
         saved, saves = self.state.counters, self.saves
         last = self.counters.last
         self.state.counters = dict(last) if last is not None else None
@@ -279,6 +292,23 @@ class Detector:
         self.cleared(self.state.expire(wall_now()), "clearAfter passed")
         if self.state.counters != saved and self.saves == saves:
             self._save()  # a restart must not take what it has seen for news
+
+    def recheck_layout(self) -> None:
+        """The layout check again (a new inventory: the driver was reloaded, perhaps into another layout; or a
+        path is missing): a change is logged, an Event, and the condition NeuronHealthSourcesMissing."""
+        report = layout_check.recheck(
+            self.config.host_root, self.inventory, self.layout, log, self.metrics.health_sources_missing
+        )
+        if report is None:
+            return
+        before, self.layout = self.layout, report
+        if report.ok:
+            version = report.driver_version or "of unknown version"
+            message = f"every health counter the stack reads is there again (driver {version}); was: {before.summary()}"
+            self.reporter.event(f"{layout_check.REASON}Cleared", message[:1024], warning=False)
+        else:
+            self.reporter.event(layout_check.REASON, report.summary()[:1024])
+        self._publish()
 
     async def report_metrics(self) -> None:
         while not self.stop.is_set():

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from neuron_driver.files import replace_file
-from neuron_health import faults
+from neuron_health import faults, layout_check
 from neuron_model import node_health, remediation
 from neuron_problem_detector import reset
 from neuron_problem_detector.rules import Match, Rules
@@ -47,6 +47,9 @@ class ConditionStatus:
     message: str
     last_transition: float  # wall clock seconds
     ready: bool = False  # a readiness condition (AcceleratedHardwareReady): "False" is the unhealthy status
+    # whether --taint and --cordon follow it; False for NeuronHealthSourcesMissing, which is about what the
+    # detector can read, not about the hardware
+    remediates: bool = True
 
     @property
     def unhealthy(self) -> bool:
@@ -116,10 +119,17 @@ class DetectorState:
 
     # -- views -----------------------------------------------------------------------------------
     def conditions(
-        self, rules: Rules, now: float, accelerated_hardware: bool = False, validation_failed: str | None = None
+        self,
+        rules: Rules,
+        now: float,
+        accelerated_hardware: bool = False,
+        validation_failed: str | None = None,
+        sources_missing: str | None = None,
     ) -> list[ConditionStatus]:
         """The rules' conditions; with `accelerated_hardware`, also EKS's `AcceleratedHardwareReady`.
-        `validation_failed`: the message of this boot's failed validation after a reboot, if it failed."""
+        `validation_failed`: the message of this boot's failed validation after a reboot, if it failed.
+        `sources_missing`: what the layout check could not find, None when it found everything; given,
+        `NeuronHealthSourcesMissing` is published too (not given: not, as for a caller with no check)."""
         result = []
         for c in rules.conditions:
             active = sorted((p for p in self.problems.values() if p.condition == c.type), key=lambda p: p.since)
@@ -133,7 +143,23 @@ class DetectorState:
                 )
         if accelerated_hardware:
             result.append(self._accelerated_hardware(now, validation_failed))
+        if sources_missing is not None:
+            result.append(self._sources(now, sources_missing))
         return result
+
+    def _sources(self, now: float, missing: str) -> ConditionStatus:
+        """True while the layout check names a health source it cannot find (`missing`, its summary; ""
+        when it found them all): the other conditions' "no error" does not cover what is not read."""
+        ctype = node_health.SOURCES_MISSING_CONDITION
+        status = self._status(ctype, "True" if missing else "False", now)
+        if missing:
+            return ConditionStatus(
+                ctype, status, layout_check.REASON, _cut(missing), self.transitions[ctype], remediates=False
+            )
+        message = "Every health counter the stack reads is where this driver's layout puts it"
+        return ConditionStatus(
+            ctype, status, node_health.SOURCES_FOUND_REASON, message, self.transitions[ctype], remediates=False
+        )
 
     def _reset_phases(self) -> dict[str, str]:
         """Problem key -> the note its message carries while a node agent's job on it runs or escalated."""
@@ -223,7 +249,10 @@ class DetectorState:
 def _joined(problems: list[Problem], resets: dict[str, str] | None = None) -> str:
     """The problems' messages; one whose device is being reset or validated, or whose job escalated, says so."""
     notes = resets or {}
-    message = "; ".join(p.message + notes.get(p.key, "") for p in problems)
+    return _cut("; ".join(p.message + notes.get(p.key, "") for p in problems))
+
+
+def _cut(message: str) -> str:
     return message if len(message) <= MESSAGE_LIMIT else message[: MESSAGE_LIMIT - 3] + "..."
 
 

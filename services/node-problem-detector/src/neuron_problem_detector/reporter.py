@@ -13,7 +13,8 @@
   keeps refusing (403, 422, ...) is dropped after `EVENT_ATTEMPTS` tries and counted, so one bad
   Event never holds up the ones behind it, and Events never hold up conditions or remediation.
   The de-duplication memory keeps at most `DEDUPE_ENTRIES` Events, none older than its window.
-- Remediation (off by default): a `NoSchedule` taint and/or cordon while a condition is True,
+- Remediation (off by default): a `NoSchedule` taint and/or cordon while a condition is unhealthy
+  (never `NeuronHealthSourcesMissing`, which is about the detector's sources: `remediates=False`),
   removed when it clears; a cordon the detector did not make is never undone; never a drain.
 - `AcceleratedHardwareReady` (`--accelerated-hardware-condition=auto`) is left to EKS's node monitoring
   agent wherever that agent runs: its other conditions on the Node say so, read at start and at every
@@ -147,7 +148,8 @@ class Reporter:
 
     @property
     def unhealthy(self) -> bool:
-        return any(c.unhealthy for c in self.desired.values())
+        """What --taint and --cordon follow: a condition about the hardware (not NeuronHealthSourcesMissing)."""
+        return any(c.unhealthy and c.remediates for c in self.desired.values())
 
     def event(self, reason: str, message: str, warning: bool = True) -> None:
         now = time.time()
