@@ -406,6 +406,8 @@ class Size:
     claims_136: int = 0  # fewer on 1.36, whose allocator costs every node all the fleet's counter slices
 
 
+TITLE = "DRA slice layouts in kube-scheduler's own allocator, against AWS's layout (issue 58 item 1)"
+
 SIZES = (Size(8, 6, 4, 6),) if SMALL else (Size(200, 80, 60, 30), Size(1000, 40, 40, 10))
 
 
