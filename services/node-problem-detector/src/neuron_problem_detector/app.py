@@ -30,6 +30,13 @@ from neuron_problem_detector.rules import Match, Rules
 log = logging.getLogger(__name__)
 
 
+def condition_reasons(rules: Rules, condition: str) -> list[str]:
+    """The reasons a condition is set by: the rules' own, or for NeuronHealthSourcesMissing the layout check's."""
+    if condition == node_health.SOURCES_MISSING_CONDITION:
+        return [layout_check.REASON]
+    return rules.reasons_of(condition)
+
+
 class Metrics:
     def __init__(self, rules: Rules) -> None:
         # node-problem-detector's own names, so its dashboards and alerts work unchanged
@@ -40,8 +47,11 @@ class Metrics:
             "problem_gauge",
             "1 while a condition is set by this reason (at most one reason per type)",
             ["type", "reason"],
-            shown=[(c.type, reason) for c in rules.conditions for reason in rules.reasons_of(c.type)]
-            + [(node_health.SOURCES_MISSING_CONDITION, layout_check.REASON)],
+            shown=[
+                (condition, reason)
+                for condition in [*(c.type for c in rules.conditions), node_health.SOURCES_MISSING_CONDITION]
+                for reason in condition_reasons(rules, condition)
+            ],
         )
         m = MetricSet("neuron_npd", self.registry)
         self.kmsg_records = m.counter("kmsg_records", "Kernel log records read")
@@ -225,10 +235,7 @@ class Detector:
             conditions = [*conditions, self.validated]
         self.reporter.set_conditions(conditions)
         for c in conditions:
-            reasons = self.rules.reasons_of(c.type)
-            if c.type == node_health.SOURCES_MISSING_CONDITION:
-                reasons = [layout_check.REASON]
-            for reason in reasons:
+            for reason in condition_reasons(self.rules, c.type):
                 self.metrics.problem_gauge.labels(c.type, reason).set(
                     1 if c.status == "True" and c.reason == reason else 0
                 )
