@@ -311,9 +311,7 @@ def capacity_shares(spec: NodeSpec, held: list[Holding]) -> list[list[str]]:
 
 def no_cores(spec: NodeSpec) -> Slices:
     """The driver's own slices with cores (and so arcs) off: what it publishes where counters are dropped."""
-    return slices.build(
-        slices.NodeDevices(spec.name, dra_nodes._inventory(spec.instance_type, spec.lnc), publish_cores=False), 1
-    )
+    return dra_nodes.node_slices(spec, publish_cores=False)
 
 
 @dataclass(frozen=True)

@@ -56,9 +56,11 @@ def _inventory(instance_type: str, lnc: int) -> NodeInventory:
         return scan(root, env={})
 
 
-def node_slices(spec: NodeSpec) -> list[dict[str, Any]]:
-    """The ResourceSlices the driver publishes for this node, idle and healthy."""
-    return slices.build(slices.NodeDevices(spec.name, _inventory(spec.instance_type, spec.lnc)), 1)
+def node_slices(spec: NodeSpec, publish_cores: bool = True) -> list[dict[str, Any]]:
+    """The ResourceSlices the driver publishes for this node, idle and healthy (`publish_cores` False: as
+    it publishes where the API server drops shared counters)."""
+    inventory = _inventory(spec.instance_type, spec.lnc)
+    return slices.build(slices.NodeDevices(spec.name, inventory, publish_cores=publish_cores), 1)
 
 
 def allocated(claim: dict[str, Any], ring: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
