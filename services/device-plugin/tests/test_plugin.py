@@ -583,7 +583,11 @@ async def test_podresources_up_follows_the_last_list(start_plugin) -> None:  # t
 
 
 async def test_64_concurrent_allocates_never_share(start_plugin) -> None:  # type: ignore[no-untyped-def]
-    h = await start_plugin("trn2.48xlarge", lnc=1)
+    # The Allocates go straight to the plugin, so the kubelet's List never reports them: only the
+    # plugin's own pending hand-outs hold the silicon. No List after the start, or one made a second
+    # after the first hand-out would settle it as "did not stick" while the last are still coming
+    # (under load, 64 calls take seconds), and the whole devices would be offered again.
+    h = await start_plugin("trn2.48xlarge", "--holdings-interval", "1h", lnc=1)
     stub = h.kubelet.endpoints[NEURONCORE].stub
     ids = [f"neuroncore{2 * i}" for i in range(64)]
 
