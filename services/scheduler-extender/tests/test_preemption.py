@@ -367,6 +367,100 @@ class TestOverTheView:
         assert len(view.held_against("n2", 0, "batch/c", NOW)) == 8
         assert view.held_against("n2", 0, "batch/c", NOW + dt.timedelta(seconds=HOLD_TTL + 1)) == frozenset()
 
+    def test_room_is_held_not_cores_so_a_pod_the_plugin_would_place_on_the_freed_row_waits(self) -> None:
+        # The victims often free more than the preemptor takes, and the plugin, which knows nothing of
+        # holds, gives the next pod whichever cores it would anyway: kept off the held cores alone, a
+        # 3-core pod passed beside the row, was given cores of it, and the preemptor preempted again
+        # elsewhere (the fresh-clone run of 2026-12-02: needless preemptions, under load).
+        topo = topology("trn1.32xlarge")
+        holders = [d for d in range(16) if d not in (9, 10, 11, 12, 15)]
+        pods = [
+            pod_object(f"n1-p{d}", namespace="batch", node="n1", devices=1, phase="Running", priority=0)
+            for d in holders
+        ]
+        keys = [f"batch/n1-p{d}" for d in holders]
+        report = report_object(
+            "n1",
+            free_devices=[9, 10, 11, 12, 15],
+            pods=keys,
+            pod_cores={k: topo.cores_of(d) for d, k in zip(holders, keys, strict=True)},
+        )
+        view = view_of(report, pods=pods)
+        found = decisions.preempt(
+            view,
+            neuron_request(URGENT, NAMES),
+            1000,
+            {"n1": NodeVictims((uid("n1", 8),), 0)},
+            NOW,
+            preemptor="ml/urgent",
+        )
+        assert found["n1"].uids == (uid("n1", 8),)
+        (victim,) = [p for p in pods if p["metadata"]["name"] == "n1-p8"]
+        view.apply_pod("DELETED", pod_record(victim, NAMES))  # type: ignore[arg-type]
+        assert view.held_against("n1", 0, "batch/c", NOW) == frozenset(
+            c for d in (8, 9, 10, 11) for c in topo.cores_of(d)
+        )
+        same = ("ml/other", 1000)
+        three, two = (neuron_request(pod_object(n, cores=k), NAMES) for n, k in (("c3", 3), ("c2", 2)))
+        # 3 cores fit on devices 12 and 15, beside the row; the plugin would give them cores of the row
+        refused = decisions.filter_nodes(view, three, ["n1"], NOW, who=same).unresolvable["n1"]
+        assert refused.kind is RefusalKind.PREEMPTION_HOLD
+        assert decisions.bind_refusal(view, three, "ml/other", "n1", NOW, priority=1000) is not None
+        # 2 cores the plugin gives on device 12: the row stays whole, and the pod goes
+        assert decisions.filter_nodes(view, two, ["n1"], NOW, who=same).passed == ["n1"]
+        assert decisions.filter_nodes(view, three, ["n1"], NOW, who=("ml/top", 2000)).passed == ["n1"]
+
+    def test_a_hold_shared_by_the_preemptors_a_victim_was_named_for_is_the_nominated_ones(self) -> None:
+        # kube-scheduler asks the preempt verb for one pod after another before any victim goes, and
+        # each is answered the same pods; it evicts them for the one it nominates to the node. Held
+        # for all of them together, their sets kept the node from the pods preempting next, which
+        # preempted elsewhere for nothing: the watch of nominated pods tells whose it is.
+        def preempted(*, nominated_first: bool) -> ClusterView:
+            (r1, p1), (r2, p2) = full_node("n1"), full_node("n2")
+            view = view_of(r1, r2, pods=[*p1, *p2])
+            ask = {n: NodeVictims(tuple(uid(n, d) for d in range(16)), 0) for n in ("n1", "n2")}
+            big = neuron_request(pod_object("big", namespace="ml", devices=8, priority=1000), NAMES)
+            four = decisions.preempt(view, neuron_request(URGENT, NAMES), 1000, ask, NOW, preemptor="ml/urgent")
+            eight = decisions.preempt(view, big, 1000, ask, NOW, preemptor="ml/big")
+            assert set(four["n1"].uids) < set(eight["n1"].uids)  # a row, of the two rows the other takes
+            if nominated_first:
+                view.apply_nomination("ADDED", ("ml/urgent", "n1"))
+            for victim in four["n1"].uids:
+                (gone,) = [p for p in p1 if p["metadata"]["uid"] == victim]
+                view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+            return view
+
+        row = 8  # cores: 4 devices of 2
+        shared = preempted(nominated_first=False)
+        assert len(shared.held_against("n1", 0, "batch/c", NOW)) > row
+        assert {h.owners for h in shared.holds_against("n1", 0, "batch/c", NOW)} == {frozenset({"ml/urgent", "ml/big"})}
+        shared.apply_nomination("ADDED", ("ml/big", "n2"))
+        shared.apply_nomination("ADDED", ("ml/urgent", "n1"))
+        assert len(shared.held_against("n1", 0, "batch/c", NOW)) == row
+        assert {h.owners for h in shared.holds_against("n1", 0, "batch/c", NOW)} == {frozenset({"ml/urgent"})}
+        # the nomination seen before the victims go: theirs is the nominated pod's from the start
+        known = preempted(nominated_first=True)
+        assert {h.owners for h in known.holds_against("n1", 0, "batch/c", NOW)} == {frozenset({"ml/urgent"})}
+        assert len(known.held_against("n1", 0, "batch/c", NOW)) == row
+        # the pod bound, its nomination leaves the watch: nothing is held, nothing remembered
+        known.apply_nomination("DELETED", ("ml/urgent", "n1"))
+        known.assume("ml/urgent", "uid-ml-urgent", "n1", neuron_request(URGENT, NAMES), 0.0)
+        assert known.holds_against("n1", 0, "batch/c", NOW) == []
+        assert known.nominations == {}
+
+    def test_asked_again_with_its_nomination_a_shared_hold_shrinks_to_the_preemptors_own_set(self) -> None:
+        (r1, p1), (r2, p2) = full_node("n1"), full_node("n2")
+        view = view_of(r1, r2, pods=[*p1, *p2])
+        ask = {"n1": NodeVictims(tuple(uid("n1", d) for d in range(16)), 0)}
+        big = neuron_request(pod_object("big", namespace="ml", devices=8, priority=1000), NAMES)
+        four = decisions.preempt(view, neuron_request(URGENT, NAMES), 1000, ask, NOW, preemptor="ml/urgent")
+        decisions.preempt(view, big, 1000, ask, NOW, preemptor="ml/big")
+        for victim in four["n1"].uids:
+            (gone,) = [p for p in p1 if p["metadata"]["uid"] == victim]
+            view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+        view.nominated("ml/urgent", "n1")  # the filter's path: the nomination on the pod it is asked for
+        assert len(view.held_against("n1", 0, "batch/c", NOW)) == 8
+
     def test_offers_of_a_preemptor_never_asked_for_again_are_forgotten(self) -> None:
         report, pods = full_node("n1")
         view = view_of(report, pods=pods)

@@ -24,7 +24,7 @@ from neuron_scheduler_extender.failures import NodeHealth, node_health
 from neuron_scheduler_extender.group_health import GroupHealthMonitor, NodeHealthIndex
 from neuron_scheduler_extender.metrics import Metrics
 from neuron_scheduler_extender.pdbs import Budget, budget
-from neuron_scheduler_extender.pods import PodRecord, ResourceNames, pod_record
+from neuron_scheduler_extender.pods import PodRecord, ResourceNames, nomination, pod_record
 from neuron_scheduler_extender.protocol import BindingArgs
 from neuron_scheduler_extender.state import ClusterView, ReportRecord, report_record
 
@@ -32,6 +32,11 @@ from neuron_scheduler_extender.state import ClusterView, ReportRecord, report_re
 BOUND_PODS = "spec.nodeName!=,status.phase!=Succeeded,status.phase!=Failed"
 NEURON_NODES = Resource("neuronnodes", f"/apis/{report.GROUP}/{report.VERSION}/{report.PLURAL}")
 PODS = Resource("pods", "/api/v1/pods", {"fieldSelector": BOUND_PODS})
+# Pending pods kube-scheduler nominated to a node: whom each preemption was for, which the preempt
+# verb alone does not tell (it answers several nodes; kube-scheduler picks one). Few at any time.
+NOMINATED_PODS = Resource(
+    "nominated pods", "/api/v1/pods", {"fieldSelector": "spec.nodeName=,status.nominatedNodeName!="}
+)
 NODES = Resource("nodes", "/api/v1/nodes")  # only for their Neuron health (failures.node_health)
 # for preemption's victims, as kube-scheduler weighs them (pdbs); not needed to be ready
 BUDGETS = Resource("poddisruptionbudgets", "/apis/policy/v1/poddisruptionbudgets")
@@ -61,6 +66,14 @@ class Extender:
             reduce=lambda obj: pod_record(obj, self.names),
             replace=self.view.replace_pods,
             apply=self.view.apply_pod,
+        )
+        # not needed to be ready: until it has listed, a hold is shared as before any nomination shows
+        self.nominated: Reflector[tuple[str, str]] = Reflector(
+            self.api,
+            NOMINATED_PODS,
+            reduce=nomination,
+            replace=lambda records, _: self.view.replace_nominations(records),
+            apply=self.view.apply_nomination,
         )
         self.budgets: Reflector[Budget] = Reflector(
             self.api, BUDGETS, reduce=budget, replace=self.view.replace_budgets, apply=self.view.apply_budget
@@ -191,6 +204,7 @@ class Extender:
             "maintenance": self.maintain,
             "nodes": lambda: self.nodes.run(self.stop),
             "poddisruptionbudgets": lambda: self.budgets.run(self.stop),
+            "nominated-pods": lambda: self.nominated.run(self.stop),
             "group-health": lambda: self.group_health.run(self.stop),
         }
         if self.config.tls is not None:

@@ -37,6 +37,7 @@ from neuron_scheduler_extender.state import (
     Rank,
     Refusal,
     RefusalKind,
+    Share,
     Situation,
     Verdict,
     placement_of,
@@ -79,21 +80,29 @@ Asker = tuple[str, int]
 
 
 def judge_held(view: ClusterView, state: NodeState, pod: PodRequest, who: Asker | None, now: dt.datetime) -> Verdict:
-    """`judge`, with the cores held on the node for other pods of the asker's priority or higher taken."""
-    held = view.held_against(state.node, who[1], who[0], now) if who is not None else frozenset()
-    if not held or state.refusal is not None:
-        return judge(state, pod)
+    """`judge`, and where room is held on the node for other pods of the asker's priority or higher
+    (`Hold`), whether the pod, placed as the device plugin will place it, leaves that room: every
+    sole owner's request placed after it, then each of a shared hold's owners' on what is left."""
+    found = judge(state, pod)
+    holds = view.holds_against(state.node, who[1], who[0], now) if who is not None else []
+    if not holds or found is not None:
+        return found
     assert state.topology is not None
     assert state.free is not None
-    assert state.capacity is not None
-    free = FreeState.of(state.topology, state.free.cores - held)
-    found = verdict_of(state.topology, free, state.capacity, pod)
-    if found is None or judge(state, pod) is not None:
-        return found
-    return Refusal(
-        RefusalKind.PREEMPTION_HOLD,
-        f"{found.reason}, as the set freed here is held for a pod that preempted for it",
-    )
+    topo = state.topology
+    left = placement_of(topo, state.free, pod).free_after
+    for hold in sorted(holds, key=lambda h: len(h.shares)):
+        requests = [s.request for s in hold.shares.values()]
+        placed = [placement_of(topo, left, r) for r in requests]
+        if not all(p.fits for p in placed):
+            return Refusal(
+                RefusalKind.PREEMPTION_HOLD,
+                "placed here, it would leave no room for a pod that preempted for it: the set freed here is "
+                "held for a pod that preempted for it",
+            )
+        if len(placed) == 1:
+            left = placed[0].free_after
+    return None
 
 
 def verdict(situation: Situation, pod: PodRequest) -> Verdict:
@@ -153,7 +162,7 @@ def filter_nodes(
             unresolvable[state.node] = _reserved(held.group, held.domain)
             continue
         refused = state.refusal
-        if refused is None and who is not None and view.held_against(state.node, who[1], who[0], now):
+        if refused is None and who is not None and view.holds_against(state.node, who[1], who[0], now):
             refused = judge_held(view, state, pod, who, now)
             if refused is None:
                 passed.append(state.node)
@@ -512,9 +521,8 @@ def preempt(
             freed = FreeState.of(state.topology, free.cores.union(*(v.cores & usable for v in chosen.pods)))
             taken = freed.cores - placement_of(state.topology, freed, pod).free_after.cores
             until = now + dt.timedelta(seconds=HOLD_TTL)
-            view.offer(
-                node, (v.uid for v in chosen.pods), preemptor, Hold(frozenset({preemptor}), priority, taken, until)
-            )
+            hold = Hold({preemptor: Share(pod, taken)}, priority, until)
+            view.offer(node, (v.uid for v in chosen.pods), preemptor, hold)
     return answer
 
 

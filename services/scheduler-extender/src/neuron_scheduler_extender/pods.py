@@ -74,6 +74,14 @@ def nominated_node(pod: Mapping[str, Any]) -> str:
     return value if isinstance(value, str) else ""
 
 
+def nomination(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace/name, status.nominatedNodeName) of a pending pod; None for one without a name."""
+    try:
+        return pod_key(pod), nominated_node(pod)
+    except PodError:
+        return None
+
+
 def node_name(pod: Mapping[str, Any]) -> str:
     """The node the pod is bound to, or "" while it is not bound."""
     spec = pod.get("spec")

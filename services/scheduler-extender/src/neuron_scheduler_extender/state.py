@@ -20,12 +20,11 @@ server (the reports and the pods), so no state can go stale across restarts.
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import enum
 import math
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -164,16 +163,49 @@ class Reservation:
 
 
 @dataclass(frozen=True, slots=True)
+class Share:
+    """What one preemptor would take where its victims go: its request, and the cores it would be
+    given there when the victims were chosen."""
+
+    request: PodRequest
+    cores: frozenset[int]
+
+
+@dataclass(frozen=True, slots=True)
 class Hold:
-    """The set a preemption frees on a node for its preemptor, kept from other pods of no higher
+    """Room a preemption makes on a node for its preemptor, kept from other pods of no higher
     priority until the preemptor is bound, or `until`. kube-scheduler counts the nominated pod on its
     node against those pods, but only by count: a core pod is not counted against a device pod's
-    devices, and would take the freed set, and the preemptor preempt again elsewhere."""
+    devices, and would take the freed set, and the preemptor preempt again elsewhere.
 
-    owners: frozenset[str]  # namespace/name of the preemptor, or of those it may be: see `_victim_gone`
+    What is kept is room, not cores: another pod passes where, placed as the device plugin will
+    place it, it leaves the preemptor a set (`decisions.judge_held`). Keeping it off the cores
+    alone is not enough: the victims often free more than the preemptor takes, and the plugin,
+    which knows nothing of holds, gives the next pod cores of the held set as readily as others.
+
+    `shares`: preemptor (namespace/name) -> its share. One owner once the extender knows whom
+    kube-scheduler evicted for; until then every preemptor the victims were named for
+    (`ClusterView._victim_gone`), none of them kept off the hold, and others kept off as though
+    each of them were the owner (not all of them together: the room of one was made)."""
+
+    shares: Mapping[str, Share]
     priority: int
-    cores: frozenset[int]
     until: dt.datetime
+
+    @property
+    def owners(self) -> frozenset[str]:
+        return frozenset(self.shares)
+
+    @property
+    def cores(self) -> frozenset[int]:
+        return frozenset().union(*(s.cores for s in self.shares.values()))
+
+    def keeping(self, owners: Callable[[str], bool]) -> Hold | None:
+        """The hold of the owners `owners` keeps; None when none is left."""
+        shares = {k: s for k, s in self.shares.items() if owners(k)}
+        if len(shares) == len(self.shares):
+            return self
+        return Hold(shares, self.priority, self.until) if shares else None
 
 
 HOLD_TTL = 120.0  # seconds a hold outlives the preemption: victims end, the preemptor is retried and bound
@@ -235,6 +267,9 @@ class ClusterView:
     _evicted: dict[str, dict[str, str]] = field(
         default_factory=dict
     )  # node -> key -> uid of victims evicted (`nominated`)
+    # pending pod key -> its status.nominatedNodeName, from the watch of nominated pods: whom
+    # kube-scheduler's preemption chose each node for, so a hold there is that pod's alone
+    nominations: dict[str, str] = field(default_factory=dict)
 
     # --- reports ---------------------------------------------------------------------------------
     def replace_reports(self, records: Iterable[ReportRecord]) -> None:
@@ -470,6 +505,7 @@ class ClusterView:
         view's watch has yet to show their deletion; refused for that lag, the preemptor would go
         elsewhere or preempt again. The hold there is its alone from now on, and it owns no other."""
         victims = {u for u, offered in self._offers.items() if (key, node) in offered}
+        hold: Hold | None = None
         if victims:
             hold = self._offers[next(iter(victims))][(key, node)]
             gone = {p.key: p.uid for k in self._by_node.get(node, ()) if (p := self._pod(k)) and p.uid in victims}
@@ -479,40 +515,78 @@ class ClusterView:
                 if not self._offers[uid]:
                     del self._offers[uid]
             self._touch(node)
-        else:
-            hold = None
         for where in list(self._holds):
             kept = []
             for held in self._holds[where]:
                 if key not in held.owners:
                     kept.append(held)
                 elif where == node:
-                    hold = hold or held
-                elif len(held.owners) > 1:
-                    kept.append(dataclasses.replace(held, owners=held.owners - {key}))
+                    own = held.keeping(lambda k: k == key)
+                    hold = hold or own
+                elif (rest := held.keeping(lambda k: k != key)) is not None:
+                    kept.append(rest)
             if where == node and hold is not None:
-                kept.append(dataclasses.replace(hold, owners=frozenset({key})))
+                kept.append(hold)
             self._set_holds(where, kept)
         if hold is not None and node not in self._holds:
-            self._holds[node] = [dataclasses.replace(hold, owners=frozenset({key}))]
+            self._holds[node] = [hold]
+
+    # --- nominations: the watch of pending pods kube-scheduler has nominated -----------------------
+    def replace_nominations(self, records: Iterable[tuple[str, str]]) -> None:
+        self.nominations = {}
+        for key, node in records:
+            self._nomination(key, node)
+
+    def apply_nomination(self, event: str, record: tuple[str, str]) -> None:
+        key, node = record
+        if event == "DELETED" or not node:  # bound, deleted, or the nomination cleared
+            self.nominations.pop(key, None)
+        else:
+            self._nomination(key, node)
+
+    def _nomination(self, key: str, node: str) -> None:
+        """kube-scheduler nominated the pod to `node`: it preempted there for it (or is about to; it
+        deletes the victims after the nomination). Its offers elsewhere are void, a hold it shares
+        elsewhere is the others'; a hold it shares on `node` is kept for the preemptors nominated
+        there. Unlike `nominated`, nothing is taken to be evicted: the victims may still run."""
+        if self.nominations.get(key) == node:
+            return
+        self.nominations[key] = node
+        if self._offers:
+            for uid in list(self._offers):
+                offered = self._offers[uid]
+                for offer in [w for w in offered if w[0] == key and w[1] != node]:
+                    del offered[offer]
+                if not offered:
+                    del self._offers[uid]
+        for where in [n for n, held in self._holds.items() if any(key in h.owners for h in held)]:
+            keep = self._may_be_for(where) if where == node else lambda k: k != key
+            self._set_holds(where, [h for held in self._holds[where] if (h := held.keeping(keep)) is not None])
+
+    def _may_be_for(self, node: str) -> Callable[[str], bool]:
+        """Whether a preemptor may be the one a victim on `node` was evicted for: nominated there, or
+        its nomination not seen yet (it preempted a moment before: its nomination is on its way)."""
+        return lambda k: self.nominations.get(k, node) == node
 
     def _victim_gone(self, uid: str) -> None:
-        """A pod named as a victim is gone: its node's set is held. kube-scheduler evicted it for one
-        of the preemptors it was named for there, which the extender cannot tell apart until one of
-        them is asked for with the node it was nominated to (`nominated`): the hold is theirs together,
-        none of them kept off it, every other pod of no higher priority kept off."""
+        """A pod named as a victim is gone: its node's set is held. kube-scheduler evicted it for the
+        preemptor it nominated to the node: when the nominations' watch has shown whom, the hold is
+        that pod's (or those pods', should several be nominated there); else it is the hold of every
+        preemptor it was named for there, not known to be nominated elsewhere, together, none of them
+        kept off it, every other pod of no higher priority kept off, until the nomination shows."""
         by_node: dict[str, list[tuple[str, Hold]]] = {}
         for (key, node), hold in self._offers.pop(uid, {}).items():
             by_node.setdefault(node, []).append((key, hold))
         for node, offered in by_node.items():
-            owners = frozenset(k for k, _ in offered)
-            holds = [h for _, h in offered]
+            chosen = [(k, h) for k, h in offered if self.nominations.get(k) == node]
+            # none known: those it may be for; none of those either (every one nominated elsewhere
+            # since, one perhaps after this eviction): all, rather than hold nothing
+            picked = chosen or [(k, h) for k, h in offered if self._may_be_for(node)(k)] or offered
             self._holds.setdefault(node, []).append(
                 Hold(
-                    owners,
-                    max(h.priority for h in holds),
-                    frozenset().union(*(h.cores for h in holds)),
-                    max(h.until for h in holds),
+                    {k: s for _, h in picked for k, s in h.shares.items()},
+                    max(h.priority for _, h in picked),
+                    max(h.until for _, h in picked),
                 )
             )
 
@@ -526,8 +600,8 @@ class ClusterView:
             for held in self._holds[where]:
                 if key not in held.owners:
                     kept.append(held)
-                elif where != node and len(held.owners) > 1:
-                    kept.append(dataclasses.replace(held, owners=held.owners - {key}))
+                elif where != node and (rest := held.keeping(lambda k: k != key)) is not None:
+                    kept.append(rest)
             self._set_holds(where, kept)
 
     def _set_holds(self, node: str, holds: list[Hold]) -> None:
@@ -536,16 +610,21 @@ class ClusterView:
         else:
             self._holds.pop(node, None)
 
-    def held_against(self, node: str, priority: int, key: str, now: dt.datetime) -> frozenset[int]:
-        """The cores held on the node for other pods than `key` of `priority` or higher: whom
+    def holds_against(self, node: str, priority: int, key: str, now: dt.datetime) -> list[Hold]:
+        """The holds on the node for other pods than `key` of `priority` or higher: whom
         kube-scheduler counts a nominated pod against (framework.go `addGENominatedPods`)."""
         held = self._holds.get(node)
         if not held:
-            return frozenset()
+            return []
         if any(h.until < now for h in held):
             held = [h for h in held if h.until >= now]
             self._set_holds(node, held)
-        return frozenset().union(*(h.cores for h in held if h.priority >= priority and key not in h.owners))
+        return [h for h in held if h.priority >= priority and key not in h.owners]
+
+    def held_against(self, node: str, priority: int, key: str, now: dt.datetime) -> frozenset[int]:
+        """The cores of `holds_against`: what the preemptors would take, neither free nor to be freed
+        for another preemption."""
+        return frozenset().union(*(h.cores for h in self.holds_against(node, priority, key, now)))
 
     # --- per node --------------------------------------------------------------------------------
     def node(self, node: str, now: dt.datetime, *, excluding: str = "") -> NodeState:
