@@ -59,7 +59,8 @@ class FlagRef:
 
     options: "map" (chart value as JSON text -> the flag's word, e.g. {"0": "off"}), "format" (the word
     is this with `{}` replaced by the value, e.g. "0.0.0.0:{}"), "chartDefault" (why the chart's default
-    differs from the flag's, which is otherwise an error)."""
+    differs from the flag's, which is otherwise an error), "auto" (a switch whose chart default is "auto":
+the named helper resolves it to true or false)."""
 
     prog: str
     flag: str
@@ -240,11 +241,15 @@ def flag_schema(ref: FlagRef, spec: Any, default: Any, where: str) -> dict[str, 
     """The schema the flag's declaration gives the chart value, after checking the value's default
     against the flag's."""
     kind = json_type(default)
-    if spec.switch:
+    if spec.switch and default == "auto" and "auto" in ref.options:
+        # the chart resolves "auto" (the helper the option names) and renders the switch either way
+        agrees = False
+        schema: dict[str, Any] = {"enum": ["auto", True, False]}
+    elif spec.switch:
         if kind != "boolean":
             raise ChartSchemaError(f"{where}: {ref} is a switch, but the default {default!r} is not a boolean")
         agrees = default == spec.default
-        schema: dict[str, Any] = {"type": "boolean"}
+        schema = {"type": "boolean"}
     elif spec.choices is not None:
         words = [str(c) for c in spec.choices]
         if ref.word(default) not in words:

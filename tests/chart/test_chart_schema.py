@@ -200,6 +200,8 @@ OTHER_VALUES: dict[str, Any] = {
     "remediation.drainPolicy": "finish:2h",
     "remediation.namespaceDrainPolicy": {"training": "delete-after:30m"},
     "remediation.keepNamespaces": ["training"],
+    # "auto" renders --publish-cores at Helm's own Kubernetes version: only false changes the flag there
+    "draDriver.publishCores": False,
 }
 
 

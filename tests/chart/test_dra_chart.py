@@ -6,13 +6,27 @@ plugin. Rendered by the real Helm 4 (the helpers of test_chart.py)."""
 from __future__ import annotations
 
 import asyncio
+import shutil
 import ssl
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from chart import admission
-from chart.test_chart import MONITORING_API, by_component, container, daemonset, of_kind, refusal, render, sets
+from chart.test_chart import (
+    CHART,
+    MONITORING_API,
+    by_component,
+    container,
+    daemonset,
+    helm,
+    of_kind,
+    refusal,
+    render,
+    sets,
+)
 from prometheus_server import generator
 from simcluster.controlplane import ControlPlane, private_control_plane
 
@@ -149,6 +163,49 @@ def test_without_cores_no_core_class_and_the_driver_publishes_none() -> None:
     docs = render(*ON, *sets(draDriver__publishCores=False))
     assert [d["metadata"]["name"] for d in of_kind(docs, "DeviceClass")] == ["neuron.aws.com"]
     assert "--no-publish-cores" in container(daemonset(docs, "dra-driver"))["args"]
+
+
+def _notes(kube_version: str, *args: str, tmp: Path) -> str:
+    """NOTES.txt as a cluster of `kube_version` gets it: `helm install --dry-run` takes no
+    --kube-version and `helm template` leaves NOTES out, so a copy of the chart renders it inside
+    a manifest of its own."""
+    chart = tmp / "chart"
+    shutil.copytree(CHART, chart)
+    notes = (chart / "templates" / "NOTES.txt").read_text()
+    (chart / "templates" / "_notes_copy.tpl").write_text('{{- define "test.notes" -}}\n' + notes + "\n{{- end -}}\n")
+    (chart / "templates" / "notes-as-rendered.yaml").write_text('notes: {{ include "test.notes" . | toJson }}\n')
+    out = helm(
+        "template", "x", str(chart), "--kube-version", kube_version, *args,
+        "--show-only", "templates/notes-as-rendered.yaml",
+    ).stdout  # fmt: skip
+    return str(yaml.safe_load(out)["notes"])
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "cores"), [("1.35.4", True), ("1.36.3", True), ("1.37.2", False), ("1.38.0", False)]
+)
+def test_auto_publishes_cores_where_the_measured_rule_keeps_them_and_says_why_where_not(
+    kube_version: str, cores: bool, tmp_path: Path
+) -> None:
+    """Issue 58 item 2: the default `auto` follows kube-scheduler's allocator measured at 1,000 nodes
+    (docs/benchmarks.md): from 1.37 on, where the best layout with cores reaches 0.33 of AWS's and
+    whole devices alone 0.90, only devices; before, cores too. Set either way, the value wins."""
+    docs = render(*ON, "--kube-version", kube_version)
+    classes = [d["metadata"]["name"] for d in of_kind(docs, "DeviceClass")]
+    args = container(daemonset(docs, "dra-driver"))["args"]
+    assert ("neuroncore.aws.com" in classes) is cores
+    assert ("--publish-cores" if cores else "--no-publish-cores") in args
+    notes = _notes(kube_version, *ON, tmp=tmp_path)
+    said = "Single NeuronCores are not published on Kubernetes"
+    assert (said in notes) is not cores
+    if not cores:
+        assert all(s in notes for s in ("0.90", "0.33", "--set draDriver.publishCores=true")), notes
+        assert "aws.amazon.com/neuroncore" in notes  # the pods that would wait
+    for value, on in ((True, True), (False, False)):
+        pinned = render(*ON, "--kube-version", kube_version, *sets(draDriver__publishCores=value))
+        assert ("neuroncore.aws.com" in [d["metadata"]["name"] for d in of_kind(pinned, "DeviceClass")]) is on
+        assert ("--publish-cores" if on else "--no-publish-cores") in container(daemonset(pinned, "dra-driver"))["args"]
+    assert said not in _notes(kube_version, *ON, *sets(draDriver__publishCores=False), tmp=tmp_path / "off")
 
 
 def test_rbac_is_least_privilege() -> None:

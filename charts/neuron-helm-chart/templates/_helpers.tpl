@@ -346,6 +346,21 @@ httpGet:
 {{- toJson $writers -}}
 {{- end -}}
 
+{{/* "true" when the DRA driver publishes single NeuronCores: draDriver.publishCores, or for "auto" the
+default measured for the cluster's Kubernetes version (docs/benchmarks.md, "The slice layout's levers"):
+from 1.37 on, the best layout with cores measured reaches a third of AWS's devices-only layout's speed
+in kube-scheduler's allocator at 1,000 nodes, devices only 0.90 of it, so cores are off; on 1.36 they
+stay on: there a layout with cores (consumable capacity, KEP-5075) measured 0.52 of it, so the rule
+is to keep them (that layout is not built: docs/dra.md, "Scheduling cost"). */}}
+{{- define "neuron.dra.publishCores" -}}
+{{- $v := .Values.draDriver.publishCores -}}
+{{- if eq (toString $v) "auto" -}}
+{{- if semverCompare ">=1.37.0-0" .Capabilities.KubeVersion.Version -}}false{{- else -}}true{{- end -}}
+{{- else -}}
+{{- toString $v -}}
+{{- end -}}
+{{- end -}}
+
 {{/* Whether the Prometheus-operator objects are rendered. */}}
 {{- define "neuron.monitoringApi" -}}
 {{- if or .Values.nodeMetrics.monitoring.force (.Capabilities.APIVersions.Has "monitoring.coreos.com/v1") -}}true{{- end -}}
