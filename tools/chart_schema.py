@@ -57,10 +57,10 @@ class ChartSchemaError(Exception):
 class FlagRef:
     """`# @flag PROG --FLAG {options}`: the chart renders this value into that flag.
 
-    options: "map" (chart value as JSON text -> the flag's word, e.g. {"0": "off"}), "format" (the word
-    is this with `{}` replaced by the value, e.g. "0.0.0.0:{}"), "chartDefault" (why the chart's default
-    differs from the flag's, which is otherwise an error), "auto" (a switch whose chart default is "auto":
-the named helper resolves it to true or false)."""
+        options: "map" (chart value as JSON text -> the flag's word, e.g. {"0": "off"}), "format" (the word
+        is this with `{}` replaced by the value, e.g. "0.0.0.0:{}"), "chartDefault" (why the chart's default
+        differs from the flag's, which is otherwise an error), "auto" (a switch whose chart default is "auto":
+    the named helper resolves it to true or false)."""
 
     prog: str
     flag: str
