@@ -461,6 +461,142 @@ class TestOverTheView:
         view.nominated("ml/urgent", "n1")  # the filter's path: the nomination on the pod it is asked for
         assert len(view.held_against("n1", 0, "batch/c", NOW)) == 8
 
+    def test_every_victim_of_one_preemption_gone_holds_the_preemptors_room_once(self) -> None:
+        # each victim's deletion took the hold again: four holds of one 4-device pod, placed one after
+        # the other, kept room for four of it, and every pod of no higher priority off the node
+        report, pods = full_node("n1")
+        view = view_of(report, pods=pods)
+        ask = {"n1": NodeVictims(tuple(uid("n1", d) for d in DIAGONAL), 0)}
+        found = decisions.preempt(view, neuron_request(URGENT, NAMES), 1000, ask, NOW, preemptor="ml/urgent")
+        assert len(found["n1"].uids) == 4
+        view.apply_pod("DELETED", pod_record(pods[0], NAMES))  # type: ignore[arg-type]  # not a victim: ended
+        for victim in found["n1"].uids:
+            (gone,) = [p for p in pods if p["metadata"]["uid"] == victim]
+            view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+        assert len(view.holds_against("n1", 0, "batch/c", NOW)) == 1
+        two = neuron_request(pod_object("c", cores=2), NAMES)
+        # device 0, beside the freed row: the row stays whole
+        assert decisions.filter_nodes(view, two, ["n1"], NOW, who=("batch/c", 0)).passed == ["n1"]
+        device = neuron_request(pod_object("d", devices=1), NAMES)
+        assert decisions.filter_nodes(view, device, ["n1"], NOW, who=("batch/c", 0)).passed == ["n1"]
+
+    def test_the_victims_of_the_larger_of_two_answers_gone_hold_its_room_alone_and_once(self) -> None:
+        # the 4-device pod's victims are some of the 8-device pod's: evicted for the latter, the ones
+        # named for both are its or the other's, the rest its alone; they are one eviction, its own,
+        # not its room and then either's on what is left (two rows of trn1's four: the whole node)
+        (r1, p1), (r2, p2) = full_node("n1"), full_node("n2")
+        view = view_of(r1, r2, pods=[*p1, *p2])
+        ask = {n: NodeVictims(tuple(uid(n, d) for d in range(16)), 0) for n in ("n1", "n2")}
+        big = neuron_request(pod_object("big", namespace="ml", devices=8, priority=1000), NAMES)
+        four = decisions.preempt(view, neuron_request(URGENT, NAMES), 1000, ask, NOW, preemptor="ml/urgent")
+        eight = decisions.preempt(view, big, 1000, ask, NOW, preemptor="ml/big")
+        assert set(four["n1"].uids) < set(eight["n1"].uids)
+        spare = next(p for p in p1 if p["metadata"]["uid"] not in eight["n1"].uids)
+        view.apply_pod("DELETED", pod_record(spare, NAMES))  # type: ignore[arg-type]  # not a victim: ended
+        for victim in eight["n1"].uids:
+            (gone,) = [p for p in p1 if p["metadata"]["uid"] == victim]
+            view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+        assert [h.owners for h in view.holds_against("n1", 0, "batch/c", NOW)] == [frozenset({"ml/big"})]
+        two = neuron_request(pod_object("c", cores=2), NAMES)
+        assert decisions.filter_nodes(view, two, ["n1"], NOW, who=("batch/c", 0)).passed == ["n1"]
+
+    def test_the_nomination_shown_after_the_victims_go_makes_the_hold_the_nominated_pods_alone(self) -> None:
+        # as it is when the nomination shows first (docs/scheduling.md: "once it shows, for that pod
+        # alone"): kept for a preemptor never nominated, the hold keeps its room too until it lapses
+        (r1, p1), (r2, p2) = full_node("n1"), full_node("n2")
+        view = view_of(r1, r2, pods=[*p1, *p2])
+        ask = {"n1": NodeVictims(tuple(uid("n1", d) for d in range(16)), 0)}
+        big = neuron_request(pod_object("big", namespace="ml", devices=8, priority=1000), NAMES)
+        four = decisions.preempt(view, neuron_request(URGENT, NAMES), 1000, ask, NOW, preemptor="ml/urgent")
+        decisions.preempt(view, big, 1000, ask, NOW, preemptor="ml/big")
+        for victim in four["n1"].uids:
+            (gone,) = [p for p in p1 if p["metadata"]["uid"] == victim]
+            view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+        view.apply_nomination("ADDED", ("ml/urgent", "n1"))
+        assert {h.owners for h in view.holds_against("n1", 0, "batch/c", NOW)} == {frozenset({"ml/urgent"})}
+        assert len(view.held_against("n1", 0, "batch/c", NOW)) == 8
+
+    def test_renominated_to_another_node_the_pod_holds_nothing_where_it_was_and_a_relist_tells_the_same(
+        self,
+    ) -> None:
+        (r1, p1), (r2, p2) = full_node("n1"), full_node("n2")
+        view = view_of(r1, r2, pods=[*p1, *p2])
+        ask = {"n1": NodeVictims(tuple(uid("n1", d) for d in range(16)), 0)}
+        big = neuron_request(pod_object("big", namespace="ml", devices=8, priority=1000), NAMES)
+        four = decisions.preempt(view, neuron_request(URGENT, NAMES), 1000, ask, NOW, preemptor="ml/urgent")
+        decisions.preempt(view, big, 1000, ask, NOW, preemptor="ml/big")
+        for victim in four["n1"].uids:
+            (gone,) = [p for p in p1 if p["metadata"]["uid"] == victim]
+            view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+        # the watch relisted: the nominations it lists decide, in whatever order they come
+        view.replace_nominations([("ml/urgent", "n1"), ("ml/big", "n2")])
+        assert [h.owners for h in view.holds_against("n1", 0, "batch/c", NOW)] == [frozenset({"ml/urgent"})]
+        # its room there taken by another, kube-scheduler preempts for it on n2: n1 holds nothing more
+        view.apply_nomination("MODIFIED", ("ml/urgent", "n2"))
+        assert view.holds_against("n1", 0, "batch/c", NOW) == []
+        # deleted while nominated (or bound): the watch forgets it
+        view.apply_nomination("DELETED", ("ml/urgent", "n2"))
+        assert view.nominations == {"ml/big": "n2"}
+
+    def test_preempting_again_its_old_nomination_does_not_give_its_new_victims_room_to_another(self) -> None:
+        # its room on n1 lost, kube-scheduler preempts for it again, on n2, and evicts there before the
+        # watch shows the new nomination: taken by the old one as nominated elsewhere, the pod was left
+        # out of the hold its own victims made, the other preemptor they were named for got it, and
+        # once that one was nominated elsewhere nothing kept the pod's room
+        (r1, p1), (r2, p2) = full_node("n1"), full_node("n2")
+        view = view_of(r1, r2, pods=[*p1, *p2])
+        urgent = neuron_request(URGENT, NAMES)
+        first = decisions.preempt(
+            view, urgent, 1000, {"n1": NodeVictims((uid("n1", 0),), 0)}, NOW, preemptor="ml/urgent"
+        )
+        view.apply_nomination("ADDED", ("ml/urgent", "n1"))
+        for victim in first["n1"].uids:
+            (gone,) = [p for p in p1 if p["metadata"]["uid"] == victim]
+            view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+        ask = {"n2": NodeVictims(tuple(uid("n2", d) for d in range(16)), 0)}
+        other = neuron_request(pod_object("other", namespace="ml", devices=4, priority=1000), NAMES)
+        decisions.preempt(view, other, 1000, ask, NOW, preemptor="ml/other")
+        again = decisions.preempt(view, urgent, 1000, ask, NOW, preemptor="ml/urgent")
+        for victim in again["n2"].uids:
+            (gone,) = [p for p in p2 if p["metadata"]["uid"] == victim]
+            view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+        view.apply_nomination("MODIFIED", ("ml/urgent", "n2"))
+        view.apply_nomination("ADDED", ("ml/other", "n1"))
+        assert [h.owners for h in view.holds_against("n2", 0, "batch/c", NOW)] == [frozenset({"ml/urgent"})]
+        assert view.holds_against("n1", 0, "batch/c", NOW) == []
+
+    def test_while_some_victims_still_run_a_pod_off_the_preemptors_set_passes(self) -> None:
+        # the preemptor fits only once every victim is gone: until then no pod placed here leaves it
+        # room, and the room check alone kept every pod of no higher priority off the whole node
+        report, pods = full_node("n1")
+        view = view_of(report, pods=pods)
+        ask = {"n1": NodeVictims(tuple(uid("n1", d) for d in DIAGONAL), 0)}
+        found = decisions.preempt(view, neuron_request(URGENT, NAMES), 1000, ask, NOW, preemptor="ml/urgent")
+        view.apply_pod("DELETED", pod_record(pods[0], NAMES))  # type: ignore[arg-type]  # not a victim: ended
+        (first,) = [p for p in pods if p["metadata"]["uid"] == found["n1"].uids[0]]
+        view.apply_pod("DELETED", pod_record(first, NAMES))  # type: ignore[arg-type]
+        two = neuron_request(pod_object("c", cores=2), NAMES)
+        # device 0 is off the set held: the pod goes there
+        assert decisions.filter_nodes(view, two, ["n1"], NOW, who=("batch/c", 0)).passed == ["n1"]
+        # a pod that takes device 0 and the freed device can only take cores of the held set
+        three = neuron_request(pod_object("c3", cores=3), NAMES)
+        refused = decisions.filter_nodes(view, three, ["n1"], NOW, who=("batch/c", 0)).unresolvable["n1"]
+        assert refused.kind is RefusalKind.PREEMPTION_HOLD
+
+    def test_lapsed_holds_and_offers_are_dropped_on_nodes_never_asked_about_again(self) -> None:
+        (r1, p1), (r2, p2) = full_node("n1"), full_node("n2")
+        view = view_of(r1, r2, pods=[*p1, *p2])
+        ask = {n: NodeVictims((uid(n, 0),), 0) for n in ("n1", "n2")}
+        found = decisions.preempt(view, neuron_request(URGENT, NAMES), 1000, ask, NOW, preemptor="ml/u")
+        (victim,) = [p for p in p1 if p["metadata"]["uid"] == found["n1"].uids[0]]
+        view.apply_pod("DELETED", pod_record(victim, NAMES))  # type: ignore[arg-type]
+        view.expire_holds(NOW)
+        assert view._holds  # not lapsed yet
+        assert view._offers
+        view.expire_holds(NOW + dt.timedelta(seconds=HOLD_TTL + 1))
+        assert view._holds == {}
+        assert view._offers == {}
+
     def test_offers_of_a_preemptor_never_asked_for_again_are_forgotten(self) -> None:
         report, pods = full_node("n1")
         view = view_of(report, pods=pods)

@@ -177,6 +177,7 @@ class Extender:
         while not await sleep_or_stop(self.stop, MAINTENANCE_INTERVAL):
             for key in self.view.expire_assumed(time.monotonic()):
                 log.warning("pod %s was bound by this extender but never seen bound; no longer counted", key)
+            self.view.expire_holds(self.endpoints.now())
 
     async def run(self) -> int:
         return await run_service(self.http, self.supervisor, self.stop, self._started, release=self._release)

@@ -90,19 +90,32 @@ def judge_held(view: ClusterView, state: NodeState, pod: PodRequest, who: Asker 
     assert state.topology is not None
     assert state.free is not None
     topo = state.topology
-    left = placement_of(topo, state.free, pod).free_after
-    for hold in sorted(holds, key=lambda h: len(h.shares)):
-        requests = [s.request for s in hold.shares.values()]
-        placed = [placement_of(topo, left, r) for r in requests]
+    ordered = sorted(holds, key=lambda h: len(h.shares))
+    after = placement_of(topo, state.free, pod).free_after
+    if _room_left(topo, after, ordered):
+        return None
+    # no room for them even without the pod: victims are still going (each one's deletion is seen
+    # apart), and until they are, the pod is kept off the cores the preemptors would take alone
+    taken = state.free.cores - after.cores
+    if not _room_left(topo, state.free, ordered) and not taken & frozenset().union(*(h.cores for h in holds)):
+        return None
+    return Refusal(
+        RefusalKind.PREEMPTION_HOLD,
+        "placed here, it would leave no room for a pod that preempted for it: the set freed here is "
+        "held for a pod that preempted for it",
+    )
+
+
+def _room_left(topo: Topology, free: FreeState, holds: Iterable[Hold]) -> bool:
+    """Whether every sole owner's request fits on `free`, placed one after the other, then each of
+    a shared hold's owners' on what is left."""
+    for hold in holds:
+        placed = [placement_of(topo, free, s.request) for s in hold.shares.values()]
         if not all(p.fits for p in placed):
-            return Refusal(
-                RefusalKind.PREEMPTION_HOLD,
-                "placed here, it would leave no room for a pod that preempted for it: the set freed here is "
-                "held for a pod that preempted for it",
-            )
+            return False
         if len(placed) == 1:
-            left = placed[0].free_after
-    return None
+            free = placed[0].free_after
+    return True
 
 
 def verdict(situation: Situation, pod: PodRequest) -> Verdict:

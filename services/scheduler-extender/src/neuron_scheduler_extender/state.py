@@ -489,7 +489,11 @@ class ClusterView:
 
     def withdraw_offers(self, key: str, now: dt.datetime | None = None) -> None:
         """The preemptor's answers: before a new one, or once it is placed; with `now`, every offer
-        whose hold would have lapsed by then too (its preemptor deleted while pending)."""
+        whose hold would have lapsed by then too (its preemptor deleted while pending). Its nomination
+        is forgotten too: preempting again, kube-scheduler nominates it anew, and its victims may go
+        before the watch shows where (taken as nominated where it was, the pod would be left out of
+        the hold they make); placed, it leaves the watch."""
+        self.nominations.pop(key, None)
         for uid in list(self._offers):
             offered = self._offers[uid]
             for where in [w for w, h in offered.items() if w[0] == key or (now is not None and h.until < now)]:
@@ -560,7 +564,8 @@ class ClusterView:
                 if not offered:
                     del self._offers[uid]
         for where in [n for n, held in self._holds.items() if any(key in h.owners for h in held)]:
-            keep = self._may_be_for(where) if where == node else lambda k: k != key
+            # on `node`: the pods nominated there (as `_victim_gone` takes it once the nomination shows)
+            keep = (lambda k: self.nominations.get(k) == node) if where == node else (lambda k: k != key)
             self._set_holds(where, [h for held in self._holds[where] if (h := held.keeping(keep)) is not None])
 
     def _may_be_for(self, node: str) -> Callable[[str], bool]:
@@ -573,7 +578,10 @@ class ClusterView:
         preemptor it nominated to the node: when the nominations' watch has shown whom, the hold is
         that pod's (or those pods', should several be nominated there); else it is the hold of every
         preemptor it was named for there, not known to be nominated elsewhere, together, none of them
-        kept off it, every other pod of no higher priority kept off, until the nomination shows."""
+        kept off it, every other pod of no higher priority kept off, until the nomination shows.
+        A victim of the same answer as one gone before on the node (the same share of a preemptor)
+        is of the same eviction: the hold is narrowed to the preemptors both were named for, not
+        taken again (`decisions.judge_held` would place the preemptor once per hold)."""
         by_node: dict[str, list[tuple[str, Hold]]] = {}
         for (key, node), hold in self._offers.pop(uid, {}).items():
             by_node.setdefault(node, []).append((key, hold))
@@ -582,13 +590,21 @@ class ClusterView:
             # none known: those it may be for; none of those either (every one nominated elsewhere
             # since, one perhaps after this eviction): all, rather than hold nothing
             picked = chosen or [(k, h) for k, h in offered if self._may_be_for(node)(k)] or offered
-            self._holds.setdefault(node, []).append(
-                Hold(
-                    {k: s for _, h in picked for k, s in h.shares.items()},
-                    max(h.priority for _, h in picked),
-                    max(h.until for _, h in picked),
-                )
+            hold = Hold(
+                {k: s for _, h in picked for k, s in h.shares.items()},
+                max(h.priority for _, h in picked),
+                max(h.until for _, h in picked),
             )
+            kept = []
+            for held in self._holds.get(node, ()):
+                # a victim of the same answer to a preemptor as one gone before: the same eviction, for
+                # a preemptor both were named for (held again, its room would be counted twice)
+                same = {k: s for k, s in hold.shares.items() if held.shares.get(k) == s}
+                if same:
+                    hold = Hold(same, max(held.priority, hold.priority), max(held.until, hold.until))
+                else:
+                    kept.append(held)
+            self._holds[node] = [*kept, hold]
 
     def release_holds(self, key: str, node: str = "") -> None:
         """The preemptor is bound (or being bound) to `node`: a hold there that may be its is used up,
@@ -603,6 +619,18 @@ class ClusterView:
                 elif where != node and (rest := held.keeping(lambda k: k != key)) is not None:
                     kept.append(rest)
             self._set_holds(where, kept)
+
+    def expire_holds(self, now: dt.datetime) -> None:
+        """Drop every hold and offer lapsed by `now`: `holds_against` drops them on the nodes asked
+        about only, and a hold kept makes every bound pod's event look for its owner."""
+        for node in [n for n, held in self._holds.items() if any(h.until < now for h in held)]:
+            self._set_holds(node, [h for h in self._holds[node] if h.until >= now])
+        for uid in list(self._offers):
+            offered = self._offers[uid]
+            for where in [w for w, h in offered.items() if h.until < now]:
+                del offered[where]
+            if not offered:
+                del self._offers[uid]
 
     def _set_holds(self, node: str, holds: list[Hold]) -> None:
         if holds:
