@@ -125,6 +125,7 @@ def valid_set(topo: Topology, free: FreeState, devices: tuple[int, ...], cores: 
 #   devices, and no pod of the stream asks for one); no `networkNodeLayer*` or `capacityBlockId` (the
 #   simulated Nodes carry no EC2 topology or capacity-block labels, which those come from).
 OURS = "ours"
+OURS_DEVICES = "ours, devices only"  # the driver with --no-publish-cores (the chart's default from 1.37)
 AWS = "AWS's"
 AWS_DRIVER_VERSION = "2.24.7.0"  # the kernel driver version AWS's template example selects (a value only)
 AWS_DRA_DRIVER_VERSION = "1.0.1"  # a version of AWS's DRA driver image (a value only)

@@ -25,9 +25,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import functools
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -117,7 +118,10 @@ class SimulatedNodes:
         self.api = api
         self.dra = dra
         # whose ResourceSlices a DRA node publishes: our driver's, or AWS's layout (simcluster.dra)
-        self.node_slices = dra_nodes.aws_node_slices if layout == dra_nodes.AWS else dra_nodes.node_slices
+        self.node_slices: Callable[[NodeSpec], list[dict[str, Any]]] = {
+            dra_nodes.AWS: dra_nodes.aws_node_slices,
+            dra_nodes.OURS_DEVICES: functools.partial(dra_nodes.node_slices, publish_cores=False),
+        }.get(layout, dra_nodes.node_slices)
         self.requests = requests or {}  # pod -> its request, for pods whose own claim says it (no limits)
         self.nodes = {s.name: SimNode(s, s.topology, whole_node(s.topology)) for s in specs}
         self.report_interval = report_interval

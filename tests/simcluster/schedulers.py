@@ -31,7 +31,10 @@ CLIENT_QPS = 5000
 EXTENDER_WEIGHT = 10  # the chart's scheduler.extender.weight
 
 
-def scheduler_config(kubeconfig: Path, scheduler_name: str, extender_url: str | None) -> dict[str, Any]:
+def scheduler_config(
+    kubeconfig: Path, scheduler_name: str, extender_url: str | None, nodes_to_score: int | None = None
+) -> dict[str, Any]:
+    """`nodes_to_score`: percentageOfNodesToScore; None leaves kube-scheduler's adaptive default."""
     config: dict[str, Any] = {
         "apiVersion": "kubescheduler.config.k8s.io/v1",
         "kind": "KubeSchedulerConfiguration",
@@ -39,6 +42,8 @@ def scheduler_config(kubeconfig: Path, scheduler_name: str, extender_url: str | 
         "leaderElection": {"leaderElect": False},
         "profiles": [{"schedulerName": scheduler_name}],
     }
+    if nodes_to_score is not None:
+        config["percentageOfNodesToScore"] = nodes_to_score
     if extender_url is not None:
         # The chart's stanza (tests/chart checks that they agree), so the figures are the chart's
         config["extenders"] = [
@@ -84,13 +89,20 @@ class Scheduler:
 
 
 def start_scheduler(
-    cp: ControlPlane, scheduler_name: str, extender_url: str | None = None, *, args: Sequence[str] = ()
+    cp: ControlPlane,
+    scheduler_name: str,
+    extender_url: str | None = None,
+    *,
+    args: Sequence[str] = (),
+    nodes_to_score: int | None = None,
 ) -> Scheduler:
     """Starts kube-scheduler with one profile, its metrics readable without credentials. `args`:
     more flags (e.g. feature gates, which kube-scheduler reads from its command line, not its config)."""
     name = "kube-scheduler" if scheduler_name == DEFAULT_SCHEDULER else scheduler_name
     config = cp.dir / f"{name}.yaml"
-    config.write_text(json.dumps(scheduler_config(cp.kubeconfig, scheduler_name, extender_url), indent=1))
+    config.write_text(
+        json.dumps(scheduler_config(cp.kubeconfig, scheduler_name, extender_url, nodes_to_score), indent=1)
+    )
     port = free_port()
     argv: list[str | Path] = [
         k8s_bin() / "kube-scheduler",

@@ -367,12 +367,16 @@ async def simulate(
     dra: str | None = None,
     urgent: int = 0,
     kinds: str | None = None,
+    devices_only: bool = False,
+    nodes_to_score: int | None = None,
 ) -> Outcome:
     """One run of `scheduler` (DEFAULT_SCHEDULER or NEURON_SCHEDULER) in `work`, an empty directory
     the caller removes afterwards; `dra`: DRA_EXTENDED or DRA_CLAIMS, with the default scheduler.
     `urgent`: once the stream has settled, a second stream of so many pods of higher priority
     (`fleet.urgent_stream`), which only preemption can place on the full fleet. `kinds`: DEVICE_PODS or
-    CORE_PODS runs only the stream's pods of that kind (with their names and order; DRA_AWS needs DEVICE_PODS)."""
+    CORE_PODS runs only the stream's pods of that kind (with their names and order; DRA_AWS needs DEVICE_PODS).
+    `devices_only`: our driver's slices without cores (`--no-publish-cores`; needs DEVICE_PODS).
+    `nodes_to_score`: kube-scheduler's percentageOfNodesToScore (None: its adaptive default)."""
     if dra is not None and (scheduler != DEFAULT_SCHEDULER or dra not in (DRA_EXTENDED, DRA_CLAIMS, DRA_AWS)):
         raise ValueError(f"no DRA run {dra!r} of {scheduler}")
     if kinds not in (None, DEVICE_PODS, CORE_PODS) or (dra == DRA_AWS and kinds != DEVICE_PODS):
@@ -381,7 +385,9 @@ async def simulate(
     specs, stream = fleet(size.nodes, size.seed, size.ultraservers), pod_stream(size.pods, size.seed, size.groups)
     if kinds is not None:
         stream = [p for p in stream if bool(p.devices) == (kinds == DEVICE_PODS)]
-    layout = dra_nodes.AWS if dra == DRA_AWS else dra_nodes.OURS
+    if devices_only and (dra not in (DRA_EXTENDED, DRA_CLAIMS) or kinds != DEVICE_PODS):
+        raise ValueError("our devices-only layout runs the device pods of a DRA run of our slices")
+    layout = dra_nodes.AWS if dra == DRA_AWS else dra_nodes.OURS_DEVICES if devices_only else dra_nodes.OURS
     instance_types = sorted({s.instance_type for s in specs})
     second = urgent_stream(urgent, size.seed)
     names = [s.name for s in specs]
@@ -427,7 +433,7 @@ async def simulate(
                 await asyncio.to_thread(wait_until_ready, cp.processes, "the extender", port, "/readyz", 60, None)
                 f, p = await _time_extender(url, names, stream, size.probes)
                 extender.filter_seconds["empty fleet"], extender.prioritize_seconds["empty fleet"] = f, p
-            kube_scheduler = start_scheduler(cp, scheduler, url or None)
+            kube_scheduler = start_scheduler(cp, scheduler, url or None, nodes_to_score=nodes_to_score)
             pids = {**cp.processes.pids(), SIMULATED_KUBELETS: os.getpid()}
             cpu_before = _cpu_seconds(pids)
 
