@@ -16,7 +16,6 @@ they arrive.
 from __future__ import annotations
 
 import asyncio
-import ssl
 import sys
 import tempfile
 import time
@@ -28,14 +27,7 @@ sys.path.insert(0, str(REPO / "tests"))
 
 from common import BenchError, Figure, scaled, until_async  # noqa: E402
 from simcluster.api import Api  # noqa: E402
-from simcluster.controlplane import (  # noqa: E402
-    ControlPlane,
-    control_plane,
-    free_port,
-    k8s_bin,
-    k8s_version,
-    wait_until_ready,
-)
+from simcluster.controlplane import ControlPlane, control_plane, k8s_version, start_controller_manager  # noqa: E402
 
 TITLE = f"kube-controller-manager's ResourceClaim controller, pods with a claim template, Kubernetes {k8s_version()}"
 PODS = scaled(1000, 20)
@@ -73,27 +65,6 @@ def pod(name: str, namespace: str) -> dict[str, Any]:
     }
 
 
-async def start_claim_controller(cp: ControlPlane, name: str, flags: list[str]) -> None:
-    port = free_port()
-    cp.processes.start(
-        name,
-        [
-            k8s_bin() / "kube-controller-manager",
-            f"--kubeconfig={cp.kubeconfig}",
-            "--controllers=resourceclaim-controller",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={port}",
-            "--use-service-account-credentials=false",
-            *flags,
-        ],
-    )
-    unverified = ssl.create_default_context()
-    unverified.check_hostname = False
-    unverified.verify_mode = ssl.CERT_NONE
-    await asyncio.to_thread(wait_until_ready, cp.processes, name, port, "/healthz", 60, unverified)
-
-
 async def one_setting(api: Api, cp: ControlPlane, index: int, flags: list[str]) -> tuple[float, float]:
     """(pods created a second, pods set up a second) for one burst in a namespace of its own."""
     namespace = f"claims-{index}"
@@ -103,7 +74,7 @@ async def one_setting(api: Api, cp: ControlPlane, index: int, flags: list[str]) 
         f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates", claim_template(namespace)
     )
     name = f"kube-controller-manager-{index}"
-    await start_claim_controller(cp, name, flags)
+    await start_controller_manager(cp, ["resourceclaim-controller"], name=name, flags=flags)
     names = [f"pod-{i:05d}" for i in range(PODS)]
     queue: asyncio.Queue[str] = asyncio.Queue()
     for n in names:

@@ -36,7 +36,6 @@ import json
 import os
 import re
 import shutil
-import ssl
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +45,7 @@ from typing import Any
 import yaml
 from polling import until_async
 from simcluster.api import Api
-from simcluster.controlplane import ControlPlane, free_port, k8s_bin, wait_until_ready
+from simcluster.controlplane import ControlPlane, free_port, k8s_bin, start_controller_manager, wait_until_ready
 from simcluster.fleet import INSTANCE_TYPE_LABEL, NAMESPACE, NEURON, NEURONCORE
 
 from neuron_model.placement_labels import NETWORK_NODE_LAYER_LABELS
@@ -303,23 +302,7 @@ async def _established(api: Api, name: str) -> None:
 
 async def start_job_controller(cp: ControlPlane) -> None:
     """kube-controller-manager with its Job and garbage collector controllers only."""
-    port = free_port()
-    cp.processes.start(
-        "kube-controller-manager",
-        [
-            k8s_bin() / "kube-controller-manager",
-            f"--kubeconfig={cp.kubeconfig}",
-            "--controllers=job-controller,garbage-collector-controller",
-            "--leader-elect=false",
-            "--bind-address=127.0.0.1",
-            f"--secure-port={port}",
-            "--use-service-account-credentials=false",
-        ],
-    )
-    unverified = ssl.create_default_context()
-    unverified.check_hostname = False
-    unverified.verify_mode = ssl.CERT_NONE
-    await asyncio.to_thread(wait_until_ready, cp.processes, "kube-controller-manager", port, "/healthz", 60, unverified)
+    await start_controller_manager(cp, ["job-controller", "garbage-collector-controller"])
 
 
 async def start_kueue(api: Api, cp: ControlPlane, config: Mapping[str, Any] | None = None) -> Kueue:

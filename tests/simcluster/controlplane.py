@@ -13,6 +13,7 @@ lift its not-ready taint) they are untainted: exactly what kube-scheduler sees o
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import http.client
 import json
@@ -246,6 +247,31 @@ def wait_until_ready(
         return _ready(port, path, tls)
 
     until(ready, f"{what} ready on 127.0.0.1:{port}{path}", timeout, 0.2, TimeoutError)
+
+
+async def start_controller_manager(
+    cp: ControlPlane, controllers: Sequence[str], *, name: str = "kube-controller-manager", flags: Sequence[str] = ()
+) -> None:
+    """The pinned release's kube-controller-manager with only `controllers` running, started under
+    `name` (its log's), returning once it serves /healthz. `flags`: more of its flags."""
+    port = free_port()
+    cp.processes.start(
+        name,
+        [
+            k8s_bin() / "kube-controller-manager",
+            f"--kubeconfig={cp.kubeconfig}",
+            f"--controllers={','.join(controllers)}",
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={port}",
+            "--use-service-account-credentials=false",
+            *flags,
+        ],
+    )
+    unverified = ssl.create_default_context()  # its serving certificate is self-signed
+    unverified.check_hostname = False
+    unverified.verify_mode = ssl.CERT_NONE
+    await asyncio.to_thread(wait_until_ready, cp.processes, name, port, "/healthz", 60, unverified)
 
 
 @contextlib.contextmanager
