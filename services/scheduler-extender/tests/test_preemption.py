@@ -4,6 +4,7 @@ pod a valid set; checked against every subset of the candidates and the slow ora
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Iterable
 from itertools import chain, combinations
 from typing import Any
 
@@ -264,7 +265,30 @@ def uid(node: str, device: int) -> str:
 
 
 URGENT = pod_object("urgent", namespace="ml", devices=4, priority=1000)
+BIG = pod_object("big", namespace="ml", devices=8, priority=1000)
 DIAGONAL = [0, 5, 10, 15]  # what counting alone picks: the last bound, here made a diagonal
+
+
+Answer = dict[str, NodeVictims]  # node -> the victims the preempt verb named there
+
+
+def gone(view: ClusterView, pods: list[dict[str, Any]], uids: Iterable[str]) -> None:
+    """The watch shows the pods of `pods` with these uids deleted."""
+    by_uid = {p["metadata"]["uid"]: p for p in pods}
+    for u in uids:
+        view.apply_pod("DELETED", pod_record(by_uid[u], NAMES))  # type: ignore[arg-type]
+
+
+def urgent_then_big(asked: Iterable[str]) -> tuple[ClusterView, list[dict[str, Any]], Answer, Answer]:
+    """Two full trn1 nodes, n1 and n2; the preempt verb asked for the 4-device URGENT ("ml/urgent"), then
+    for the 8-device BIG ("ml/big"), each offered every pod of the nodes `asked`: kube-scheduler asks
+    one pod after another before any victim goes. (The view, n1's pods, the two answers.)"""
+    (r1, p1), (r2, p2) = full_node("n1"), full_node("n2")
+    view = view_of(r1, r2, pods=[*p1, *p2])
+    ask = {n: NodeVictims(tuple(uid(n, d) for d in range(16)), 0) for n in asked}
+    four = decisions.preempt(view, neuron_request(URGENT, NAMES), 1000, ask, NOW, preemptor="ml/urgent")
+    eight = decisions.preempt(view, neuron_request(BIG, NAMES), 1000, ask, NOW, preemptor="ml/big")
+    return view, p1, four, eight
 
 
 class TestOverTheView:
@@ -303,9 +327,8 @@ class TestOverTheView:
         urgent = neuron_request(URGENT, NAMES)
         found = self.answer(view, {"n1": [uid("n1", d) for d in DIAGONAL]})
         for victim in found["n1"].uids:
-            (gone,) = [p for p in pods if p["metadata"]["uid"] == victim]
             assert decisions.filter_nodes(view, urgent, ["n1"], NOW).passed == []
-            view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+            gone(view, pods, [victim])
         assert decisions.filter_nodes(view, urgent, ["n1"], NOW).passed == ["n1"]
         # a pod of the same name bound again holds what the report lists for it
         again = pod_object("n1-p12", namespace="batch", node="n1", devices=1, uid="uid-again")
@@ -326,9 +349,7 @@ class TestOverTheView:
             NOW,
             preemptor="ml/urgent",
         )
-        for victim in found["n1"].uids:
-            (gone,) = [p for p in pods if p["metadata"]["uid"] == victim]
-            view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+        gone(view, pods, found["n1"].uids)
         low, same = ("batch/c", 0), ("ml/other", 1000)
         refused = decisions.filter_nodes(view, core_pod, ["n1"], NOW, who=low).unresolvable["n1"]
         assert refused.kind is RefusalKind.PREEMPTION_HOLD
@@ -416,18 +437,11 @@ class TestOverTheView:
         # for all of them together, their sets kept the node from the pods preempting next, which
         # preempted elsewhere for nothing: the watch of nominated pods tells whose it is.
         def preempted(*, nominated_first: bool) -> ClusterView:
-            (r1, p1), (r2, p2) = full_node("n1"), full_node("n2")
-            view = view_of(r1, r2, pods=[*p1, *p2])
-            ask = {n: NodeVictims(tuple(uid(n, d) for d in range(16)), 0) for n in ("n1", "n2")}
-            big = neuron_request(pod_object("big", namespace="ml", devices=8, priority=1000), NAMES)
-            four = decisions.preempt(view, neuron_request(URGENT, NAMES), 1000, ask, NOW, preemptor="ml/urgent")
-            eight = decisions.preempt(view, big, 1000, ask, NOW, preemptor="ml/big")
+            view, p1, four, eight = urgent_then_big(("n1", "n2"))
             assert set(four["n1"].uids) < set(eight["n1"].uids)  # a row, of the two rows the other takes
             if nominated_first:
                 view.apply_nomination("ADDED", ("ml/urgent", "n1"))
-            for victim in four["n1"].uids:
-                (gone,) = [p for p in p1 if p["metadata"]["uid"] == victim]
-                view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+            gone(view, p1, four["n1"].uids)
             return view
 
         row = 8  # cores: 4 devices of 2
@@ -449,15 +463,8 @@ class TestOverTheView:
         assert known.nominations == {}
 
     def test_asked_again_with_its_nomination_a_shared_hold_shrinks_to_the_preemptors_own_set(self) -> None:
-        (r1, p1), (r2, p2) = full_node("n1"), full_node("n2")
-        view = view_of(r1, r2, pods=[*p1, *p2])
-        ask = {"n1": NodeVictims(tuple(uid("n1", d) for d in range(16)), 0)}
-        big = neuron_request(pod_object("big", namespace="ml", devices=8, priority=1000), NAMES)
-        four = decisions.preempt(view, neuron_request(URGENT, NAMES), 1000, ask, NOW, preemptor="ml/urgent")
-        decisions.preempt(view, big, 1000, ask, NOW, preemptor="ml/big")
-        for victim in four["n1"].uids:
-            (gone,) = [p for p in p1 if p["metadata"]["uid"] == victim]
-            view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+        view, p1, four, _ = urgent_then_big(("n1",))
+        gone(view, p1, four["n1"].uids)
         view.nominated("ml/urgent", "n1")  # the filter's path: the nomination on the pod it is asked for
         assert len(view.held_against("n1", 0, "batch/c", NOW)) == 8
 
@@ -470,9 +477,7 @@ class TestOverTheView:
         found = decisions.preempt(view, neuron_request(URGENT, NAMES), 1000, ask, NOW, preemptor="ml/urgent")
         assert len(found["n1"].uids) == 4
         view.apply_pod("DELETED", pod_record(pods[0], NAMES))  # type: ignore[arg-type]  # not a victim: ended
-        for victim in found["n1"].uids:
-            (gone,) = [p for p in pods if p["metadata"]["uid"] == victim]
-            view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+        gone(view, pods, found["n1"].uids)
         assert len(view.holds_against("n1", 0, "batch/c", NOW)) == 1
         two = neuron_request(pod_object("c", cores=2), NAMES)
         # device 0, beside the freed row: the row stays whole
@@ -484,18 +489,11 @@ class TestOverTheView:
         # the 4-device pod's victims are some of the 8-device pod's: evicted for the latter, the ones
         # named for both are its or the other's, the rest its alone; they are one eviction, its own,
         # not its room and then either's on what is left (two rows of trn1's four: the whole node)
-        (r1, p1), (r2, p2) = full_node("n1"), full_node("n2")
-        view = view_of(r1, r2, pods=[*p1, *p2])
-        ask = {n: NodeVictims(tuple(uid(n, d) for d in range(16)), 0) for n in ("n1", "n2")}
-        big = neuron_request(pod_object("big", namespace="ml", devices=8, priority=1000), NAMES)
-        four = decisions.preempt(view, neuron_request(URGENT, NAMES), 1000, ask, NOW, preemptor="ml/urgent")
-        eight = decisions.preempt(view, big, 1000, ask, NOW, preemptor="ml/big")
+        view, p1, four, eight = urgent_then_big(("n1", "n2"))
         assert set(four["n1"].uids) < set(eight["n1"].uids)
         spare = next(p for p in p1 if p["metadata"]["uid"] not in eight["n1"].uids)
         view.apply_pod("DELETED", pod_record(spare, NAMES))  # type: ignore[arg-type]  # not a victim: ended
-        for victim in eight["n1"].uids:
-            (gone,) = [p for p in p1 if p["metadata"]["uid"] == victim]
-            view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+        gone(view, p1, eight["n1"].uids)
         assert [h.owners for h in view.holds_against("n1", 0, "batch/c", NOW)] == [frozenset({"ml/big"})]
         two = neuron_request(pod_object("c", cores=2), NAMES)
         assert decisions.filter_nodes(view, two, ["n1"], NOW, who=("batch/c", 0)).passed == ["n1"]
@@ -503,15 +501,8 @@ class TestOverTheView:
     def test_the_nomination_shown_after_the_victims_go_makes_the_hold_the_nominated_pods_alone(self) -> None:
         # as it is when the nomination shows first (docs/scheduling.md: "once it shows, for that pod
         # alone"): kept for a preemptor never nominated, the hold keeps its room too until it lapses
-        (r1, p1), (r2, p2) = full_node("n1"), full_node("n2")
-        view = view_of(r1, r2, pods=[*p1, *p2])
-        ask = {"n1": NodeVictims(tuple(uid("n1", d) for d in range(16)), 0)}
-        big = neuron_request(pod_object("big", namespace="ml", devices=8, priority=1000), NAMES)
-        four = decisions.preempt(view, neuron_request(URGENT, NAMES), 1000, ask, NOW, preemptor="ml/urgent")
-        decisions.preempt(view, big, 1000, ask, NOW, preemptor="ml/big")
-        for victim in four["n1"].uids:
-            (gone,) = [p for p in p1 if p["metadata"]["uid"] == victim]
-            view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+        view, p1, four, _ = urgent_then_big(("n1",))
+        gone(view, p1, four["n1"].uids)
         view.apply_nomination("ADDED", ("ml/urgent", "n1"))
         assert {h.owners for h in view.holds_against("n1", 0, "batch/c", NOW)} == {frozenset({"ml/urgent"})}
         assert len(view.held_against("n1", 0, "batch/c", NOW)) == 8
@@ -519,15 +510,8 @@ class TestOverTheView:
     def test_renominated_to_another_node_the_pod_holds_nothing_where_it_was_and_a_relist_tells_the_same(
         self,
     ) -> None:
-        (r1, p1), (r2, p2) = full_node("n1"), full_node("n2")
-        view = view_of(r1, r2, pods=[*p1, *p2])
-        ask = {"n1": NodeVictims(tuple(uid("n1", d) for d in range(16)), 0)}
-        big = neuron_request(pod_object("big", namespace="ml", devices=8, priority=1000), NAMES)
-        four = decisions.preempt(view, neuron_request(URGENT, NAMES), 1000, ask, NOW, preemptor="ml/urgent")
-        decisions.preempt(view, big, 1000, ask, NOW, preemptor="ml/big")
-        for victim in four["n1"].uids:
-            (gone,) = [p for p in p1 if p["metadata"]["uid"] == victim]
-            view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+        view, p1, four, _ = urgent_then_big(("n1",))
+        gone(view, p1, four["n1"].uids)
         # the watch relisted: the nominations it lists decide, in whatever order they come
         view.replace_nominations([("ml/urgent", "n1"), ("ml/big", "n2")])
         assert [h.owners for h in view.holds_against("n1", 0, "batch/c", NOW)] == [frozenset({"ml/urgent"})]
@@ -550,16 +534,12 @@ class TestOverTheView:
             view, urgent, 1000, {"n1": NodeVictims((uid("n1", 0),), 0)}, NOW, preemptor="ml/urgent"
         )
         view.apply_nomination("ADDED", ("ml/urgent", "n1"))
-        for victim in first["n1"].uids:
-            (gone,) = [p for p in p1 if p["metadata"]["uid"] == victim]
-            view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+        gone(view, p1, first["n1"].uids)
         ask = {"n2": NodeVictims(tuple(uid("n2", d) for d in range(16)), 0)}
         other = neuron_request(pod_object("other", namespace="ml", devices=4, priority=1000), NAMES)
         decisions.preempt(view, other, 1000, ask, NOW, preemptor="ml/other")
         again = decisions.preempt(view, urgent, 1000, ask, NOW, preemptor="ml/urgent")
-        for victim in again["n2"].uids:
-            (gone,) = [p for p in p2 if p["metadata"]["uid"] == victim]
-            view.apply_pod("DELETED", pod_record(gone, NAMES))  # type: ignore[arg-type]
+        gone(view, p2, again["n2"].uids)
         view.apply_nomination("MODIFIED", ("ml/urgent", "n2"))
         view.apply_nomination("ADDED", ("ml/other", "n1"))
         assert [h.owners for h in view.holds_against("n2", 0, "batch/c", NOW)] == [frozenset({"ml/urgent"})]
