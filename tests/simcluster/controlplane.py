@@ -54,6 +54,12 @@ def next_k8s_version() -> str:
     return _pinned(REPO / "tests/simcluster/k8s-next/go.mod")
 
 
+def older_k8s_versions() -> list[str]:
+    """The older releases the DRA driver is tested on (tests/simcluster/k8s-1.*, `make k8s-versions`), oldest first."""
+    found = [_pinned(d / "go.mod") for d in (REPO / "tests/simcluster").glob("k8s-1.*")]
+    return sorted(found, key=lambda v: tuple(int(x) for x in v.removeprefix("v").split(".")))
+
+
 @contextlib.contextmanager
 def k8s_release(version: str) -> Iterator[None]:
     """Control planes started inside run `version` (its binaries must be built: `make k8s-next`)."""

@@ -369,3 +369,75 @@ def test_a_trainium3_whole_node_claim_gets_its_reservation_as_the_4_node_group(t
     }
     with pytest.raises(claims.ClaimRefused, match=r"this node is in no group of 2 nodes"):
         prepare(configured(claim(("c", "neurondevice0")), (ultra(2), None, "FromClaim")), inv)
+
+
+# --- cores as consumable capacity: the driver picks a share's cores --------------------------
+
+
+def shares(*results: tuple[str, str, str | None], uid: str = UID) -> dict[str, Any]:
+    """A claim allocated shares of devices: (request, device, cores consumed or None for no capacity)."""
+    obj = claim(uid=uid)
+    obj["status"]["allocation"]["devices"]["results"] = [
+        {"request": request, "driver": "neuron.aws.com", "pool": "node-a", "device": device, "shareID": f"s{i}"}
+        | ({"consumedCapacity": {"cores": cores}} if cores is not None else {})
+        for i, (request, device, cores) in enumerate(results)
+    ]
+    return obj
+
+
+def prepare_held(obj: dict[str, Any], inv: NodeInventory, held: set[int], uid: str = UID) -> claims.PreparedClaim:
+    return claims.prepare(obj, uid, "node-a", inv, {}, Path("/"), None, inv.ultraserver, held=held)
+
+
+def test_a_share_gets_the_lowest_cores_of_its_device_that_no_other_claim_holds() -> None:
+    inv = inventory("trn2.48xlarge", 1)  # 8 logical cores a device
+    first = prepare_held(shares(("c", "neurondevice3", "3")), inv, set())
+    assert env_of(first)["NEURON_RT_VISIBLE_CORES"] == "24,25,26"
+    assert first.devices[0].cores == (24, 25, 26)
+    held = claims.held_cores([first], inv)
+    second = prepare_held(shares(("c", "neurondevice3", "5"), uid="u2"), inv, held, uid="u2")
+    assert env_of(second)["NEURON_RT_VISIBLE_CORES"] == "27,28,29,30,31"
+    (device,) = second.spec["devices"]
+    assert [n["path"] for n in device["containerEdits"]["deviceNodes"]] == ["/dev/neuron3"]
+    # the device is full now: a third share is refused, saying why, not given a held core
+    with pytest.raises(claims.ClaimRefused, match=r"neurondevice3: the claim's share is 1 core\(s\) but 0 of"):
+        prepare_held(shares(("c", "neurondevice3", "1"), uid="u3"), inv, claims.held_cores([first, second], inv), "u3")
+
+
+def test_a_result_consuming_all_of_a_device_or_no_capacity_is_the_whole_device() -> None:
+    inv = inventory("trn2.48xlarge", 1)
+    for cores in ("8", None):
+        prepared = prepare_held(shares(("c", "neurondevice0", cores)), inv, set())
+        assert env_of(prepared)["NEURON_RT_VISIBLE_CORES"] == "0,1,2,3,4,5,6,7"
+        assert prepared.devices[0].cores == ()
+
+
+def test_two_shares_of_one_claim_on_the_same_device_get_different_cores() -> None:
+    inv = inventory("inf2.48xlarge")  # 2 cores a device
+    prepared = prepare_held(shares(("a", "neurondevice5", "1"), ("b", "neurondevice5", "1")), inv, set())
+    assert [d.cores for d in prepared.devices] == [(10,), (11,)]
+
+
+@pytest.mark.parametrize(
+    ("cores", "message"),
+    [("two", r"cores='two' is not a whole number"), ("0", r"cores=0, the device has 8"), ("9", r"cores=9")],
+)
+def test_a_malformed_consumed_capacity_is_refused_saying_so(cores: str, message: str) -> None:
+    with pytest.raises(claims.ClaimRefused, match=message):
+        prepare_held(shares(("c", "neurondevice1", cores)), inventory("trn2.48xlarge", 1), set())
+
+
+def test_held_cores_count_every_kind_of_holding_and_survive_the_checkpoint(tmp_path: Path) -> None:
+    inv = inventory("inf2.48xlarge")
+    whole = prepare(claim(("c", "neurondevice0")), inv)
+    core = claims.prepare(claim(("c", "neuroncore5"), uid="u2"), "u2", "node-a", inv, {}, Path("/"))
+    share = prepare_held(shares(("c", "neurondevice4", "1"), uid="u3"), inv, set(), uid="u3")
+    arc = claims.prepare(claim(("c", "neurongroup2-10"), uid="u4"), "u4", "node-a", inv, {}, Path("/"))
+    assert claims.held_cores([whole, core, share, arc], inv) == {0, 1, 5, 8, 20, 21, 22, 23}
+    cp = Checkpoint(tmp_path / "checkpoint.json")
+    cp.save({"u3": share})
+    assert cp.load()["u3"].devices[0].cores == (8,)
+    # a checkpoint written before shares existed has no "cores": it reads as before
+    raw = share.to_json()
+    del raw["devices"][0]["cores"]
+    assert claims.PreparedClaim.from_json(raw).devices[0].cores == ()

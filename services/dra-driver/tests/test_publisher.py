@@ -79,3 +79,40 @@ async def test_any_other_refusal_of_a_delete_fails_the_pass() -> None:
     with pytest.raises(ApiError):
         await p.sync()
     assert not p.synced
+
+
+class WithoutConsumableCapacity(Slices):
+    """An API server with DRAConsumableCapacity off: it stores a device without what the gate adds."""
+
+    async def apply(self, path: str, body: Any, field_manager: str) -> dict[str, Any]:
+        body = copy.deepcopy(body)
+        for d in body["spec"].get("devices") or []:
+            d.pop("allowMultipleAllocations", None)
+            for capacity in (d.get("capacity") or {}).values():
+                capacity.pop("requestPolicy", None)
+        return await super().apply(path, body, field_manager)
+
+
+@pytest.mark.asyncio
+async def test_where_shareable_devices_are_dropped_cores_are_published_as_devices_instead() -> None:
+    inv = sim_nodes.inventory("trn1.2xlarge", None)
+    api = WithoutConsumableCapacity([])
+    metrics = DriverMetrics()
+    p = SlicePublisher(
+        api,  # type: ignore[arg-type]
+        "node-a",
+        lambda: slices.NodeDevices("node-a", inv, cores_as_capacity=True),
+        metrics,
+        resync=60,
+    )
+    assert await p.sync()
+    assert p.shares_dropped
+    assert not p.counters_dropped
+    assert metrics.shares_kept._value.get() == 0
+    stored = list(api.stored.values())
+    # what the API server keeps: the devices with counters, each core a device of its own
+    assert slices.counted(stored)
+    assert not slices.shareable(stored)
+    names = {d["name"] for s in stored for d in s["spec"].get("devices") or []}
+    assert {f"neuroncore{c.index}" for c in inv.cores} <= names
+    assert not await p.sync()  # and that is stable: nothing to write again

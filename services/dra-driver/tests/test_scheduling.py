@@ -63,11 +63,20 @@ async def create_node(api: Api, name: str) -> None:
 
 
 async def claim_and_pod(
-    api: Api, node: str, device_class: str, count: int, match: str | None = None, selector: str | None = None
+    api: Api,
+    node: str,
+    device_class: str,
+    count: int,
+    match: str | None = None,
+    selector: str | None = None,
+    cores: int | None = None,
 ) -> tuple[str, str]:
-    """A claim pinned to the test's node and a pod using it; their names."""
+    """A claim pinned to the test's node and a pod using it; their names. `cores`: each device's share
+    asked as capacity (cores as consumable capacity)."""
     name = f"c-{uuid.uuid4().hex[:8]}"
     exactly: dict[str, Any] = {"deviceClassName": device_class, "count": count}
+    if cores is not None:
+        exactly["capacity"] = {"requests": {"cores": str(cores)}}
     if selector:
         exactly["selectors"] = [{"cel": {"expression": selector}}]
     devices: dict[str, Any] = {"requests": [{"name": "r", "exactly": exactly}]}
@@ -245,3 +254,46 @@ async def test_a_claim_for_multi_node_work_selects_against_a_failing_link(start_
     assert [index(d) for d in await allocation(h.api, local) or []] == [6]
     await eventually(lambda: unschedulable(h.api, waiting_pod), timeout=60)
     assert await allocation(h.api, waiting) is None
+
+
+async def test_cores_as_capacity_share_a_device_by_capacity_and_each_share_gets_its_own_cores(
+    start_driver, scheduler
+) -> None:  # type: ignore[no-untyped-def]
+    """`--cores-as-capacity` on 1.36 (DRAConsumableCapacity on): the real scheduler hands out shares of one
+    device, never more cores than it has and never beside a whole-device claim, and the driver gives each
+    share its own cores at prepare."""
+    node = f"sched-{uuid.uuid4().hex[:8]}"
+    h: Harness = await start_driver("trn2.3xlarge", "--cores-as-capacity", node=node)  # 1 device, 4 cores (LNC 2)
+    await create_node(h.api, node)
+    await eventually(lambda: _published(h, 1))
+    (device,) = [d for s in await h.slices() for d in s["spec"].get("devices") or []]
+    # the API server kept the shareable device as published (the gate is on in 1.36), so nothing to write again
+    assert device["allowMultipleAllocations"] is True
+    assert device["capacity"]["cores"]["value"] == "4"
+    assert not h.driver.publisher.shares_dropped
+    assert await h.driver.publisher.sync() is False
+    three, _ = await claim_and_pod(h.api, node, "neuron.aws.com", 1, cores=3)
+    await eventually(lambda: allocation(h.api, three), timeout=60)
+    one, _ = await claim_and_pod(h.api, node, "neuron.aws.com", 1, cores=1)
+    await eventually(lambda: allocation(h.api, one), timeout=60)
+    # the device's 4 cores are allocated: neither another core nor the whole device fits
+    more, more_pod = await claim_and_pod(h.api, node, "neuron.aws.com", 1, cores=1)
+    whole, whole_pod = await claim_and_pod(h.api, node, "neuron.aws.com", 1)
+    for pod in (more_pod, whole_pod):
+        await eventually(lambda pod=pod: unschedulable(h.api, pod), timeout=60)
+    assert await allocation(h.api, more) is None
+    assert await allocation(h.api, whole) is None
+    visible = {}
+    for name in (three, one):
+        claim = await h.api.get(f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims/{name}")
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        assert result["device"] == "neurondevice0"
+        assert result.get("shareID")
+        uid = claim["metadata"]["uid"]
+        answer = (await h.kubelet.prepare((uid, NAMESPACE, name))).claims[uid]
+        assert answer.error == ""
+        spec = json.loads((h.cdi_dir / f"neuron.aws.com_claim-{uid}.json").read_text())
+        (edits,) = [d["containerEdits"] for d in spec["devices"]]
+        env = dict(e.split("=", 1) for e in edits["env"])
+        visible[name] = [int(c) for c in env["NEURON_RT_VISIBLE_CORES"].split(",")]
+    assert visible == {three: [0, 1, 2], one: [3]}

@@ -487,3 +487,38 @@ def test_a_trainium3_reservation_node_is_one_device_with_its_reservation_as_the_
     assert not [k for d in all_devices(slices.build(model, 1)) for k in d["attributes"] if k.startswith("topology")]
     # trn3e.24xlarge (MAX) is not a node of a group of nodes: no whole-node device
     assert not whole_nodes(slices.build(model_of("trn3e.24xlarge"), 1))
+
+
+@pytest.mark.parametrize(("name", "lnc"), SETTINGS, ids=IDS)
+def test_cores_as_capacity_publish_each_device_once_shareable_with_its_cores_as_capacity(name: str, lnc: int) -> None:
+    inv = inventory(name, lnc)
+    objs = slices.build(model(name, lnc, cores_as_capacity=True), 1)
+    listed = [d for s in objs for d in s["spec"].get("devices") or []]
+    # no core devices, no arcs, no whole node, no counters: nothing but the devices themselves
+    assert [d["name"] for d in listed] == [f"neurondevice{d.index}" for d in inv.devices]
+    assert all("sharedCounters" not in s["spec"] for s in objs)
+    for d in listed:
+        cores = str(len(inv.device(d["attributes"]["deviceId"]["int"]).logical_cores))  # type: ignore[union-attr]
+        assert d["allowMultipleAllocations"] is True
+        assert "consumesCounters" not in d
+        # a claim asking no capacity (whole devices, AWS's templates) takes all of it
+        assert d["capacity"] == {
+            "cores": {
+                "value": cores,
+                "requestPolicy": {"default": cores, "validRange": {"min": "1", "max": cores, "step": "1"}},
+            }
+        }
+    assert slices.shareable(objs)
+    assert not slices.counted(objs)
+    assert slices.published_counts(objs) == {
+        "device": len(inv.devices),
+        "core": len(inv.cores),
+        "group": 0,
+        "tainted": 0,
+    }
+
+
+def test_cores_as_capacity_needs_cores_published() -> None:
+    objs = slices.build(model("inf2.48xlarge", 1, cores_as_capacity=True, publish_cores=False), 1)
+    assert not slices.shareable(objs)
+    assert all("capacity" in d and "cores" not in d["capacity"] for d in all_devices(objs))  # memory only

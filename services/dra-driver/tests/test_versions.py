@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from dra_harness import Harness, eventually
-from simcluster.controlplane import ControlPlane, k8s_release, private_control_plane
+from simcluster.controlplane import ControlPlane, k8s_release, older_k8s_versions, private_control_plane
 from simcluster.schedulers import start_scheduler
 from test_scheduling import allocation, claim_and_pod, create_node, ready_for_claims, unschedulable
 
@@ -23,7 +23,7 @@ from neuron_sim import node as sim
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[3]
-OLDER = sorted(p.name.removeprefix("k8s-") for p in (REPO / "tests/simcluster").glob("k8s-1.*"))
+OLDER = [v.removeprefix("v") for v in older_k8s_versions()]
 
 
 @pytest.fixture(scope="module", params=OLDER)

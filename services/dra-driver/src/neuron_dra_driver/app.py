@@ -103,6 +103,7 @@ class DraDriver:
             driver_version=self.kernel_driver_version,
             plugin_version=self.plugin_version,
             publish_cores=self.config.publish_cores,
+            cores_as_capacity=self.config.cores_as_capacity,
             taints=taints,
             publish_groups=self.config.publish_groups,
             placement=self.placement.attributes,

@@ -11,7 +11,7 @@ Neuron device: the cores of a request must reach the container as one variable.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,9 @@ class PreparedDevice:
     pool: str
     device: str
     cdi_ids: tuple[str, ...]
+    # a share of a device (cores as consumable capacity): the logical cores the driver chose for it;
+    # empty for everything else, whose name says what it holds
+    cores: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class PreparedClaim(ClaimRef):
             "name": self.name,
             "devices": [
                 {"request": d.request, "pool": d.pool, "device": d.device, "cdiIds": list(d.cdi_ids)}
+                | ({"cores": list(d.cores)} if d.cores else {})
                 for d in self.devices
             ],
         }
@@ -86,7 +90,13 @@ class PreparedClaim(ClaimRef):
             str(raw["namespace"]),
             str(raw["name"]),
             tuple(
-                PreparedDevice(str(d["request"]), str(d["pool"]), str(d["device"]), tuple(map(str, d["cdiIds"])))
+                PreparedDevice(
+                    str(d["request"]),
+                    str(d["pool"]),
+                    str(d["device"]),
+                    tuple(map(str, d["cdiIds"])),
+                    tuple(int(c) for c in d.get("cores") or ()),
+                )
                 for d in raw["devices"]
             ),
             dict(spec),
@@ -119,19 +129,24 @@ def prepare(
     host_dev_root: Path,
     taints: Mapping[int, Taint] | None = None,
     ultraserver: UltraServerReading | None = None,
+    held: Collection[int] = (),
 ) -> PreparedClaim:
     """The prepared form of `claim` (as the API server returns it), or `ClaimRefused`: allocated,
     the same UID the kubelet asked for, its devices in this node's pool, known and healthy, or
     tainted (`taints`) with every result on them tolerating the taint (an admin's diagnostic pod).
-    `ultraserver`: the node's UltraServer identity as the driver tells it now, for UltraServerConfig."""
+    `ultraserver`: the node's UltraServer identity as the driver tells it now, for UltraServerConfig.
+    `held`: the logical cores other prepared claims hold (`held_cores`); a share of a device (a result
+    consuming part of its `cores` capacity) gets the lowest of the device's cores not held."""
     taints = taints or {}
+    taken = set(held)
+    share_cores: dict[int, tuple[int, ...]] = {}  # result's position -> the cores chosen for its share
     meta = claim.get("metadata") or {}
     if meta.get("uid") != uid:
         raise ClaimRefused(f"the claim's UID is {meta.get('uid')!r}, the kubelet asked for {uid!r} (recreated?)")
     per_request: dict[str, tuple[set[int], set[int]]] = {}  # request -> (devices, cores)
     untolerated: set[int] = set()  # devices some result on which does not tolerate their taint
     results = _results(claim)
-    for result in results:
+    for position, result in enumerate(results):
         pool, name, request = str(result.get("pool")), str(result.get("device")), str(result.get("request"))
         if pool != node_name:
             raise ClaimRefused(f"device {name} is allocated from pool {pool!r}, this node is {node_name!r}")
@@ -155,7 +170,19 @@ def prepare(
             if device is None:
                 raise ClaimRefused(f"{name}: no such Neuron device on this node")
             devices.add(index)
-            cores.update(device.logical_cores)
+            share = _share_size(result, name, len(device.logical_cores))
+            if share is None:
+                cores.update(device.logical_cores)
+            else:
+                free = [c for c in sorted(device.logical_cores) if c not in taken]
+                if len(free) < share:
+                    raise ClaimRefused(
+                        f"{name}: the claim's share is {share} core(s) but {len(free)} of the device's"
+                        f" {len(device.logical_cores)} are not held by other claims on this node"
+                    )
+                share_cores[position] = tuple(free[:share])
+                taken.update(free[:share])
+                cores.update(free[:share])
             holder = index
         else:
             core = inventory.core(index)
@@ -188,15 +215,61 @@ def prepare(
         edits[cdi_device_name(uid, request)] = cdi.container_edits(devices, host_dev_root, request_env)
     first_of_request: set[str] = set()
     prepared: list[PreparedDevice] = []
-    for result in results:
+    for position, result in enumerate(results):
         request = str(result["request"])
         # the request's one CDI device goes with its first device: a container naming the claim
         # or the request gets it exactly once
         ids = () if request in first_of_request else (cdi.qualified_name(CLAIM_KIND, cdi_device_name(uid, request)),)
         first_of_request.add(request)
-        prepared.append(PreparedDevice(request, str(result["pool"]), str(result["device"]), ids))
+        prepared.append(
+            PreparedDevice(request, str(result["pool"]), str(result["device"]), ids, share_cores.get(position, ()))
+        )
     spec = cdi.spec(CLAIM_KIND, edits)
     return PreparedClaim(uid, str(meta.get("namespace", "")), str(meta.get("name", "")), tuple(prepared), spec)
+
+
+def _share_size(result: Mapping[str, Any], name: str, device_cores: int) -> int | None:
+    """The cores a result takes as a share of its device (`consumedCapacity.cores`, cores as consumable
+    capacity), or None for the whole device: no capacity consumed, or all of it."""
+    consumed = (result.get("consumedCapacity") or {}).get(slices.CORES_CAPACITY)
+    if consumed is None:
+        return None
+    try:
+        share = int(str(consumed))
+    except ValueError:
+        raise ClaimRefused(f"{name}: consumed capacity cores={consumed!r} is not a whole number of cores") from None
+    if not 1 <= share <= device_cores:
+        raise ClaimRefused(f"{name}: consumed capacity cores={share}, the device has {device_cores}")
+    return None if share == device_cores else share
+
+
+def held_cores(claims: Iterable[PreparedClaim], inventory: NodeInventory) -> set[int]:
+    """The logical cores `claims` hold on this node: a share's chosen cores, a whole device's all, a
+    core device its one, a group's every member's (names this node does not have hold nothing)."""
+    held: set[int] = set()
+    for claim in claims:
+        for d in claim.devices:
+            if d.cores:
+                held.update(d.cores)
+                continue
+            members: tuple[int, ...] = ()
+            arc = resources.parse_dra_group(d.device)
+            if arc is not None:
+                size, first = arc
+                members = resources.ring_arc(first, size, topology_from(inventory).device_count)
+            elif d.device == resources.DRA_NODE_NAME:
+                members = tuple(x.index for x in inventory.devices)
+            elif (parsed := slices.parse_device_name(d.device)) is not None:
+                kind, index = parsed
+                if kind == slices.CORE_KIND:
+                    held.add(index)
+                    continue
+                members = (index,)
+            for member in members:
+                device = inventory.device(member)
+                if device is not None:
+                    held.update(device.logical_cores)
+    return held
 
 
 def _node_members(inventory: NodeInventory, name: str) -> tuple[int, ...]:

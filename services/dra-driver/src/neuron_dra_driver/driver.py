@@ -24,7 +24,7 @@ from pathlib import Path
 from neuron_common.kube import ObjectReader
 from neuron_dra_driver import checkpoint
 from neuron_dra_driver.checkpoint import Checkpoint
-from neuron_dra_driver.claims import ClaimRef, ClaimRefused, PreparedClaim, prepare, spec_file_name
+from neuron_dra_driver.claims import ClaimRef, ClaimRefused, PreparedClaim, held_cores, prepare, spec_file_name
 from neuron_dra_driver.metrics import DriverMetrics
 from neuron_dra_driver.slices import Taint
 from neuron_driver import cdi
@@ -178,15 +178,18 @@ class Driver:
         # not prepared, or prepared but its spec is gone with no copy: ask the API server
         try:
             claim = await self.api.get(claim_path(ref.namespace, ref.name))
+            inventory = self.inventory()
+            others = (c for uid, c in self.prepared.items() if uid != ref.uid)
             prepared = prepare(
                 claim,
                 ref.uid,
                 self.node_name,
-                self.inventory(),
+                inventory,
                 self.unhealthy(),
                 self.host_dev_root,
                 self.taints(),
                 self.ultraserver(),
+                held=held_cores(others, inventory),
             )
         except ClaimRefused as exc:
             self.metrics.refusals.labels("refused").inc()

@@ -39,6 +39,11 @@ class DriverMetrics:
             "1 while the API server keeps shared counters; 0 when it drops them (DRAPartitionableDevices off) "
             "and only whole devices are published, so a device and its cores are never handed out together",
         )
+        self.shares_kept = m.gauge(
+            "shareable_devices_kept",
+            "1 while the API server keeps devices that allow several allocations; 0 when it drops them "
+            "(DRAConsumableCapacity off) and cores are published as devices with shared counters instead",
+        )
         self.taints_kept = m.gauge(
             "device_taints_kept",
             "1 while the API server keeps device taints; 0 when it drops them (DRADeviceTaints off) "

@@ -57,6 +57,13 @@ _FEATURES = (
         "unhealthy devices are left out of the ResourceSlices instead",
     ),
     _Feature(
+        slices.shareable,
+        "shares_dropped",
+        "shares_kept",
+        "the API server dropped the shareable devices (DRAConsumableCapacity off: Kubernetes before 1.36?); "
+        "cores are published as devices sharing their device's counter instead",
+    ),
+    _Feature(
         slices.counted,
         "counters_dropped",
         "counters_kept",
@@ -91,6 +98,7 @@ class SlicePublisher:
     synced: bool = field(default=False, init=False)  # the API server has the current slices
     taints_dropped: bool = field(default=False, init=False)  # the API server does not keep device taints
     counters_dropped: bool = field(default=False, init=False)  # the API server does not keep shared counters
+    shares_dropped: bool = field(default=False, init=False)  # the API server does not keep shareable devices
     _kick: asyncio.Event = field(default_factory=asyncio.Event, init=False)
 
     def kick(self) -> None:
@@ -112,6 +120,8 @@ class SlicePublisher:
         model = self.model()
         if self.taints_dropped:
             model = model.without_taints()
+        if self.shares_dropped:
+            model = replace(model, cores_as_capacity=False)
         if self.counters_dropped:
             model = replace(model, publish_cores=False)
         found = await self.existing()
@@ -125,6 +135,7 @@ class SlicePublisher:
         self.metrics.unhealthy_devices.set(len(set(model.unhealthy) | set(model.taints)))
         self.metrics.taints_kept.set(0 if self.taints_dropped else 1)
         self.metrics.counters_kept.set(0 if self.counters_dropped else 1)
+        self.metrics.shares_kept.set(0 if self.shares_dropped else 1)
         one_generation = len({s["spec"]["pool"].get("generation") for s in found}) == 1
         if one_generation and _comparable(found) == _comparable(desired):
             self.synced = True

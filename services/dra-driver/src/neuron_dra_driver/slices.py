@@ -38,6 +38,14 @@ driver's election is over the node's UltraServer identity: `ultraserverMode`, `u
 whole counter: AWS's trn2u ResourceClaimTemplates (one `neuron_node` device with `UltraServerConfig`)
 run unchanged. It is published only while every device of the node is in the pool.
 
+Cores as consumable capacity (`cores_as_capacity`, KEP-5075, `DRAConsumableCapacity`, Beta in 1.36):
+each `neurondevice<N>` allows several allocations and has a capacity `cores` worth its logical cores,
+whose default is all of them. A claim for whole devices asks no capacity and takes all of a device; a
+claim for k cores asks `capacity.requests.cores: k` of a device, and which cores the share gets is
+the driver's choice at prepare (`claims.prepare`). No core devices, no shared counters, so no ring
+arcs and no whole UltraServer node either: on 1.36 this is the one layout with cores whose cost in
+kube-scheduler stays near a devices-only layout's (docs/benchmarks.md, "The slice layout's levers").
+
 An unhealthy device either leaves the pool (with its cores) or, with device taints on (KEP-5055,
 `DRADeviceTaints`, Beta in 1.36), stays in it with a taint `neuron.aws.com/unhealthy=<why>` on the
 device and each of its cores: the scheduler then says why a claim waits, allocates it only to a
@@ -67,6 +75,7 @@ CORE_KIND = "neuron_core"
 GROUP_KIND = "neuron_device_group"
 NODE_KIND = "neuron_node"
 COUNTER_SET_PREFIX = "neuroncores"
+CORES_CAPACITY = "cores"  # a shareable device's capacity in logical cores (cores_as_capacity)
 # API limits (k8s.io/api resource/v1): devices per slice when counters are used, counters per set.
 MAX_DEVICES_PER_SLICE = 64
 MAX_COUNTERS_PER_SET = 32
@@ -135,10 +144,21 @@ class NodeDevices:
     publish_cores: bool = True
     taints: Mapping[int, Taint] = field(default_factory=dict)  # unhealthy devices published tainted
     publish_groups: bool = True  # ring arcs as devices (only with the shared counters of publish_cores)
+    cores_as_capacity: bool = False  # with publish_cores: cores as shares of a device, not as devices
     placement: Mapping[str, str] = field(default_factory=dict)  # from the Node's labels (placement_labels)
     ultraserver: UltraServerReading | None = None  # the driver's UltraServer identity, read for each publish
     # device -> its multi-node-unfit faults (a failing link: neuron_health.device_health.multi_node_unfit)
     multi_node_unfit: Mapping[int, tuple[str, ...]] = field(default_factory=dict)
+
+    @property
+    def shared(self) -> bool:
+        """Cores are published as consumable capacity of their device (no counters, no core devices)."""
+        return self.publish_cores and self.cores_as_capacity
+
+    @property
+    def counted(self) -> bool:
+        """Cores are published as devices sharing their device's counter."""
+        return self.publish_cores and not self.cores_as_capacity
 
     def without_taints(self) -> NodeDevices:
         """The same node with its tainted devices left out instead (an API server that drops taints)."""
@@ -227,13 +247,23 @@ def devices(model: NodeDevices) -> list[dict[str, Any]]:
         attributes["coreCount"] = _int(len(d.logical_cores))
         _mark_unfit(attributes, model, (d.index,))
         entry: dict[str, Any] = {"name": device_name(d.index), "attributes": attributes}
-        if memory:
+        if model.shared:
+            # no memory capacity: without a request policy each share would consume all of it
+            cores = str(len(d.logical_cores))
+            entry["allowMultipleAllocations"] = True
+            entry["capacity"] = {
+                CORES_CAPACITY: {
+                    "value": cores,
+                    "requestPolicy": {"default": cores, "validRange": {"min": "1", "max": cores, "step": "1"}},
+                }
+            }
+        elif memory:
             entry["capacity"] = {"memory": {"value": _quantity(memory)}}
-        if model.publish_cores:
+        if model.counted:
             entry["consumesCounters"] = [_consumes(d.index, len(d.logical_cores))]
         _taint(entry, model.taints.get(d.index))
         result.append(entry)
-    if model.publish_cores:
+    if model.counted:
         for d in healthy:
             for core in d.logical_cores:
                 attributes = _common(model, CORE_KIND, d.index, groups)
@@ -258,7 +288,7 @@ def ring_groups(model: NodeDevices) -> list[dict[str, Any]]:
     """Every valid arc of two or more devices of a ring, all members published, as one device."""
     inv = model.inventory
     topo = topology_from(inv)
-    if not (model.publish_groups and model.publish_cores) or topo.kind is not TopologyKind.RING:
+    if not (model.publish_groups and model.counted) or topo.kind is not TopologyKind.RING:
         return []
     unhealthy = set(model.unhealthy)
     present = {d.index: d for d in inv.devices if d.index not in unhealthy}
@@ -298,7 +328,7 @@ def whole_node(model: NodeDevices) -> list[dict[str, Any]]:
     """The UltraServer node's whole set of devices as one device, while all of them are in the pool."""
     inv = model.inventory
     it = inv.instance_type
-    if it is None or not it.ultraserver or not model.publish_cores or not inv.devices:
+    if it is None or not it.ultraserver or not model.counted or not inv.devices:
         return []
     unhealthy = set(model.unhealthy)
     present = [d for d in sorted(inv.devices, key=lambda d: d.index) if d.index not in unhealthy]
@@ -375,7 +405,7 @@ def build(model: NodeDevices, generation: int) -> list[dict[str, Any]]:
     """The ResourceSlice objects of the node's pool: the counters' slice (only one of devices and
     shared counters may be in a slice), then devices at most 64 a slice."""
     specs: list[dict[str, Any]] = []
-    if model.publish_cores:
+    if model.counted:
         sets = counter_sets(model)
         if sets:
             # at most 8 counter sets a slice: 8 x 32 devices, more than any instance has
@@ -407,13 +437,15 @@ def content(slices: list[dict[str, Any]]) -> list[Any]:
 
 
 def published_counts(slices: list[dict[str, Any]]) -> dict[str, int]:
-    """Devices and cores published (tainted ones too), groups (ring arcs and the whole UltraServer
-    node), and how many of them carry a taint."""
+    """Devices and cores published (as devices or as a device's capacity; tainted ones too), groups
+    (ring arcs and the whole UltraServer node), and how many of them carry a taint."""
     counts = {"device": 0, "core": 0, "group": 0, "tainted": 0}
     for s in slices:
         for d in s["spec"].get("devices") or []:
             kind = d["attributes"]["resourceType"]["string"]
             counts[{DEVICE_KIND: "device", CORE_KIND: "core"}.get(kind, "group")] += 1
+            if d.get("allowMultipleAllocations"):  # its cores, as capacity
+                counts["core"] += int(d["capacity"][CORES_CAPACITY]["value"])
             counts["tainted"] += bool(d.get("taints"))
     return counts
 
@@ -425,6 +457,11 @@ def tainted(slices: list[dict[str, Any]]) -> bool:
 def counted(slices: list[dict[str, Any]]) -> bool:
     """Whether any device consumes a shared counter (what keeps a device and its cores apart)."""
     return any(d.get("consumesCounters") for s in slices for d in s["spec"].get("devices") or [])
+
+
+def shareable(slices: list[dict[str, Any]]) -> bool:
+    """Whether any device allows several allocations (cores as consumable capacity)."""
+    return any(d.get("allowMultipleAllocations") for s in slices for d in s["spec"].get("devices") or [])
 
 
 def parse_device_name(name: str) -> tuple[str, int] | None:
