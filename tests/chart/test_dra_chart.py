@@ -51,7 +51,7 @@ def test_the_one_set_pair_switches_the_release_to_dra() -> None:
     ds = daemonset(docs, "dra-driver")
     c = container(ds)
     assert c["image"] == "localhost/neuron-helm-chart/dra-driver:0.1.0"
-    assert c["args"][:14] == [
+    assert c["args"][:15] == [
         "--host-root=/host",
         "--host-dev-root=/",
         "--plugin-dir=/var/lib/kubelet/plugins/neuron.aws.com",
@@ -62,13 +62,14 @@ def test_the_one_set_pair_switches_the_release_to_dra() -> None:
         "--health-quiet-period=300",
         "--heartbeat-stale-after=300",  # firmwareHeartbeat.staleAfter, the same on every node agent
         "--publish-cores",
+        "--no-cores-as-capacity",  # Helm's own Kubernetes version, before 1.36
         "--publish-groups",
         "--device-taints",
         "--taint-effect-until-reboot=NoSchedule",
         "--taint-effect-replace-instance=NoSchedule",
     ]
     # with the problem detector, its verdicts rather than the kernel log
-    assert c["args"][14:] == [
+    assert c["args"][15:] == [
         "--kmsg-path=none",
         "--verdict-dir=/var/lib/neuron-problem-detector/verdicts",
         "--ultraserver-labels",  # AWS's UltraServer labels on its node
@@ -182,30 +183,61 @@ def _notes(kube_version: str, *args: str, tmp: Path) -> str:
 
 
 @pytest.mark.parametrize(
-    ("kube_version", "cores"), [("1.35.4", True), ("1.36.3", True), ("1.37.2", False), ("1.38.0", False)]
+    ("kube_version", "cores", "shares"),
+    [("1.35.4", True, False), ("1.36.3", True, True), ("1.37.2", False, False), ("1.38.0", False, False)],
 )
 def test_auto_publishes_cores_where_the_measured_rule_keeps_them_and_says_why_where_not(
-    kube_version: str, cores: bool, tmp_path: Path
+    kube_version: str, cores: bool, shares: bool, tmp_path: Path
 ) -> None:
     """Issue 58 item 2: the default `auto` follows kube-scheduler's allocator measured at 1,000 nodes
     (docs/benchmarks.md): from 1.37 on, where the best layout with cores reaches 0.33 of AWS's and
-    whole devices alone 0.90, only devices; before, cores too. Set either way, the value wins."""
+    whole devices alone 0.90, only devices; on 1.36 cores as capacity (0.52, cores as devices 0.002);
+    before, cores as devices (the API server drops them, the driver falls back). Set, the value wins."""
     docs = render(*ON, "--kube-version", kube_version)
     classes = [d["metadata"]["name"] for d in of_kind(docs, "DeviceClass")]
     args = container(daemonset(docs, "dra-driver"))["args"]
-    assert ("neuroncore.aws.com" in classes) is cores
+    # the core class only for cores as devices: a core claim naming it on shares would get whole devices
+    assert ("neuroncore.aws.com" in classes) is (cores and not shares)
     assert ("--publish-cores" if cores else "--no-publish-cores") in args
+    assert ("--cores-as-capacity" if shares else "--no-cores-as-capacity") in args
     notes = _notes(kube_version, *ON, tmp=tmp_path)
     said = "Single NeuronCores are not published on Kubernetes"
     assert (said in notes) is not cores
     if not cores:
         assert all(s in notes for s in ("0.90", "0.33", "--set draDriver.publishCores=true")), notes
         assert "aws.amazon.com/neuroncore" in notes  # the pods that would wait
+    assert ("Cores are published as a capacity of each device" in notes) is shares
+    if shares:
+        assert all(s in notes for s in ("0.52", "0.002", "capacity: {requests: {cores:", "coresAsCapacity=false")), (
+            notes
+        )
     for value, on in ((True, True), (False, False)):
-        pinned = render(*ON, "--kube-version", kube_version, *sets(draDriver__publishCores=value))
+        pinned = render(
+            *ON, "--kube-version", kube_version, *sets(draDriver__publishCores=value, draDriver__coresAsCapacity=False)
+        )
         assert ("neuroncore.aws.com" in [d["metadata"]["name"] for d in of_kind(pinned, "DeviceClass")]) is on
         assert ("--publish-cores" if on else "--no-publish-cores") in container(daemonset(pinned, "dra-driver"))["args"]
     assert said not in _notes(kube_version, *ON, *sets(draDriver__publishCores=False), tmp=tmp_path / "off")
+
+
+def test_cores_as_capacity_renders_the_flag_and_only_the_device_class() -> None:
+    docs = render(*ON, *sets(draDriver__publishCores=True, draDriver__coresAsCapacity=True))
+    assert [d["metadata"]["name"] for d in of_kind(docs, "DeviceClass")] == ["neuron.aws.com"]
+    args = container(daemonset(docs, "dra-driver"))["args"]
+    assert "--publish-cores" in args
+    assert "--cores-as-capacity" in args
+    (pod,) = [p for p in of_kind(docs, "Pod") if p["metadata"]["name"].endswith("-tests-components")]
+    (c,) = pod["spec"]["containers"]
+    assert {e["name"]: e["value"] for e in c["env"]}["CORES_AS_CAPACITY"] == "true"  # helm test counts capacity
+
+
+def test_cores_as_capacity_without_cores_is_refused_naming_both_values() -> None:
+    failed = refusal(*ON, *sets(draDriver__publishCores=False, draDriver__coresAsCapacity=True))
+    assert "draDriver.coresAsCapacity=true" in failed
+    assert "draDriver.publishCores resolves to false" in failed
+    # auto never contradicts: without cores it is off
+    docs = render(*ON, "--kube-version", "1.37.2", *sets(draDriver__coresAsCapacity="auto"))
+    assert "--no-cores-as-capacity" in container(daemonset(docs, "dra-driver"))["args"]
 
 
 def test_rbac_is_least_privilege() -> None:

@@ -72,6 +72,9 @@ def install(*args: str) -> None:
         # every object <release>-<component> in NAMESPACE (the problem detector's too), which these tests name
         "--set", "objectNames=release",
         "--set", "simulation.enabled=true", "--set", f"simulation.hostRoot={SIM_ROOT}",
+        # cores as devices, as on 1.37 with cores on: the features these tests take (arcs, core claims and
+        # their extended resource, taints on cores); the 1.36 default, cores as capacity, has its own test
+        "--set", "draDriver.coresAsCapacity=false",
         *args, "--wait", "--timeout", "300s",
     )  # fmt: skip
 
@@ -659,3 +662,39 @@ def test_a_config_only_the_node_can_refuse_is_refused_at_prepare() -> None:
     eventually(refused, "the LNC 2 pod's prepare refused on trn1, naming logicalNeuronCore", timeout=180)
     assert pod_phase("lnc2", WORKLOADS) == "Pending"
     delete_pods("lnc2")
+
+
+def test_the_136_default_cores_as_capacity_two_pods_share_a_device_each_with_its_own_core() -> None:
+    """The chart's default on this 1.36 cluster (draDriver.coresAsCapacity=auto): each device published
+    once, shareable, its cores a capacity; two pods asking one core of device 0 both run on it, each
+    seeing one core of its own, and a third waits for the scheduler's reason."""
+    try:
+        install("--set", "draDriver.coresAsCapacity=auto")
+
+        def shareable() -> bool:
+            devices = published()
+            return counts() == (16, 0) and all(d.get("allowMultipleAllocations") for d in devices.values())
+
+        eventually(shareable, "16 shareable devices published, no core devices", timeout=180)
+        assert published()["neurondevice0"]["capacity"]["cores"]["value"] == "2"
+        template = claim_template("a-core-of-device-0", "neuron.aws.com", 1, None)
+        exactly = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+        exactly["capacity"] = {"requests": {"cores": "1"}}
+        exactly["selectors"] = [{"cel": {"expression": 'device.attributes["neuron.aws.com"].deviceId == 0'}}]
+        kubectl("apply", "-f", "-", stdin=json.dumps(template))
+        for name in ("share-a", "share-b", "share-c"):
+            create_pod(name, "a-core-of-device-0")
+        eventually(
+            lambda: [pod_phase(n, WORKLOADS) for n in ("share-a", "share-b")] == ["Running", "Running"],
+            "both shares of device 0 running",
+            timeout=180,
+        )
+        cores = [shown(n)["cores"][0] for n in ("share-a", "share-b")]
+        assert sorted(cores) == ["0", "1"], cores
+        assert seen_devices("share-a") == seen_devices("share-b") == [0]
+        eventually(lambda: unschedulable_reason("share-c"), "the third share waits: device 0 has no core left")
+        assert pod_phase("share-c", WORKLOADS) == "Pending"
+        delete_pods("share-a", "share-b", "share-c")
+    finally:
+        install()
+        eventually(lambda: counts() == (16, 32), "cores as devices again", timeout=180)

@@ -350,6 +350,8 @@ def test_slices() -> None:
     label = os.environ.get("INSTANCE_TYPE_LABEL", "node.kubernetes.io/instance-type")
     lnc = int(os.environ.get("LOGICAL_NC_CONFIG", "0"))
     with_cores = os.environ.get("PUBLISH_CORES", "true") == "true"
+    # cores as a capacity of each device (draDriver.coresAsCapacity): counted from the devices' capacity
+    as_capacity = os.environ.get("CORES_AS_CAPACITY", "false") == "true"
     namespace = component_namespace("DRA_DRIVER_NAMESPACE")
     for name in nodes_running(api, namespace, os.environ["DRA_DRIVER_SELECTOR"], "DRA driver"):
         instance_type = (api.read_node(name).metadata.labels or {}).get(label)
@@ -364,13 +366,16 @@ def test_slices() -> None:
             )["items"]
             ours = [s for s in slices if s["spec"]["driver"] == "neuron.aws.com" and s["spec"]["pool"]["name"] == name]
             newest = max((s["spec"]["pool"]["generation"] for s in ours), default=0)
-            names = [
-                d["name"]
-                for s in ours
-                if s["spec"]["pool"]["generation"] == newest
-                for d in s["spec"].get("devices", [])
+            listed = [
+                d for s in ours if s["spec"]["pool"]["generation"] == newest for d in s["spec"].get("devices", [])
             ]
-            got = (sum(n.startswith("neurondevice") for n in names), sum(n.startswith("neuroncore") for n in names))
+            names = [d["name"] for d in listed]
+            core_count = (
+                sum(int(d.get("capacity", {}).get("cores", {}).get("value", 0)) for d in listed)
+                if as_capacity
+                else sum(n.startswith("neuroncore") for n in names)
+            )
+            got = (sum(n.startswith("neurondevice") for n in names), core_count)
             return None if got == (devices, cores) else f"published devices/cores {got}, expected {(devices, cores)}"
 
         eventually(published, f"node {name} ({instance_type}) publishes {devices} devices and {cores} cores for DRA")

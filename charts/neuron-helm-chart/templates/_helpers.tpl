@@ -349,9 +349,9 @@ httpGet:
 {{/* "true" when the DRA driver publishes single NeuronCores: draDriver.publishCores, or for "auto" the
 default measured for the cluster's Kubernetes version (docs/benchmarks.md, "The slice layout's levers"):
 from 1.37 on, the best layout with cores measured reaches a third of AWS's devices-only layout's speed
-in kube-scheduler's allocator at 1,000 nodes, devices only 0.90 of it, so cores are off; on 1.36 they
-stay on: there a layout with cores (consumable capacity, KEP-5075) measured 0.52 of it, so the rule
-is to keep them (that layout is not built: docs/dra.md, "Scheduling cost"). */}}
+in kube-scheduler's allocator at 1,000 nodes, devices only 0.90 of it, so cores are off; before 1.37
+they are on (on 1.36 as consumable capacity, "neuron.dra.coresAsCapacity"; before 1.36 the API server
+drops what cores need and the driver publishes whole devices only). */}}
 {{- define "neuron.dra.publishCores" -}}
 {{- $v := .Values.draDriver.publishCores -}}
 {{- if eq (toString $v) "auto" -}}
@@ -359,6 +359,29 @@ is to keep them (that layout is not built: docs/dra.md, "Scheduling cost"). */}}
 {{- else -}}
 {{- toString $v -}}
 {{- end -}}
+{{- end -}}
+
+{{/* "true" when the DRA driver publishes cores as consumable capacity of their device (KEP-5075), not
+as devices sharing a counter: draDriver.coresAsCapacity, or for "auto" on 1.36 only, where that layout
+filtered a node at 0.52 of the speed of AWS's layout in kube-scheduler's allocator at 1,000 nodes and
+the counters' at 0.002 (kubernetes/kubernetes#138917); from 1.37 on it is the slower one (0.03 against
+0.14). Only with cores published: `true` without them is a contradiction. */}}
+{{- define "neuron.dra.coresAsCapacity" -}}
+{{- $v := .Values.draDriver.coresAsCapacity -}}
+{{- $cores := eq (include "neuron.dra.publishCores" .) "true" -}}
+{{- if eq (toString $v) "auto" -}}
+{{- if and $cores (semverCompare ">=1.36.0-0, <1.37.0-0" .Capabilities.KubeVersion.Version) -}}true{{- else -}}false{{- end -}}
+{{- else if and $v (not $cores) -}}
+{{- fail "draDriver.coresAsCapacity=true publishes cores as a capacity of each device, but draDriver.publishCores resolves to false (no cores): set draDriver.publishCores=true, or coresAsCapacity to auto or false" -}}
+{{- else -}}
+{{- toString $v -}}
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when cores are published as devices sharing their device's counter: the core and ring-arc
+DeviceClasses exist only then. */}}
+{{- define "neuron.dra.coreDevices" -}}
+{{- if and (eq (include "neuron.dra.publishCores" .) "true") (ne (include "neuron.dra.coresAsCapacity" .) "true") -}}true{{- end -}}
 {{- end -}}
 
 {{/* Whether the Prometheus-operator objects are rendered. */}}
