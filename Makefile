@@ -86,7 +86,7 @@ cluster-test: ## bring the cluster up, build and import the images, run the clus
 e2e: ## the chart end to end (install, helm test, faults, ct install) on a running cluster: $$KUBECONFIG or make cluster-up's
 	KUBECONFIG=$${KUBECONFIG:-$(CURDIR)/.run/cluster/admin.kubeconfig} $(BIN)/pytest -q -m e2e tests/e2e
 
-bench: k8s-next ## run the benchmarks in bench/ and print their figures
+bench: k8s-versions k8s-next ## run the benchmarks in bench/ and print their figures
 	$(PYTHON) bench/run.py
 
 k8s-versions: ## build kube-apiserver and kube-scheduler of the older releases the DRA driver is tested on (tests/simcluster/k8s-1.*; cached)

@@ -239,60 +239,19 @@ def group_claim(pod: PodSpec) -> dict[str, Any]:
 
 # -- cores as consumable capacity (KEP-5075, DRAConsumableCapacity beta and on in 1.36 and 1.37) ---------
 #
-# Each device is published once, shareable (`allowMultipleAllocations`), with a capacity `cores` worth
-# its logical cores whose default is all of them: a claim for whole devices (no capacity asked) takes all
-# of a device, a claim for cores asks for `cores: k` of one device (or k/m of each of m connected ones).
-# No core devices and no shared counters; which cores a share gets is the driver's choice at prepare.
-CORES_CAPACITY = "cores"
+# The driver's --cores-as-capacity (the chart's default on 1.36): each device published once, shareable,
+# with a capacity `cores` worth its logical cores whose default is all of them: a claim for whole devices
+# (no capacity asked) takes all of a device, a claim for cores asks for `cores: k` of one device (or k/m of
+# each of m connected ones, `simcluster.dra.capacity_claim_object`). No core devices and no shared
+# counters; which cores a share gets is the driver's choice at prepare.
+CORES_CAPACITY = slices.CORES_CAPACITY
 
 
 def capacity_layout(spec: NodeSpec) -> Slices:
-    ours = dra_nodes.node_slices(spec)
-    devices = []
-    for d in copy.deepcopy(_devices(ours)):
-        if _kind(d) != slices.DEVICE_KIND:
-            continue  # cores, arcs and the whole node all need the shared counters
-        d.pop("consumesCounters", None)
-        d.pop("capacity", None)  # memory would be consumed whole by a share too; left out here
-        cores = str(d["attributes"]["coreCount"]["int"])
-        d["allowMultipleAllocations"] = True
-        d["capacity"] = {
-            CORES_CAPACITY: {
-                "value": cores,
-                "requestPolicy": {"default": cores, "validRange": {"min": "1", "step": "1"}},
-            }
-        }
-        devices.append(d)
-    return _repack(ours, devices, [])
+    return dra_nodes.node_slices(spec, cores_as_capacity=True)
 
 
-def capacity_claim(pod: PodSpec) -> dict[str, Any]:
-    """Whole devices as before; k cores as the first that fits of: k cores of one device, k/m of each
-    of m devices of one group of 4 (m dividing k, m <= 4), a claim that never names an instance type."""
-    claim = pod.claim_object()
-    if pod.devices:
-        return claim
-    subrequests, constraints = [], []
-    for m in (1, 2, 3, 4):
-        if pod.cores % m:
-            continue
-        name = f"m{m}"
-        subrequests.append(
-            {
-                "name": name,
-                "deviceClassName": "neuron.aws.com",
-                "allocationMode": "ExactCount",
-                "count": m,
-                "capacity": {"requests": {CORES_CAPACITY: str(pod.cores // m)}},
-            }
-        )
-        if m > 1:
-            constraints.append({"requests": [f"neuron/{name}"], "matchAttribute": slices.group_attribute(4)})
-    claim["spec"]["devices"] = {
-        "requests": [{"name": "neuron", "firstAvailable": subrequests}],
-        "constraints": constraints,
-    }
-    return claim
+capacity_claim = dra_nodes.capacity_claim_object
 
 
 def capacity_shares(spec: NodeSpec, held: list[Holding]) -> list[list[str]]:
@@ -342,14 +301,14 @@ def layouts() -> list[Layout]:
     own = PodSpec.claim_object
     return [
         Layout("AWS's layout", dra_nodes.aws_node_slices, lambda p: p.claim_object(), aws=True),
-        Layout("ours (default)", _ours(), own),
+        Layout(CORES_AS_DEVICES, _ours(), own),
         Layout("cores by device", _ours(_static(cores_by_device)), own),
         Layout("cores first", _ours(_static(cores_first)), own),
         Layout("lean cores", _ours(_static(lean_cores)), own),
         Layout("a counter set per device", _ours(_static(split_consumption)), own),
         Layout("published groups", _ours(published_groups), group_claim),
         Layout("published groups + lean cores", _ours(published_groups, _static(lean_cores)), group_claim),
-        Layout("cores as capacity", capacity_layout, capacity_claim, shares=True),
+        Layout(CORES_AS_CAPACITY_LAYOUT, capacity_layout, capacity_claim, shares=True),
         Layout("no cores (devices only)", no_cores, own, cores=False),
     ]
 
@@ -380,7 +339,7 @@ def scenario(layout: Layout, specs: list[NodeSpec], holdings: dict[str, list[Hol
             for p in pods
             if layout.cores or p.devices
         ]
-        classes = dra_nodes.chart_device_classes()
+        classes = dra_nodes.chart_device_classes(cores_as_capacity=layout.shares)
     return {"classes": classes, "slices": all_slices, "nodes": filtered, "allocated": allocated, "shared": shared,
             "claims": claims}  # fmt: skip
 
@@ -391,9 +350,19 @@ RELEASES = ("1.34.4", "1.35.4", "1.36.3", "1.37.2")
 DEVICES_ONLY_RELEASES = ("1.34.4", "1.35.4")
 BUILD_TAGS = {"1.34.4": "k8s134", "1.35.4": "k8s135"}
 ALLOCATOR = Path(__file__).resolve().parent / "dra-allocator"
-DEFAULT = "ours (default)"
+CORES_AS_DEVICES = "ours, cores as devices"  # the driver's layout with cores before --cores-as-capacity
+CORES_AS_CAPACITY_LAYOUT = "cores as capacity"
 AWS = "AWS's layout"
 NO_CORES = "no cores (devices only)"
+
+
+def _chart_default(release: str) -> str:
+    """The layout of `layouts()` the chart's defaults publish on `release` (`simcluster.dra.chart_default_layout`)."""
+    return {
+        dra_nodes.OURS: CORES_AS_DEVICES,
+        dra_nodes.OURS_DEVICES: NO_CORES,
+        dra_nodes.OURS_SHARES: CORES_AS_CAPACITY_LAYOUT,
+    }[dra_nodes.chart_default_layout(release)]
 
 
 @dataclass(frozen=True)
@@ -477,7 +446,7 @@ def run_release(release: str, size: Size) -> tuple[list[Figure], list[str]]:
         lines.append(_row(release, size, layout.name, device, core, rows[AWS]["device"]["mean_us"]))
         print(lines[-1], flush=True)
     aws_us = rows[AWS]["device"]["mean_us"]
-    default = NO_CORES if release in DEVICES_ONLY_RELEASES else DEFAULT
+    default = _chart_default(release)
     with_cores = [name for name, r in rows.items() if "core" in r]
     figures = [
         Figure(f"DRA allocator {release}, {size.nodes} nodes: our default's device-pod filter pace / AWS's layout's",
@@ -485,7 +454,7 @@ def run_release(release: str, size: Size) -> tuple[list[Figure], list[str]]:
     ]  # fmt: skip
     summary = (
         f"DRA allocator vs AWS's shape, Kubernetes {release}, {size.nodes} nodes: device pods "
-        f"{aws_us:.0f} us a node AWS's, {rows[default]['device']['mean_us']:.0f} ours ({default})"
+        f"{aws_us:.0f} us a node AWS's, {rows[default]['device']['mean_us']:.0f} ours (default: {default})"
     )
     if with_cores:
         best = min(with_cores, key=lambda name: rows[name]["device"]["mean_us"])

@@ -47,12 +47,12 @@ silicon (simcluster.dra.valid_set); "on silicon another pod holds" would be the 
 failing.
 
 Our slices against AWS's layout (issue 58 item 1): per Kubernetes release (the pinned one and
-`make k8s-next`'s) and fleet size (200 and 1,000 nodes), three DRA runs of the default
-kube-scheduler in the same bench: the stream's device pods on AWS's layout (whole devices only,
-AWS's attributes and DeviceClass, claims as AWS's published templates write them:
+`make k8s-next`'s) at 200 nodes (1,000 nodes on every release: bench_dra_defaults), three DRA runs of
+the default kube-scheduler in the same bench: the stream's device pods on AWS's layout (whole devices
+only, AWS's attributes and DeviceClass, claims as AWS's published templates write them:
 `simcluster.dra.aws_node_slices`, which says what is AWS's and what is inferred), the same device
-pods on our slices as the driver publishes them by default (with `docs/dra.md`'s claims), and the
-stream's core pods on ours, which AWS's layout cannot place. Each ends in a line
+pods on our slices as the chart's defaults publish them on that release (with `docs/dra.md`'s
+claims), and the stream's core pods on ours, which AWS's layout cannot place. Each ends in a line
 `DRA slices vs AWS's shape ... ratio=<ours/AWS's device pods per second> valid=<percent of our
 device pods' placements that are valid sets>`.
 
@@ -69,6 +69,7 @@ from pathlib import Path
 
 from common import SMALL, BenchError, Figure, percentile, work_dir
 from simcluster.controlplane import k8s_release, k8s_version, missing_prerequisites, next_k8s_version
+from simcluster.dra import OURS, OURS_DEVICES, chart_default_layout
 from simcluster.fleet import DEFAULT_SCHEDULER
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command
 from simcluster.simulation import (
@@ -101,9 +102,8 @@ AWS_RATIO = 0.9
 # 200 nodes in FULL's proportions (5 pods a node, a fortieth of the nodes in UltraServers, a group per
 # 170 pods); each DRA run is cut at 4 minutes (our slices on 1.36 place under a pod a second here)
 AWS_200 = Size(nodes=200, pods=1000, deadline=240.0, quiet=10.0, probes=0, ultraservers=5, groups=6)
-AWS_SIZES = (
-    (SMOKE,) if SMALL else (dataclasses.replace(SIZE, deadline=240.0),) if SIZE is REDUCED else (AWS_200, DRA_SIZE)
-)
+# 1,000 nodes on every release the driver supports: bench_dra_defaults
+AWS_SIZES = (SMOKE,) if SMALL else (dataclasses.replace(SIZE, deadline=240.0),) if SIZE is REDUCED else (AWS_200,)
 AWS_LINE = "DRA slices vs AWS's shape"
 
 
@@ -192,21 +192,32 @@ def _valid_share(outcome: Outcome) -> float:
 
 
 def against_aws(size: Size, work: Path, version: str) -> tuple[list[Figure], str]:
-    """The three runs of one release and size (run inside its `k8s_release`): AWS's layout and ours on
-    the stream's device pods, ours on its core pods; the figures and the summary line."""
+    """The three runs of one release and size (run inside its `k8s_release`): AWS's layout and ours as the
+    chart's defaults publish it on that release (`simcluster.dra.chart_default_layout`) on the stream's
+    device pods; ours on its core pods, with the default's cores, or where the default has none with
+    `draDriver.publishCores=true` (cores as devices); the figures and the summary line."""
+    layout = chart_default_layout(version)
+    core_layout = OURS if layout == OURS_DEVICES else layout
     aws = asyncio.run(simulate(size, DEFAULT_SCHEDULER, work / "aws", dra=DRA_AWS, kinds=DEVICE_PODS))
-    ours = asyncio.run(simulate(size, DEFAULT_SCHEDULER, work / "ours", dra=DRA_CLAIMS, kinds=DEVICE_PODS))
-    cores = asyncio.run(simulate(size, DEFAULT_SCHEDULER, work / "cores", dra=DRA_CLAIMS, kinds=CORE_PODS))
+    ours = asyncio.run(
+        simulate(size, DEFAULT_SCHEDULER, work / "ours", dra=DRA_CLAIMS, kinds=DEVICE_PODS, layout=layout)
+    )
+    cores = asyncio.run(
+        simulate(size, DEFAULT_SCHEDULER, work / "cores", dra=DRA_CLAIMS, kinds=CORE_PODS, layout=core_layout)
+    )
     version = version.removeprefix("v")
     prefix = f"{version}, {size.nodes} nodes"
     ratio = ours.throughput / aws.throughput
+    default = f"ours (default: {layout.removeprefix('ours, ') if layout != OURS else 'cores as devices'})"
+    with_cores = default if core_layout == layout else "ours, publishCores=true"
     figures = []
-    for outcome, layout in (
+    for outcome, name in (
         (aws, "AWS's layout, device pods"),
-        (ours, "ours, device pods"),
-        (cores, "ours, core pods"),
+        (ours, f"{default}, device pods"),
+        (cores, f"{with_cores}, core pods"),
     ):
-        label = f"{prefix}, {layout}"
+        layout_label = name
+        label = f"{prefix}, {layout_label}"
         figures += [
             Figure(f"{label}: pods placed", len(outcome.admissions), f"of {len(outcome.pods)}"),
             Figure(f"{label}: placed on valid sets", _valid_share(outcome), "%", 100.0, True),
@@ -221,17 +232,17 @@ def against_aws(size: Size, work: Path, version: str) -> tuple[list[Figure], str
     figures.append(Figure(f"{prefix}: ours / AWS's layout, device pods per second", ratio, "x", target, True))
     table = [
         f"\n  {prefix}, {len(ours.pods)} device pods and {len(cores.pods)} core pods (machine shared: read the ratio)",
-        f"  {'layout':<34} {'placed':>12} {'valid':>7} {'pods/s':>8} {'sched. CPU/pod':>15}",
+        f"  {'layout':<48} {'placed':>12} {'valid':>7} {'pods/s':>8} {'sched. CPU/pod':>15}",
     ]
-    for outcome, layout in (
+    for outcome, name in (
         (aws, "AWS's layout, device pods"),
-        (ours, "ours (default), device pods"),
-        (cores, "ours (default), core pods"),
+        (ours, f"{default}, device pods"),
+        (cores, f"{with_cores}, core pods"),
     ):
         placed = f"{len(outcome.admissions)}/{len(outcome.pods)}"
         cut = " (cut)" if outcome.timed_out else ""
         table.append(
-            f"  {layout:<34} {placed:>12} {_valid_share(outcome):>6.1f}% {outcome.throughput:>8.3f} "
+            f"  {name:<48} {placed:>12} {_valid_share(outcome):>6.1f}% {outcome.throughput:>8.3f} "
             f"{_scheduler_cpu_ms(outcome):>12.0f} ms{cut}"
         )
     print("\n".join(table), flush=True)

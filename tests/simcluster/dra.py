@@ -33,17 +33,44 @@ SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 DEVICE_CLASSES = "/apis/resource.k8s.io/v1/deviceclasses"
 
 
-def chart_device_classes() -> list[dict[str, Any]]:
-    """The DeviceClasses exactly as the chart renders them with the DRA driver on (its defaults:
-    the device plugin's resource names mapped, cores and ring arcs published)."""
+def _chart(*args: str) -> list[dict[str, Any]]:
+    """`helm template` of the chart with the DRA driver on and `args`, its documents."""
     helm = REPO / ".venv" / "bin" / "helm"
     out = subprocess.run(
         [str(helm), "template", "x", str(REPO / "charts/neuron-helm-chart"),
-         "--set", "devicePlugin.enabled=false,draDriver.enabled=true",
-         "--show-only", "templates/dra-driver/deviceclasses.yaml"],
+         "--set", "devicePlugin.enabled=false,draDriver.enabled=true", *args],
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     return [d for d in yaml_streams.load_all(out) if d]
+
+
+def chart_device_classes(cores_as_capacity: bool = False) -> list[dict[str, Any]]:
+    """The DeviceClasses exactly as the chart renders them with the DRA driver on (the device plugin's
+    resource names mapped, cores and ring arcs published; with `cores_as_capacity`, as it renders them
+    for cores as a capacity of each device: the device class alone)."""
+    shares = ["--set", "draDriver.publishCores=true,draDriver.coresAsCapacity=true"] if cores_as_capacity else []
+    return _chart(
+        "--set", "draDriver.publishCores=true", *shares, "--show-only", "templates/dra-driver/deviceclasses.yaml"
+    )  # fmt: skip
+
+
+OURS = "ours"
+OURS_DEVICES = "ours, devices only"  # the driver with --no-publish-cores (the chart's default from 1.37)
+OURS_SHARES = "ours, cores as capacity"  # the driver with --cores-as-capacity (the chart's default on 1.36)
+
+
+def chart_default_layout(version: str) -> str:
+    """Which of our layouts the chart's defaults publish on a cluster of `version`: its DaemonSet's
+    flags as `helm template --kube-version` renders them, then what the API server keeps (before 1.36
+    it drops shared counters and consumable capacity, and the driver falls back to whole devices,
+    `neuron_dra_driver.publisher`, tested in services/dra-driver/tests/test_versions.py)."""
+    docs = _chart("--kube-version", version.removeprefix("v"), "--show-only", "templates/dra-driver/daemonset.yaml")
+    (daemonset,) = docs
+    args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
+    major, minor = (int(x) for x in version.removeprefix("v").split(".")[:2])
+    if "--no-publish-cores" in args or (major, minor) < (1, 36):
+        return OURS_DEVICES
+    return OURS_SHARES if "--cores-as-capacity" in args else OURS
 
 
 @cache
@@ -56,19 +83,66 @@ def _inventory(instance_type: str, lnc: int) -> NodeInventory:
         return scan(root, env={})
 
 
-def node_slices(spec: NodeSpec, publish_cores: bool = True) -> list[dict[str, Any]]:
+def node_slices(spec: NodeSpec, publish_cores: bool = True, cores_as_capacity: bool = False) -> list[dict[str, Any]]:
     """The ResourceSlices the driver publishes for this node, idle and healthy (`publish_cores` False: as
-    it publishes where the API server drops shared counters)."""
+    it publishes where the API server drops shared counters; `cores_as_capacity`: --cores-as-capacity)."""
     inventory = _inventory(spec.instance_type, spec.lnc)
-    return slices.build(slices.NodeDevices(spec.name, inventory, publish_cores=publish_cores), 1)
+    model = slices.NodeDevices(spec.name, inventory, publish_cores=publish_cores, cores_as_capacity=cores_as_capacity)
+    return slices.build(model, 1)
+
+
+def capacity_claim_object(pod: PodSpec) -> dict[str, Any]:
+    """The pod's claim on cores as capacity (docs/dra.md, "Cores as capacity"): whole devices as
+    `PodSpec.claim_object` writes them (no capacity asked takes all of a device); k cores as the first
+    that fits of k cores of one device, or k/m of each of m devices of one group of 4 (m dividing k)."""
+    claim = pod.claim_object()
+    if pod.devices:
+        return claim
+    subrequests, constraints = [], []
+    for m in (1, 2, 3, 4):
+        if pod.cores % m:
+            continue
+        name = f"m{m}"
+        subrequests.append(
+            {
+                "name": name,
+                "deviceClassName": slices.DRIVER,
+                "allocationMode": "ExactCount",
+                "count": m,
+                "capacity": {"requests": {slices.CORES_CAPACITY: str(pod.cores // m)}},
+            }
+        )
+        if m > 1:
+            constraints.append({"requests": [f"neuron/{name}"], "matchAttribute": slices.group_attribute(4)})
+    claim["spec"]["devices"] = {
+        "requests": [{"name": "neuron", "firstAvailable": subrequests}],
+        "constraints": constraints,
+    }
+    return claim
+
+
+def shares(claim: dict[str, Any]) -> list[tuple[int, int]]:
+    """The (device index, cores) of each share of a device a claim's allocation holds (a result that
+    consumes part of a device's `cores` capacity: which cores is the driver's choice at prepare)."""
+    found = []
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    for result in (allocation.get("devices") or {}).get("results") or []:
+        consumed = (result.get("consumedCapacity") or {}).get(slices.CORES_CAPACITY)
+        parsed = resources.parse_dra_name(result["device"])
+        if consumed is not None and parsed is not None and parsed[0] is resources.Kind.DEVICE:
+            found.append((parsed[1], int(consumed)))
+    return found
 
 
 def allocated(claim: dict[str, Any], ring: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """The device indices and global core indices a claim's allocation holds (a ring arc: its devices)."""
+    """The device indices and global core indices a claim's allocation holds (a ring arc: its devices);
+    shares of a device (`shares`) are left to the caller, who knows which cores are free."""
     devices: set[int] = set()
     cores: set[int] = set()
     allocation = (claim.get("status") or {}).get("allocation") or {}
     for result in (allocation.get("devices") or {}).get("results") or []:
+        if (result.get("consumedCapacity") or {}).get(slices.CORES_CAPACITY) is not None:
+            continue
         name = result["device"]
         arc = resources.parse_dra_group(name)
         if arc is not None:
@@ -124,8 +198,6 @@ def valid_set(topo: Topology, free: FreeState, devices: tuple[int, ...], cores: 
 #   no `neuron_node` device on trn2u nodes (without counters it could not be kept apart from the node's
 #   devices, and no pod of the stream asks for one); no `networkNodeLayer*` or `capacityBlockId` (the
 #   simulated Nodes carry no EC2 topology or capacity-block labels, which those come from).
-OURS = "ours"
-OURS_DEVICES = "ours, devices only"  # the driver with --no-publish-cores (the chart's default from 1.37)
 AWS = "AWS's"
 AWS_DRIVER_VERSION = "2.24.7.0"  # the kernel driver version AWS's template example selects (a value only)
 AWS_DRA_DRIVER_VERSION = "1.0.1"  # a version of AWS's DRA driver image (a value only)

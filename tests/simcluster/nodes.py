@@ -121,6 +121,7 @@ class SimulatedNodes:
         self.node_slices: Callable[[NodeSpec], list[dict[str, Any]]] = {
             dra_nodes.AWS: dra_nodes.aws_node_slices,
             dra_nodes.OURS_DEVICES: functools.partial(dra_nodes.node_slices, publish_cores=False),
+            dra_nodes.OURS_SHARES: functools.partial(dra_nodes.node_slices, cores_as_capacity=True),
         }.get(layout, dra_nodes.node_slices)
         self.requests = requests or {}  # pod -> its request, for pods whose own claim says it (no limits)
         self.nodes = {s.name: SimNode(s, s.topology, whole_node(s.topology)) for s in specs}
@@ -270,6 +271,16 @@ class SimulatedNodes:
                 held_devices, held_cores = dra_nodes.allocated(obj, node.topo.device_count)
                 devices.update(held_devices)
                 cores.update(held_cores)
+                for device, count in dra_nodes.shares(obj):
+                    of_device = sorted(node.topo.cores_of(device))
+                    if count >= len(of_device):
+                        devices.add(device)
+                        continue
+                    # the driver's choice at prepare (neuron_dra_driver.claims): the lowest cores no other
+                    # claim holds; held ones only when the scheduler gave out more than is free
+                    free = [c for c in of_device if c in node.free.cores and c not in cores]
+                    rest = [c for c in of_device if c not in free and c not in cores]
+                    cores.update((free + rest)[:count])
             request = self.requests.get(name) or pod_request(pod)
             self.admit_allocated(name, node, request, tuple(sorted(devices)), tuple(sorted(cores)))
             self._status_queue.put_nowait(name)

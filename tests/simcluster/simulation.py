@@ -275,7 +275,11 @@ async def prepare(
     await api.create("/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd)
     await _wait_established(api, crd["metadata"]["name"])
     if dra:
-        classes = dra_nodes.aws_device_classes() if layout == dra_nodes.AWS else chart_device_classes()
+        classes = (
+            dra_nodes.aws_device_classes()
+            if layout == dra_nodes.AWS
+            else chart_device_classes(cores_as_capacity=layout == dra_nodes.OURS_SHARES)
+        )
         for device_class in classes:
             await api.create(DEVICE_CLASSES, device_class)
     nodes = SimulatedNodes(api, specs, report_interval=report_interval, dra=dra, requests=requests, layout=layout)
@@ -369,6 +373,7 @@ async def simulate(
     kinds: str | None = None,
     devices_only: bool = False,
     nodes_to_score: int | None = None,
+    layout: str | None = None,
 ) -> Outcome:
     """One run of `scheduler` (DEFAULT_SCHEDULER or NEURON_SCHEDULER) in `work`, an empty directory
     the caller removes afterwards; `dra`: DRA_EXTENDED or DRA_CLAIMS, with the default scheduler.
@@ -376,7 +381,9 @@ async def simulate(
     (`fleet.urgent_stream`), which only preemption can place on the full fleet. `kinds`: DEVICE_PODS or
     CORE_PODS runs only the stream's pods of that kind (with their names and order; DRA_AWS needs DEVICE_PODS).
     `devices_only`: our driver's slices without cores (`--no-publish-cores`; needs DEVICE_PODS).
-    `nodes_to_score`: kube-scheduler's percentageOfNodesToScore (None: its adaptive default)."""
+    `nodes_to_score`: kube-scheduler's percentageOfNodesToScore (None: its adaptive default).
+    `layout`: which of our layouts a DRA run of our slices publishes (`simcluster.dra`: OURS, OURS_DEVICES,
+    OURS_SHARES, e.g. `chart_default_layout(version)`); None: OURS, or OURS_DEVICES with `devices_only`."""
     if dra is not None and (scheduler != DEFAULT_SCHEDULER or dra not in (DRA_EXTENDED, DRA_CLAIMS, DRA_AWS)):
         raise ValueError(f"no DRA run {dra!r} of {scheduler}")
     if kinds not in (None, DEVICE_PODS, CORE_PODS) or (dra == DRA_AWS and kinds != DEVICE_PODS):
@@ -385,9 +392,19 @@ async def simulate(
     specs, stream = fleet(size.nodes, size.seed, size.ultraservers), pod_stream(size.pods, size.seed, size.groups)
     if kinds is not None:
         stream = [p for p in stream if bool(p.devices) == (kinds == DEVICE_PODS)]
-    if devices_only and (dra not in (DRA_EXTENDED, DRA_CLAIMS) or kinds != DEVICE_PODS):
+    if devices_only:
+        if layout not in (None, dra_nodes.OURS_DEVICES):
+            raise ValueError(f"devices_only and the layout {layout!r}")
+        layout = dra_nodes.OURS_DEVICES
+    if layout == dra_nodes.OURS_DEVICES and (dra not in (DRA_EXTENDED, DRA_CLAIMS) or kinds != DEVICE_PODS):
         raise ValueError("our devices-only layout runs the device pods of a DRA run of our slices")
-    layout = dra_nodes.AWS if dra == DRA_AWS else dra_nodes.OURS_DEVICES if devices_only else dra_nodes.OURS
+    if layout == dra_nodes.OURS_SHARES and dra != DRA_CLAIMS:
+        raise ValueError("cores as capacity runs with each pod's own claim (no mapping of the core resource)")
+    if layout not in (None, dra_nodes.OURS, dra_nodes.OURS_DEVICES, dra_nodes.OURS_SHARES) or (
+        layout is not None and dra == DRA_AWS
+    ):
+        raise ValueError(f"no layout {layout!r} of our slices for {dra!r}")
+    layout = dra_nodes.AWS if dra == DRA_AWS else layout or dra_nodes.OURS
     instance_types = sorted({s.instance_type for s in specs})
     second = urgent_stream(urgent, size.seed)
     names = [s.name for s in specs]
@@ -413,6 +430,8 @@ async def simulate(
                     claim = (
                         dra_nodes.aws_claim_object(pod, instance_types)
                         if layout == dra_nodes.AWS
+                        else dra_nodes.capacity_claim_object(pod)
+                        if layout == dra_nodes.OURS_SHARES
                         else pod.claim_object()
                     )
                     await api.create(f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims", claim)
