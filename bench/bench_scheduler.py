@@ -192,32 +192,36 @@ def _valid_share(outcome: Outcome) -> float:
 
 
 def against_aws(size: Size, work: Path, version: str) -> tuple[list[Figure], str]:
-    """The three runs of one release and size (run inside its `k8s_release`): AWS's layout and ours as the
+    """The runs of one release and size (run inside its `k8s_release`): AWS's layout and ours as the
     chart's defaults publish it on that release (`simcluster.dra.chart_default_layout`) on the stream's
-    device pods; ours on its core pods, with the default's cores, or where the default has none with
-    `draDriver.publishCores=true` (cores as devices); the figures and the summary line."""
+    device pods; from 1.36 (before, the API server keeps no cores) ours on its core pods, with the
+    default's cores, or where the default has none with `draDriver.publishCores=true` (cores as devices);
+    the figures and the summary line."""
     layout = chart_default_layout(version)
-    core_layout = OURS if layout == OURS_DEVICES else layout
+    major, minor = (int(x) for x in version.removeprefix("v").split(".")[:2])
+    core_layout = None if (major, minor) < (1, 36) else OURS if layout == OURS_DEVICES else layout
     aws = asyncio.run(simulate(size, DEFAULT_SCHEDULER, work / "aws", dra=DRA_AWS, kinds=DEVICE_PODS))
     ours = asyncio.run(
         simulate(size, DEFAULT_SCHEDULER, work / "ours", dra=DRA_CLAIMS, kinds=DEVICE_PODS, layout=layout)
     )
-    cores = asyncio.run(
-        simulate(size, DEFAULT_SCHEDULER, work / "cores", dra=DRA_CLAIMS, kinds=CORE_PODS, layout=core_layout)
+    cores = (
+        asyncio.run(
+            simulate(size, DEFAULT_SCHEDULER, work / "cores", dra=DRA_CLAIMS, kinds=CORE_PODS, layout=core_layout)
+        )
+        if core_layout is not None
+        else None
     )
     version = version.removeprefix("v")
     prefix = f"{version}, {size.nodes} nodes"
     ratio = ours.throughput / aws.throughput
     default = f"ours (default: {layout.removeprefix('ours, ') if layout != OURS else 'cores as devices'})"
     with_cores = default if core_layout == layout else "ours, publishCores=true"
+    runs = [(aws, "AWS's layout, device pods"), (ours, f"{default}, device pods")]
+    if cores is not None:
+        runs.append((cores, f"{with_cores}, core pods"))
     figures = []
-    for outcome, name in (
-        (aws, "AWS's layout, device pods"),
-        (ours, f"{default}, device pods"),
-        (cores, f"{with_cores}, core pods"),
-    ):
-        layout_label = name
-        label = f"{prefix}, {layout_label}"
+    for outcome, name in runs:
+        label = f"{prefix}, {name}"
         figures += [
             Figure(f"{label}: pods placed", len(outcome.admissions), f"of {len(outcome.pods)}"),
             Figure(f"{label}: placed on valid sets", _valid_share(outcome), "%", 100.0, True),
@@ -230,15 +234,12 @@ def against_aws(size: Size, work: Path, version: str) -> tuple[list[Figure], str
             )
     target = AWS_RATIO if size.nodes == FULL.nodes else None  # issue 58's target is at 1,000 nodes
     figures.append(Figure(f"{prefix}: ours / AWS's layout, device pods per second", ratio, "x", target, True))
+    core_count = f"{len(cores.pods)} core pods" if cores is not None else "no core pods (no cores on this release)"
     table = [
-        f"\n  {prefix}, {len(ours.pods)} device pods and {len(cores.pods)} core pods (machine shared: read the ratio)",
+        f"\n  {prefix}, {len(ours.pods)} device pods and {core_count} (machine shared: read the ratio)",
         f"  {'layout':<48} {'placed':>12} {'valid':>7} {'pods/s':>8} {'sched. CPU/pod':>15}",
     ]
-    for outcome, name in (
-        (aws, "AWS's layout, device pods"),
-        (ours, f"{default}, device pods"),
-        (cores, f"{with_cores}, core pods"),
-    ):
+    for outcome, name in runs:
         placed = f"{len(outcome.admissions)}/{len(outcome.pods)}"
         cut = " (cut)" if outcome.timed_out else ""
         table.append(
@@ -246,10 +247,15 @@ def against_aws(size: Size, work: Path, version: str) -> tuple[list[Figure], str
             f"{_scheduler_cpu_ms(outcome):>12.0f} ms{cut}"
         )
     print("\n".join(table), flush=True)
+    core_part = (
+        f"our core pods {cores.throughput:.3g} pods/s ({_valid_share(cores):.1f} % valid)"
+        if cores is not None
+        else "no cores on this release"
+    )
     line = (
-        f"{AWS_LINE}, Kubernetes {version}, {size.nodes} nodes: device pods {ours.throughput:.3g} pods/s ours, "
-        f"{aws.throughput:.3g} AWS's ({_valid_share(aws):.1f} % valid); our core pods {cores.throughput:.3g} pods/s "
-        f"({_valid_share(cores):.1f} % valid); ratio={ratio:.3g} valid={_valid_share(ours):.1f}%"
+        f"{AWS_LINE}, Kubernetes {version}, {size.nodes} nodes: device pods {ours.throughput:.3g} pods/s ours "
+        f"({default.removeprefix('ours (').removesuffix(')')}), {aws.throughput:.3g} AWS's "
+        f"({_valid_share(aws):.1f} % valid); {core_part}; ratio={ratio:.3g} valid={_valid_share(ours):.1f}%"
     )
     print(line, flush=True)
     return figures, line
