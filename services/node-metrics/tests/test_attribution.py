@@ -69,6 +69,19 @@ def test_devices_held_through_a_dra_claim_carry_the_pod_and_the_claim() -> None:
     assert (other.cores, other.devices) == ({}, {})
 
 
+def test_a_device_shared_by_capacity_leaves_its_cores_unattributed_rather_than_misattributed() -> None:
+    """DRA's cores as capacity: two claims each hold a share of neurondevice1 by its name; which cores each
+    got is the driver's choice, which PodResources does not tell, so no core of it names either pod."""
+    a = attribute(
+        [dra("p", "neurondevice1"), dra("q", "neurondevice1", "claim-b"), dra("r", "neurondevice0", "claim-c")],
+        RES,
+        CORES,
+        max_owners=10,
+    )
+    assert a.cores == {0: Owner("ns", "r", "c", "claim-c"), 1: Owner("ns", "r", "c", "claim-c")}
+    assert a.devices == {0: Owner("ns", "r", "c", "claim-c")}
+
+
 def test_flatten_reads_the_kubelets_dynamic_resources() -> None:
     from kubelet_api.podresources.v1 import api_pb2 as pr
     from kubelet_api.podresources_client import flatten

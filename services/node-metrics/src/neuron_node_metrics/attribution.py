@@ -47,6 +47,7 @@ def attribute(
     by_name = {r.full_name: r for r in resources}
     core_owner: dict[int, Owner] = {}
     device_owners: dict[int, set[Owner]] = {}
+    whole_owners: dict[int, set[Owner]] = {}  # device -> owners holding it whole (or a share of it)
     allocated: dict[str, int] = {}
     owners_seen: dict[Owner, None] = {}
     dropped: set[Owner] = set()
@@ -84,11 +85,19 @@ def attribute(
                 for core in cores_of_device.get(device, ()):
                     core_owner[core] = owner
                 device_owners.setdefault(device, set()).add(owner)
+                whole_owners.setdefault(device, set()).add(owner)
         else:
             core_owner[index] = owner
             for device, cores in cores_of_device.items():
                 if index in cores:
                     device_owners.setdefault(device, set()).add(owner)
                     break
+    # a device two owners hold by name is shared by capacity (DRA's cores as capacity: each a share of its
+    # cores, which the DRA driver chose at prepare and PodResources does not tell): its cores are left
+    # unattributed rather than all given to whichever owner came last
+    for device, owners in whole_owners.items():
+        if len(owners) > 1:
+            for core in cores_of_device.get(device, ()):
+                core_owner.pop(core, None)
     devices = {d: next(iter(o)) for d, o in device_owners.items() if len(o) == 1}
     return Attribution(core_owner, devices, allocated, len(dropped))
