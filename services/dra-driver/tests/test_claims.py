@@ -441,3 +441,22 @@ def test_held_cores_count_every_kind_of_holding_and_survive_the_checkpoint(tmp_p
     raw = share.to_json()
     del raw["devices"][0]["cores"]
     assert claims.PreparedClaim.from_json(raw).devices[0].cores == ()
+
+
+def test_a_whole_device_core_or_arc_overlapping_another_claims_share_is_refused_saying_to_drain() -> None:
+    """The scheduler does not count shares allocated before the layout changed (coresAsCapacity turned
+    off, or auto across 1.36 -> 1.37): a claim then given the same silicon is refused, not prepared."""
+    inv = inventory("inf2.48xlarge")  # 2 cores a device
+    share = prepare_held(shares(("c", "neurondevice1", "1")), inv, set())
+    assert share.devices[0].cores == (2,)
+    shared = claims.share_cores([share])
+    for obj, name in (
+        (claim(("c", "neurondevice1"), uid="u2"), "neurondevice1"),
+        (claim(("c", "neuroncore2"), uid="u2"), "neuroncore2"),
+        (claim(("c", "neurongroup2-0"), uid="u2"), "neurongroup2-0"),
+    ):
+        with pytest.raises(claims.ClaimRefused, match=rf"{name}: cores 2 are held by another claim's share.*drain"):
+            claims.prepare(obj, "u2", "node-a", inv, {}, Path("/"), shared=shared)
+    # the other core of the device is free of shares: a claim for it is prepared
+    other = claims.prepare(claim(("c", "neuroncore3"), uid="u2"), "u2", "node-a", inv, {}, Path("/"), shared=shared)
+    assert env_of(other)["NEURON_RT_VISIBLE_CORES"] == "3"

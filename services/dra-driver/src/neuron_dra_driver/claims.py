@@ -130,13 +130,16 @@ def prepare(
     taints: Mapping[int, Taint] | None = None,
     ultraserver: UltraServerReading | None = None,
     held: Collection[int] = (),
+    shared: Collection[int] = (),
 ) -> PreparedClaim:
     """The prepared form of `claim` (as the API server returns it), or `ClaimRefused`: allocated,
     the same UID the kubelet asked for, its devices in this node's pool, known and healthy, or
     tainted (`taints`) with every result on them tolerating the taint (an admin's diagnostic pod).
     `ultraserver`: the node's UltraServer identity as the driver tells it now, for UltraServerConfig.
     `held`: the logical cores other prepared claims hold (`held_cores`); a share of a device (a result
-    consuming part of its `cores` capacity) gets the lowest of the device's cores not held."""
+    consuming part of its `cores` capacity) gets the lowest of the device's cores not held. `shared`: the
+    cores other claims' shares hold (`share_cores`), which a whole device, core or group must not overlap:
+    the scheduler does not count shares allocated before the layout changed."""
     taints = taints or {}
     taken = set(held)
     share_cores: dict[int, tuple[int, ...]] = {}  # result's position -> the cores chosen for its share
@@ -156,7 +159,7 @@ def prepare(
             members = _arc_members(inventory, name, *arc) if arc is not None else _node_members(inventory, name)
             devices.update(members)
             for member in members:
-                cores.update(inventory.device(member).logical_cores)  # type: ignore[union-attr]
+                cores.update(_unshared(name, inventory.device(member).logical_cores, shared))  # type: ignore[union-attr]
                 taint = taints.get(member)
                 if taint is None or not tolerates(result.get("tolerations") or [], taint):
                     untolerated.add(member)
@@ -172,7 +175,7 @@ def prepare(
             devices.add(index)
             share = _share_size(result, name, len(device.logical_cores))
             if share is None:
-                cores.update(device.logical_cores)
+                cores.update(_unshared(name, device.logical_cores, shared))
             else:
                 free = [c for c in sorted(device.logical_cores) if c not in taken]
                 if len(free) < share:
@@ -189,7 +192,7 @@ def prepare(
             if core is None:
                 raise ClaimRefused(f"{name}: no such NeuronCore on this node")
             devices.add(core.device)
-            cores.add(index)
+            cores.update(_unshared(name, (index,), shared))
             holder = core.device
         taint = taints.get(holder)
         if taint is None or not tolerates(result.get("tolerations") or [], taint):
@@ -241,6 +244,22 @@ def _share_size(result: Mapping[str, Any], name: str, device_cores: int) -> int 
     if not 1 <= share <= device_cores:
         raise ClaimRefused(f"{name}: consumed capacity cores={share}, the device has {device_cores}")
     return None if share == device_cores else share
+
+
+def _unshared(name: str, cores: Iterable[int], shared: Collection[int]) -> Iterable[int]:
+    """`cores`, or `ClaimRefused` when another claim's share of a device holds some of them."""
+    overlap = sorted(set(cores) & set(shared))
+    if overlap:
+        raise ClaimRefused(
+            f"{name}: cores {id_list(overlap)} are held by another claim's share of the device (allocated"
+            " before the slice layout changed? drain the node's Neuron pods when changing draDriver.coresAsCapacity)"
+        )
+    return cores
+
+
+def share_cores(claims: Iterable[PreparedClaim]) -> set[int]:
+    """The logical cores `claims` hold as shares of devices (cores as capacity)."""
+    return {c for claim in claims for d in claim.devices for c in d.cores}
 
 
 def held_cores(claims: Iterable[PreparedClaim], inventory: NodeInventory) -> set[int]:

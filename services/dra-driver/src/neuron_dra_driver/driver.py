@@ -24,7 +24,15 @@ from pathlib import Path
 from neuron_common.kube import ObjectReader
 from neuron_dra_driver import checkpoint
 from neuron_dra_driver.checkpoint import Checkpoint
-from neuron_dra_driver.claims import ClaimRef, ClaimRefused, PreparedClaim, held_cores, prepare, spec_file_name
+from neuron_dra_driver.claims import (
+    ClaimRef,
+    ClaimRefused,
+    PreparedClaim,
+    held_cores,
+    prepare,
+    share_cores,
+    spec_file_name,
+)
 from neuron_dra_driver.metrics import DriverMetrics
 from neuron_dra_driver.slices import Taint
 from neuron_driver import cdi
@@ -179,7 +187,7 @@ class Driver:
         try:
             claim = await self.api.get(claim_path(ref.namespace, ref.name))
             inventory = self.inventory()
-            others = (c for uid, c in self.prepared.items() if uid != ref.uid)
+            others = [c for uid, c in self.prepared.items() if uid != ref.uid]
             prepared = prepare(
                 claim,
                 ref.uid,
@@ -190,6 +198,7 @@ class Driver:
                 self.taints(),
                 self.ultraserver(),
                 held=held_cores(others, inventory),
+                shared=share_cores(others),
             )
         except ClaimRefused as exc:
             self.metrics.refusals.labels("refused").inc()
