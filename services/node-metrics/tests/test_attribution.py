@@ -80,6 +80,14 @@ def test_a_device_shared_by_capacity_leaves_its_cores_unattributed_rather_than_m
     )
     assert a.cores == {0: Owner("ns", "r", "c", "claim-c"), 1: Owner("ns", "r", "c", "claim-c")}
     assert a.devices == {0: Owner("ns", "r", "c", "claim-c")}
+    # one claim used by two containers is no share: its cores keep an owner
+    both = attribute(
+        [dra("p", "neurondevice1"), Holding("ns", "p", "d", "neuron.aws.com", "neurondevice1", "claim-a", "node-a")],
+        RES,
+        CORES,
+        max_owners=10,
+    )
+    assert set(both.cores) == {2, 3}
 
 
 def test_flatten_reads_the_kubelets_dynamic_resources() -> None:

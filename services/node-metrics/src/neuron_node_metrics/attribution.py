@@ -47,7 +47,9 @@ def attribute(
     by_name = {r.full_name: r for r in resources}
     core_owner: dict[int, Owner] = {}
     device_owners: dict[int, set[Owner]] = {}
-    whole_owners: dict[int, set[Owner]] = {}  # device -> owners holding it whole (or a share of it)
+    # device -> the holdings of it whole (or of a share of it): a DRA claim once, however many containers
+    # use it; a device plugin's owner as itself
+    whole_holders: dict[int, set[object]] = {}
     allocated: dict[str, int] = {}
     owners_seen: dict[Owner, None] = {}
     dropped: set[Owner] = set()
@@ -85,18 +87,18 @@ def attribute(
                 for core in cores_of_device.get(device, ()):
                     core_owner[core] = owner
                 device_owners.setdefault(device, set()).add(owner)
-                whole_owners.setdefault(device, set()).add(owner)
+                whole_holders.setdefault(device, set()).add((owner.namespace, owner.claim) if owner.claim else owner)
         else:
             core_owner[index] = owner
             for device, cores in cores_of_device.items():
                 if index in cores:
                     device_owners.setdefault(device, set()).add(owner)
                     break
-    # a device two owners hold by name is shared by capacity (DRA's cores as capacity: each a share of its
+    # a device two claims hold by name is shared by capacity (DRA's cores as capacity: each a share of its
     # cores, which the DRA driver chose at prepare and PodResources does not tell): its cores are left
     # unattributed rather than all given to whichever owner came last
-    for device, owners in whole_owners.items():
-        if len(owners) > 1:
+    for device, holders in whole_holders.items():
+        if len(holders) > 1:
             for core in cores_of_device.get(device, ()):
                 core_owner.pop(core, None)
     devices = {d: next(iter(o)) for d, o in device_owners.items() if len(o) == 1}
