@@ -69,7 +69,7 @@ from pathlib import Path
 
 from common import SMALL, BenchError, Figure, percentile, work_dir
 from simcluster.controlplane import k8s_release, k8s_version, missing_prerequisites, next_k8s_version
-from simcluster.dra import OURS, OURS_DEVICES, chart_default_layout
+from simcluster.dra import OURS, OURS_DEVICES, chart_default_layout, keeps_cores
 from simcluster.fleet import DEFAULT_SCHEDULER
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command
 from simcluster.simulation import (
@@ -198,8 +198,7 @@ def against_aws(size: Size, work: Path, version: str) -> tuple[list[Figure], str
     default's cores, or where the default has none with `draDriver.publishCores=true` (cores as devices);
     the figures and the summary line."""
     layout = chart_default_layout(version)
-    major, minor = (int(x) for x in version.removeprefix("v").split(".")[:2])
-    core_layout = None if (major, minor) < (1, 36) else OURS if layout == OURS_DEVICES else layout
+    core_layout = None if not keeps_cores(version) else OURS if layout == OURS_DEVICES else layout
     aws = asyncio.run(simulate(size, DEFAULT_SCHEDULER, work / "aws", dra=DRA_AWS, kinds=DEVICE_PODS))
     ours = asyncio.run(
         simulate(size, DEFAULT_SCHEDULER, work / "ours", dra=DRA_CLAIMS, kinds=DEVICE_PODS, layout=layout)

@@ -59,6 +59,13 @@ OURS_DEVICES = "ours, devices only"  # the driver with --no-publish-cores (the c
 OURS_SHARES = "ours, cores as capacity"  # the driver with --cores-as-capacity (the chart's default on 1.36)
 
 
+def keeps_cores(version: str) -> bool:
+    """Whether the API server of `version` keeps what cores need (shared counters, consumable capacity:
+    on by default from 1.36)."""
+    major, minor = (int(x) for x in version.removeprefix("v").split(".")[:2])
+    return (major, minor) >= (1, 36)
+
+
 def chart_default_layout(version: str) -> str:
     """Which of our layouts the chart's defaults publish on a cluster of `version`: its DaemonSet's
     flags as `helm template --kube-version` renders them, then what the API server keeps (before 1.36
@@ -67,8 +74,7 @@ def chart_default_layout(version: str) -> str:
     docs = _chart("--kube-version", version.removeprefix("v"), "--show-only", "templates/dra-driver/daemonset.yaml")
     (daemonset,) = docs
     args = daemonset["spec"]["template"]["spec"]["containers"][0]["args"]
-    major, minor = (int(x) for x in version.removeprefix("v").split(".")[:2])
-    if "--no-publish-cores" in args or (major, minor) < (1, 36):
+    if "--no-publish-cores" in args or not keeps_cores(version):
         return OURS_DEVICES
     return OURS_SHARES if "--cores-as-capacity" in args else OURS
 
