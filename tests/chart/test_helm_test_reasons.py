@@ -118,3 +118,18 @@ def test_the_process_exits_0_only_when_every_named_check_passed(monkeypatch: Any
     for argv in (["helm_test.py"], ["helm_test.py", "capacity", "capacity"], ["helm_test.py", "nonsense"]):
         assert helm_test.main(argv) == 2
     assert "usage: helm_test.py CHECK..." in capsys.readouterr().err
+
+
+def test_the_slices_check_counts_cores_as_devices_and_as_capacity_alike() -> None:
+    """helm test's slices check counts a node's cores whichever form the driver published: cores as
+    devices, or as the capacity of shareable devices (draDriver.coresAsCapacity), to which the driver
+    falls back where the API server drops shareable devices; an older generation is not counted."""
+    import sim_nodes
+    from neuron_dra_driver import slices
+
+    inv = sim_nodes.inventory("trn2.48xlarge", 1)
+    for capacity in (False, True):
+        built = slices.build(slices.NodeDevices("node-a", inv, cores_as_capacity=capacity), 2)
+        stale = slices.build(slices.NodeDevices("node-a", inv, publish_cores=False), 1)
+        assert helm_test.published_devices_and_cores(built + stale, "node-a") == (16, 128)
+        assert helm_test.published_devices_and_cores(built, "node-b") == (0, 0)

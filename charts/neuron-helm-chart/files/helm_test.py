@@ -342,6 +342,20 @@ def test_health() -> None:
         eventually(has_condition, f"node {name} carries {condition}")
 
 
+def published_devices_and_cores(slices: list[dict[str, Any]], node: str) -> tuple[int, int]:
+    """The Neuron devices and cores `node`'s pool publishes in its newest generation. Cores count as
+    devices or as the capacity of shareable devices (draDriver.coresAsCapacity), both at once: the driver
+    publishes cores as devices where the API server drops shareable devices."""
+    ours = [s for s in slices if s["spec"]["driver"] == "neuron.aws.com" and s["spec"]["pool"]["name"] == node]
+    newest = max((s["spec"]["pool"]["generation"] for s in ours), default=0)
+    listed = [d for s in ours if s["spec"]["pool"]["generation"] == newest for d in s["spec"].get("devices", [])]
+    names = [d["name"] for d in listed]
+    cores = sum(n.startswith("neuroncore") for n in names) + sum(
+        int(d["capacity"]["cores"]["value"]) for d in listed if d.get("allowMultipleAllocations")
+    )
+    return sum(n.startswith("neurondevice") for n in names), cores
+
+
 def test_slices() -> None:
     from kubernetes import client
 
@@ -350,8 +364,6 @@ def test_slices() -> None:
     label = os.environ.get("INSTANCE_TYPE_LABEL", "node.kubernetes.io/instance-type")
     lnc = int(os.environ.get("LOGICAL_NC_CONFIG", "0"))
     with_cores = os.environ.get("PUBLISH_CORES", "true") == "true"
-    # cores as a capacity of each device (draDriver.coresAsCapacity): counted from the devices' capacity
-    as_capacity = os.environ.get("CORES_AS_CAPACITY", "false") == "true"
     namespace = component_namespace("DRA_DRIVER_NAMESPACE")
     for name in nodes_running(api, namespace, os.environ["DRA_DRIVER_SELECTOR"], "DRA driver"):
         instance_type = (api.read_node(name).metadata.labels or {}).get(label)
@@ -364,18 +376,7 @@ def test_slices() -> None:
             slices = objects.list_cluster_custom_object(
                 "resource.k8s.io", "v1", "resourceslices", field_selector=f"spec.nodeName={name}"
             )["items"]
-            ours = [s for s in slices if s["spec"]["driver"] == "neuron.aws.com" and s["spec"]["pool"]["name"] == name]
-            newest = max((s["spec"]["pool"]["generation"] for s in ours), default=0)
-            listed = [
-                d for s in ours if s["spec"]["pool"]["generation"] == newest for d in s["spec"].get("devices", [])
-            ]
-            names = [d["name"] for d in listed]
-            core_count = (
-                sum(int(d.get("capacity", {}).get("cores", {}).get("value", 0)) for d in listed)
-                if as_capacity
-                else sum(n.startswith("neuroncore") for n in names)
-            )
-            got = (sum(n.startswith("neurondevice") for n in names), core_count)
+            got = published_devices_and_cores(slices, name)
             return None if got == (devices, cores) else f"published devices/cores {got}, expected {(devices, cores)}"
 
         eventually(published, f"node {name} ({instance_type}) publishes {devices} devices and {cores} cores for DRA")

@@ -400,7 +400,7 @@ def test_a_share_gets_the_lowest_cores_of_its_device_that_no_other_claim_holds()
     (device,) = second.spec["devices"]
     assert [n["path"] for n in device["containerEdits"]["deviceNodes"]] == ["/dev/neuron3"]
     # the device is full now: a third share is refused, saying why, not given a held core
-    with pytest.raises(claims.ClaimRefused, match=r"neurondevice3: the claim's share is 1 core\(s\) but 0 of"):
+    with pytest.raises(claims.ClaimRefused, match=r"neurondevice3: the claim's share is 1 core\(s\) but only 0 of"):
         prepare_held(shares(("c", "neurondevice3", "1"), uid="u3"), inv, claims.held_cores([first, second], inv), "u3")
 
 
@@ -460,3 +460,61 @@ def test_a_whole_device_core_or_arc_overlapping_another_claims_share_is_refused_
     # the other core of the device is free of shares: a claim for it is prepared
     other = claims.prepare(claim(("c", "neuroncore3"), uid="u2"), "u2", "node-a", inv, {}, Path("/"), shared=shared)
     assert env_of(other)["NEURON_RT_VISIBLE_CORES"] == "3"
+
+
+def lnc2(obj: dict[str, Any]) -> dict[str, Any]:
+    return configured(obj, (lnc(2), None, "FromClaim"))
+
+
+def test_a_share_counted_in_a_larger_logical_core_gets_aligned_pairs_and_an_odd_one_is_refused() -> None:
+    """At node LNC 1 a request with logicalNeuronCore 2 needs physical pairs: core 0 held leaves (2,3),
+    not (1,2), which would split a logical core with the claim holding 0."""
+    inv = inventory("trn2.48xlarge", 1)
+    first = prepare_held(shares(("c", "neurondevice0", "1")), inv, set())
+    assert first.devices[0].cores == (0,)
+    second = prepare_held(
+        lnc2(shares(("c", "neurondevice0", "2"), uid="u2")), inv, claims.held_cores([first], inv), "u2"
+    )
+    assert second.devices[0].cores == (2, 3)
+    assert env_of(second) == {"NEURON_RT_VISIBLE_CORES": "1", "NEURON_LOGICAL_NC_CONFIG": "2"}
+    with pytest.raises(claims.ClaimRefused, match=r"neurondevice0: a share of 3 core\(s\).*multiple of 2 cores"):
+        prepare_held(lnc2(shares(("c", "neurondevice0", "3"), uid="u3")), inv, set(), "u3")
+
+
+def test_admin_access_is_held_to_nothing_and_holds_nothing() -> None:
+    """The scheduler counts an adminAccess result against nothing: an admin's pod reaches a device full
+    of shares, and while it runs the device's shares are still prepared."""
+    inv = inventory("inf2.48xlarge")  # 2 cores a device
+    a = prepare_held(shares(("c", "neurondevice1", "1")), inv, set())
+    b = prepare_held(shares(("c", "neurondevice1", "1"), uid="u2"), inv, claims.held_cores([a], inv), "u2")
+    admin_share, admin_whole = shares(("c", "neurondevice1", "1"), uid="u3"), claim(("c", "neurondevice1"), uid="u4")
+    for obj in (admin_share, admin_whole):
+        obj["status"]["allocation"]["devices"]["results"][0]["adminAccess"] = True
+    held, shared = claims.held_cores([a, b], inv), claims.share_cores([a, b])
+    assert prepare_held(admin_share, inv, held, uid="u3").devices[0].cores == (2,)
+    watcher = claims.prepare(admin_whole, "u4", "node-a", inv, {}, Path("/"), held=held, shared=shared)
+    assert env_of(watcher)["NEURON_RT_VISIBLE_CORES"] == "2,3"
+    assert watcher.devices[0].admin_access
+    assert claims.held_cores([watcher], inv) == set()
+    assert claims.share_cores([watcher]) == set()
+    assert claims.PreparedClaim.from_json(watcher.to_json()).devices[0].admin_access
+
+
+def test_a_share_prepared_again_keeps_its_cores_while_they_are_free() -> None:
+    """A running container's cores were fixed when it started: preparing its claim again (its CDI spec
+    lost) must not move it onto cores the next claim would then be given."""
+    inv = inventory("trn1.32xlarge")  # 2 cores a device
+    known = prepare_held(shares(("c", "neurondevice0", "1")), inv, {0})
+    assert known.devices[0].cores == (1,)
+    kept = {d.share_key(): d.cores for d in known.devices}
+    again = claims.prepare(shares(("c", "neurondevice0", "1")), UID, "node-a", inv, {}, Path("/"), kept=kept)
+    assert again.devices[0].cores == (1,)
+    # its old cores taken by now: it gets free ones rather than a held core
+    moved = claims.prepare(shares(("c", "neurondevice0", "1")), UID, "node-a", inv, {}, Path("/"), held={1}, kept=kept)
+    assert moved.devices[0].cores == (0,)
+
+
+def test_the_share_id_is_kept_through_the_checkpoint() -> None:
+    prepared = prepare_held(shares(("c", "neurondevice0", "1")), inventory("inf2.48xlarge"), set())
+    assert prepared.devices[0].share_id == "s0"
+    assert claims.PreparedClaim.from_json(prepared.to_json()).devices[0].share_id == "s0"

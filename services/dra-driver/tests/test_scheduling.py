@@ -292,6 +292,8 @@ async def test_cores_as_capacity_share_a_device_by_capacity_and_each_share_gets_
         uid = claim["metadata"]["uid"]
         answer = (await h.kubelet.prepare((uid, NAMESPACE, name))).claims[uid]
         assert answer.error == ""
+        # the kubelet reports the share in PodResources, so two shares of a device stay apart there
+        assert [d.share_id for d in answer.devices] == [result["shareID"]]
         spec = json.loads((h.cdi_dir / f"neuron.aws.com_claim-{uid}.json").read_text())
         (edits,) = [d["containerEdits"] for d in spec["devices"]]
         env = dict(e.split("=", 1) for e in edits["env"])

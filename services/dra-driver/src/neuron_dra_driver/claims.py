@@ -34,6 +34,11 @@ class ClaimRefused(Exception):
     """The claim cannot be prepared on this node; the message tells the user why."""
 
 
+class CoresHeld(ClaimRefused):
+    """Refused because other prepared claims hold the cores: the kubelet asks again once they are
+    unprepared, and the driver checks first that the holders still exist (`Driver._forget_stale`)."""
+
+
 @dataclass(frozen=True)
 class PreparedDevice:
     request: str
@@ -43,6 +48,13 @@ class PreparedDevice:
     # a share of a device (cores as consumable capacity): the logical cores the driver chose for it;
     # empty for everything else, whose name says what it holds
     cores: tuple[int, ...] = ()
+    share_id: str = ""  # the allocation's shareID, returned to the kubelet (it reports it in PodResources)
+    # an admin's access to a device in use (adminAccess): the scheduler counts it against nothing, so
+    # neither does the driver when it chooses other claims' cores
+    admin_access: bool = False
+
+    def share_key(self) -> tuple[str, str, str]:
+        return (self.request, self.device, self.share_id)
 
 
 @dataclass(frozen=True)
@@ -69,6 +81,8 @@ class PreparedClaim(ClaimRef):
             "devices": [
                 {"request": d.request, "pool": d.pool, "device": d.device, "cdiIds": list(d.cdi_ids)}
                 | ({"cores": list(d.cores)} if d.cores else {})
+                | ({"shareID": d.share_id} if d.share_id else {})
+                | ({"adminAccess": True} if d.admin_access else {})
                 for d in self.devices
             ],
         }
@@ -96,6 +110,8 @@ class PreparedClaim(ClaimRef):
                     str(d["device"]),
                     tuple(map(str, d["cdiIds"])),
                     tuple(int(c) for c in d.get("cores") or ()),
+                    str(d.get("shareID") or ""),
+                    bool(d.get("adminAccess", False)),
                 )
                 for d in raw["devices"]
             ),
@@ -131,6 +147,7 @@ def prepare(
     ultraserver: UltraServerReading | None = None,
     held: Collection[int] = (),
     shared: Collection[int] = (),
+    kept: Mapping[tuple[str, str, str], tuple[int, ...]] | None = None,
 ) -> PreparedClaim:
     """The prepared form of `claim` (as the API server returns it), or `ClaimRefused`: allocated,
     the same UID the kubelet asked for, its devices in this node's pool, known and healthy, or
@@ -139,7 +156,10 @@ def prepare(
     `held`: the logical cores other prepared claims hold (`held_cores`); a share of a device (a result
     consuming part of its `cores` capacity) gets the lowest of the device's cores not held. `shared`: the
     cores other claims' shares hold (`share_cores`), which a whole device, core or group must not overlap:
-    the scheduler does not count shares allocated before the layout changed."""
+    the scheduler does not count shares allocated before the layout changed. `kept`: the cores this claim's
+    shares had when it was prepared before (`PreparedDevice.share_key`), kept when still free, since a
+    running container's cores were fixed when it started. An admin-access result (`adminAccess`) is held
+    to none of these: the scheduler counts it against nothing."""
     taints = taints or {}
     taken = set(held)
     share_cores: dict[int, tuple[int, ...]] = {}  # result's position -> the cores chosen for its share
@@ -149,17 +169,24 @@ def prepare(
     per_request: dict[str, tuple[set[int], set[int]]] = {}  # request -> (devices, cores)
     untolerated: set[int] = set()  # devices some result on which does not tolerate their taint
     results = _results(claim)
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    try:
+        configs = parameters.per_request(allocation, {str(r.get("request")) for r in results})
+    except parameters.ConfigError as exc:
+        raise ClaimRefused(f"invalid device config: {exc}") from exc
     for position, result in enumerate(results):
         pool, name, request = str(result.get("pool")), str(result.get("device")), str(result.get("request"))
         if pool != node_name:
             raise ClaimRefused(f"device {name} is allocated from pool {pool!r}, this node is {node_name!r}")
         devices, cores = per_request.setdefault(request, (set(), set()))
+        admin = bool(result.get("adminAccess"))
+        others_shares: Collection[int] = () if admin else shared
         arc = resources.parse_dra_group(name)
         if arc is not None or name == resources.DRA_NODE_NAME:
             members = _arc_members(inventory, name, *arc) if arc is not None else _node_members(inventory, name)
             devices.update(members)
             for member in members:
-                cores.update(_unshared(name, inventory.device(member).logical_cores, shared))  # type: ignore[union-attr]
+                cores.update(_unshared(name, inventory.device(member).logical_cores, others_shares))  # type: ignore[union-attr]
                 taint = taints.get(member)
                 if taint is None or not tolerates(result.get("tolerations") or [], taint):
                     untolerated.add(member)
@@ -175,24 +202,29 @@ def prepare(
             devices.add(index)
             share = _share_size(result, name, len(device.logical_cores))
             if share is None:
-                cores.update(_unshared(name, device.logical_cores, shared))
+                cores.update(_unshared(name, device.logical_cores, others_shares))
             else:
-                free = [c for c in sorted(device.logical_cores) if c not in taken]
-                if len(free) < share:
-                    raise ClaimRefused(
-                        f"{name}: the claim's share is {share} core(s) but {len(free)} of the device's"
-                        f" {len(device.logical_cores)} are not held by other claims on this node"
-                    )
-                share_cores[position] = tuple(free[:share])
-                taken.update(free[:share])
-                cores.update(free[:share])
+                block = _share_block(inventory, configs[request].logical_neuron_core)
+                key = (request, name, str(result.get("shareID") or ""))
+                chosen = _choose_share(
+                    name,
+                    tuple(sorted(device.logical_cores)),
+                    share,
+                    block,
+                    set() if admin else taken,
+                    (kept or {}).get(key),
+                )
+                share_cores[position] = chosen
+                if not admin:
+                    taken.update(chosen)
+                cores.update(chosen)
             holder = index
         else:
             core = inventory.core(index)
             if core is None:
                 raise ClaimRefused(f"{name}: no such NeuronCore on this node")
             devices.add(core.device)
-            cores.update(_unshared(name, (index,), shared))
+            cores.update(_unshared(name, (index,), others_shares))
             holder = core.device
         taint = taints.get(holder)
         if taint is None or not tolerates(result.get("tolerations") or [], taint):
@@ -202,10 +234,6 @@ def prepare(
         raise ClaimRefused(
             "allocated Neuron device(s) are unhealthy: " + "; ".join(f"neuron{d}: {unhealthy[d]}" for d in sick)
         )
-    try:
-        configs = parameters.per_request((claim.get("status") or {}).get("allocation") or {}, per_request)
-    except parameters.ConfigError as exc:
-        raise ClaimRefused(f"invalid device config: {exc}") from exc
     edits = {}
     for request, (devices, cores) in sorted(per_request.items()):
         config = configs[request]
@@ -225,7 +253,15 @@ def prepare(
         ids = () if request in first_of_request else (cdi.qualified_name(CLAIM_KIND, cdi_device_name(uid, request)),)
         first_of_request.add(request)
         prepared.append(
-            PreparedDevice(request, str(result["pool"]), str(result["device"]), ids, share_cores.get(position, ()))
+            PreparedDevice(
+                request,
+                str(result["pool"]),
+                str(result["device"]),
+                ids,
+                share_cores.get(position, ()),
+                str(result.get("shareID") or ""),
+                bool(result.get("adminAccess")),
+            )
         )
     spec = cdi.spec(CLAIM_KIND, edits)
     return PreparedClaim(uid, str(meta.get("namespace", "")), str(meta.get("name", "")), tuple(prepared), spec)
@@ -246,11 +282,47 @@ def _share_size(result: Mapping[str, Any], name: str, device_cores: int) -> int 
     return None if share == device_cores else share
 
 
+def _share_block(inventory: NodeInventory, lnc: int | None) -> int:
+    """How many of the node's logical cores make one logical core of a request's `logicalNeuronCore`
+    `lnc`: a share must be whole blocks, aligned on the device's cores, or `relogical` refuses it."""
+    node = inventory.lnc.value
+    return lnc // node if lnc is not None and lnc > node and lnc % node == 0 else 1
+
+
+def _choose_share(
+    name: str,
+    device_cores: tuple[int, ...],
+    share: int,
+    block: int,
+    taken: Collection[int],
+    kept: tuple[int, ...] | None,
+) -> tuple[int, ...]:
+    """The cores of a share of `share` cores of a device: `kept` (its cores from an earlier prepare)
+    when none is taken now, else the lowest aligned blocks of `block` cores none of which is taken;
+    `ClaimRefused` saying why when there are not enough."""
+    if share % block:
+        raise ClaimRefused(
+            f"{name}: a share of {share} core(s) cannot be counted in logicalNeuronCore {block} x the node's"
+            f" setting: ask for a multiple of {block} cores"
+        )
+    if kept and len(kept) == share and not set(kept) & set(taken) and set(kept) <= set(device_cores):
+        return kept
+    blocks = [device_cores[i : i + block] for i in range(0, len(device_cores) - block + 1, block)]
+    free = [b for b in blocks if not set(b) & set(taken)]
+    if len(free) * block < share:
+        held = sum(1 for c in device_cores if c in taken)
+        raise CoresHeld(
+            f"{name}: the claim's share is {share} core(s) but only {len(free) * block} of the device's"
+            f" {len(device_cores)} are free in blocks of {block} ({held} held by other claims on this node)"
+        )
+    return tuple(c for b in free[: share // block] for c in b)
+
+
 def _unshared(name: str, cores: Iterable[int], shared: Collection[int]) -> Iterable[int]:
     """`cores`, or `ClaimRefused` when another claim's share of a device holds some of them."""
     overlap = sorted(set(cores) & set(shared))
     if overlap:
-        raise ClaimRefused(
+        raise CoresHeld(
             f"{name}: cores {id_list(overlap)} are held by another claim's share of the device (allocated"
             " before the slice layout changed? drain the node's Neuron pods when changing draDriver.coresAsCapacity)"
         )
@@ -258,16 +330,19 @@ def _unshared(name: str, cores: Iterable[int], shared: Collection[int]) -> Itera
 
 
 def share_cores(claims: Iterable[PreparedClaim]) -> set[int]:
-    """The logical cores `claims` hold as shares of devices (cores as capacity)."""
-    return {c for claim in claims for d in claim.devices for c in d.cores}
+    """The logical cores `claims` hold as shares of devices (cores as capacity); admin access holds none."""
+    return {c for claim in claims for d in claim.devices if not d.admin_access for c in d.cores}
 
 
 def held_cores(claims: Iterable[PreparedClaim], inventory: NodeInventory) -> set[int]:
     """The logical cores `claims` hold on this node: a share's chosen cores, a whole device's all, a
-    core device its one, a group's every member's (names this node does not have hold nothing)."""
+    core device its one, a group's every member's (names this node does not have hold nothing; admin
+    access holds nothing, as the scheduler counts it against nothing)."""
     held: set[int] = set()
     for claim in claims:
         for d in claim.devices:
+            if d.admin_access:
+                continue
             if d.cores:
                 held.update(d.cores)
                 continue

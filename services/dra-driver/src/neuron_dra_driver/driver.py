@@ -20,13 +20,15 @@ import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
-from neuron_common.kube import ObjectReader
+from neuron_common.kube import ApiError, ObjectReader
 from neuron_dra_driver import checkpoint
 from neuron_dra_driver.checkpoint import Checkpoint
 from neuron_dra_driver.claims import (
     ClaimRef,
     ClaimRefused,
+    CoresHeld,
     PreparedClaim,
     held_cores,
     prepare,
@@ -179,6 +181,60 @@ class Driver:
             self.metrics.prepared_claims.set(len(self.prepared))
         return results
 
+    def _prepare_from(self, claim: dict[str, Any], ref: ClaimRef, known: PreparedClaim | None) -> PreparedClaim:
+        inventory = self.inventory()
+        others = [c for uid, c in self.prepared.items() if uid != ref.uid]
+        return prepare(
+            claim,
+            ref.uid,
+            self.node_name,
+            inventory,
+            self.unhealthy(),
+            self.host_dev_root,
+            self.taints(),
+            self.ultraserver(),
+            held=held_cores(others, inventory),
+            shared=share_cores(others),
+            kept={d.share_key(): d.cores for d in known.devices if d.cores} if known else None,
+        )
+
+    async def _forget_stale(self, asking: str) -> bool:
+        """Take out of the checkpoint every other prepared claim whose ResourceClaim is gone, was
+        recreated (another UID) or is no longer allocated to this node: an entry the kubelet never
+        unprepared (its own state lost, say) would otherwise hold its cores against every later claim.
+        True when any was taken out. A claim the API server cannot be asked about now is kept."""
+        stale: list[PreparedClaim] = []
+        for uid, held in list(self.prepared.items()):
+            if uid == asking:
+                continue
+            try:
+                current = await self.api.get(claim_path(held.namespace, held.name))
+            except ApiError as exc:
+                if exc.status == 404:
+                    stale.append(held)
+                continue
+            allocation = (current.get("status") or {}).get("allocation") or {}
+            pools = {r.get("pool") for r in (allocation.get("devices") or {}).get("results") or []}
+            if (current.get("metadata") or {}).get("uid") != uid or self.node_name not in pools:
+                stale.append(held)
+        if not stale:
+            return False
+        for held in stale:
+            self.prepared.pop(held.uid, None)
+        try:
+            self.checkpoint.save(self.prepared)
+        except OSError as exc:
+            for held in stale:
+                self.prepared[held.uid] = held
+            self.metrics.errors.labels("write").inc()
+            _log(logging.ERROR, stale[0], "cannot take stale claims out of the checkpoint: %s", exc)
+            return False
+        for held in stale:
+            cdi.remove_spec(self.cdi_dir, spec_file_name(held.uid))
+            self.metrics.stale_claims_forgotten.inc()
+            _log(logging.WARNING, held, "forgotten: its ResourceClaim is gone or no longer allocated here")
+        return True
+
     async def _prepare_one(self, ref: ClaimRef) -> PreparedClaim | str:
         known = self.prepared.get(ref.uid)
         if known is not None and self._ensure_spec(known):
@@ -186,20 +242,12 @@ class Driver:
         # not prepared, or prepared but its spec is gone with no copy: ask the API server
         try:
             claim = await self.api.get(claim_path(ref.namespace, ref.name))
-            inventory = self.inventory()
-            others = [c for uid, c in self.prepared.items() if uid != ref.uid]
-            prepared = prepare(
-                claim,
-                ref.uid,
-                self.node_name,
-                inventory,
-                self.unhealthy(),
-                self.host_dev_root,
-                self.taints(),
-                self.ultraserver(),
-                held=held_cores(others, inventory),
-                shared=share_cores(others),
-            )
+            try:
+                prepared = self._prepare_from(claim, ref, known)
+            except CoresHeld:
+                if not await self._forget_stale(ref.uid):
+                    raise
+                prepared = self._prepare_from(claim, ref, known)
         except ClaimRefused as exc:
             self.metrics.refusals.labels("refused").inc()
             _log(logging.WARNING, ref, "refused: %s", exc)

@@ -53,6 +53,11 @@ class DriverMetrics:
             "slice_updates", "Times this node's ResourceSlices were written with new content"
         )
         self.refusals = m.counter("prepare_refusals", "Claims refused by NodePrepareResources", ["reason"])
+        self.stale_claims_forgotten = m.counter(
+            "stale_claims_forgotten",
+            "Prepared claims taken out of the checkpoint because their ResourceClaim is gone, was recreated "
+            "or is no longer allocated to this node, found when their cores refused another claim",
+        )
         self.cdi_specs_restored = m.counter(
             "cdi_specs_restored",
             "Prepared claims whose CDI spec was missing (as after a reboot: /var/run/cdi is a tmpfs) "

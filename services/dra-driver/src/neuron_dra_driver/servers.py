@@ -63,6 +63,7 @@ class DraServicer(dra_grpc.DRAPluginServicer):
                         pool_name=d.pool,
                         device_name=d.device,
                         cdi_device_ids=list(d.cdi_ids),
+                        **({"share_id": d.share_id} if d.share_id else {}),
                     )
                     for d in result.devices
                 )
