@@ -208,9 +208,15 @@ fi
 # Several nodes: nodes.sh writes each one's (its instance type, an UltraServer's identity).
 [ "${NODES:-1}" = 1 ] || CLUSTER_DIR="${CONTROL_DIR:-$CLUSTER_DIR}" tests/cluster/nodes.sh sim "${NODE_INDEX:-1}"
 # Written again when something left it without character devices (pods would fail with "not a device
-# node"), or an older neuron-sim left it without the PCI class node-feature-discovery needs.
-if ! "$PY" -c 'import json, sys; sys.exit(0 if json.load(open(sys.argv[1])).get("char_devices") else 1)' \
-    "$SIM_ROOT/.neuron-sim/state.json" 2>/dev/null || ! compgen -G "$SIM_ROOT/sys/bus/pci/devices/*/class" >/dev/null; then
+# node"), an older neuron-sim left it without the PCI class node-feature-discovery needs, it is another
+# instance type, or a multi-node cluster stopped without make cluster-down left its node 1 there (its
+# `.spec` marker, perhaps an UltraServer's identity): one node alone has neither.
+if [ "${NODES:-1}" = 1 ] && [ -e "$SIM_ROOT.spec" ]; then
+  log "a multi-node cluster's simulated node is at $SIM_ROOT ($(cat "$SIM_ROOT.spec")): replaced"
+  rm -rf "$SIM_ROOT" "$SIM_ROOT.spec" "$SIM_ROOT.ultraserver"
+fi
+if ! "$PY" -c 'import json, sys; s = json.load(open(sys.argv[1])); sys.exit(0 if s.get("char_devices") and s.get("instance_type") == sys.argv[2] else 1)' \
+    "$SIM_ROOT/.neuron-sim/state.json" "$INSTANCE_TYPE" 2>/dev/null || ! compgen -G "$SIM_ROOT/sys/bus/pci/devices/*/class" >/dev/null; then
   log "creating a simulated $INSTANCE_TYPE at $SIM_ROOT"
   "$REPO/.venv/bin/neuron-sim" create --instance-type "$INSTANCE_TYPE" --root "$SIM_ROOT" --char-devices --force
 fi
