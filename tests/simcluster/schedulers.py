@@ -95,9 +95,11 @@ def start_scheduler(
     *,
     args: Sequence[str] = (),
     nodes_to_score: int | None = None,
+    profiling: bool = False,
 ) -> Scheduler:
     """Starts kube-scheduler with one profile, its metrics readable without credentials. `args`:
-    more flags (e.g. feature gates, which kube-scheduler reads from its command line, not its config)."""
+    more flags (e.g. feature gates, which kube-scheduler reads from its command line, not its config).
+    `profiling`: its pprof endpoints readable without credentials too (`simcluster.profile`)."""
     name = "kube-scheduler" if scheduler_name == DEFAULT_SCHEDULER else scheduler_name
     config = cp.dir / f"{name}.yaml"
     config.write_text(
@@ -109,7 +111,8 @@ def start_scheduler(
         f"--config={config}",
         "--bind-address=127.0.0.1",
         f"--secure-port={port}",
-        "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics",
+        "--authorization-always-allow-paths=/healthz,/readyz,/livez,/metrics"
+        + (",/debug/pprof,/debug/pprof/*" if profiling else ""),
         *args,
     ]
     return Scheduler(name, cp.processes.start(name, argv), port)

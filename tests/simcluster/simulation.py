@@ -45,6 +45,7 @@ from simcluster.fleet import (
     urgent_stream,
 )
 from simcluster.nodes import PODS, REPORTS, WRITERS, Admission, SimulatedNodes
+from simcluster.profile import WINDOW, profile_windows
 from simcluster.schedulers import NEURON_SCHEDULER, extender_command, start_extender, start_scheduler
 
 HERE = Path(__file__).parent
@@ -69,6 +70,7 @@ class Size:
     probes: int = 100  # extender calls timed per verb and state
     ultraservers: int = 0  # trn2u UltraServers of 4 nodes among `nodes`
     groups: int = 0  # LeaderWorkerSet groups asking to share an UltraServer, beside the `pods`
+    profile_window: int = WINDOW  # seconds of each kube-scheduler CPU profile (`simulate`'s `profile`)
 
 
 FULL = Size(nodes=1000, pods=5000, deadline=900.0, quiet=15.0, probes=200, ultraservers=25, groups=30)
@@ -86,7 +88,8 @@ DRA_REDUCED = Size(nodes=24, pods=180, deadline=150.0, quiet=5.0, probes=20, ult
 # ends and prints its figures. What the reduced run shows is held by tests/test_scheduling_simulation.py.
 # One UltraServer and one group keep every path of the run; at 16 nodes and 60 pods its four runs
 # took 84 s and 78 CPU-seconds of a CPU-bound make test, at this size 52 s and 39.
-SMOKE = Size(nodes=8, pods=24, deadline=60.0, quiet=3.0, probes=5, ultraservers=1, groups=1)
+# Its runs settle within one 10-second window, so a profiled one is cut into 1-second windows.
+SMOKE = Size(nodes=8, pods=24, deadline=60.0, quiet=3.0, probes=5, ultraservers=1, groups=1, profile_window=1)
 
 
 @dataclass(frozen=True)
@@ -150,6 +153,7 @@ class Outcome:
     deleted: dict[str, tuple[str, float]] = field(default_factory=dict)
     bound_at: dict[str, float] = field(default_factory=dict)  # pod -> when its binding was seen
     nominations: dict[str, list[tuple[str, float]]] = field(default_factory=dict)  # pod -> (node, when) nominated
+    profiles: list[Path] = field(default_factory=list)  # kube-scheduler's CPU profiles (`simulate`'s `profile`)
 
     def needless_preemptions(self) -> list[str]:
         """Pods preempted on a node that took no pod of the second stream after it: evicted for
@@ -374,6 +378,7 @@ async def simulate(
     devices_only: bool = False,
     nodes_to_score: int | None = None,
     layout: str | None = None,
+    profile: Path | None = None,
 ) -> Outcome:
     """One run of `scheduler` (DEFAULT_SCHEDULER or NEURON_SCHEDULER) in `work`, an empty directory
     the caller removes afterwards; `dra`: DRA_EXTENDED or DRA_CLAIMS, with the default scheduler.
@@ -383,7 +388,9 @@ async def simulate(
     `devices_only`: our driver's slices without cores (`--no-publish-cores`; needs DEVICE_PODS).
     `nodes_to_score`: kube-scheduler's percentageOfNodesToScore (None: its adaptive default).
     `layout`: which of our layouts a DRA run of our slices publishes (`simcluster.dra`: OURS, OURS_DEVICES,
-    OURS_SHARES, e.g. `chart_default_layout(version)`); None: OURS, or OURS_DEVICES with `devices_only`."""
+    OURS_SHARES, e.g. `chart_default_layout(version)`); None: OURS, or OURS_DEVICES with `devices_only`.
+    `profile`: a directory for kube-scheduler's CPU profiles over the run (`simcluster.profile`), listed
+    in the outcome's `profiles`."""
     if dra is not None and (scheduler != DEFAULT_SCHEDULER or dra not in (DRA_EXTENDED, DRA_CLAIMS, DRA_AWS)):
         raise ValueError(f"no DRA run {dra!r} of {scheduler}")
     if kinds not in (None, DEVICE_PODS, CORE_PODS) or (dra == DRA_AWS and kinds != DEVICE_PODS):
@@ -452,9 +459,17 @@ async def simulate(
                 await asyncio.to_thread(wait_until_ready, cp.processes, "the extender", port, "/readyz", 60, None)
                 f, p = await _time_extender(url, names, stream, size.probes)
                 extender.filter_seconds["empty fleet"], extender.prioritize_seconds["empty fleet"] = f, p
-            kube_scheduler = start_scheduler(cp, scheduler, url or None, nodes_to_score=nodes_to_score)
+            kube_scheduler = start_scheduler(
+                cp, scheduler, url or None, nodes_to_score=nodes_to_score, profiling=profile is not None
+            )
             pids = {**cp.processes.pids(), SIMULATED_KUBELETS: os.getpid()}
             cpu_before = _cpu_seconds(pids)
+            profiled = asyncio.Event()
+            profiler = (
+                asyncio.create_task(profile_windows(kube_scheduler.port, profile, profiled, size.profile_window))
+                if profile is not None
+                else None
+            )
 
             def watch() -> None:
                 if kubelets.done():
@@ -469,6 +484,8 @@ async def simulate(
                 log(f"  [{scheduler}] the first stream settled; {len(second)} pods of higher priority created")
                 timed_out = await _until_settled(size, second, nodes, cp, watch)
             cpu_after = _cpu_seconds(pids)
+            profiled.set()
+            profiles = await profiler if profiler is not None else []
             attempts = await kube_scheduler.attempts()
             cp.processes.stop(kube_scheduler.name)
             settled = f"{time.monotonic() - begun:.0f}s{' (deadline)' if timed_out else ''}"
@@ -516,4 +533,5 @@ async def simulate(
         deleted=dict(nodes.deleted),
         bound_at=dict(nodes.bound_at),
         nominations=dict(nodes.nominations),
+        profiles=profiles,
     )
