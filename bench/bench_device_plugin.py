@@ -26,6 +26,7 @@ from pathlib import Path
 from common import (
     BenchError,
     Figure,
+    bench_cache,
     idle_cpu,
     percentile,
     recoverable_fault,
@@ -105,7 +106,7 @@ def _grpc_ceiling_binary() -> Path:
     if shutil.which("go") is None:  # make setup builds every pinned tool with it: no Go, no set-up
         raise BenchError("go is not installed: the Go gRPC floor cannot be built (make setup needs Go too)")
     digest = hashlib.sha256(b"".join((GRPC_CEILING / f).read_bytes() for f in ("go.mod", "go.sum", "main.go")))
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "neuron-helm-chart" / "bench"
+    cache = bench_cache()
     binary = cache / f"grpc-ceiling-{digest.hexdigest()[:16]}"
     if not binary.exists():
         cache.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-from common import SMALL, BenchError, Figure  # noqa: E402
+from common import SMALL, BenchError, Figure, bench_cache  # noqa: E402
 from neuron_dra_driver import slices  # noqa: E402
 from simcluster import dra as dra_nodes  # noqa: E402
 from simcluster.fleet import NodeSpec, PodSpec, fleet, pod_stream  # noqa: E402
@@ -386,7 +386,7 @@ def allocator_binary(release: str) -> Path:
     modfile = "go.mod" if release == RELEASES[-1] else f"go.v{release}.mod"
     sources = [*sorted(p.name for p in ALLOCATOR.glob("*.go")), modfile, modfile.removesuffix(".mod") + ".sum"]
     digest = hashlib.sha256(b"".join((ALLOCATOR / f).read_bytes() for f in sources)).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "neuron-helm-chart" / "bench"
+    cache = bench_cache()
     binary = cache / f"dra-allocator-{release}-{digest}"
     if not binary.exists():
         cache.mkdir(parents=True, exist_ok=True)

@@ -191,17 +191,37 @@ def _valid_share(outcome: Outcome) -> float:
     return 100.0 * outcome.placed_valid / placed if placed else math.nan
 
 
-def against_aws(size: Size, work: Path, version: str) -> tuple[list[Figure], str]:
+def against_aws(
+    size: Size, work: Path, version: str, profiles: Path | None = None
+) -> tuple[list[Figure], str, tuple[Outcome, Outcome]]:
     """The runs of one release and size (run inside its `k8s_release`): AWS's layout and ours as the
     chart's defaults publish it on that release (`simcluster.dra.chart_default_layout`) on the stream's
     device pods; from 1.36 (before, the API server keeps no cores) ours on its core pods, with the
     default's cores, or where the default has none with `draDriver.publishCores=true` (cores as devices);
-    the figures and the summary line."""
+    the figures, the summary line and the two device-pod runs (AWS's, ours). `profiles`: a directory
+    for kube-scheduler's CPU profiles of the device-pod runs, in `aws/` and `ours/`."""
     layout = chart_default_layout(version)
     core_layout = None if not keeps_cores(version) else OURS if layout == OURS_DEVICES else layout
-    aws = asyncio.run(simulate(size, DEFAULT_SCHEDULER, work / "aws", dra=DRA_AWS, kinds=DEVICE_PODS))
+    aws = asyncio.run(
+        simulate(
+            size,
+            DEFAULT_SCHEDULER,
+            work / "aws",
+            dra=DRA_AWS,
+            kinds=DEVICE_PODS,
+            profile=profiles / "aws" if profiles else None,
+        )
+    )
     ours = asyncio.run(
-        simulate(size, DEFAULT_SCHEDULER, work / "ours", dra=DRA_CLAIMS, kinds=DEVICE_PODS, layout=layout)
+        simulate(
+            size,
+            DEFAULT_SCHEDULER,
+            work / "ours",
+            dra=DRA_CLAIMS,
+            kinds=DEVICE_PODS,
+            layout=layout,
+            profile=profiles / "ours" if profiles else None,
+        )
     )
     cores = (
         asyncio.run(
@@ -257,7 +277,7 @@ def against_aws(size: Size, work: Path, version: str) -> tuple[list[Figure], str
         f"({_valid_share(aws):.1f} % valid); {core_part}; ratio={ratio:.3g} valid={_valid_share(ours):.1f}%"
     )
     print(line, flush=True)
-    return figures, line
+    return figures, line, (aws, ours)
 
 
 def _scheduler_cpu_ms(outcome: Outcome) -> float:
@@ -278,7 +298,7 @@ def _against_aws_everywhere(work: Path) -> list[Figure]:
             if missing:
                 raise BenchError(f"Kubernetes {version} is not built (make k8s-next): {', '.join(missing)}")
             for size in AWS_SIZES:
-                found, line = against_aws(size, work / f"aws-{version}-{size.nodes}", version)
+                found, line, _ = against_aws(size, work / f"aws-{version}-{size.nodes}", version)
                 figures += found
                 lines.append(line)
     print("\n" + "\n".join(lines), flush=True)

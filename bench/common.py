@@ -162,6 +162,11 @@ def stop_process(proc: subprocess.Popen[bytes]) -> None:
     stop(proc)
 
 
+def bench_cache() -> Path:
+    """Where benches keep what outlives a run (built tools, profiles): the project's cache, outside the clone."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "neuron-helm-chart" / "bench"
+
+
 @contextlib.contextmanager
 def work_dir(prefix: str) -> Iterator[Path]:
     """A scratch directory, on tmpfs when there is one (run.py: tests/scratch.py)."""
