@@ -190,8 +190,8 @@ def test_auto_publishes_cores_where_the_measured_rule_keeps_them_and_says_why_wh
     kube_version: str, cores: bool, shares: bool, tmp_path: Path
 ) -> None:
     """Issue 58 item 2: the default `auto` follows kube-scheduler's allocator measured at 1,000 nodes
-    (docs/benchmarks.md): from 1.37 on, where the best layout with cores reaches 0.33 of AWS's and
-    whole devices alone 0.90, only devices; on 1.36 cores as capacity (0.52, cores as devices 0.002);
+    (docs/benchmarks.md): from 1.37 on, where the best layout with cores reaches 0.31 of AWS's and
+    whole devices alone 1.00, only devices; on 1.36 cores as capacity (0.52, cores as devices 0.002);
     before, cores as devices (the API server drops them, the driver falls back). Set, the value wins."""
     docs = render(*ON, "--kube-version", kube_version)
     classes = [d["metadata"]["name"] for d in of_kind(docs, "DeviceClass")]
@@ -204,7 +204,7 @@ def test_auto_publishes_cores_where_the_measured_rule_keeps_them_and_says_why_wh
     said = "Single NeuronCores are not published on Kubernetes"
     assert (said in notes) is not cores
     if not cores:
-        assert all(s in notes for s in ("0.90", "0.33", "--set draDriver.publishCores=true")), notes
+        assert all(s in notes for s in ("1.00", "0.31", "--set draDriver.publishCores=true")), notes
         assert "aws.amazon.com/neuroncore" in notes  # the pods that would wait
     assert ("Cores are published as a capacity of each device" in notes) is shares
     if shares:

@@ -15,7 +15,7 @@ from neuron_dra_driver import slices
 
 from neuron_driver.inventory import NodeInventory, scan, topology_from
 from neuron_model import resources
-from neuron_model.instance_types import INSTANCE_TYPES, TopologyKind
+from neuron_model.instance_types import GIB, INSTANCE_TYPES, TopologyKind
 from neuron_model.placement_labels import ATTRIBUTE_OF_LABEL, placement_attributes
 from neuron_model.ultraserver import State, UltraServerReading
 from neuron_sim import node as sim
@@ -56,7 +56,9 @@ def test_one_device_per_neuron_device_and_one_per_core(name: str, lnc: int) -> N
         assert a["instanceType"] == {"string": name}
         assert a["logicalNeuronCore"] == {"int": lnc}
         assert a["coreCount"] == {"int": len(inv.device(a["deviceId"]["int"]).logical_cores)}  # type: ignore[union-attr]
-        assert d["capacity"]["memory"]["value"] == slices._quantity(INSTANCE_TYPES[name].memory_bytes_per_device)
+        # the HBM as a whole-GiB attribute, never a capacity the allocator checks for every candidate
+        assert a[slices.MEMORY_ATTRIBUTE]["int"] * GIB == INSTANCE_TYPES[name].memory_bytes_per_device
+        assert "capacity" not in d
     for d in listed[len(inv.devices) :]:
         core = inv.core(d["attributes"]["coreId"]["int"])
         assert core is not None
@@ -521,4 +523,4 @@ def test_cores_as_capacity_publish_each_device_once_shareable_with_its_cores_as_
 def test_cores_as_capacity_needs_cores_published() -> None:
     objs = slices.build(model("inf2.48xlarge", 1, cores_as_capacity=True, publish_cores=False), 1)
     assert not slices.shareable(objs)
-    assert all("capacity" in d and "cores" not in d["capacity"] for d in all_devices(objs))  # memory only
+    assert all("capacity" not in d and "allowMultipleAllocations" not in d for d in all_devices(objs))

@@ -173,10 +173,6 @@ def _int(value: int) -> dict[str, int]:
     return {"int": value}
 
 
-def _quantity(n_bytes: int) -> str:
-    return f"{n_bytes // GIB}Gi" if n_bytes % GIB == 0 else str(n_bytes)
-
-
 def counter_set_name(device: int) -> str:
     return f"{COUNTER_SET_PREFIX}-{device // MAX_COUNTERS_PER_SET}"
 
@@ -186,6 +182,14 @@ def counter_set_name(device: int) -> str:
 # against it with `!("multiNodeUnfit" in device.attributes["neuron.aws.com"])`. Absent otherwise,
 # so a healthy node's slices are as before.
 MULTI_NODE_UNFIT_ATTRIBUTE = "multiNodeUnfit"
+
+# A device's HBM in GiB (every family's is whole GiB), an attribute, not a `memory` capacity as
+# NVIDIA's driver publishes it: with DRAConsumableCapacity on (1.36 and later) kube-scheduler's
+# allocator checks every capacity of each candidate device for every node it filters, and at 1,000
+# nodes on 1.37.2 that one capacity cost 200 ms of scheduler CPU a device pod, 0.61 of AWS's
+# layout's pace against 0.95 without it (docs/benchmarks.md). A claim selects on it with CEL:
+# `device.attributes["neuron.aws.com"].memoryGiB >= 96`.
+MEMORY_ATTRIBUTE = "memoryGiB"
 
 
 def _mark_unfit(attributes: dict[str, Any], model: NodeDevices, members: Iterable[int]) -> None:
@@ -245,10 +249,11 @@ def devices(model: NodeDevices) -> list[dict[str, Any]]:
     for d in healthy:
         attributes = _common(model, DEVICE_KIND, d.index, groups)
         attributes["coreCount"] = _int(len(d.logical_cores))
+        if memory:
+            attributes[MEMORY_ATTRIBUTE] = _int(memory // GIB)
         _mark_unfit(attributes, model, (d.index,))
         entry: dict[str, Any] = {"name": device_name(d.index), "attributes": attributes}
         if model.shared:
-            # no memory capacity: without a request policy each share would consume all of it
             cores = str(len(d.logical_cores))
             entry["allowMultipleAllocations"] = True
             entry["capacity"] = {
@@ -257,8 +262,6 @@ def devices(model: NodeDevices) -> list[dict[str, Any]]:
                     "requestPolicy": {"default": cores, "validRange": {"min": "1", "max": cores, "step": "1"}},
                 }
             }
-        elif memory:
-            entry["capacity"] = {"memory": {"value": _quantity(memory)}}
         if model.counted:
             entry["consumesCounters"] = [_consumes(d.index, len(d.logical_cores))]
         _taint(entry, model.taints.get(d.index))
