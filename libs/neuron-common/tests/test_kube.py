@@ -238,7 +238,10 @@ async def test_concurrent_requests_are_not_queued_in_the_client(served: tuple[Se
     all are in flight together."""
     server, api = served
     server.hold_until = 200
+    # a client that queued would never have 200 in flight and would wait out any deadline; the deadline
+    # only bounds how long opening 200 connections may take, which in CI beside the cluster stage passed 5 s
+    api.timeout = 60
     binding = {"apiVersion": "v1", "kind": "Binding", "target": {"kind": "Node", "name": "n1"}}
     calls = [api.create(f"/api/v1/namespaces/ns/pods/p{i}/binding", binding) for i in range(200)]
-    await asyncio.wait_for(asyncio.gather(*calls), timeout=10)
+    await asyncio.wait_for(asyncio.gather(*calls), timeout=90)
     assert server.in_flight == 200
