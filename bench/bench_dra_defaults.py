@@ -21,11 +21,10 @@ NEURON_BENCH_SMALL=1 (make test) runs the pinned release at the smoke size only.
 from __future__ import annotations
 
 import dataclasses
-import math
 import shutil
 from pathlib import Path
 
-from bench_scheduler import AWS_RATIO, against_aws
+from bench_scheduler import AWS_RATIO, against_aws, scheduler_cpu_ms
 from common import SMALL, BenchError, Figure, bench_cache, work_dir
 from simcluster.controlplane import (
     k8s_release,
@@ -75,8 +74,7 @@ def _profile_table(version: str, aws: Outcome, ours: Outcome, kept: Path) -> lis
             print(f"  ({version}: no CPU profile of {outcome.scheduler}: the run ended within a window)")
             return []
         found = stages(outcome.profiles)
-        placed = len(outcome.admissions)
-        cpu_ms = 1000 * outcome.cpu_seconds.get("kube-scheduler", math.nan) / placed if placed else math.nan
+        cpu_ms = scheduler_cpu_ms(outcome)
         per_pod.append(cpu_ms)
         for stage, _ in STAGES:
             rows.setdefault(stage, []).append(found.share(stage) * cpu_ms)

@@ -245,7 +245,7 @@ def against_aws(
             Figure(f"{label}: pods placed", len(outcome.admissions), f"of {len(outcome.pods)}"),
             Figure(f"{label}: placed on valid sets", _valid_share(outcome), "%", 100.0, True),
             Figure(f"{label}: throughput", outcome.throughput, "pods/s"),
-            Figure(f"{label}: kube-scheduler CPU per pod", _scheduler_cpu_ms(outcome), "ms"),
+            Figure(f"{label}: kube-scheduler CPU per pod", scheduler_cpu_ms(outcome), "ms"),
         ]
         if outcome.timed_out:
             print(
@@ -263,7 +263,7 @@ def against_aws(
         cut = " (cut)" if outcome.timed_out else ""
         table.append(
             f"  {name:<48} {placed:>12} {_valid_share(outcome):>6.1f}% {outcome.throughput:>8.3f} "
-            f"{_scheduler_cpu_ms(outcome):>12.0f} ms{cut}"
+            f"{scheduler_cpu_ms(outcome):>12.0f} ms{cut}"
         )
     print("\n".join(table), flush=True)
     core_part = (
@@ -280,7 +280,8 @@ def against_aws(
     return figures, line, (aws, ours)
 
 
-def _scheduler_cpu_ms(outcome: Outcome) -> float:
+def scheduler_cpu_ms(outcome: Outcome) -> float:
+    """kube-scheduler's CPU over the run a pod placed, in ms (NaN when none was placed)."""
     placed = len(outcome.admissions)
     seconds = outcome.cpu_seconds.get("kube-scheduler", math.nan)
     return 1000 * seconds / placed if placed else math.nan

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from polling import until_async
 from simcluster.controlplane import control_plane, wait_until_ready
 from simcluster.fleet import DEFAULT_SCHEDULER
 from simcluster.profile import STAGES, parse_top, profile_windows, stages
@@ -29,7 +30,7 @@ def test_a_profile_reads_as_the_cpu_of_each_stage() -> None:
         {
             "DRA Filter": 443.55,
             "  structured allocator": 441.0,
-            "    a device tried": 166.92,
+            "    a device tried": 166.92,  # allocateDevice's, not allocateOne's 430.85 beside it
             "    selectors (CEL)": 72.52,
             "    consumable capacity checked": 65.82,
             "    devices rolled back": 40.76,
@@ -43,8 +44,6 @@ def test_a_profile_reads_as_the_cpu_of_each_stage() -> None:
         }
     )
     assert found.share("DRA Filter") == pytest.approx(0.8429, abs=1e-4)
-    # allocateOne is the allocator's own loop, no stage: a name is matched whole, not as a prefix
-    assert not any(stage.strip() == "allocateOne" for stage in found.seconds)
 
 
 def test_a_stage_the_profile_lacks_has_no_share_and_units_are_read() -> None:
@@ -80,10 +79,9 @@ def test_the_scheduler_profiles_only_when_asked_and_the_windows_read(tmp_path: P
         opened = start_scheduler(cp, DEFAULT_SCHEDULER, profiling=True)
         wait_until_ready(cp.processes, opened.name, opened.port, "/healthz", 60, _UNVERIFIED)
         profiles = asyncio.run(_windows(opened.port, tmp_path / "profiles"))
-    assert 1 <= len(profiles) <= 3, profiles
+    assert 2 <= len(profiles) <= 3, profiles
     assert all(p.stat().st_size > 0 for p in profiles)
-    read = stages(profiles)  # Go's pprof reads and merges them
-    assert read.total_seconds >= 0.0
+    read = stages(profiles)  # Go's pprof reads and merges them, or this raises
     assert all(0.0 <= read.share(stage) <= 1.0 for stage, _ in STAGES)
 
 
@@ -95,8 +93,9 @@ async def _status(port: int) -> int:
 
 
 async def _windows(port: int, directory: Path) -> list[Path]:
+    """Profiles in 1-second windows until two are written, then stops: the window open then is dropped."""
     stop = asyncio.Event()
     taking = asyncio.create_task(profile_windows(port, directory, stop, window=1))
-    await asyncio.sleep(2.5)  # two whole windows, the third cut by the stop and dropped
+    await until_async(lambda: len(list(directory.glob("cpu-*.pb.gz"))) >= 2 or taking.done(), "two windows", 60)
     stop.set()
     return await taking

@@ -187,7 +187,7 @@ MULTI_NODE_UNFIT_ATTRIBUTE = "multiNodeUnfit"
 # NVIDIA's driver publishes it: with DRAConsumableCapacity on (1.36 and later) kube-scheduler's
 # allocator checks every capacity of each candidate device for every node it filters, and at 1,000
 # nodes on 1.37.2 that one capacity cost 200 ms of scheduler CPU a device pod, 0.61 of AWS's
-# layout's pace against 0.95 without it (docs/benchmarks.md). A claim selects on it with CEL:
+# layout's pace against 1.00 without it (docs/benchmarks.md). A claim selects on it with CEL:
 # `device.attributes["neuron.aws.com"].memoryGiB >= 96`.
 MEMORY_ATTRIBUTE = "memoryGiB"
 
